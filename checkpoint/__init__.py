@@ -1,0 +1,3 @@
+"""graben.checkpoint: not built yet (see the open issues)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""graben.fuse: not built yet (see the open issues)."""
+
+__all__: list[str] = []

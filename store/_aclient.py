@@ -1,0 +1,268 @@
+"""``AsyncClient``: the store's API, written once over the transport seam."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Literal
+
+from . import _paths
+from ._afiles import AsyncFileOpener
+from ._buffers import BufferPool
+from ._config import Options, resolve
+from ._embedded import open_store
+from ._errors import (
+    AlreadyExists,
+    GrabenError,
+    IntegrityError,
+    InvalidArgument,
+    IsADirectory,
+    NotFound,
+)
+from ._reader import Reader
+from ._transport import ChunkTransport, MetaTransport
+from ._types import (
+    Buffer,
+    ChunkProblem,
+    ChunkRef,
+    ChunkRefs,
+    ChunkUsers,
+    Collectable,
+    FileInfo,
+    FsckReport,
+    GetLayout,
+    ListDir,
+    MakeDir,
+    Remove,
+    Rename,
+    Stat,
+    Usage,
+    WriteMode,
+)
+from ._upload import Upload
+
+Progress = Callable[[int], None]
+
+
+class AsyncClient:
+    """Async access to one store (embedded directory or cluster).
+
+    ``AsyncClient(url, **options)`` opens the store ``url`` names (see
+    ``graben.store.connect``); ``options`` are the fields of ``Options``.
+    Use it as an async context manager, or ``await client.close()``.
+    """
+
+    def __init__(self, url: str | os.PathLike[str] | None = None, **options: object) -> None:
+        opts = Options(**options)  # type: ignore[arg-type]
+        target = resolve(url)
+        if target.embedded is None:
+            raise GrabenError(
+                "cluster URLs need the cluster client, which this version does not have yet",
+                str(url),
+            )
+        meta, chunks = open_store(target.embedded, opts.io_threads)
+        self._setup(meta, chunks, opts, str(target.embedded))
+
+    @classmethod
+    def over(
+        cls, meta: MetaTransport, chunks: ChunkTransport, options: Options, name: str = "custom"
+    ) -> AsyncClient:
+        """A client over given transports (the seam tests and the cluster use)."""
+        client = cls.__new__(cls)
+        client._setup(meta, chunks, options, name)
+        return client
+
+    def _setup(
+        self, meta: MetaTransport, chunks: ChunkTransport, options: Options, name: str
+    ) -> None:
+        self.options = options
+        self.name = name
+        self.meta, self.chunks = meta, chunks
+        self.pool = BufferPool(options.chunk_size, keep=2 * options.max_inflight + 4)
+        self._hasher = ThreadPoolExecutor(options.hash_threads, thread_name_prefix="graben-hash")
+        self.replication = options.replication or 1
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Release threads, buffers and connections."""
+        self._hasher.shutdown(wait=True)
+        await self.meta.close()
+        await self.chunks.close()
+        self.pool.close()
+
+    def __repr__(self) -> str:
+        return f"<AsyncClient {self.name}>"
+
+    # -- namespace ------------------------------------------------------------
+
+    async def stat(self, path: str) -> FileInfo:
+        """Attributes of a file or directory; ``NotFound`` if absent."""
+        return await self.meta.request(Stat(path))
+
+    async def exists(self, path: str) -> bool:
+        """Whether ``path`` names a file or directory."""
+        try:
+            await self.stat(path)
+        except NotFound:
+            return False
+        return True
+
+    async def ls(self, path: str = "/") -> list[FileInfo]:
+        """Entries of a directory sorted by name (a file lists as itself)."""
+        return await self.meta.request(ListDir(path))
+
+    async def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> FileInfo:
+        """Create a directory (``pathlib`` semantics)."""
+        return await self.meta.request(MakeDir(path, parents, exist_ok))
+
+    async def rm(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a file or empty directory; everything below it with ``recursive``."""
+        await self.meta.request(Remove(path, recursive))
+
+    async def rename(self, src: str, dst: str, *, replace: bool = True) -> FileInfo:
+        """Move atomically (``os.replace`` semantics; ``replace=False`` refuses to clobber).
+
+        Missing parents of ``dst`` are created.
+        """
+        return await self.meta.request(Rename(src, dst, replace))
+
+    async def du(self, path: str = "/") -> tuple[int, int]:
+        """(files, bytes) at or below ``path``."""
+        return await self.meta.request(Usage(path))
+
+    # -- data ---------------------------------------------------------------
+
+    async def put(
+        self, path: str, data: Buffer, *, exclusive: bool = False, replication: int | None = None
+    ) -> FileInfo:
+        """Store ``data`` at ``path`` in one commit, without copying it.
+
+        Missing parent directories are created. With ``exclusive``, fail with
+        ``AlreadyExists`` if the path exists at commit time.
+        """
+        upload = await self.upload(path, "create" if exclusive else "overwrite", replication)
+        view = memoryview(data).cast("B")
+        step = self.options.chunk_size
+        try:
+            for start in range(0, view.nbytes, step):
+                await upload.add(view[start : start + step])
+        except BaseException:
+            await upload.abort()
+            raise
+        return await upload.commit()
+
+    async def get(self, path: str) -> bytes:
+        """A file's whole content."""
+        return await self.get_range(path, 0, None)
+
+    async def get_range(self, path: str, start: int, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of a file (``end=None``: to the end), cut at the end."""
+        if start < 0 or (end is not None and end < start):
+            raise InvalidArgument(f"bad range [{start}, {end})", path)
+        reader = await self.reader(path)
+        try:
+            return await reader.read(start, (end if end is not None else reader.size) - start)
+        finally:
+            await reader.close()
+
+    async def reader(self, path: str) -> Reader:
+        """A ``Reader`` of the file's current version (``NotFound``, ``IsADirectory``)."""
+        layout = await self.meta.request(GetLayout(path))
+        return Reader(self.chunks, self.pool, layout, self.options.read_ahead)
+
+    async def upload(
+        self, path: str, mode: WriteMode = "overwrite", replication: int | None = None
+    ) -> Upload:
+        """An ``Upload`` to ``path``; fails early if the path cannot be written."""
+        clean = _paths.normalize(path)
+        try:
+            info = await self.stat(clean)
+        except NotFound:
+            pass
+        else:
+            if info.is_dir:
+                raise IsADirectory("a directory has this name", clean)
+            if mode == "create":
+                raise AlreadyExists("file exists", clean)
+        return Upload(
+            self.meta,
+            self.chunks,
+            self._hasher,
+            clean,
+            mode=mode,
+            replication=replication or self.replication,
+            max_inflight=self.options.max_inflight,
+        )
+
+    def open(self, path: str, mode: Literal["rb", "wb", "xb"] = "rb") -> AsyncFileOpener:
+        """``async with client.open(path, mode) as f`` (or ``f = await client.open(...)``)."""
+        return AsyncFileOpener(self, path, mode)
+
+    # -- integrity ------------------------------------------------------------
+
+    async def fsck(self, *, collect: bool = False, progress: Progress | None = None) -> FsckReport:
+        """Re-read every chunk copy, check its crc32c, and find orphans.
+
+        With ``collect``, delete orphan copies and chunks no file has used for
+        ``Options.gc_grace_s`` seconds.
+        """
+        refs = await self.meta.request(ChunkRefs())
+        problems: list[ChunkProblem] = []
+        slots = asyncio.Semaphore(self.options.io_threads)
+
+        async def check(chunk: ChunkRef, node: str) -> None:
+            async with slots:
+                buffer = self.pool.get(chunk.length)
+                try:
+                    with memoryview(buffer) as view:
+                        await self.chunks.read(node, chunk, view[: chunk.length])
+                except (IntegrityError, NotFound) as exc:
+                    kind: Literal["missing", "corrupt"] = (
+                        "missing" if isinstance(exc, NotFound) else "corrupt"
+                    )
+                    users: list[str] = await self.meta.request(ChunkUsers(chunk.id))
+                    where = f"{node}:{self.chunks.describe(node, chunk.id)}"
+                    problems.append(ChunkProblem(kind, chunk.id, where, tuple(users), exc.message))
+                finally:
+                    self.pool.put(buffer)
+                if progress:
+                    progress(chunk.length)
+
+        await asyncio.gather(*(check(c, n) for c, nodes in refs for n in nodes))
+        known = {c.id for c, _ in refs}
+        orphans = await self._orphans(known)
+        problems.extend(orphans)
+        collected = await self._collect(orphans) if collect else 0
+        return FsckReport(
+            len(refs), sum(c.length * len(n) for c, n in refs), tuple(problems), collected
+        )
+
+    async def _orphans(self, known: set[str]) -> list[ChunkProblem]:
+        found = []
+        for node in self.chunks.nodes():
+            for chunk_id, _mtime in await self.chunks.inventory(node):
+                if chunk_id not in known:
+                    where = f"{node}:{self.chunks.describe(node, chunk_id)}"
+                    detail = "no metadata names this chunk file"
+                    found.append(ChunkProblem("orphan", chunk_id, where, (), detail))
+        return found
+
+    async def _collect(self, orphans: list[ChunkProblem]) -> int:
+        grace = self.options.gc_grace_s
+        cutoff = time.time() - grace
+        forgotten = await self.meta.request(Collectable(grace))
+        doomed = [(p.where.partition(":")[0], p.chunk) for p in orphans]
+        doomed += [(node, chunk) for chunk in forgotten for node in self.chunks.nodes()]
+        gone = await asyncio.gather(*(self.chunks.delete(n, c, cutoff) for n, c in doomed))
+        return sum(gone)

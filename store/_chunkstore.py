@@ -1,0 +1,165 @@
+"""Chunks as files on a local disk: the storage of embedded stores and data nodes.
+
+Layout: ``ROOT/ab/cd/<id>`` (two fan-out levels of the hex id), temporaries in
+``ROOT/tmp``. A write lands in a temporary, is fsynced, renamed into place and
+its directory fsynced, so a chunk file either holds all of its bytes or does
+not exist. crc32c is checked on write (before anything touches the disk) and
+on every read. All methods block: callers run them in worker threads.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+from ._errors import IntegrityError, NotFound, from_os_error
+from ._hashing import crc32c
+from ._types import ChunkRef
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_chunk_id(name: str) -> bool:
+    return len(name) == 64 and set(name) <= _HEX
+
+
+class LocalChunkStore:
+    """Durable chunk files under one directory."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self._tmp = self.root / "tmp"
+        self._tmp.mkdir(parents=True, exist_ok=True)
+
+    def path(self, chunk_id: str) -> Path:
+        """Where a chunk's file lives."""
+        if not _is_chunk_id(chunk_id):
+            raise IntegrityError("malformed chunk id", chunk_id[:80])
+        return self.root / chunk_id[:2] / chunk_id[2:4] / chunk_id
+
+    def write(self, chunk: ChunkRef, data: memoryview) -> None:
+        """Store a chunk durably; refuse it if its bytes do not match ``chunk``."""
+        final = self.path(chunk.id)
+        if data.nbytes != chunk.length or crc32c(data) != chunk.crc32c:
+            raise IntegrityError("chunk bytes do not match their crc32c; not stored", chunk.id)
+        tmp = self._tmp / f"{chunk.id}.{os.getpid()}.{secrets.token_hex(4)}"
+        try:
+            self._write_file(tmp, data)
+            try:
+                os.rename(tmp, final)
+            except FileNotFoundError:
+                final.parent.mkdir(parents=True, exist_ok=True)
+                _fsync_dir(final.parent.parent)
+                _fsync_dir(self.root)
+                os.rename(tmp, final)
+            _fsync_dir(final.parent)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise from_os_error(exc, str(final)) from exc
+
+    @staticmethod
+    def _write_file(path: Path, data: memoryview) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            done = 0
+            while done < data.nbytes:
+                done += os.pwrite(fd, data[done:], done)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read(self, chunk: ChunkRef, into: memoryview) -> None:
+        """Fill ``into`` (``chunk.length`` bytes) with the chunk, checking its crc32c."""
+        path = self.path(chunk.id)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise NotFound(f"chunk {chunk.id} is missing", str(path)) from None
+        except OSError as exc:
+            raise from_os_error(exc, str(path)) from exc
+        try:
+            got = _read_fully(fd, into[: chunk.length])
+            extra = os.pread(fd, 1, chunk.length)
+        finally:
+            os.close(fd)
+        if got != chunk.length or extra:
+            raise IntegrityError(
+                f"chunk {chunk.id} has the wrong length (expected {chunk.length} bytes)", str(path)
+            )
+        actual = crc32c(into[: chunk.length])
+        if actual != chunk.crc32c:
+            raise IntegrityError(
+                f"chunk {chunk.id} is corrupt: crc32c {actual:08x}, expected {chunk.crc32c:08x}",
+                str(path),
+            )
+
+    def inventory(self) -> Iterator[tuple[str, float]]:
+        """Every chunk file's id and mtime (including ones no metadata names)."""
+        for top in _subdirs(self.root):
+            for mid in _subdirs(top):
+                for entry in os.scandir(mid):
+                    if _is_chunk_id(entry.name):
+                        yield entry.name, entry.stat().st_mtime
+
+    def delete(self, chunk_id: str, older_than: float) -> bool:
+        """Delete a chunk file unless it was (re)written at or after ``older_than``.
+
+        A writer may store the same content again at any moment: the file is
+        first renamed aside, and put back if the renamed copy turns out to be
+        fresh (same content, so putting it back can never clobber anything).
+        """
+        path = self.path(chunk_id)
+        aside = self._tmp / f"{chunk_id}.gc.{secrets.token_hex(4)}"
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False
+        if aside.stat().st_mtime >= older_than:
+            os.rename(aside, path)
+            return False
+        aside.unlink()
+        return True
+
+    def clean_temporaries(self, older_than: float) -> int:
+        """Remove temporaries left by crashed writers."""
+        count = 0
+        for entry in os.scandir(self._tmp):
+            if entry.stat().st_mtime < older_than:
+                os.unlink(entry.path)
+                count += 1
+        return count
+
+    def capacity(self) -> tuple[int, int]:
+        """(free, total) bytes on the disk holding the chunks."""
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def _read_fully(fd: int, into: memoryview) -> int:
+    done = 0
+    while done < into.nbytes:
+        n = os.preadv(fd, [into[done:]], done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+def _subdirs(path: Path) -> Iterator[Path]:
+    for entry in os.scandir(path):
+        if len(entry.name) == 2 and entry.is_dir():
+            yield Path(entry.path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)

@@ -1,0 +1,53 @@
+"""The ``graben`` command: subcommands come from the ``graben.commands`` entry points.
+
+Each entry point is named after its subcommand and loads a function
+``add(subparsers) -> None`` that adds one parser and sets ``run`` on it:
+``parser.set_defaults(run=fn)`` where ``fn(args) -> int`` is the exit code.
+The store's own commands are registered the same way as every other
+package's, so this module knows nothing of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+
+from rich.console import Console
+
+from ._errors import GrabenError
+
+GROUP = "graben.commands"
+Add = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``graben`` parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="graben", description="graben: storage for ML training clusters."
+    )
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    for entry in sorted(entry_points(group=GROUP), key=lambda e: e.name):
+        add: Add = entry.load()
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``graben`` script."""
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except GrabenError as exc:
+        Console(stderr=True).print(f"[red]graben: {exc}[/red]", highlight=False)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Client options and the environment, read in this one module.
+
+Precedence, highest first: arguments to ``connect``/``Options``, then the
+environment (``GRABEN_URL``, ``GRABEN_HOME``, ``GRABEN_CHUNK_SIZE``), then the
+defaults below.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from ._errors import InvalidArgument
+
+MiB = 1 << 20
+DEFAULT_CHUNK_SIZE = 8 * MiB
+MAX_CHUNK_SIZE = 256 * MiB
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidArgument(f"${name} must be an integer, not {value!r}") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """How a client reads and writes. Every field is keyword-only."""
+
+    chunk_size: int = field(
+        default_factory=lambda: _env_int("GRABEN_CHUNK_SIZE", DEFAULT_CHUNK_SIZE)
+    )
+    """Bytes per chunk for new files."""
+    replication: int | None = None
+    """Copies of each chunk; ``None`` takes the store's default (1 embedded)."""
+    max_inflight: int = 4
+    """Chunks one writer hashes and uploads at once."""
+    read_ahead: int = 4
+    """Chunks a sequential reader fetches ahead of the one it is on."""
+    io_threads: int = 4
+    """Threads doing disk I/O for an embedded store."""
+    hash_threads: int = 2
+    """Threads hashing chunks (blake3, crc32c release the GIL)."""
+    gc_grace_s: float = 3600.0
+    """Age before unreferenced chunks and orphan files may be collected."""
+
+    def __post_init__(self) -> None:
+        if not 4096 <= self.chunk_size <= MAX_CHUNK_SIZE:
+            raise InvalidArgument(
+                f"chunk_size must be between 4096 and {MAX_CHUNK_SIZE} bytes, not {self.chunk_size}"
+            )
+        if self.replication is not None and self.replication < 1:
+            raise InvalidArgument(f"replication must be at least 1, not {self.replication}")
+        for name in ("max_inflight", "io_threads", "hash_threads"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(f"{name} must be at least 1")
+        if self.read_ahead < 0:
+            raise InvalidArgument("read_ahead must not be negative")
+
+
+def default_home() -> Path:
+    """``$GRABEN_HOME``, else ``~/.local/share/graben``."""
+    home = os.environ.get("GRABEN_HOME")
+    return Path(home) if home else Path.home() / ".local" / "share" / "graben"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a URL points: an embedded directory or a cluster address."""
+
+    embedded: Path | None = None
+    """Root of an embedded store."""
+    address: tuple[str, int] | None = None
+    """(host, port) of a metadata service."""
+
+
+def resolve(url: str | os.PathLike[str] | None) -> Target:
+    """Turn a ``connect`` argument into a target (see DESIGN.md "Public interface")."""
+    if url is None:
+        return _default_target()
+    text = os.fspath(url)
+    parts = urlsplit(text)
+    if parts.scheme in ("", "file"):
+        local = unquote(parts.path) if parts.scheme == "file" else text
+        if not local:
+            raise InvalidArgument(f"no directory in store URL {text!r}")
+        return Target(embedded=Path(local).expanduser())
+    if parts.scheme != "graben":
+        raise InvalidArgument(f"unsupported store URL scheme {parts.scheme!r} in {text!r}")
+    if not parts.netloc:
+        return _default_target()
+    if parts.hostname is None or parts.port is None:
+        raise InvalidArgument(f"a cluster URL needs host:port, not {text!r}")
+    return Target(address=(parts.hostname, parts.port))
+
+
+def _default_target() -> Target:
+    """``$GRABEN_URL`` unless it too names "the default", else embedded at home."""
+    env = os.environ.get("GRABEN_URL")
+    if env and not env.startswith("graben:///"):
+        return resolve(env)
+    return Target(embedded=default_home())
+
+
+def split_url(url: str) -> tuple[str | None, str]:
+    """Split a file URL into (store URL, path in the store).
+
+    ``graben://host:port/a/b`` -> ``("graben://host:port", "/a/b")``;
+    ``graben:///a/b`` and a bare ``/a/b`` -> ``(None, "/a/b")`` (the default
+    store, or whichever the caller names separately).
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "graben":
+        return None, url or "/"
+    store = f"graben://{parts.netloc}" if parts.netloc else None
+    return store, unquote(parts.path) or "/"

@@ -1,0 +1,87 @@
+"""The embedded store: metadata logic and chunk store in-process on a directory.
+
+Layout of the store directory: ``meta.db`` (SQLite, WAL) and ``chunks/``.
+Metadata requests run on one dedicated thread (one SQLite connection); chunk
+I/O on a small pool. Several processes may open the same directory at once:
+SQLite's locks keep the metadata consistent and chunk files are written
+atomically under content-addressed names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ._chunkstore import LocalChunkStore
+from ._errors import Unavailable, from_os_error
+from ._namespace import Namespace
+from ._sqlite import SQLiteRepository
+from ._types import LOCAL_NODE, ChunkRef, Request
+
+R = TypeVar("R")
+
+
+def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
+    """Open (creating if needed) the embedded store at ``root``."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        chunks = LocalChunkStore(root / "chunks")
+    except OSError as exc:
+        raise from_os_error(exc, str(root)) from exc
+    repo = SQLiteRepository(root / "meta.db")
+    return LocalMeta(Namespace(repo)), LocalChunks(chunks, io_threads)
+
+
+class LocalMeta:
+    """``MetaTransport`` running the namespace logic on one thread."""
+
+    def __init__(self, namespace: Namespace) -> None:
+        self.namespace = namespace
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="graben-meta")
+
+    async def request(self, request: Request[R]) -> R:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, self.namespace.execute, request)
+
+    async def close(self) -> None:
+        self._thread.shutdown(wait=True)
+        self.namespace.repo.close()
+
+
+class LocalChunks:
+    """``ChunkTransport`` over the local chunk directory (the one node ``local``)."""
+
+    def __init__(self, store: LocalChunkStore, threads: int) -> None:
+        self.store = store
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="graben-io")
+
+    def nodes(self) -> tuple[str, ...]:
+        return (LOCAL_NODE,)
+
+    async def _run(self, node: str, fn: Any, *args: Any) -> Any:
+        if node != LOCAL_NODE:
+            raise Unavailable(f"an embedded store has no node {node!r}")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, partial(fn, *args))
+
+    async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
+        await self._run(node, self.store.write, chunk, data)
+
+    async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
+        await self._run(node, self.store.read, chunk, into)
+
+    async def inventory(self, node: str) -> list[tuple[str, float]]:
+        found: list[tuple[str, float]] = await self._run(node, lambda: list(self.store.inventory()))
+        return found
+
+    async def delete(self, node: str, chunk_id: str, older_than: float) -> bool:
+        gone: bool = await self._run(node, self.store.delete, chunk_id, older_than)
+        return gone
+
+    def describe(self, node: str, chunk_id: str) -> str:
+        return str(self.store.path(chunk_id))
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,168 @@
+"""One error tree for the whole store.
+
+Every leaf also subclasses the builtin it means, so plain Python code, fsspec
+and FUSE (through ``exc.errno``) understand graben's errors without knowing
+them. Errors cross the wire as a ``(code, message, path)`` triple; the table
+``ERRORS`` below is the one place that maps codes back to classes.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+from typing import ClassVar, cast
+
+
+class GrabenError(Exception):
+    """Root of every error graben raises on purpose."""
+
+    code: ClassVar[str] = "error"
+    errno_value: ClassVar[int] = _errno.EIO
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        if _is_os_error(self):
+            # OSError's own fields: errno, strerror, filename (and its str()).
+            OSError.__init__(cast(OSError, self), self.errno_value, message, path)
+        else:
+            Exception.__init__(self, message if path is None else f"{message}: {path!r}")
+            # Same attribute as OSError's, so FUSE can return ``exc.errno`` for any error.
+            setattr(self, "errno", self.errno_value)  # noqa: B010
+        self.message = message
+        self.path = path
+
+    def __reduce__(self) -> tuple[type[GrabenError], tuple[str, str | None]]:
+        # OSError pickles its errno triple; keep our (message, path) signature
+        # so errors survive multiprocessing and the wire alike.
+        return (type(self), (self.message, self.path))
+
+
+class NotFound(GrabenError, FileNotFoundError):
+    """The path, or a directory on the way to it, does not exist."""
+
+    code = "not_found"
+    errno_value = _errno.ENOENT
+
+
+class AlreadyExists(GrabenError, FileExistsError):
+    """The path exists and the operation asked for it not to."""
+
+    code = "exists"
+    errno_value = _errno.EEXIST
+
+
+class NotADirectory(GrabenError, NotADirectoryError):
+    """A directory was needed and a file was found."""
+
+    code = "not_a_directory"
+    errno_value = _errno.ENOTDIR
+
+
+class IsADirectory(GrabenError, IsADirectoryError):
+    """A file was needed and a directory was found."""
+
+    code = "is_a_directory"
+    errno_value = _errno.EISDIR
+
+
+class DirectoryNotEmpty(GrabenError, OSError):
+    """The directory has entries and the operation needs it empty."""
+
+    code = "not_empty"
+    errno_value = _errno.ENOTEMPTY
+
+
+class InvalidPath(GrabenError, ValueError):
+    """The path is malformed: NUL byte, ``..`` escaping the root, too long."""
+
+    code = "invalid_path"
+    errno_value = errno = _errno.EINVAL
+
+
+class InvalidArgument(GrabenError, ValueError):
+    """An argument other than a path is out of range or malformed."""
+
+    code = "invalid_argument"
+    errno_value = errno = _errno.EINVAL
+
+
+class IntegrityError(GrabenError, OSError):
+    """Stored bytes do not match their checksum, or a chunk is missing."""
+
+    code = "integrity"
+    errno_value = _errno.EIO
+
+
+class NoSpace(GrabenError, OSError):
+    """A disk is full; nothing was committed."""
+
+    code = "no_space"
+    errno_value = _errno.ENOSPC
+
+
+class PermissionDenied(GrabenError, PermissionError):
+    """The caller lacks a valid token or capability for the operation."""
+
+    code = "permission"
+    errno_value = _errno.EACCES
+
+
+class Unavailable(GrabenError, ConnectionError):
+    """A server could not be reached or went away mid-request."""
+
+    code = "unavailable"
+    errno_value = _errno.ECONNREFUSED
+
+
+class Timeout(GrabenError, TimeoutError):
+    """A request took longer than its deadline."""
+
+    code = "timeout"
+    errno_value = _errno.ETIMEDOUT
+
+
+class ProtocolError(GrabenError, OSError):
+    """A peer sent a frame that does not follow the wire protocol."""
+
+    code = "protocol"
+    errno_value = _errno.EPROTO
+
+
+def _is_os_error(exc: GrabenError) -> bool:
+    return isinstance(exc, OSError)
+
+
+ERRORS: dict[str, type[GrabenError]] = {
+    cls.code: cls
+    for cls in (
+        GrabenError,
+        NotFound,
+        AlreadyExists,
+        NotADirectory,
+        IsADirectory,
+        DirectoryNotEmpty,
+        InvalidPath,
+        InvalidArgument,
+        IntegrityError,
+        NoSpace,
+        PermissionDenied,
+        Unavailable,
+        Timeout,
+        ProtocolError,
+    )
+}
+
+
+def error_from_code(code: str, message: str, path: str | None = None) -> GrabenError:
+    """Rebuild an error that crossed the wire; unknown codes become the root class."""
+    return ERRORS.get(code, GrabenError)(message, path)
+
+
+def from_os_error(exc: OSError, path: str | None = None) -> GrabenError:
+    """Translate an ``OSError`` from local disk into the store's tree."""
+    where = path or (exc.filename if isinstance(exc.filename, str) else None)
+    if exc.errno in (_errno.ENOSPC, _errno.EDQUOT):
+        return NoSpace(f"disk full: {exc.strerror}", where)
+    if exc.errno in (_errno.EACCES, _errno.EPERM):
+        return PermissionDenied(f"permission denied: {exc.strerror}", where)
+    if exc.errno == _errno.ENOENT:
+        return NotFound(f"not found: {exc.strerror}", where)
+    return GrabenError(f"{exc.strerror or exc}", where)

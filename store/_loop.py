@@ -1,0 +1,49 @@
+"""One event loop on one background thread: the sync facade's engine.
+
+Sync callers hand coroutines to ``run``; they never spin a loop per call. The
+loop is per process (re-created after ``fork``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_state: dict[int, asyncio.AbstractEventLoop] = {}
+
+
+def loop() -> asyncio.AbstractEventLoop:
+    """The process's background loop, started on first use (keyed by pid for fork)."""
+    with _lock:
+        found = _state.get(os.getpid())
+        if found is None:
+            _state.clear()
+            found = _state[os.getpid()] = asyncio.new_event_loop()
+            thread = threading.Thread(target=found.run_forever, name="graben-loop", daemon=True)
+            thread.start()
+        return found
+
+
+def submit(coro: Coroutine[Any, Any, T]) -> Future[T]:
+    """Schedule a coroutine on the background loop; returns a thread-safe future."""
+    return asyncio.run_coroutine_threadsafe(coro, loop())
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on the background loop and wait for its result."""
+    background = loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is background:
+        coro.close()
+        raise RuntimeError("graben's sync API was called from its own event loop; use AsyncClient")
+    return asyncio.run_coroutine_threadsafe(coro, background).result()

@@ -1,0 +1,161 @@
+"""The read path: byte ranges of one committed file version.
+
+A ``Reader`` holds a ``FileLayout`` (so it keeps reading the version it
+opened even if the path is overwritten) and a small cache of whole chunks.
+Chunks are always read whole, because the crc32c covers the whole chunk:
+into the caller's buffer when a request covers a chunk exactly, else into a
+pooled buffer that later requests copy from. Sequential readers fetch
+``read_ahead`` chunks ahead on the I/O threads. A replica that fails its
+checksum or cannot be read is skipped for the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import mmap
+from collections import OrderedDict
+from collections.abc import Awaitable
+
+from ._buffers import BufferPool
+from ._errors import GrabenError, IntegrityError, NotFound, Timeout, Unavailable
+from ._transport import ChunkTransport
+from ._types import Extent, FileLayout
+
+_RETRYABLE = (IntegrityError, NotFound, Unavailable, Timeout)
+
+
+class Reader:
+    """Reads of one file version; one request at a time."""
+
+    def __init__(
+        self, chunks: ChunkTransport, pool: BufferPool, layout: FileLayout, read_ahead: int
+    ) -> None:
+        self.layout = layout
+        self.size = layout.info.size
+        self._chunks, self._pool, self._read_ahead = chunks, pool, read_ahead
+        self._starts = [x.offset for x in layout.extents]
+        self._cache: OrderedDict[int, asyncio.Task[mmap.mmap]] = OrderedDict()
+        self._next_offset = 0
+        self._lock = asyncio.Lock()
+
+    # -- public ------------------------------------------------------------
+
+    async def readinto(self, offset: int, into: memoryview) -> int:
+        """Fill ``into`` from ``offset``; returns bytes read (0 at end of file)."""
+        async with self._lock:
+            n = max(0, min(into.nbytes, self.size - offset))
+            if n == 0:
+                return 0
+            jobs, after = self._plan(offset, into[:n])
+            await asyncio.gather(*jobs)
+            if offset == self._next_offset:
+                self._prefetch(after)
+            self._next_offset = offset + n
+            return n
+
+    async def read(self, offset: int, size: int) -> bytes:
+        """Bytes ``[offset, offset + size)``, cut at the end of the file."""
+        n = max(0, min(size, self.size - offset))
+        out = bytearray(n)
+        with memoryview(out) as view:
+            await self.readinto(offset, view)
+        return bytes(out)
+
+    async def close(self) -> None:
+        """Return cached buffers to the pool."""
+        async with self._lock:
+            while self._cache:
+                self._evict(next(iter(self._cache)))
+
+    # -- planning ------------------------------------------------------------
+
+    def _plan(self, offset: int, into: memoryview) -> tuple[list[Awaitable[None]], int]:
+        """One job per extent touched: a direct read or a copy from the cache."""
+        jobs: list[Awaitable[None]] = []
+        index = bisect.bisect_right(self._starts, offset) - 1
+        pos, end = offset, offset + into.nbytes
+        while pos < end:
+            extent = self.layout.extents[index]
+            lo, hi = pos - extent.offset, min(extent.length, end - extent.offset)
+            dest = into[pos - offset : pos - offset + hi - lo]
+            if index not in self._cache and lo == 0 and hi == extent.length and _whole(extent):
+                jobs.append(self._fetch(extent, dest))
+            else:
+                jobs.append(self._copy(index, lo, dest))
+            pos += hi - lo
+            index += 1
+        # Keep reading ahead from the extent holding the next byte.
+        return jobs, index - 1 if hi < extent.length else index
+
+    async def _copy(self, index: int, lo: int, dest: memoryview) -> None:
+        buffer = await self._cached(index)
+        start = self.layout.extents[index].chunk_offset + lo
+        with memoryview(buffer) as view:
+            dest[:] = view[start : start + dest.nbytes]
+
+    def _cached(self, index: int) -> asyncio.Task[mmap.mmap]:
+        task = self._cache.get(index)
+        if task is None:
+            task = asyncio.ensure_future(self._load(self.layout.extents[index]))
+            self._cache[index] = task
+            self._trim()
+        self._cache.move_to_end(index)
+        return task
+
+    def _prefetch(self, index: int) -> None:
+        for ahead in range(index, min(index + self._read_ahead, len(self.layout.extents))):
+            if ahead not in self._cache:
+                self._cached(ahead)
+
+    def _trim(self) -> None:
+        while len(self._cache) > self._read_ahead + 2:
+            self._evict(next(iter(self._cache)))
+
+    def _evict(self, index: int) -> None:
+        task = self._cache.pop(index)
+
+        def recycle(done: asyncio.Task[mmap.mmap]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                self._pool.put(done.result())
+
+        # A load still in flight has a worker thread writing its buffer:
+        # recycle only once it is done.
+        task.add_done_callback(recycle)
+
+    # -- fetching -----------------------------------------------------------
+
+    async def _load(self, extent: Extent) -> mmap.mmap:
+        buffer = self._pool.get(extent.chunk.length)
+        try:
+            with memoryview(buffer) as view:
+                await self._fetch(extent, view[: extent.chunk.length])
+        except BaseException:
+            self._pool.put(buffer)
+            raise
+        return buffer
+
+    async def _fetch(self, extent: Extent, into: memoryview) -> None:
+        """Read the extent's whole chunk into ``into``, failing over between replicas."""
+        chunk = extent.chunk
+        nodes = self.layout.replicas.get(chunk.id, ())
+        errors: list[GrabenError] = []
+        for node in nodes:
+            try:
+                await self._chunks.read(node, chunk, into)
+                return
+            except _RETRYABLE as exc:
+                errors.append(exc)
+        where = f"{self.layout.info.path} at offset {extent.offset}"
+        if not errors:
+            raise IntegrityError(f"{where}: no replica of chunk {chunk.id} is recorded")
+        damaged = [e for e in errors if isinstance(e, (IntegrityError, NotFound))]
+        if not damaged:  # every replica unreachable: say so, the data may be fine
+            raise type(errors[0])(f"{where}: {errors[0].message}", errors[0].path)
+        # A chunk a committed file names is damaged or gone: that is an
+        # integrity failure of the file, never "file not found".
+        raise IntegrityError(f"{where}: {damaged[0].message}", damaged[0].path)
+
+
+def _whole(extent: Extent) -> bool:
+    return extent.chunk_offset == 0 and extent.length == extent.chunk.length

@@ -1,0 +1,116 @@
+"""The metadata repository interface: what an engine must provide.
+
+An engine (SQLite today, PostgreSQL later) offers transactions over three
+layers: names ``(parent, name) -> inode``, files ``inode -> attributes,
+extents`` and chunks ``id -> length, crc32c, refs, replicas``. The namespace
+logic in ``_namespace.py`` is written once against these primitives.
+
+Call order: open a transaction with ``read()`` or ``write()`` and use the
+returned ``Tx`` only inside the ``with`` block. A ``write()`` block commits
+durably on a clean exit and rolls back on an exception; one namespace
+mutation is one ``write()`` block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from ._types import ChunkRef, Extent, Kind
+
+ROOT_INODE = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Inode:
+    """A row of the file layer."""
+
+    id: int
+    """Inode number, unique for the life of the store."""
+    kind: Kind
+    """``"file"`` or ``"directory"``."""
+    size: int
+    """Bytes in the file."""
+    mode: int
+    """Permission bits."""
+    mtime_ns: int
+    """Modification time, ns since the epoch."""
+    generation: int
+    """Version count of the path it was committed to."""
+    replication: int
+    """Copies kept of each chunk."""
+
+
+class Tx(Protocol):
+    """One transaction on the three layers."""
+
+    def lookup(self, parent: int, name: str) -> Inode | None:
+        """The inode named ``name`` in directory ``parent``."""
+
+    def get(self, inode: int) -> Inode | None:
+        """The inode with this number."""
+
+    def children(self, parent: int) -> list[tuple[str, Inode]]:
+        """Entries of a directory, sorted by name."""
+
+    def has_children(self, parent: int) -> bool:
+        """Whether a directory has any entry."""
+
+    def create(
+        self, kind: Kind, size: int, mode: int, mtime_ns: int, generation: int, replication: int
+    ) -> Inode:
+        """A new inode, not yet linked anywhere."""
+
+    def link(self, parent: int, name: str, inode: int) -> None:
+        """Add an entry; the name must be free."""
+
+    def unlink(self, parent: int, name: str) -> None:
+        """Drop an entry (the inode stays until ``delete``)."""
+
+    def delete(self, inode: int) -> None:
+        """Drop an inode and its extents, releasing its chunk references."""
+
+    def extents(self, inode: int) -> list[Extent]:
+        """A file's extents in file order."""
+
+    def set_extents(self, inode: int, extents: Iterable[Extent]) -> None:
+        """Attach extents to a new file inode, taking a reference on each chunk."""
+
+    def add_chunks(self, chunks: Iterable[tuple[ChunkRef, tuple[str, ...]]]) -> None:
+        """Record chunks (if new) and the nodes holding them."""
+
+    def referenced(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """Of these chunk ids, those some file uses, with their replicas."""
+
+    def known(self, ids: Iterable[str]) -> set[str]:
+        """Of these chunk ids, those the chunk layer holds at all."""
+
+    def replicas(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """Nodes holding each chunk."""
+
+    def all_chunks(self) -> Iterator[tuple[ChunkRef, tuple[str, ...]]]:
+        """Every chunk with its replicas."""
+
+    def chunk_users(self, chunk: str) -> list[int]:
+        """Inodes whose extents use the chunk."""
+
+    def path_of(self, inode: int) -> str | None:
+        """A path naming the inode, if it is linked."""
+
+    def forget_unreferenced(self, older_than_ns: int) -> list[str]:
+        """Delete chunk rows without references since before ``older_than_ns``."""
+
+
+class Repository(Protocol):
+    """An engine: hands out transactions."""
+
+    def read(self) -> AbstractContextManager[Tx]:
+        """A consistent read-only view."""
+
+    def write(self) -> AbstractContextManager[Tx]:
+        """A transaction that commits durably on a clean exit."""
+
+    def close(self) -> None:
+        """Release the engine's connections."""

@@ -1,0 +1,333 @@
+"""The SQLite engine: one file, WAL, one durable transaction per mutation.
+
+Several processes may share the database: SQLite's locks serialise writers
+(``BEGIN IMMEDIATE`` takes the write lock up front, so two writers never
+deadlock upgrading a read lock) and WAL lets readers run beside them.
+Connections are per thread. The schema carries its version in
+``PRAGMA user_version`` and is brought up to date by ``MIGRATIONS`` in one
+exclusive transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ._errors import GrabenError, NoSpace, Unavailable
+from ._repo import ROOT_INODE, Inode
+from ._types import ChunkRef, Extent, Kind
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the three layers.
+    f"""
+    CREATE TABLE inodes (
+        id INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL CHECK (kind IN ('file', 'directory')),
+        size INTEGER NOT NULL,
+        mode INTEGER NOT NULL,
+        mtime_ns INTEGER NOT NULL,
+        generation INTEGER NOT NULL,
+        replication INTEGER NOT NULL
+    );
+    CREATE TABLE entries (
+        parent INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        inode INTEGER NOT NULL,
+        PRIMARY KEY (parent, name)
+    ) WITHOUT ROWID;
+    CREATE INDEX entries_by_inode ON entries (inode);
+    CREATE TABLE chunks (
+        id TEXT PRIMARY KEY,
+        length INTEGER NOT NULL,
+        crc32c INTEGER NOT NULL,
+        refs INTEGER NOT NULL DEFAULT 0,
+        zero_since_ns INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX chunks_unreferenced ON chunks (zero_since_ns) WHERE refs = 0;
+    CREATE TABLE extents (
+        inode INTEGER NOT NULL,
+        offset INTEGER NOT NULL,
+        length INTEGER NOT NULL,
+        chunk TEXT NOT NULL,
+        chunk_offset INTEGER NOT NULL,
+        PRIMARY KEY (inode, offset)
+    ) WITHOUT ROWID;
+    CREATE INDEX extents_by_chunk ON extents (chunk);
+    CREATE TABLE replicas (
+        chunk TEXT NOT NULL,
+        node TEXT NOT NULL,
+        PRIMARY KEY (chunk, node)
+    ) WITHOUT ROWID;
+    INSERT INTO inodes VALUES ({ROOT_INODE}, 'directory', 0, 493, 0, 1, 1);
+    """,
+)
+
+_INODE_COLUMNS = "id, kind, size, mode, mtime_ns, generation, replication"
+BUSY_TIMEOUT_S = 60.0
+
+
+def _inode(row: tuple[int, Kind, int, int, int, int, int] | None) -> Inode | None:
+    return None if row is None else Inode(*row)
+
+
+class SQLiteTx:
+    """A transaction on one connection (see ``Tx`` in ``_repo.py``)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    # -- names and files -------------------------------------------------------
+
+    def lookup(self, parent: int, name: str) -> Inode | None:
+        return _inode(
+            self._db.execute(
+                f"SELECT {', '.join('i.' + c for c in _INODE_COLUMNS.split(', '))} "
+                "FROM entries e JOIN inodes i ON i.id = e.inode "
+                "WHERE e.parent = ? AND e.name = ?",
+                (parent, name),
+            ).fetchone()
+        )
+
+    def get(self, inode: int) -> Inode | None:
+        return _inode(
+            self._db.execute(
+                f"SELECT {_INODE_COLUMNS} FROM inodes WHERE id = ?", (inode,)
+            ).fetchone()
+        )
+
+    def children(self, parent: int) -> list[tuple[str, Inode]]:
+        rows = self._db.execute(
+            f"SELECT e.name, {', '.join('i.' + c for c in _INODE_COLUMNS.split(', '))} "
+            "FROM entries e JOIN inodes i ON i.id = e.inode "
+            "WHERE e.parent = ? ORDER BY e.name",
+            (parent,),
+        )
+        return [(row[0], Inode(*row[1:])) for row in rows]
+
+    def has_children(self, parent: int) -> bool:
+        row = self._db.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1", (parent,))
+        return row.fetchone() is not None
+
+    def create(
+        self, kind: Kind, size: int, mode: int, mtime_ns: int, generation: int, replication: int
+    ) -> Inode:
+        cur = self._db.execute(
+            "INSERT INTO inodes (kind, size, mode, mtime_ns, generation, replication) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (kind, size, mode, mtime_ns, generation, replication),
+        )
+        assert cur.lastrowid is not None
+        return Inode(cur.lastrowid, kind, size, mode, mtime_ns, generation, replication)
+
+    def link(self, parent: int, name: str, inode: int) -> None:
+        self._db.execute(
+            "INSERT INTO entries (parent, name, inode) VALUES (?, ?, ?)", (parent, name, inode)
+        )
+
+    def unlink(self, parent: int, name: str) -> None:
+        self._db.execute("DELETE FROM entries WHERE parent = ? AND name = ?", (parent, name))
+
+    def delete(self, inode: int) -> None:
+        uses = Counter(
+            chunk
+            for (chunk,) in self._db.execute("SELECT chunk FROM extents WHERE inode = ?", (inode,))
+        )
+        self._release(uses)
+        self._db.execute("DELETE FROM extents WHERE inode = ?", (inode,))
+        self._db.execute("DELETE FROM inodes WHERE id = ?", (inode,))
+
+    def extents(self, inode: int) -> list[Extent]:
+        rows = self._db.execute(
+            "SELECT x.offset, x.length, c.id, c.length, c.crc32c, x.chunk_offset "
+            "FROM extents x JOIN chunks c ON c.id = x.chunk "
+            "WHERE x.inode = ? ORDER BY x.offset",
+            (inode,),
+        )
+        return [
+            Extent(offset, length, ChunkRef(chunk, clen, crc), chunk_offset)
+            for offset, length, chunk, clen, crc, chunk_offset in rows
+        ]
+
+    def set_extents(self, inode: int, extents: Iterable[Extent]) -> None:
+        extents = list(extents)
+        self._db.executemany(
+            "INSERT INTO extents (inode, offset, length, chunk, chunk_offset) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(inode, x.offset, x.length, x.chunk.id, x.chunk_offset) for x in extents],
+        )
+        self._db.executemany(
+            "UPDATE chunks SET refs = refs + ? WHERE id = ?",
+            [(n, chunk) for chunk, n in Counter(x.chunk.id for x in extents).items()],
+        )
+
+    def _release(self, uses: Counter[str]) -> None:
+        now = time.time_ns()
+        self._db.executemany(
+            "UPDATE chunks SET refs = refs - ?1, "
+            "zero_since_ns = CASE WHEN refs - ?1 = 0 THEN ?2 ELSE zero_since_ns END "
+            "WHERE id = ?3",
+            [(n, now, chunk) for chunk, n in uses.items()],
+        )
+
+    # -- chunks -------------------------------------------------------------
+
+    def add_chunks(self, chunks: Iterable[tuple[ChunkRef, tuple[str, ...]]]) -> None:
+        chunks = list(chunks)
+        now = time.time_ns()
+        self._db.executemany(
+            "INSERT OR IGNORE INTO chunks (id, length, crc32c, refs, zero_since_ns) "
+            "VALUES (?, ?, ?, 0, ?)",
+            [(c.id, c.length, c.crc32c, now) for c, _ in chunks],
+        )
+        self._db.executemany(
+            "INSERT OR IGNORE INTO replicas (chunk, node) VALUES (?, ?)",
+            [(c.id, node) for c, nodes in chunks for node in nodes],
+        )
+
+    def _in(self, sql: str, ids: Iterable[str]) -> Iterator[tuple[str, ...]]:
+        ids = list(ids)
+        for start in range(0, len(ids), 500):
+            batch = ids[start : start + 500]
+            yield from self._db.execute(sql.format(",".join("?" * len(batch))), batch)
+
+    def replicas(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        found: dict[str, list[str]] = {}
+        sql = "SELECT chunk, node FROM replicas WHERE chunk IN ({}) ORDER BY chunk, node"
+        for chunk, node in self._in(sql, ids):
+            found.setdefault(chunk, []).append(node)
+        return {chunk: tuple(nodes) for chunk, nodes in found.items()}
+
+    def referenced(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        live = [c for (c,) in self._in("SELECT id FROM chunks WHERE refs > 0 AND id IN ({})", ids)]
+        return self.replicas(live)
+
+    def known(self, ids: Iterable[str]) -> set[str]:
+        return {c for (c,) in self._in("SELECT id FROM chunks WHERE id IN ({})", ids)}
+
+    def all_chunks(self) -> Iterator[tuple[ChunkRef, tuple[str, ...]]]:
+        rows = self._db.execute(
+            "SELECT c.id, c.length, c.crc32c, group_concat(r.node) FROM chunks c "
+            "LEFT JOIN replicas r ON r.chunk = c.id GROUP BY c.id ORDER BY c.id"
+        ).fetchall()
+        for chunk, length, crc, nodes in rows:
+            yield ChunkRef(chunk, length, crc), tuple(nodes.split(",")) if nodes else ()
+
+    def chunk_users(self, chunk: str) -> list[int]:
+        rows = self._db.execute("SELECT DISTINCT inode FROM extents WHERE chunk = ?", (chunk,))
+        return [inode for (inode,) in rows]
+
+    def path_of(self, inode: int) -> str | None:
+        names: list[str] = []
+        while inode != ROOT_INODE:
+            row = self._db.execute(
+                "SELECT parent, name FROM entries WHERE inode = ? LIMIT 1", (inode,)
+            ).fetchone()
+            if row is None:
+                return None
+            inode, name = row
+            names.append(name)
+        return "/" + "/".join(reversed(names))
+
+    def forget_unreferenced(self, older_than_ns: int) -> list[str]:
+        rows = self._db.execute(
+            "DELETE FROM chunks WHERE refs = 0 AND zero_since_ns < ? RETURNING id",
+            (older_than_ns,),
+        ).fetchall()
+        gone = [chunk for (chunk,) in rows]
+        self._db.executemany("DELETE FROM replicas WHERE chunk = ?", [(c,) for c in gone])
+        return gone
+
+
+class SQLiteRepository:
+    """The SQLite engine (see ``Repository`` in ``_repo.py``)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._migrate()
+
+    def _connect(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            try:
+                db = sqlite3.connect(
+                    self.path,
+                    timeout=BUSY_TIMEOUT_S,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+                db.execute("PRAGMA journal_mode = WAL")
+                db.execute("PRAGMA synchronous = FULL")
+            except sqlite3.Error as exc:
+                raise Unavailable(f"cannot open the metadata database: {exc}", self.path) from exc
+            self._local.db = db
+            with self._lock:
+                self._all.append(db)
+        return db
+
+    def _migrate(self) -> None:
+        with self._transaction("BEGIN EXCLUSIVE") as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(MIGRATIONS):
+                raise GrabenError(
+                    f"the store's schema is version {version}, newer than this graben "
+                    f"understands ({len(MIGRATIONS)}); upgrade graben",
+                    self.path,
+                )
+            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                for statement in script.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA user_version = {number}")
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
+        db = self._connect()
+        try:
+            db.execute(begin)
+        except sqlite3.OperationalError as exc:
+            raise Unavailable(f"metadata database is busy: {exc}", self.path) from exc
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            # SQLite may already have rolled back by itself (a full disk does).
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    @contextmanager
+    def read(self) -> Iterator[SQLiteTx]:
+        with self._transaction("BEGIN DEFERRED") as db:
+            yield SQLiteTx(db)
+
+    @contextmanager
+    def write(self) -> Iterator[SQLiteTx]:
+        try:
+            with self._transaction("BEGIN IMMEDIATE") as db:
+                yield SQLiteTx(db)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            for db in self._all:
+                db.close()
+            self._all.clear()
+        self._local = threading.local()
+
+
+def _translate(exc: sqlite3.Error, path: str) -> GrabenError:
+    text = str(exc)
+    if "database or disk is full" in text:
+        return NoSpace("metadata disk is full; the change was rolled back", path)
+    if "locked" in text or "busy" in text:
+        return Unavailable(f"metadata database is busy: {text}", path)
+    return GrabenError(f"metadata engine error: {text}", path)

@@ -1,0 +1,56 @@
+"""The transport seam: what a client needs from a store, local or remote.
+
+A client talks to two things: the metadata service (``MetaTransport``: one
+``request`` method carrying the typed requests of ``_types.py``) and the data
+nodes (``ChunkTransport``: whole-chunk writes and verified reads by node id).
+The embedded store implements both in-process (``_embedded.py``); the cluster
+implements them over the wire. Every client feature is written once against
+these two protocols.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, TypeVar
+
+from ._types import ChunkRef, Request
+
+R = TypeVar("R")
+
+
+class MetaTransport(Protocol):
+    """Sends metadata requests."""
+
+    async def request(self, request: Request[R]) -> R:
+        """Execute one request; raises the ``GrabenError`` the service raised."""
+
+    async def close(self) -> None:
+        """Release connections and threads."""
+
+
+class ChunkTransport(Protocol):
+    """Moves chunk bytes to and from nodes.
+
+    Call order: ``write`` a chunk to each node a ``Placement`` names before
+    committing a file that uses it; ``read`` any node a ``FileLayout`` lists.
+    """
+
+    def nodes(self) -> tuple[str, ...]:
+        """Node ids this transport can reach."""
+
+    async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
+        """Store ``data`` durably as ``chunk`` on ``node``; returns after the node's fsync."""
+
+    async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
+        """Fill ``into[:chunk.length]``; raises ``IntegrityError`` if the crc32c does not match."""
+
+    async def inventory(self, node: str) -> list[tuple[str, float]]:
+        """Every chunk file on ``node`` with its mtime, for fsck and collection."""
+
+    async def delete(self, node: str, chunk_id: str, older_than: float) -> bool:
+        """Delete a copy not (re)written since ``older_than``; whether it went."""
+
+    def describe(self, node: str, chunk_id: str) -> str:
+        """Where a copy lives, for error messages."""
+
+    async def close(self) -> None:
+        """Release connections and threads."""

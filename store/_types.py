@@ -1,0 +1,261 @@
+"""Values shared by clients, the metadata logic and (later) the wire.
+
+All are frozen msgspec Structs: slotted, hashable, and encodable as they are,
+so servers and clients share one set of types.
+"""
+
+from __future__ import annotations
+
+import mmap
+from typing import Any, ClassVar, Generic, Literal, TypeAlias, TypeVar
+
+import msgspec
+
+Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
+"""What the store accepts as bytes (anything with the buffer protocol works at run time)."""
+Kind = Literal["file", "directory"]
+WriteMode = Literal["overwrite", "create"]
+
+LOCAL_NODE = "local"
+"""The one node id of an embedded store."""
+
+
+class FileInfo(msgspec.Struct, frozen=True):
+    """What ``stat`` says of a file or directory."""
+
+    path: str
+    """Normalised absolute path, ``/a/b``."""
+    kind: Kind
+    """``"file"`` or ``"directory"``."""
+    size: int
+    """Bytes in the file; 0 for a directory."""
+    mtime_ns: int
+    """Last commit (files) or creation (directories), ns since the epoch."""
+    inode: int
+    """Stable id of this version of the file or of the directory."""
+    generation: int = 1
+    """Bumped each time a new version is committed at this path."""
+    replication: int = 1
+    """Copies kept of each chunk of the file."""
+    mode: int = 0o644
+    """Permission bits."""
+
+    @property
+    def name(self) -> str:
+        """The last component of the path (``""`` for the root)."""
+        return self.path.rpartition("/")[2]
+
+    @property
+    def is_dir(self) -> bool:
+        """Whether this is a directory."""
+        return self.kind == "directory"
+
+    @property
+    def is_file(self) -> bool:
+        """Whether this is a regular file."""
+        return self.kind == "file"
+
+
+class ChunkRef(msgspec.Struct, frozen=True):
+    """The chunk layer's record of one immutable chunk."""
+
+    id: str
+    """The blake3 hash of the chunk's bytes, hex: the chunk is content-addressed."""
+    length: int
+    """Bytes in the chunk."""
+    crc32c: int
+    """crc32c of the chunk's bytes, checked on every write and read."""
+
+
+class Extent(msgspec.Struct, frozen=True):
+    """A run of a file's bytes stored in one chunk."""
+
+    offset: int
+    """Where the run starts in the file."""
+    length: int
+    """Bytes in the run."""
+    chunk: ChunkRef
+    """The chunk holding them."""
+    chunk_offset: int = 0
+    """Where the run starts in the chunk."""
+
+
+class Placement(msgspec.Struct, frozen=True):
+    """The metadata service's answer for one chunk a writer is about to store."""
+
+    chunk: ChunkRef
+    """The chunk asked about."""
+    upload: bool
+    """False when the store holds the chunk already (dedup): send nothing."""
+    nodes: tuple[str, ...]
+    """Where to send it (or where it already is)."""
+
+
+class StoredChunk(msgspec.Struct, frozen=True):
+    """A chunk a writer uploaded, and the nodes that acknowledged it."""
+
+    chunk: ChunkRef
+    """The chunk."""
+    nodes: tuple[str, ...]
+    """Nodes holding a durable copy."""
+
+
+class FileLayout(msgspec.Struct, frozen=True):
+    """Everything a reader needs: attributes, extents in order, replicas."""
+
+    info: FileInfo
+    """The file's attributes."""
+    extents: tuple[Extent, ...]
+    """Extents in file order, contiguous from 0 to ``info.size``."""
+    replicas: dict[str, tuple[str, ...]]
+    """Chunk id -> nodes holding it."""
+
+
+class FileCommit(msgspec.Struct, frozen=True):
+    """One file a writer asks to make visible."""
+
+    path: str
+    """Where the file appears."""
+    extents: tuple[Extent, ...]
+    """Its bytes, in order."""
+    stored: tuple[StoredChunk, ...] = ()
+    """Chunks uploaded for it that the store did not hold before."""
+    mode: WriteMode = "overwrite"
+    """``"create"`` fails if the path exists at commit time."""
+    replication: int = 1
+    """Copies to keep of each chunk."""
+
+
+class ChunkProblem(msgspec.Struct, frozen=True):
+    """One finding of ``fsck``."""
+
+    kind: Literal["missing", "corrupt", "orphan", "unreferenced"]
+    """What is wrong."""
+    chunk: str
+    """The chunk id (or file name, for orphans)."""
+    where: str
+    """Node and location of the copy."""
+    paths: tuple[str, ...] = ()
+    """Store paths whose files use the chunk."""
+    detail: str = ""
+    """A sentence for humans."""
+
+
+class FsckReport(msgspec.Struct, frozen=True):
+    """The result of checking every chunk."""
+
+    chunks: int
+    """Chunks checked."""
+    bytes: int
+    """Bytes re-read."""
+    problems: tuple[ChunkProblem, ...]
+    """Everything found wrong."""
+    collected: int = 0
+    """Orphans deleted (with ``collect=True``)."""
+
+    @property
+    def ok(self) -> bool:
+        """Whether no chunk is missing or corrupt (orphans are harmless)."""
+        return not any(p.kind in ("missing", "corrupt") for p in self.problems)
+
+
+# --- metadata requests -----------------------------------------------------
+# Each request names its response type; an engine executes them, an embedded
+# client calls it in-process and a remote one sends them over the wire.
+
+R = TypeVar("R")
+
+
+class Request(msgspec.Struct, Generic[R], frozen=True, tag=True):
+    """A metadata operation; ``response`` is the type it returns."""
+
+    response: ClassVar[Any]
+
+
+class Stat(Request[FileInfo], frozen=True):
+    """Attributes of one path."""
+
+    response = FileInfo
+    path: str
+
+
+class ListDir(Request[list[FileInfo]], frozen=True):
+    """Entries of a directory (or the file itself), sorted by name."""
+
+    response = list[FileInfo]
+    path: str
+
+
+class MakeDir(Request[FileInfo], frozen=True):
+    """Create a directory."""
+
+    response = FileInfo
+    path: str
+    parents: bool = False
+    exist_ok: bool = False
+
+
+class Remove(Request[int], frozen=True):
+    """Remove a path; returns how many entries went."""
+
+    response = int
+    path: str
+    recursive: bool = False
+
+
+class Rename(Request[FileInfo], frozen=True):
+    """Move a file or directory atomically."""
+
+    response = FileInfo
+    src: str
+    dst: str
+    replace: bool = True
+
+
+class GetLayout(Request[FileLayout], frozen=True):
+    """Where a file's bytes are."""
+
+    response = FileLayout
+    path: str
+
+
+class Prepare(Request[list[Placement]], frozen=True):
+    """Ask, for a batch of chunks, which to upload and where."""
+
+    response = list[Placement]
+    chunks: tuple[ChunkRef, ...]
+    replication: int = 1
+
+
+class Commit(Request[list[FileInfo]], frozen=True):
+    """Make a batch of files visible, each atomically."""
+
+    response = list[FileInfo]
+    files: tuple[FileCommit, ...]
+
+
+class Usage(Request[tuple[int, int]], frozen=True):
+    """(files, bytes) under a path, recursively."""
+
+    response = tuple[int, int]
+    path: str
+
+
+class ChunkRefs(Request[list[tuple[ChunkRef, tuple[str, ...]]]], frozen=True):
+    """Every chunk the engine knows, with its replicas, for fsck."""
+
+    response = list[tuple[ChunkRef, tuple[str, ...]]]
+
+
+class ChunkUsers(Request[list[str]], frozen=True):
+    """Paths of files using a chunk."""
+
+    response = list[str]
+    chunk: str
+
+
+class Collectable(Request[list[str]], frozen=True):
+    """Forget chunks unreferenced for longer than ``grace_s``; returns their ids."""
+
+    response = list[str]
+    grace_s: float

@@ -1,0 +1,173 @@
+"""The write path: chunk-sized views in, one committed file out.
+
+``Upload`` receives the file's bytes as chunk-sized views in order, hashes
+and stores up to ``max_inflight`` of them at once (skipping chunks the store
+already holds), and on ``commit`` makes the file visible in one metadata
+transaction. Nothing is visible before the commit; a writer that dies leaves
+only unreferenced chunk files, which collection removes after a grace period.
+
+``Staging`` is the buffering in front of it for file objects: it copies
+writes into pooled buffers and hands full ones on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+from ._buffers import BufferPool
+from ._hashing import chunk_ref
+from ._transport import ChunkTransport, MetaTransport
+from ._types import (
+    ChunkRef,
+    Commit,
+    Extent,
+    FileCommit,
+    FileInfo,
+    Prepare,
+    StoredChunk,
+    WriteMode,
+)
+
+Release = Callable[[], None]
+
+
+class Upload:
+    """One file being written: ``add`` each chunk in order, then ``commit`` or ``abort``."""
+
+    def __init__(
+        self,
+        meta: MetaTransport,
+        chunks: ChunkTransport,
+        hasher: Executor,
+        path: str,
+        *,
+        mode: WriteMode,
+        replication: int,
+        max_inflight: int,
+    ) -> None:
+        self._meta, self._chunks, self._hasher = meta, chunks, hasher
+        self.path, self._mode, self._replication = path, mode, replication
+        self._slots = asyncio.Semaphore(max_inflight)
+        self._tasks: list[asyncio.Task[tuple[ChunkRef, StoredChunk | None]]] = []
+
+    async def add(self, data: memoryview, release: Release | None = None) -> None:
+        """Start storing the next chunk; waits while ``max_inflight`` are in flight.
+
+        ``release`` is called once the bytes of ``data`` are no longer needed.
+        """
+        try:
+            await self._slots.acquire()
+        except BaseException:
+            if release:
+                release()
+            raise
+        self._raise_failed()
+        self._tasks.append(asyncio.create_task(self._store(data, release)))
+
+    def _raise_failed(self) -> None:
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+
+    async def _store(
+        self, data: memoryview, release: Release | None
+    ) -> tuple[ChunkRef, StoredChunk | None]:
+        try:
+            loop = asyncio.get_running_loop()
+            ref = await loop.run_in_executor(self._hasher, chunk_ref, data)
+            [placement] = await self._meta.request(Prepare((ref,), self._replication))
+            if not placement.upload:
+                return ref, None
+            await asyncio.gather(*(self._chunks.write(node, ref, data) for node in placement.nodes))
+            return ref, StoredChunk(ref, placement.nodes)
+        finally:
+            self._slots.release()
+            if release:
+                release()
+
+    async def commit(self) -> FileInfo:
+        """Wait for every chunk, then make the file visible atomically."""
+        try:
+            results = await asyncio.gather(*self._tasks)
+        except BaseException:
+            await self.abort()
+            raise
+        extents, stored, offset = [], {}, 0
+        for ref, new in results:
+            extents.append(Extent(offset, ref.length, ref))
+            offset += ref.length
+            if new is not None:
+                stored[ref.id] = new
+        commit = FileCommit(
+            self.path, tuple(extents), tuple(stored.values()), self._mode, self._replication
+        )
+        [info] = await self._meta.request(Commit((commit,)))
+        return info
+
+    async def abort(self) -> None:
+        """Give up; nothing becomes visible.
+
+        In-flight chunks are waited for, not cancelled: their worker threads
+        still read the buffers, which must not be reused under them.
+        """
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+
+class Staging:
+    """Copies small writes into pooled chunk buffers; hands on full ones."""
+
+    def __init__(self, pool: BufferPool) -> None:
+        self._pool = pool
+        self._buffer: mmap.mmap | None = None
+        self._view: memoryview | None = None
+        self._fill = 0
+
+    def take(self, data: memoryview) -> int:
+        """Copy as much of ``data`` as fits; returns how much was taken."""
+        if self._view is None:
+            self._buffer = self._pool.get()
+            self._view = memoryview(self._buffer)
+        n = min(data.nbytes, self._view.nbytes - self._fill)
+        self._view[self._fill : self._fill + n] = data[:n]
+        self._fill += n
+        return n
+
+    @property
+    def full(self) -> bool:
+        """Whether the current buffer holds a whole chunk."""
+        return self._view is not None and self._fill == self._view.nbytes
+
+    @property
+    def pending(self) -> int:
+        """Bytes staged and not yet handed on."""
+        return self._fill
+
+    def detach(self) -> tuple[memoryview, Release] | None:
+        """Hand on what is staged (``None`` if nothing): its view and how to release it."""
+        if self._view is None or self._buffer is None:
+            return None
+        view, buffer, fill = self._view, self._buffer, self._fill
+        self._view = self._buffer = None
+        self._fill = 0
+        if fill == 0:
+            view.release()
+            self._pool.put(buffer)
+            return None
+        chunk = view[:fill]
+        view.release()
+
+        def release() -> None:
+            chunk.release()
+            self._pool.put(buffer)
+
+        return chunk, release
+
+    def discard(self) -> None:
+        """Drop what is staged."""
+        detached = self.detach()
+        if detached is not None:
+            detached[1]()
