@@ -1,0 +1,44 @@
+# The two commands of the README: `make run` and `make test`.
+# Both create .venv and install what is missing, system packages included.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+SYSTEM_PACKAGES := libfuse3-dev fuse3 pkg-config
+
+.PHONY: run test lint system-deps install clean
+
+run: install
+	$(BIN)/graben bench --quick
+
+test: install lint
+	$(BIN)/pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy -p graben.store -p graben.fuse -p graben.checkpoint -p graben.dataloader -p graben.bench
+
+# Re-linked every time (a second or two): strict editable installs only see
+# modules that existed when they were installed.
+install: $(STAMP) system-deps
+	@$(BIN)/pip install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict \
+		>$(VENV)/relink.log 2>&1 || { cat $(VENV)/relink.log; exit 1; }
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]' --config-settings editable_mode=strict
+	touch $@
+
+# FUSE needs these; the store core does not, so a failure here only warns.
+system-deps:
+	@if command -v fusermount3 >/dev/null && pkg-config --exists fuse3 2>/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null) \
+		|| echo "warning: could not install $(SYSTEM_PACKAGES)"; \
+	else echo "as root, run: apt-get install -y $(SYSTEM_PACKAGES)"; fi
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .hypothesis .bench-tmp

@@ -1,0 +1,121 @@
+"""Checksums, fsck, dedup and collection on an embedded store."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import SMALL_CHUNK
+from graben.store import IntegrityError, connect
+
+ChunkFiles = Callable[[], list[Path]]
+
+
+def flip_byte(path: Path, offset: int = 100) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_flipped_byte_is_caught_on_read_and_by_fsck(
+    store_dir: Path, chunk_files: ChunkFiles
+) -> None:
+    with connect(store_dir, chunk_size=SMALL_CHUNK) as client:
+        client.put("/good", os.urandom(1000))
+        client.put("/model.pt", os.urandom(3 * SMALL_CHUNK))
+        good = set(chunk_files())
+        layout_chunks = [p for p in chunk_files() if p.stat().st_size == SMALL_CHUNK]
+        victim = layout_chunks[1]
+        flip_byte(victim)
+
+        with pytest.raises(IntegrityError) as info:
+            client.get("/model.pt")
+        message = str(info.value)
+        assert "/model.pt" in message and "crc32c" in message
+        assert str(victim) in message
+        assert client.get("/good")  # the rest of the store still reads
+
+        report = client.fsck()
+        assert not report.ok
+        [problem] = report.problems
+        assert problem.kind == "corrupt"
+        assert problem.chunk == victim.name
+        assert problem.paths == ("/model.pt",)
+        assert str(victim) in problem.where
+        assert set(chunk_files()) == good  # fsck changes nothing
+
+
+def test_missing_chunk_is_an_integrity_error_not_file_not_found(
+    store_dir: Path, chunk_files: ChunkFiles
+) -> None:
+    with connect(store_dir) as client:
+        client.put("/f", os.urandom(5000))
+        [chunk] = chunk_files()
+        chunk.unlink()
+        with pytest.raises(IntegrityError, match="missing"):
+            client.get("/f")
+        [problem] = client.fsck().problems
+        assert (problem.kind, problem.paths) == ("missing", ("/f",))
+
+
+def test_truncated_chunk_is_caught(store_dir: Path, chunk_files: ChunkFiles) -> None:
+    with connect(store_dir) as client:
+        client.put("/f", os.urandom(5000))
+        [chunk] = chunk_files()
+        os.truncate(chunk, 4000)
+        with pytest.raises(IntegrityError, match="wrong length"):
+            client.get("/f")
+
+
+def test_same_100_mib_twice_is_stored_once(store_dir: Path, chunk_files: ChunkFiles) -> None:
+    data = os.urandom(100 << 20)
+    with connect(store_dir) as client:
+        client.put("/a/weights.bin", data)
+        first = {p: p.stat().st_mtime_ns for p in chunk_files()}
+        with client.open("/b/weights.bin", "wb") as f:
+            for start in range(0, len(data), 1 << 20):
+                f.write(data[start : start + (1 << 20)])
+        after = {p: p.stat().st_mtime_ns for p in chunk_files()}
+        assert after == first  # nothing uploaded, nothing rewritten
+        assert sum(p.stat().st_size for p in after) == len(data)
+        assert client.get("/b/weights.bin") == data
+        assert client.du("/") == (2, 2 * len(data))
+
+
+def test_chunks_survive_while_any_file_uses_them(store_dir: Path, chunk_files: ChunkFiles) -> None:
+    data = os.urandom(3 * SMALL_CHUNK)
+    with connect(store_dir, chunk_size=SMALL_CHUNK, gc_grace_s=0) as client:
+        client.put("/a", data)
+        client.put("/b", data)
+        client.rm("/a")
+        assert client.fsck(collect=True).collected == 0
+        assert client.get("/b") == data
+        client.rm("/b")
+        report = client.fsck(collect=True)
+        assert report.collected == 3
+        assert chunk_files() == []
+
+
+def test_collection_waits_for_the_grace_period(store_dir: Path, chunk_files: ChunkFiles) -> None:
+    with connect(store_dir, gc_grace_s=3600) as client:
+        client.put("/a", b"x" * 100)
+        client.rm("/a")
+        assert client.fsck(collect=True).collected == 0
+        assert len(chunk_files()) == 1
+
+
+def test_writer_rejects_bytes_that_do_not_match_their_crc(store_dir: Path) -> None:
+    from graben.store._chunkstore import LocalChunkStore
+    from graben.store._hashing import chunk_ref
+
+    store = LocalChunkStore(store_dir / "chunks")
+    data = bytearray(os.urandom(1000))
+    ref = chunk_ref(data)
+    data[0] ^= 1
+    with pytest.raises(IntegrityError, match="not stored"):
+        store.write(ref, memoryview(data))
+    assert not store.path(ref.id).exists()
