@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 from rich.console import Console
+from rich.text import Text
 
 from ._errors import GrabenError
 
@@ -29,9 +30,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     for entry in sorted(entry_points(group=GROUP), key=lambda e: e.name):
-        add: Add = entry.load()
-        add(sub)
+        try:
+            add: Add = entry.load()
+            add(sub)
+        except Exception as exc:  # one broken plug-in must not take every command down
+            _err(f"warning: command {entry.name!r} is unavailable ({entry.value}): {exc}")
     return parser
+
+
+def _err(message: str) -> None:
+    # Text, not markup: paths may hold "[" and messages must stay one line.
+    Console(stderr=True, soft_wrap=True, highlight=False).print(Text(message, style="red"))
+
+
+def describe(exc: GrabenError) -> str:
+    """One line for a human: the message and the path it concerns."""
+    return exc.message if exc.path is None else f"{exc.message}: {exc.path}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -40,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args)
     except GrabenError as exc:
-        Console(stderr=True).print(f"[red]graben: {exc}[/red]", highlight=False)
+        _err(f"graben: {describe(exc)}")
         return 1
     except KeyboardInterrupt:
         return 130

@@ -1,0 +1,561 @@
+"""The store's ``graben`` subcommands, checked the way a user would check them.
+
+Most tests run the real ``graben.store._cli.main(argv)`` in-process on a
+fresh embedded store under ``tmp_path``; the last ones run the installed
+``graben`` script as a subprocess.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from graben.store import _cli, _cli_render
+
+MiB = 1 << 20
+COMMANDS = ("cat", "du", "fsck", "get", "ls", "mkdir", "mv", "put", "rm", "stat")
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one ``graben`` run left behind."""
+
+    code: int
+    """Exit code."""
+    out: bytes
+    """Everything written to stdout."""
+    err: str
+    """Everything written to stderr."""
+
+    @property
+    def text(self) -> str:
+        """stdout as text."""
+        return self.out.decode()
+
+    def json(self) -> Any:
+        """stdout parsed as one JSON document (fails if anything else is there)."""
+        return json.loads(self.out)
+
+
+class Graben:
+    """Runs ``graben CMD --store STORE ARGS...`` in-process."""
+
+    def __init__(self, store: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.store, self._capsys, self._monkeypatch = store, capsys, monkeypatch
+
+    def __call__(self, cmd: str, *args: str, stdin: bytes = b"", store: bool = True) -> Result:
+        self._capsys.readouterr()  # drop anything earlier calls left
+        self._monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+        argv = [cmd, "--store", str(self.store), *args] if store else [cmd, *args]
+        try:
+            code = _cli.main(argv)
+        except SystemExit as exc:  # argparse: --help, usage errors
+            code = int(exc.code or 0)
+        captured = self._capsys.readouterr()
+        return Result(code, captured.out, captured.err.decode())
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Never touch the user's own store, whatever a test forgets to pass.
+    monkeypatch.delenv("GRABEN_URL", raising=False)
+    monkeypatch.delenv("GRABEN_CHUNK_SIZE", raising=False)
+    monkeypatch.setenv("GRABEN_HOME", str(tmp_path / "home"))
+    # The dispatcher loads every package's entry point; the others are
+    # written in parallel and a half-done one would fail every test here.
+    # These tests are about the store's commands, so load only those (the
+    # subprocess tests below run the real script with everything).
+    ours = [e for e in entry_points(group=_cli.GROUP) if e.value.startswith("graben.store.")]
+
+    def store_entry_points(group: str) -> list[EntryPoint]:
+        assert group == _cli.GROUP
+        return ours
+
+    monkeypatch.setattr(_cli, "entry_points", store_entry_points)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def graben(store: Path, capsysbinary: Any, monkeypatch: pytest.MonkeyPatch) -> Graben:
+    return Graben(store, capsysbinary, monkeypatch)
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def chunk_files(store: Path) -> list[Path]:
+    """Chunk files of an embedded store (``chunks/ab/cd/<64 hex>``), smallest first."""
+    found = [p for p in (store / "chunks").glob("*/*/*") if len(p.name) == 64]
+    return sorted(found, key=lambda p: p.stat().st_size)
+
+
+def flip_byte(path: Path, offset: int = 0) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def failed(result: Result, *words: str) -> None:
+    """A failure a user can read: exit 1, one ``graben:`` message naming ``words``, no stdout."""
+    assert result.code == 1, result
+    assert result.out == b""
+    assert result.err.startswith("graben: "), result.err
+    assert "Traceback" not in result.err
+    message = " ".join(result.err.split())  # the message may be wrapped
+    for word in words:
+        assert word in message, (word, message)
+
+
+# --- help ---------------------------------------------------------------------------
+
+
+def test_top_level_help_lists_every_store_command(graben: Graben) -> None:
+    result = graben("--help", store=False)
+    assert result.code == 0
+    listed = {line.split()[0] for line in result.text.splitlines() if line.startswith("    ")}
+    assert set(COMMANDS) <= listed
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_with_store_option(graben: Graben, command: str) -> None:
+    result = graben(command, "--help", store=False)
+    assert result.code == 0
+    assert result.text.startswith(f"usage: graben {command}")
+    assert "--store URL" in result.text
+    assert "$GRABEN_URL" in result.text
+
+
+# --- put / get / cat ------------------------------------------------------------------
+
+
+def test_multi_chunk_file_round_trips_through_put_and_get(graben: Graben, tmp_path: Path) -> None:
+    data = os.urandom(20 * MiB + 123)  # three 8 MiB chunks, the last one partial
+    src = write(tmp_path / "src" / "big.bin", data)
+
+    assert graben("put", str(src), "/data/big.bin").code == 0
+    assert len(chunk_files(graben.store)) == 3
+    assert graben("get", "/data/big.bin", str(tmp_path / "copy.bin")).code == 0
+
+    assert (tmp_path / "copy.bin").read_bytes() == data
+    assert graben("cat", "/data/big.bin").out == data
+    assert graben("stat", "/data/big.bin", "--json").json()["size"] == len(data)
+
+
+def test_stdin_to_stdout_round_trip(graben: Graben) -> None:
+    data = bytes(range(256)) * 1000 + b"\r\n\x00"
+
+    assert graben("put", "-", "/p/raw", stdin=data).code == 0
+    assert graben("get", "/p/raw", "-").out == data
+    assert graben("cat", "/p/raw").out == data
+
+
+def test_empty_file_round_trips(graben: Graben, tmp_path: Path) -> None:
+    assert graben("put", str(write(tmp_path / "empty", b"")), "/empty").code == 0
+    assert graben("get", "/empty", str(tmp_path / "back")).code == 0
+    assert (tmp_path / "back").read_bytes() == b""
+
+
+def test_put_into_a_directory_keeps_the_local_name(graben: Graben, tmp_path: Path) -> None:
+    src = write(tmp_path / "notes.txt", b"n")
+    assert graben("put", str(src), "/new/").code == 0  # trailing slash: a directory
+    assert graben("mkdir", "/old").code == 0
+    assert graben("put", str(src), "/old").code == 0  # an existing directory
+
+    assert graben("cat", "/new/notes.txt").out == b"n"
+    assert graben("cat", "/old/notes.txt").out == b"n"
+
+
+def test_get_into_a_directory_keeps_the_remote_name(graben: Graben, tmp_path: Path) -> None:
+    graben("put", "-", "/a/model.pt", stdin=b"weights")
+    (tmp_path / "dl").mkdir()
+
+    assert graben("get", "/a/model.pt", str(tmp_path / "dl")).code == 0
+    assert (tmp_path / "dl" / "model.pt").read_bytes() == b"weights"
+
+
+def test_put_exclusive_refuses_an_existing_path(graben: Graben, tmp_path: Path) -> None:
+    src = write(tmp_path / "f", b"new")
+    graben("put", "-", "/f", stdin=b"old")
+
+    failed(graben("put", "--exclusive", str(src), "/f"), "exists", "/f")
+    assert graben("cat", "/f").out == b"old"
+    assert graben("put", "--exclusive", str(src), "/g").code == 0
+    assert graben("cat", "/g").out == b"new"
+
+
+def test_put_recursive_uploads_a_tree(graben: Graben, tmp_path: Path) -> None:
+    tree = tmp_path / "ckpt"
+    write(tree / "meta.json", b"{}")
+    write(tree / "shards" / "0.bin", b"zero")
+    write(tree / "shards" / "1.bin", b"one")
+    (tree / "empty").mkdir()
+
+    failed(graben("put", str(tree), "/runs/"), "is a directory", "-r")
+    assert graben("put", "-r", str(tree), "/runs/").code == 0
+
+    assert graben("cat", "/runs/ckpt/shards/1.bin").out == b"one"
+    assert graben("cat", "/runs/ckpt/meta.json").out == b"{}"
+    names = [e["path"] for e in graben("ls", "/runs/ckpt", "--json").json()]
+    assert names == ["/runs/ckpt/empty", "/runs/ckpt/meta.json", "/runs/ckpt/shards"]
+    assert graben("du", "/runs", "--json").json()["files"] == 3
+
+
+def test_put_of_a_missing_local_file_fails_cleanly(graben: Graben, tmp_path: Path) -> None:
+    failed(graben("put", str(tmp_path / "nope"), "/x"), "No such file", "nope")
+
+
+def test_failed_get_leaves_the_old_local_file_alone(graben: Graben, tmp_path: Path) -> None:
+    graben("put", str(write(tmp_path / "big", os.urandom(20 * MiB))), "/big")
+    flip_byte(chunk_files(graben.store)[0])  # the smallest: the tail of the file
+    (out := tmp_path / "out").mkdir()
+    write(out / "big", b"old")
+
+    failed(graben("get", "/big", str(out / "big")), "corrupt")
+    assert os.listdir(out) == ["big"]  # no temporary left behind
+    assert (out / "big").read_bytes() == b"old"
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [("2:5", b"234"), ("7:", b"789"), (":3", b"012"), ("4:4", b""), ("8:100", b"89"), ("50:", b"")],
+)
+def test_cat_range(graben: Graben, spec: str, expected: bytes) -> None:
+    graben("put", "-", "/digits", stdin=b"0123456789")
+    result = graben("cat", "/digits", "--range", spec)
+    assert result.code == 0
+    assert result.out == expected
+
+
+@pytest.mark.parametrize("spec", ["5:2", "x:3", "3", "-1:4"])
+def test_cat_refuses_a_bad_range(graben: Graben, spec: str) -> None:
+    graben("put", "-", "/digits", stdin=b"0123456789")
+    result = graben("cat", "/digits", "--range", spec)
+    assert result.code == 2
+    assert "START:END" in result.err
+
+
+def test_cat_of_a_directory_fails(graben: Graben) -> None:
+    graben("mkdir", "/d")
+    failed(graben("cat", "/d"), "is a directory", "/d")
+
+
+# --- ls / stat / du -------------------------------------------------------------------
+
+
+def test_ls_lists_names_kinds_and_sizes(graben: Graben) -> None:
+    graben("put", "-", "/d/b.bin", stdin=b"12345")
+    graben("mkdir", "/d/a")
+
+    assert graben("ls", "/d").text == "a/\nb.bin\n"
+    entries = graben("ls", "/d", "--json").json()
+    assert [(e["path"], e["kind"], e["size"]) for e in entries] == [
+        ("/d/a", "directory", 0),
+        ("/d/b.bin", "file", 5),
+    ]
+    rows = [line.split() for line in graben("ls", "-l", "/d").text.splitlines()]
+    # kind, size, date, time, name
+    assert [(r[0], r[1], r[4]) for r in rows] == [("dir", "0", "a/"), ("file", "5", "b.bin")]
+    assert graben("ls", "/d/b.bin").text == "/d/b.bin\n"  # a file lists as itself
+
+
+def test_ls_defaults_to_the_root(graben: Graben) -> None:
+    graben("mkdir", "/top")
+    assert graben("ls").text == "top/\n"
+
+
+def test_stat_shows_attributes(graben: Graben) -> None:
+    graben("put", "-", "/s", stdin=b"x" * 2048)
+
+    info = graben("stat", "/s", "--json").json()
+    assert (info["path"], info["kind"], info["size"], info["mode"]) == ("/s", "file", 2048, 0o644)
+    assert abs(info["mtime_ns"] / 1e9 - time.time()) < 60
+    text = graben("stat", "/s").text
+    assert "size         2048 (2.0 KiB)" in text
+    assert "-rw-r--r--" in text
+
+
+def test_stat_of_a_missing_path_fails(graben: Graben) -> None:
+    graben("mkdir", "/d")
+    failed(graben("stat", "/d/nope"), "no such file", "/d/nope")
+    failed(graben("stat", "/d/nope", "--json"), "no such file")
+
+
+def test_du_counts_files_and_bytes(graben: Graben) -> None:
+    graben("put", "-", "/d/a", stdin=b"x" * 1000)
+    graben("put", "-", "/d/sub/b", stdin=b"x" * (3 * MiB))
+    graben("put", "-", "/other", stdin=b"x")
+
+    assert graben("du", "/d", "--json").json() == {
+        "path": "/d",
+        "files": 2,
+        "bytes": 3 * MiB + 1000,
+    }
+    assert graben("du", "--json").json()["files"] == 3
+    assert graben("du", "-H", "/d").text == "3.0 MiB  2 files  /d\n"
+    assert graben("du", "/d/a").text == "1000  1 file  /d/a\n"
+
+
+# --- mkdir / rm / mv ------------------------------------------------------------------
+
+
+def test_mkdir_needs_p_for_missing_parents(graben: Graben) -> None:
+    graben("mkdir", "/top")
+    failed(graben("mkdir", "/top/a/b"), "no such file")
+    assert graben("mkdir", "-p", "/top/a/b").code == 0
+    assert graben("mkdir", "-p", "/top/a/b").code == 0  # -p: existing is fine
+    failed(graben("mkdir", "/top/a/b"), "exists")
+    assert graben("stat", "/top/a/b", "--json").json()["kind"] == "directory"
+
+
+def test_rm_refuses_a_non_empty_directory_without_r(graben: Graben) -> None:
+    graben("put", "-", "/d/f", stdin=b"f")
+
+    failed(graben("rm", "/d"), "not empty", "rm -r", "/d")
+    assert graben("cat", "/d/f").out == b"f"
+    assert graben("rm", "-r", "/d").code == 0
+    failed(graben("stat", "/d"), "no such file")
+
+
+def test_rm_removes_a_file_and_reports_a_missing_one(graben: Graben) -> None:
+    graben("put", "-", "/f", stdin=b"f")
+    assert graben("rm", "/f").code == 0
+    assert graben("ls").out == b""
+    failed(graben("rm", "/f"), "no such file", "/f")
+
+
+def test_mv_renames_and_moves_into_directories(graben: Graben) -> None:
+    graben("put", "-", "/a", stdin=b"A")
+    graben("mkdir", "/dir")
+
+    assert graben("mv", "/a", "/b").code == 0
+    assert graben("mv", "/b", "/dir").code == 0  # into an existing directory
+    assert graben("mv", "/dir/b", "/new/").code == 0  # trailing slash: into a directory
+
+    assert graben("ls", "/").text == "dir/\nnew/\n"
+    assert graben("cat", "/new/b").out == b"A"
+
+
+def test_mv_replaces_unless_no_clobber(graben: Graben) -> None:
+    graben("put", "-", "/a", stdin=b"A")
+    graben("put", "-", "/b", stdin=b"B")
+
+    failed(graben("mv", "--no-clobber", "/a", "/b"), "exists", "/b")
+    assert graben("cat", "/a").out == b"A"
+    assert graben("cat", "/b").out == b"B"
+    assert graben("mv", "/a", "/b").code == 0
+    assert graben("cat", "/b").out == b"A"
+
+
+def test_mv_of_a_missing_source_fails(graben: Graben) -> None:
+    graben("mkdir", "/d")
+    failed(graben("mv", "/nope", "/d/x"), "no such file", "/nope")
+
+
+# --- fsck -----------------------------------------------------------------------------
+
+
+def test_fsck_passes_a_clean_store(graben: Graben) -> None:
+    graben("put", "-", "/a", stdin=b"a" * 10_000)
+    result = graben("fsck")
+    assert result.code == 0
+    assert result.text.startswith("checked 1 chunks")
+    assert "OK: no problems" in result.text
+
+
+def test_fsck_finds_a_corrupt_chunk_and_exits_1(graben: Graben, tmp_path: Path) -> None:
+    graben("put", "-", "/keep", stdin=b"k" * 10_000)
+    graben("put", str(write(tmp_path / "w", os.urandom(100_000))), "/ckpt/w")
+    (bad,) = [p for p in chunk_files(graben.store) if p.stat().st_size == 100_000]
+    flip_byte(bad, 500)
+
+    result = graben("fsck")
+    assert result.code == 1
+    assert f"corrupt  {bad.name}" in result.text
+    assert "files /ckpt/w" in result.text
+    assert str(bad) in result.text
+    assert "DAMAGED: 1 corrupt" in result.text
+
+    report = graben("fsck", "--json")
+    assert report.code == 1
+    data = report.json()
+    assert data["ok"] is False
+    assert [(p["kind"], p["chunk"], p["paths"]) for p in data["problems"]] == [
+        ("corrupt", bad.name, ["/ckpt/w"])
+    ]
+
+
+def test_fsck_finds_a_missing_chunk(graben: Graben) -> None:
+    graben("put", "-", "/gone", stdin=b"g" * 5000)
+    (chunk,) = chunk_files(graben.store)
+    chunk.unlink()
+
+    result = graben("fsck", "--json")
+    assert result.code == 1
+    assert [p["kind"] for p in result.json()["problems"]] == ["missing"]
+
+
+def test_fsck_lists_orphans_but_passes_and_collects_them(graben: Graben) -> None:
+    graben("put", "-", "/a", stdin=b"a")
+    orphan_id = "ab" * 32
+    orphan = write(graben.store / "chunks" / "ab" / "ab" / orphan_id, b"stray")
+
+    result = graben("fsck")
+    assert result.code == 0
+    assert f"orphan   {orphan_id}" in result.text
+
+    old = time.time() - 10 * 86400  # older than the collection grace period
+    os.utime(orphan, (old, old))
+    collected = graben("fsck", "--collect", "--json")
+    assert collected.code == 0
+    assert collected.json()["collected"] == 1
+    assert not orphan.exists()
+
+
+# --- which store ----------------------------------------------------------------------
+
+
+def test_store_defaults_to_graben_url(graben: Graben, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRABEN_URL", str(graben.store))
+    assert graben("put", "-", "/env", stdin=b"e", store=False).code == 0
+    assert graben("cat", "/env").out == b"e"  # the same store, named by --store
+
+
+def test_store_defaults_to_graben_home(graben: Graben, tmp_path: Path) -> None:
+    assert graben("put", "-", "/h", stdin=b"h", store=False).code == 0
+    assert (tmp_path / "home" / "meta.db").exists()
+    assert graben("cat", "/h", store=False).out == b"h"
+
+
+def test_paths_may_be_urls(graben: Graben) -> None:
+    graben("put", "-", "/u/f", stdin=b"u")
+    assert graben("cat", "graben:///u/f").out == b"u"
+    assert graben("ls", "graben:///u").text == "f\n"
+
+
+def test_a_path_url_naming_another_store_conflicts(graben: Graben) -> None:
+    graben("mkdir", "/d")
+    failed(graben("ls", "graben://127.0.0.1:9/d"), "graben://127.0.0.1:9", str(graben.store))
+    failed(
+        graben("mv", "graben://127.0.0.1:9/a", "graben://127.0.0.1:8/b", store=False),
+        "graben://127.0.0.1:8",
+    )
+
+
+def test_reading_commands_do_not_create_a_store(graben: Graben, tmp_path: Path) -> None:
+    missing = tmp_path / "typo"
+    for argv in (["ls", "/"], ["stat", "/x"], ["du"], ["fsck"], ["cat", "/x"], ["rm", "/x"]):
+        failed(graben(argv[0], "--store", str(missing), *argv[1:], store=False), "no store")
+    assert not missing.exists()
+
+
+# --- progress -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pretend stderr is a terminal and 1 MiB is a large transfer."""
+    monkeypatch.setattr(_cli_render, "stderr_is_terminal", lambda: True)
+    monkeypatch.setattr(_cli_render, "LARGE", MiB)
+
+
+@pytest.mark.usefixtures("terminal")
+def test_large_transfers_show_progress_on_a_terminal(graben: Graben, tmp_path: Path) -> None:
+    src = write(tmp_path / "big.bin", os.urandom(3 * MiB))
+    result = graben("put", str(src), "/big.bin")
+    assert result.code == 0
+    assert "big.bin" in result.err
+    assert "MiB" in result.err
+
+    small = graben("put", "-", "/small", stdin=b"s" * 1000)
+    assert small.err == ""
+
+
+@pytest.mark.usefixtures("terminal")
+def test_json_output_never_has_progress(graben: Graben) -> None:
+    graben("put", "-", "/big", stdin=os.urandom(3 * MiB))
+    result = graben("fsck", "--json")
+    assert result.code == 0
+    assert result.err == ""
+    assert result.json()["ok"] is True
+
+
+def test_no_progress_when_stderr_is_not_a_terminal(
+    graben: Graben, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_cli_render, "LARGE", MiB)
+    assert graben("put", "-", "/big", stdin=os.urandom(3 * MiB)).err == ""
+
+
+def test_meter_with_unknown_total_starts_once_the_work_is_large(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_cli_render, "LARGE", 100)
+    shown = []
+    with _cli_render.Meter("x", None, enabled=True) as meter:
+        for nbytes in (100, 1):
+            meter(nbytes)
+            shown.append(meter.shown)
+    with _cli_render.Meter("x", None, enabled=False) as off:
+        off(1000)
+        shown.append(off.shown)
+    assert shown == [False, True, False]
+
+
+# --- the installed script -------------------------------------------------------------
+
+
+def run_script(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    script = Path(sys.executable).parent / "graben"
+    return subprocess.run(
+        [str(script), *args], input=stdin, capture_output=True, timeout=60, check=False
+    )
+
+
+def test_installed_script_round_trips_and_reports_errors(store: Path) -> None:
+    data = os.urandom(100_000)
+    put = run_script("put", "--store", str(store), "-", "/s/f", stdin=data)
+    assert put.returncode == 0, put.stderr.decode()
+
+    assert run_script("cat", "--store", str(store), "/s/f").stdout == data
+    listing = run_script("ls", "--store", str(store), "--json", "/s")
+    assert [e["path"] for e in json.loads(listing.stdout)] == ["/s/f"]
+
+    missing = run_script("stat", "--store", str(store), "/s/nope")
+    assert missing.returncode == 1
+    assert missing.stdout == b""
+    assert missing.stderr.decode().startswith("graben: ")
+    assert b"Traceback" not in missing.stderr
+
+
+def test_installed_script_stops_quietly_when_the_reader_goes_away(store: Path) -> None:
+    put = run_script("put", "--store", str(store), "-", "/big", stdin=os.urandom(4 * MiB))
+    assert put.returncode == 0, put.stderr.decode()
+    script = Path(sys.executable).parent / "graben"
+    with subprocess.Popen(
+        [str(script), "cat", "--store", str(store), "/big"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert len(proc.stdout.read(10)) == 10
+        proc.stdout.close()  # like `graben cat /big | head -c 10`
+        err = proc.stderr.read()
+        assert proc.wait(timeout=30) == 0
+    assert err == b""
