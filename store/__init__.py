@@ -25,7 +25,7 @@ from ._errors import (
     Timeout,
     Unavailable,
 )
-from ._files import WriteFile
+from ._files import ReadFile, WriteFile
 from ._paths import normalize as normalize_path
 from ._types import ChunkProblem, FileInfo, FsckReport
 
@@ -50,6 +50,7 @@ __all__ = [
     "Options",
     "PermissionDenied",
     "ProtocolError",
+    "ReadFile",
     "Timeout",
     "Unavailable",
     "WriteFile",

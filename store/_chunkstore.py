@@ -73,6 +73,13 @@ class LocalChunkStore:
 
     def read(self, chunk: ChunkRef, into: memoryview) -> None:
         """Fill ``into`` (``chunk.length`` bytes) with the chunk, checking its crc32c."""
+        self.verify(chunk, self.read_piece(chunk, 0, into[: chunk.length]))
+
+    def read_piece(self, chunk: ChunkRef, offset: int, into: memoryview) -> int:
+        """Fill ``into`` from ``offset`` of the chunk; returns the piece's crc32c.
+
+        The piece that ends the chunk also checks the file ends there.
+        """
         path = self.path(chunk.id)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -81,20 +88,37 @@ class LocalChunkStore:
         except OSError as exc:
             raise from_os_error(exc, str(path)) from exc
         try:
-            got = _read_fully(fd, into[: chunk.length])
-            extra = os.pread(fd, 1, chunk.length)
+            got = _read_fully(fd, into, offset)
+            extra = os.pread(fd, 1, chunk.length) if offset + got == chunk.length else b""
         finally:
             os.close(fd)
-        if got != chunk.length or extra:
+        if got != into.nbytes or extra:
             raise IntegrityError(
                 f"chunk {chunk.id} has the wrong length (expected {chunk.length} bytes)", str(path)
             )
-        actual = crc32c(into[: chunk.length])
+        return crc32c(into)
+
+    def verify(self, chunk: ChunkRef, actual: int) -> None:
+        """Raise ``IntegrityError`` naming the chunk file if ``actual`` is not its crc32c."""
         if actual != chunk.crc32c:
             raise IntegrityError(
                 f"chunk {chunk.id} is corrupt: crc32c {actual:08x}, expected {chunk.crc32c:08x}",
-                str(path),
+                str(self.path(chunk.id)),
             )
+
+    def prefetch(self, chunk: ChunkRef) -> None:
+        """Ask the kernel to start reading a chunk into the page cache.
+
+        Cheaper than reading ahead into buffers of our own: no copy, no CPU.
+        """
+        try:
+            fd = os.open(self.path(chunk.id), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return  # the read itself will report it
+        try:
+            os.posix_fadvise(fd, 0, chunk.length, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
 
     def inventory(self) -> Iterator[tuple[str, float]]:
         """Every chunk file's id and mtime (including ones no metadata names)."""
@@ -138,10 +162,10 @@ class LocalChunkStore:
         return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
-def _read_fully(fd: int, into: memoryview) -> int:
+def _read_fully(fd: int, into: memoryview, offset: int) -> int:
     done = 0
     while done < into.nbytes:
-        n = os.preadv(fd, [into[done:]], done)
+        n = os.preadv(fd, [into[done:]], offset + done)
         if n == 0:
             break
         done += n

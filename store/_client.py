@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 from types import TracebackType
 from typing import Literal, overload
@@ -10,7 +9,7 @@ from typing import Literal, overload
 from . import _loop
 from ._aclient import AsyncClient, Progress
 from ._afiles import check_mode
-from ._files import WriteFile, open_reader
+from ._files import ReadFile, WriteFile
 from ._types import Buffer, FileInfo, FsckReport
 from ._upload import Staging
 
@@ -95,13 +94,11 @@ class Client:
         return _loop.run(self.aio.get_range(path, start, end))
 
     @overload
-    def open(self, path: str, mode: Literal["rb"] = "rb") -> io.BufferedReader: ...
+    def open(self, path: str, mode: Literal["rb"] = "rb") -> ReadFile: ...
     @overload
     def open(self, path: str, mode: Literal["wb", "xb"]) -> WriteFile: ...
 
-    def open(
-        self, path: str, mode: Literal["rb", "wb", "xb"] = "rb"
-    ) -> io.BufferedReader | WriteFile:
+    def open(self, path: str, mode: Literal["rb", "wb", "xb"] = "rb") -> ReadFile | WriteFile:
         """A binary file object.
 
         ``rb``: the version committed at open time, seekable. ``wb``: a new
@@ -110,7 +107,7 @@ class Client:
         """
         check_mode(mode)
         if mode == "rb":
-            return open_reader(_loop.run(self.aio.reader(path)), path)
+            return ReadFile(_loop.run(self.aio.reader(path)), path)
         upload = _loop.run(self.aio.upload(path, "create" if mode == "xb" else "overwrite"))
         return WriteFile(upload, Staging(self.aio.pool))
 

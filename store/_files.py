@@ -61,9 +61,13 @@ class RawReadFile(io.RawIOBase):
         super().close()
 
 
-def open_reader(reader: Reader, path: str) -> io.BufferedReader:
-    """A buffered binary reader over ``reader``."""
-    return io.BufferedReader(RawReadFile(reader, path), buffer_size=READ_BUFFER)
+class ReadFile(io.BufferedReader):
+    """A committed file version opened for reading: a buffered binary file."""
+
+    def __init__(self, reader: Reader, path: str) -> None:
+        super().__init__(RawReadFile(reader, path), buffer_size=READ_BUFFER)
+        self.info: FileInfo = reader.layout.info
+        """The attributes of the version being read."""
 
 
 class WriteFile(io.BufferedIOBase):
