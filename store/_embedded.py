@@ -10,6 +10,7 @@ atomically under content-addressed names.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -17,14 +18,11 @@ from typing import Any, TypeVar
 
 from ._chunkstore import LocalChunkStore
 from ._errors import Unavailable, from_os_error
-from ._hashing import crc32c_combine
 from ._namespace import Namespace
 from ._sqlite import SQLiteRepository
 from ._types import LOCAL_NODE, ChunkRef, Request
 
 R = TypeVar("R")
-READ_PIECE = 2 << 20
-"""Bytes one thread reads and checksums of a larger chunk."""
 
 
 def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
@@ -73,28 +71,10 @@ class LocalChunks:
         await self._run(node, self.store.write, chunk, data)
 
     async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
-        # Large chunks are read and checksummed in pieces on several threads
-        # (one thread tops out near 10 GB/s from the page cache here, two
-        # reach ~20), then verified against the chunk's one crc32c.
-        spans = [
-            (at, min(READ_PIECE, chunk.length - at)) for at in range(0, chunk.length, READ_PIECE)
-        ]
-        if len(spans) <= 1:
-            await self._run(node, self.store.read, chunk, into)
-            return
-        crcs = await asyncio.gather(
-            *(
-                self._run(node, self.store.read_piece, chunk, at, into[at : at + n])
-                for at, n in spans
-            )
-        )
-        crc = crcs[0]
-        for (_, n), piece in zip(spans[1:], crcs[1:], strict=True):
-            crc = crc32c_combine(crc, piece, n)
-        self.store.verify(chunk, crc)
+        await self._run(node, self.store.read, chunk, into)
 
-    async def prefetch(self, node: str, chunk: ChunkRef) -> None:
-        await self._run(node, self.store.prefetch, chunk)
+    async def prefetch(self, node: str, chunks: Sequence[ChunkRef]) -> None:
+        await self._run(node, self.store.prefetch_all, chunks)
 
     async def inventory(self, node: str) -> list[tuple[str, float]]:
         found: list[tuple[str, float]] = await self._run(node, lambda: list(self.store.inventory()))
@@ -109,3 +89,4 @@ class LocalChunks:
 
     async def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self.store.close()

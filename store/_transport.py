@@ -10,6 +10,7 @@ these two protocols.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 from ._types import ChunkRef, Request
@@ -43,8 +44,8 @@ class ChunkTransport(Protocol):
     async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
         """Fill ``into[:chunk.length]``; raises ``IntegrityError`` if the crc32c does not match."""
 
-    async def prefetch(self, node: str, chunk: ChunkRef) -> None:
-        """A hint that ``chunk`` will be read soon from ``node``; may do nothing."""
+    async def prefetch(self, node: str, chunks: Sequence[ChunkRef]) -> None:
+        """A hint that ``chunks`` will be read soon from ``node``; may do nothing."""
 
     async def inventory(self, node: str) -> list[tuple[str, float]]:
         """Every chunk file on ``node`` with its mtime, for fsck and collection."""

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from graben.store import Client, connect
 
 SMALL_CHUNK = 64 * 1024

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 from pathlib import Path
 
@@ -11,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from graben.store import IntegrityError
-from graben.store._chunkstore import LocalChunkStore
-from graben.store._embedded import READ_PIECE, LocalChunks
+from graben.store._chunkstore import MIN_READ_PIECE, LocalChunkStore, read_spans
+from graben.store._embedded import LocalChunks
 from graben.store._hashing import chunk_ref, crc32c, crc32c_combine
 from graben.store._types import LOCAL_NODE
 
@@ -27,7 +28,7 @@ def test_combine_on_large_pieces() -> None:
     assert crc32c_combine(crc32c(a), crc32c(b), len(b)) == crc32c(a + b)
 
 
-@pytest.mark.parametrize("size", [1, READ_PIECE, 3 * READ_PIECE + 5])
+@pytest.mark.parametrize("size", [1, MIN_READ_PIECE, 3 * MIN_READ_PIECE + 5, 8 << 20])
 def test_piecewise_reads_verify_whole_chunks(tmp_path: Path, size: int) -> None:
     store = LocalChunkStore(tmp_path)
     transport = LocalChunks(store, threads=4)
@@ -48,3 +49,12 @@ def test_piecewise_reads_verify_whole_chunks(tmp_path: Path, size: int) -> None:
     with pytest.raises(IntegrityError, match="corrupt"):
         asyncio.run(read())
     asyncio.run(transport.close())
+
+
+@pytest.mark.parametrize("length", [0, 1, 4095, MIN_READ_PIECE, 2 * MIN_READ_PIECE + 1, 8 << 20])
+def test_read_spans_tile_the_chunk(length: int) -> None:
+    spans = read_spans(length)
+    assert spans[0][0] == 0
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(spans))
+    assert sum(n for _, n in spans) == length
+    assert all(at % 4096 == 0 for at, _ in spans)

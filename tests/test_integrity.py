@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SMALL_CHUNK
+
 from graben.store import IntegrityError, connect
 
 ChunkFiles = Callable[[], list[Path]]

@@ -10,8 +10,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-import graben.store
 import pytest
+
+import graben.store
 from graben.store import _errors
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from graben.store import Client, InvalidPath, normalize_path
 from hypothesis import given
 from hypothesis import strategies as st
+
+from graben.store import Client, InvalidPath, normalize_path
 
 
 @pytest.mark.parametrize(

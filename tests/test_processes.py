@@ -12,6 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from graben.store import NoSpace, connect
 
 CHUNK = 64 * 1024

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SMALL_CHUNK
+
 from graben.store import (
     AlreadyExists,
     AsyncClient,

@@ -11,9 +11,10 @@ import tempfile
 from pathlib import Path
 
 import hypothesis.strategies as st
-from graben.store import Client, GrabenError, connect
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from graben.store import Client, GrabenError, connect
 
 NAMES = st.sampled_from(["a", "b", "c"])
 PATHS = st.lists(NAMES, min_size=1, max_size=3).map(lambda parts: "/" + "/".join(parts))

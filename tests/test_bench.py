@@ -1,0 +1,240 @@
+"""``graben bench``: registry, runner, report and CLI. Correctness only, never timing."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from graben.bench import Context, Rated, Result, Skip, Workload, discover, rate, select
+from graben.bench._plot import plot
+from graben.bench._runner import Settings, combine, run
+from graben.store import InvalidArgument
+from graben.store._cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+RESULT_KEYS = {"workload", "system", "value", "unit", "baseline", "ratio"}
+MACHINE_KEYS = {
+    "cpu",
+    "cores",
+    "cores_usable",
+    "memory_bytes",
+    "python",
+    "kernel",
+    "scratch",
+    "filesystem",
+    "device",
+    "free_bytes",
+    "graben",
+    "date",
+}
+SEQUENTIAL = {"write", "read-warm", "read-cold"}
+
+
+def _result(workload: str, system: str, value: float, baseline: str = "base") -> Result:
+    return Result(workload, system, value, "GB/s", baseline)
+
+
+def _quiet() -> Console:
+    return Console(file=io.StringIO())
+
+
+# -- ratios ----------------------------------------------------------------------
+
+
+def test_ratio_is_value_over_the_named_baseline_of_the_same_workload() -> None:
+    rated = rate(
+        [
+            _result("w1", "graben", 3.0),
+            _result("w1", "base", 4.0),
+            _result("w1", "other", 2.0),
+            _result("w2", "graben", 9.0),
+            _result("w2", "base", 1.0),
+        ]
+    )
+    assert [r.ratio for r in rated] == [0.75, 1.0, 0.5, 9.0, 1.0]
+
+
+def test_ratio_is_none_without_a_usable_baseline() -> None:
+    rated = rate(
+        [
+            _result("w1", "graben", 3.0, baseline="absent"),
+            _result("w2", "graben", 3.0),
+            _result("w2", "base", 0.0),
+        ]
+    )
+    assert [r.ratio for r in rated] == [None, None, None]
+
+
+def test_a_result_must_be_finite_and_named() -> None:
+    with pytest.raises(ValueError, match="finite"):
+        _result("w", "s", math.nan)
+    with pytest.raises(ValueError, match="baseline"):
+        Result("w", "s", 1.0, "GB/s", "")
+
+
+# -- registry --------------------------------------------------------------------
+
+
+def test_the_first_workloads_are_registered_in_run_order() -> None:
+    names = [w.name for w in discover()]
+    assert names[:3] == ["write", "read-warm", "read-cold"]
+
+
+@pytest.mark.parametrize(
+    ("patterns", "expected"),
+    [
+        ([], ["write", "read-warm", "read-cold"]),
+        (["read"], ["read-warm", "read-cold"]),
+        (["read-*"], ["read-warm", "read-cold"]),
+        (["read-cold", "write"], ["write", "read-cold"]),
+        (["*-warm"], ["read-warm"]),
+    ],
+)
+def test_select_by_name_glob_or_family_in_run_order(
+    patterns: list[str], expected: list[str]
+) -> None:
+    available = [w for w in discover() if w.name in SEQUENTIAL]
+    assert [w.name for w in select(available, patterns)] == expected
+
+
+def test_select_names_the_patterns_that_match_nothing() -> None:
+    with pytest.raises(InvalidArgument, match="nosuch"):
+        select(discover(), ["write", "nosuch"])
+
+
+# -- runner ----------------------------------------------------------------------
+
+
+def test_combine_takes_the_median_per_system() -> None:
+    trials = [
+        [_result("w", "graben", v), _result("w", "base", b)]
+        for v, b in [(1.0, 10.0), (5.0, 30.0), (3.0, 20.0)]
+    ]
+    assert combine("w", trials) == [_result("w", "graben", 3.0), _result("w", "base", 20.0)]
+
+
+def test_combine_refuses_results_of_another_workload() -> None:
+    with pytest.raises(ValueError, match="other"):
+        combine("w", [[_result("other", "base", 1.0)]])
+
+
+def test_run_repeats_trials_in_fresh_scratch_and_reports_skips(tmp_path: Path) -> None:
+    seen: list[tuple[int, bool]] = []
+
+    def counting(ctx: Context) -> Iterable[Result]:
+        seen.append((ctx.trial, not any(ctx.scratch.iterdir())))
+        (ctx.scratch / "leftover").write_bytes(b"x")
+        return [_result("counting", "graben", ctx.trial + 1.0), _result("counting", "base", 1.0)]
+
+    def skipping(ctx: Context) -> Iterable[Result]:
+        raise Skip("needs a GPU")
+
+    workloads = [Workload("counting", "", counting), Workload("skipping", "", skipping)]
+    outcome = run(workloads, Settings(size=1, quick=True, repeat=3), tmp_path, _quiet())
+    assert seen == [(0, True), (1, True), (2, True)]
+    assert outcome.results == (_result("counting", "graben", 2.0), _result("counting", "base", 1.0))
+    assert outcome.skipped == (("skipping", "needs a GPU"),)
+
+
+# -- plot --------------------------------------------------------------------------
+
+
+def test_plot_writes_a_png_even_without_a_baseline(tmp_path: Path) -> None:
+    rated = [
+        Rated(_result("w1", "graben", 0.9), 0.9),
+        Rated(_result("w1", "base", 1.0), 1.0),
+        Rated(_result("w2", "graben", 2.0, baseline="gone"), None),
+    ]
+    plot(rated, tmp_path / "p.png", "title")
+    assert (tmp_path / "p.png").read_bytes().startswith(PNG_MAGIC)
+
+
+# -- the command -------------------------------------------------------------------
+
+
+def test_list_names_every_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in SEQUENTIAL:
+        assert name in out
+
+
+def test_unknown_workload_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "nosuch", "--size-mib", "1"]) == 1
+    assert "nosuch" in capsys.readouterr().err
+
+
+def test_sizes_must_be_positive() -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "--size", "0"])
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], str]:
+    """One tiny end-to-end run of every sequential workload, twice each."""
+    root = tmp_path_factory.mktemp("bench")
+    args = ["bench", *sorted(SEQUENTIAL), "--size-mib", "3", "--repeat", "2"]
+    args += ["--dir", str(root / "scratch"), "--json", str(root / "r.json")]
+    args += ["--plot", str(root / "r.png")]
+    capture = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.stdout", capture)
+        assert main(args) == 0
+    return root, json.loads((root / "r.json").read_text()), capture.getvalue()
+
+
+def test_json_has_exactly_the_documented_shape(
+    tiny_run: tuple[Path, dict[str, Any], str],
+) -> None:
+    _, doc, _ = tiny_run
+    assert set(doc) == {"machine", "results"}
+    assert set(doc["machine"]) == MACHINE_KEYS
+    for row in doc["results"]:
+        assert set(row) == RESULT_KEYS
+        assert isinstance(row["value"], float)
+        assert row["value"] > 0
+
+
+def test_every_workload_has_graben_and_its_baseline(
+    tiny_run: tuple[Path, dict[str, Any], str],
+) -> None:
+    _, doc, _ = tiny_run
+    rows = {(r["workload"], r["system"]): r for r in doc["results"]}
+    assert {w for w, _ in rows} == SEQUENTIAL
+    for name in SEQUENTIAL:
+        graben = rows[name, "graben embedded"]
+        base = rows[name, graben["baseline"]]
+        assert base["ratio"] == 1.0
+        assert graben["ratio"] == pytest.approx(graben["value"] / base["value"])
+
+
+def test_the_run_prints_its_table_and_draws_the_plot(
+    tiny_run: tuple[Path, dict[str, Any], str],
+) -> None:
+    root, _, out = tiny_run
+    assert "plain write+fsync" in out
+    assert "read-cold" in out
+    assert (root / "r.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_the_scratch_directory_is_removed(tiny_run: tuple[Path, dict[str, Any], str]) -> None:
+    root, _, _ = tiny_run
+    assert list((root / "scratch").iterdir()) == []
+
+
+def test_reads_write_their_own_file_when_write_did_not_run(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    args = ["bench", "read-cold", "--size-mib", "2", "--dir", str(tmp_path), "--json", str(out)]
+    assert main(args) == 0
+    doc = json.loads(out.read_text())
+    assert {(r["workload"], r["system"]) for r in doc["results"]} == {
+        ("read-cold", "graben embedded"),
+        ("read-cold", "plain read"),
+    }
