@@ -41,7 +41,7 @@ class Options:
     """Copies of each chunk; ``None`` takes the store's default (1 embedded)."""
     max_inflight: int = 4
     """Chunks one writer hashes and uploads at once."""
-    read_ahead: int = 4
+    read_ahead: int = 16
     """Chunks a sequential reader fetches ahead of the one it is on."""
     io_threads: int = 4
     """Threads doing disk I/O for an embedded store."""

@@ -10,8 +10,8 @@ atomically under content-addressed names.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +23,7 @@ from ._sqlite import SQLiteRepository
 from ._types import LOCAL_NODE, ChunkRef, Request
 
 R = TypeVar("R")
+HINT_THREADS = 4
 
 
 def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
@@ -58,14 +59,27 @@ class LocalChunks:
     def __init__(self, store: LocalChunkStore, threads: int) -> None:
         self.store = store
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="graben-io")
+        # Hints get threads of their own: queued behind reads they arrive too
+        # late, and one thread alone keeps too little I/O in flight.
+        self._hints = ThreadPoolExecutor(HINT_THREADS, thread_name_prefix="graben-hint")
 
     def nodes(self) -> tuple[str, ...]:
         return (LOCAL_NODE,)
 
-    async def _run(self, node: str, fn: Any, *args: Any) -> Any:
+    @property
+    def local_read(self) -> Callable[[str, ChunkRef, memoryview], None]:
+        return self._read_now
+
+    def _read_now(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
         if node != LOCAL_NODE:
             raise Unavailable(f"an embedded store has no node {node!r}")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, partial(fn, *args))
+        self.store.read(chunk, into)
+
+    async def _run(self, node: str, fn: Any, *args: Any, pool: Executor | None = None) -> Any:
+        if node != LOCAL_NODE:
+            raise Unavailable(f"an embedded store has no node {node!r}")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(pool or self._pool, partial(fn, *args))
 
     async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
         await self._run(node, self.store.write, chunk, data)
@@ -74,7 +88,12 @@ class LocalChunks:
         await self._run(node, self.store.read, chunk, into)
 
     async def prefetch(self, node: str, chunks: Sequence[ChunkRef]) -> None:
-        await self._run(node, self.store.prefetch_all, chunks)
+        # One hop to find what is not cached yet (warm reads stop there),
+        # then the kernel reads those in parallel.
+        cold = await self._run(node, self.store.uncached, chunks, pool=self._hints)
+        await asyncio.gather(
+            *(self._run(node, self.store.prefetch, c, pool=self._hints) for c in cold)
+        )
 
     async def inventory(self, node: str) -> list[tuple[str, float]]:
         found: list[tuple[str, float]] = await self._run(node, lambda: list(self.store.inventory()))
@@ -89,4 +108,5 @@ class LocalChunks:
 
     async def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._hints.shutdown(wait=True)
         self.store.close()

@@ -39,7 +39,9 @@ class RawReadFile(io.RawIOBase):
 
     def readinto(self, buffer: Buffer) -> int:  # type: ignore[override]
         with memoryview(buffer).cast("B") as view:
-            n = _loop.run(self._reader.readinto(self._pos, view))
+            n = self._reader.read_here(self._pos, view)
+            if n is None:
+                n = _loop.run(self._reader.readinto(self._pos, view))
         self._pos += n
         return n
 

@@ -43,6 +43,7 @@ class Reader:
         self._hints: set[asyncio.Task[None]] = set()
         self._next_offset = 0
         self._lock = asyncio.Lock()
+        self._loop = asyncio.get_running_loop()
 
     # -- public ------------------------------------------------------------
 
@@ -125,7 +126,7 @@ class Reader:
         Hints go out in batches, once half the window is used up: a hint per
         chunk cost a thread hop per chunk, which showed on warm reads.
         """
-        if self._hinted - index >= self._read_ahead // 2:
+        if not self._hint_due(index):
             return
         stop = min(index + self._read_ahead, len(self.layout.extents))
         batches: dict[str, list[ChunkRef]] = {}
@@ -139,6 +140,11 @@ class Reader:
             task = asyncio.ensure_future(self._chunks.prefetch(node, chunks))
             self._hints.add(task)
             task.add_done_callback(_forget(self._hints))
+
+    def _hint_due(self, index: int) -> bool:
+        # Also asked from the sync fast path's thread: a stale answer only
+        # costs one hint too many or one batch late.
+        return self._read_ahead > 0 and self._hinted - index < self._read_ahead // 2
 
     # -- fetching -----------------------------------------------------------
 
@@ -162,15 +168,53 @@ class Reader:
                 return
             except _RETRYABLE as exc:
                 errors.append(exc)
+        raise self._failure(extent, errors)
+
+    # -- the sync fast path ----------------------------------------------------
+
+    def read_here(self, offset: int, into: memoryview) -> int | None:
+        """Serve a sync read in the caller's thread, or return ``None`` to go async.
+
+        Taken only when the transport can read locally and the request is one
+        whole chunk: measured on 2 cores, the hops through the event loop and
+        back cost ~40% of warm-read throughput. The caller must not run other
+        reads of this reader concurrently (file objects serialise them).
+        """
+        read = self._chunks.local_read
+        n = min(into.nbytes, self.size - offset)
+        if read is None or n <= 0:
+            return None
+        index = bisect.bisect_right(self._starts, offset) - 1
+        extent = self.layout.extents[index]
+        if extent.offset != offset or extent.length != n or not _whole(extent):
+            return None
+        if index in self._cache:
+            return None
+        if offset == self._next_offset and self._hint_due(index + 1):
+            self._loop.call_soon_threadsafe(self._hint, index + 1)
+        errors: list[GrabenError] = []
+        for node in self.layout.replicas.get(extent.chunk.id, ()):
+            try:
+                read(node, extent.chunk, into[:n])
+                break
+            except _RETRYABLE as exc:
+                errors.append(exc)
+        else:
+            raise self._failure(extent, errors)
+        self._next_offset = offset + n
+        return n
+
+    def _failure(self, extent: Extent, errors: list[GrabenError]) -> GrabenError:
+        """The one error to raise when no replica of a chunk could be read."""
         where = f"{self.layout.info.path} at offset {extent.offset}"
         if not errors:
-            raise IntegrityError(f"{where}: no replica of chunk {chunk.id} is recorded")
+            return IntegrityError(f"{where}: no replica of chunk {extent.chunk.id} is recorded")
         damaged = [e for e in errors if isinstance(e, (IntegrityError, NotFound))]
         if not damaged:  # every replica unreachable: say so, the data may be fine
-            raise type(errors[0])(f"{where}: {errors[0].message}", errors[0].path)
+            return type(errors[0])(f"{where}: {errors[0].message}", errors[0].path)
         # A chunk a committed file names is damaged or gone: that is an
         # integrity failure of the file, never "file not found".
-        raise IntegrityError(f"{where}: {damaged[0].message}", damaged[0].path)
+        return IntegrityError(f"{where}: {damaged[0].message}", damaged[0].path)
 
 
 def _whole(extent: Extent) -> bool:

@@ -10,7 +10,7 @@ these two protocols.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from ._types import ChunkRef, Request
@@ -34,6 +34,11 @@ class ChunkTransport(Protocol):
     Call order: ``write`` a chunk to each node a ``Placement`` names before
     committing a file that uses it; ``read`` any node a ``FileLayout`` lists.
     """
+
+    @property
+    def local_read(self) -> Callable[[str, ChunkRef, memoryview], None] | None:
+        """A blocking ``read`` any thread may call, when the chunks are on this
+        host (embedded stores); ``None`` for remote transports."""
 
     def nodes(self) -> tuple[str, ...]:
         """Node ids this transport can reach."""

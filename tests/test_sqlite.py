@@ -1,0 +1,48 @@
+"""The SQLite engine: schema versions, migrations, durability settings."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from graben.store import GrabenError, connect
+from graben.store._sqlite import MIGRATIONS, SQLiteRepository
+
+
+def test_new_store_is_at_the_latest_schema_in_wal_mode(tmp_path: Path) -> None:
+    connect(tmp_path / "s").close()
+    db = sqlite3.connect(tmp_path / "s" / "meta.db")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.close()
+
+
+def test_reopening_keeps_data_and_does_not_migrate_twice(tmp_path: Path) -> None:
+    with connect(tmp_path / "s") as client:
+        client.put("/a", b"kept")
+    for _ in range(2):
+        with connect(tmp_path / "s") as client:
+            assert client.get("/a") == b"kept"
+
+
+def test_store_from_a_newer_graben_is_refused_clearly(tmp_path: Path) -> None:
+    connect(tmp_path / "s").close()
+    db = sqlite3.connect(tmp_path / "s" / "meta.db")
+    db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    db.commit()
+    db.close()
+    with pytest.raises(GrabenError, match="newer than this graben"):
+        SQLiteRepository(tmp_path / "s" / "meta.db")
+
+
+def test_failed_transaction_rolls_back_everything(tmp_path: Path) -> None:
+    repo = SQLiteRepository(tmp_path / "meta.db")
+    with pytest.raises(RuntimeError), repo.write() as tx:
+        node = tx.create("directory", 0, 0o755, 0, 1, 1)
+        tx.link(1, "half", node.id)
+        raise RuntimeError("crash mid-transaction")
+    with repo.read() as tx:
+        assert tx.lookup(1, "half") is None
+    repo.close()
