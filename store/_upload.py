@@ -52,6 +52,7 @@ class Upload:
         self.path, self._mode, self._replication = path, mode, replication
         self._slots = asyncio.Semaphore(max_inflight)
         self._tasks: list[asyncio.Task[tuple[ChunkRef, StoredChunk | None]]] = []
+        self._failure: Exception | None = None
 
     async def add(self, data: memoryview, release: Release | None = None) -> None:
         """Start storing the next chunk; waits while ``max_inflight`` are in flight.
@@ -64,13 +65,22 @@ class Upload:
             if release:
                 release()
             raise
-        self._raise_failed()
-        self._tasks.append(asyncio.create_task(self._store(data, release)))
+        if self._failure is not None:
+            self._slots.release()
+            if release:
+                release()
+            raise self._failure
+        task = asyncio.create_task(self._store(data, release))
+        task.add_done_callback(self._note_failure)
+        self._tasks.append(task)
 
-    def _raise_failed(self) -> None:
-        for task in self._tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+    def _note_failure(self, task: asyncio.Task[tuple[ChunkRef, StoredChunk | None]]) -> None:
+        # Remembered as it happens, so ``add`` fails fast without scanning
+        # every earlier chunk (a 1 TB file has 131,072 of them).
+        if self._failure is None and not task.cancelled():
+            exc = task.exception()
+            if isinstance(exc, Exception):
+                self._failure = exc
 
     async def _store(
         self, data: memoryview, release: Release | None
