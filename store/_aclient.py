@@ -82,7 +82,7 @@ class AsyncClient:
         self.options = options
         self.name = name
         self.meta, self.chunks = meta, chunks
-        self.pool = BufferPool(options.chunk_size, keep=2 * options.max_inflight + 4)
+        self.pool = BufferPool(options.chunk_size, keep=options.max_inflight + 4)
         self._hasher = ThreadPoolExecutor(options.hash_threads, thread_name_prefix="graben-hash")
         self.replication = options.replication or 1
 

@@ -39,7 +39,7 @@ class Options:
     """Bytes per chunk for new files."""
     replication: int | None = None
     """Copies of each chunk; ``None`` takes the store's default (1 embedded)."""
-    max_inflight: int = 4
+    max_inflight: int = 8
     """Chunks one writer hashes and uploads at once."""
     read_ahead: int = 16
     """Chunks a sequential reader fetches ahead of the one it is on."""
