@@ -34,7 +34,7 @@ in the same run, on the same bytes, and reports the ratio between them.
 def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``bench`` subcommand (entry point ``graben.commands:bench``)."""
     parser = subparsers.add_parser(
-        "bench", help="measure graben beside its peers", description=DESCRIPTION
+        "bench", help="Measure graben beside its peers.", description=DESCRIPTION
     )
     parser.add_argument(
         "workloads",

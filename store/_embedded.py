@@ -87,13 +87,14 @@ class LocalChunks:
     async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
         await self._run(node, self.store.read, chunk, into)
 
-    async def prefetch(self, node: str, chunks: Sequence[ChunkRef]) -> None:
+    async def prefetch(self, node: str, chunks: Sequence[ChunkRef]) -> int:
         # One hop to find what is not cached yet (warm reads stop there),
         # then the kernel reads those in parallel.
-        cold = await self._run(node, self.store.uncached, chunks, pool=self._hints)
+        cold: list[ChunkRef] = await self._run(node, self.store.uncached, chunks, pool=self._hints)
         await asyncio.gather(
             *(self._run(node, self.store.prefetch, c, pool=self._hints) for c in cold)
         )
+        return len(cold)
 
     async def inventory(self, node: str) -> list[tuple[str, float]]:
         found: list[tuple[str, float]] = await self._run(node, lambda: list(self.store.inventory()))

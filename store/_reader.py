@@ -17,7 +17,7 @@ import asyncio
 import bisect
 import mmap
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 
 from ._buffers import BufferPool
 from ._errors import GrabenError, IntegrityError, NotFound, Timeout, Unavailable
@@ -26,6 +26,8 @@ from ._types import ChunkRef, Extent, FileLayout
 
 _RETRYABLE = (IntegrityError, NotFound, Unavailable, Timeout)
 CACHED_CHUNKS = 2
+MAX_HINT_SKIP = 64
+"""Chunks a reader may go without hints while they keep being at hand already."""
 
 
 class Reader:
@@ -40,7 +42,8 @@ class Reader:
         self._starts = [x.offset for x in layout.extents]
         self._cache: OrderedDict[int, asyncio.Task[mmap.mmap]] = OrderedDict()
         self._hinted = -1
-        self._hints: set[asyncio.Task[None]] = set()
+        self._hints: set[asyncio.Task[int]] = set()
+        self._skip = 0
         self._next_offset = 0
         self._lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
@@ -139,12 +142,22 @@ class Reader:
         for node, chunks in batches.items():
             task = asyncio.ensure_future(self._chunks.prefetch(node, chunks))
             self._hints.add(task)
-            task.add_done_callback(_forget(self._hints))
+            task.add_done_callback(self._hinted_done)
+
+    def _hinted_done(self, task: asyncio.Task[int]) -> None:
+        """Back off while the hints find everything at hand (warm data)."""
+        self._hints.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            return  # a failed hint is harmless; the read will report
+        if task.result() == 0:
+            self._skip = min(2 * self._skip or self._read_ahead, MAX_HINT_SKIP)
+        else:
+            self._skip = 0
 
     def _hint_due(self, index: int) -> bool:
         # Also asked from the sync fast path's thread: a stale answer only
         # costs one hint too many or one batch late.
-        return self._read_ahead > 0 and self._hinted - index < self._read_ahead // 2
+        return self._read_ahead > 0 and self._hinted + self._skip - index < self._read_ahead // 2
 
     # -- fetching -----------------------------------------------------------
 
@@ -219,12 +232,3 @@ class Reader:
 
 def _whole(extent: Extent) -> bool:
     return extent.chunk_offset == 0 and extent.length == extent.chunk.length
-
-
-def _forget(tasks: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:
-    def done(task: asyncio.Task[None]) -> None:
-        tasks.discard(task)
-        if not task.cancelled():
-            task.exception()  # a failed hint is harmless; the read will report
-
-    return done

@@ -49,8 +49,12 @@ class ChunkTransport(Protocol):
     async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
         """Fill ``into[:chunk.length]``; raises ``IntegrityError`` if the crc32c does not match."""
 
-    async def prefetch(self, node: str, chunks: Sequence[ChunkRef]) -> None:
-        """A hint that ``chunks`` will be read soon from ``node``; may do nothing."""
+    async def prefetch(self, node: str, chunks: Sequence[ChunkRef]) -> int:
+        """A hint that ``chunks`` will be read soon from ``node``.
+
+        Returns how many were not at hand and are now on their way (0 tells
+        the reader it may hint less often).
+        """
 
     async def inventory(self, node: str) -> list[tuple[str, float]]:
         """Every chunk file on ``node`` with its mtime, for fsck and collection."""
