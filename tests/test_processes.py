@@ -121,7 +121,7 @@ def test_full_disk_is_a_clear_error_and_loses_nothing(tmp_path: Path) -> None:
                 client.put("/big", os.urandom(8 << 20))
             assert isinstance(info.value, OSError)
             assert not client.exists("/big")
-            with pytest.raises(NoSpace), client.open("/big", "wb") as f:  # noqa: PT012
+            with pytest.raises(NoSpace), client.open("/big", "wb") as f:
                 for _ in range(128):  # fails fast once a chunk upload has failed
                     f.write(os.urandom(CHUNK))
             assert not client.exists("/big")

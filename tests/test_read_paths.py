@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import SMALL_CHUNK
+
 from graben.store import IntegrityError, connect
 from graben.store._chunkstore import LocalChunkStore
 from graben.store._hashing import chunk_ref
