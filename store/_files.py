@@ -58,7 +58,7 @@ class RawReadFile(io.RawIOBase):
         return self._pos
 
     def close(self) -> None:
-        if not self.closed:
+        if not self.closed and _loop.alive():
             _loop.run(self._reader.close())
         super().close()
 
@@ -154,10 +154,13 @@ class WriteFile(io.BufferedIOBase):
             self.abort()
 
     def __del__(self) -> None:
-        if not self._done:
-            warnings.warn(
-                f"graben file {self.name!r} was never closed; discarded",
-                ResourceWarning,
-                stacklevel=2,
-            )
+        if self._done:
+            return
+        warnings.warn(
+            f"graben file {self.name!r} was never closed; discarded", ResourceWarning, stacklevel=2
+        )
+        if _loop.alive():
             self.abort()
+        else:  # exiting: nothing is committed either way; just let go
+            self._done = True
+            self._staging.discard()

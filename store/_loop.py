@@ -7,6 +7,7 @@ loop is per process (re-created after ``fork``).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import threading
 from collections.abc import Coroutine
@@ -17,6 +18,19 @@ T = TypeVar("T")
 
 _lock = threading.Lock()
 _state: dict[int, asyncio.AbstractEventLoop] = {}
+_exiting = threading.Event()
+
+
+@atexit.register
+def _stop() -> None:
+    # After this, finalisers of open files must not wait on the loop: its
+    # thread is a daemon and stops running while the interpreter exits.
+    _exiting.set()
+
+
+def alive() -> bool:
+    """Whether the background loop can still run work (false once Python is exiting)."""
+    return not _exiting.is_set()
 
 
 def loop() -> asyncio.AbstractEventLoop:
@@ -38,6 +52,9 @@ def submit(coro: Coroutine[Any, Any, T]) -> Future[T]:
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine on the background loop and wait for its result."""
+    if not alive():
+        coro.close()
+        raise RuntimeError("graben: Python is exiting; the store can no longer be used")
     background = loop()
     try:
         running = asyncio.get_running_loop()

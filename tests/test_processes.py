@@ -134,3 +134,33 @@ def test_full_disk_is_a_clear_error_and_loses_nothing(tmp_path: Path) -> None:
             assert client.get("/keep") == b"precious" * 1000
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+LEAVER = textwrap.dedent(
+    """
+    import sys
+    import graben.store as gs
+    client = gs.connect(sys.argv[1])
+    client.put("/a", b"x" * 100_000)
+    reader = client.open("/a")
+    reader.read(10)
+    writer = client.open("/b", "wb")
+    writer.write(b"y" * 100)
+    print("leaving", flush=True)
+    """
+)
+
+
+def test_exit_with_open_files_is_prompt_and_commits_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore::ResourceWarning", "-c", LEAVER, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "leaving"), done.stderr
+    with connect(root) as client:
+        assert client.exists("/a")
+        assert not client.exists("/b")
