@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ._chunkstore import LocalChunkStore
-from ._errors import Unavailable, from_os_error
+from ._errors import NotADirectory, Unavailable, from_os_error
 from ._namespace import Namespace
 from ._sqlite import SQLiteRepository
 from ._types import LOCAL_NODE, ChunkRef, Request
@@ -31,6 +31,10 @@ def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
     try:
         root.mkdir(parents=True, exist_ok=True)
         chunks = LocalChunkStore(root / "chunks")
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectory(
+            "an embedded store must be a directory; this is a file", str(root)
+        ) from None
     except OSError as exc:
         raise from_os_error(exc, str(root)) from exc
     repo = SQLiteRepository(root / "meta.db")

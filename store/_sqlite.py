@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ._errors import GrabenError, NoSpace, Unavailable
+from ._errors import GrabenError, IntegrityError, NoSpace, Unavailable
 from ._repo import ROOT_INODE, Inode
 from ._types import ChunkRef, Extent, Kind
 
@@ -265,14 +265,20 @@ class SQLiteRepository:
                 )
                 db.execute("PRAGMA journal_mode = WAL")
                 db.execute("PRAGMA synchronous = FULL")
-            except sqlite3.Error as exc:
-                raise Unavailable(f"cannot open the metadata database: {exc}", self.path) from exc
+            except sqlite3.DatabaseError as exc:
+                raise _translate(exc, self.path) from exc
             self._local.db = db
             with self._lock:
                 self._all.append(db)
         return db
 
     def _migrate(self) -> None:
+        try:
+            self._apply_migrations()
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+
+    def _apply_migrations(self) -> None:
         with self._transaction("BEGIN EXCLUSIVE") as db:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > len(MIGRATIONS):
@@ -305,8 +311,11 @@ class SQLiteRepository:
 
     @contextmanager
     def read(self) -> Iterator[SQLiteTx]:
-        with self._transaction("BEGIN DEFERRED") as db:
-            yield SQLiteTx(db)
+        try:
+            with self._transaction("BEGIN DEFERRED") as db:
+                yield SQLiteTx(db)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
 
     @contextmanager
     def write(self) -> Iterator[SQLiteTx]:
@@ -330,4 +339,8 @@ def _translate(exc: sqlite3.Error, path: str) -> GrabenError:
         return NoSpace("metadata disk is full; the change was rolled back", path)
     if "locked" in text or "busy" in text:
         return Unavailable(f"metadata database is busy: {text}", path)
+    if "not a database" in text or "malformed" in text:
+        return IntegrityError(f"metadata database is damaged or not a graben store: {text}", path)
+    if isinstance(exc, sqlite3.OperationalError) and "unable to open" in text:
+        return Unavailable(f"cannot open the metadata database: {text}", path)
     return GrabenError(f"metadata engine error: {text}", path)

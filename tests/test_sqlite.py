@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from graben.store import GrabenError, connect
+from graben.store import GrabenError, IntegrityError, NotADirectory, connect
 from graben.store._sqlite import MIGRATIONS, SQLiteRepository
 
 
@@ -46,3 +47,16 @@ def test_failed_transaction_rolls_back_everything(tmp_path: Path) -> None:
     with repo.read() as tx:
         assert tx.lookup(1, "half") is None
     repo.close()
+
+
+def test_garbage_database_is_a_clear_integrity_error(tmp_path: Path) -> None:
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "meta.db").write_bytes(os.urandom(5000))
+    with pytest.raises(IntegrityError, match="damaged or not a graben store"):
+        connect(tmp_path / "s")
+
+
+def test_a_file_is_not_a_store(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(NotADirectory, match="must be a directory"):
+        connect(tmp_path / "file")
