@@ -3,12 +3,15 @@
 A ``Reader`` holds a ``FileLayout`` (so it keeps reading the version it
 opened even if the path is overwritten). Chunks are always read whole,
 because the crc32c covers the whole chunk: straight into the caller's memory
-when a request covers a chunk exactly (several such chunks in parallel), else
-into a pooled buffer kept for the next small reads. Sequential readers hint
-the transport ``read_ahead`` chunks ahead, so the bytes are on their way
-without being copied twice (measured on 2 cores: reading ahead into buffers
-of our own and copying out was slower than direct reads). A replica that
-fails its checksum or cannot be read is skipped for the next one.
+when a request covers a chunk exactly (several such chunks in parallel; a
+sync request for one whole chunk is served in the caller's thread when the
+transport can read locally), else into a pooled buffer kept for the next
+small reads. Sequential readers hint the transport ``read_ahead`` chunks
+ahead, in batches, backing off while the hints find everything at hand; the
+bytes come on their way without being copied twice (measured on 2 cores:
+reading ahead into buffers of our own and copying out was slower than direct
+reads). A replica that fails its checksum or cannot be read is skipped for
+the next one.
 """
 
 from __future__ import annotations
