@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from graben.store import NoSpace, connect
+from graben.store import NoSpace, NotFound, connect
 
 CHUNK = 64 * 1024
 
@@ -164,3 +164,34 @@ def test_exit_with_open_files_is_prompt_and_commits_nothing(tmp_path: Path) -> N
     with connect(root) as client:
         assert client.exists("/a")
         assert not client.exists("/b")
+
+
+def _flipper(root: str, rounds: int) -> int:
+    with connect(root) as client:
+        for i in range(rounds):
+            src, dst = ("/a", "/b") if i % 2 == 0 else ("/b", "/a")
+            client.rename(src, dst)
+    return rounds
+
+
+def test_directory_rename_is_atomic_to_a_concurrent_observer(tmp_path: Path) -> None:
+    root = str(tmp_path / "s")
+    with connect(root) as client:
+        for i in range(100):
+            client.put(f"/a/f{i:03d}", b"x")
+    with ProcessPoolExecutor(1) as pool:
+        flipping = pool.submit(_flipper, root, 200)
+        seen = 0
+        with connect(root) as client:
+            while not flipping.done():
+                # Each call is one read transaction: the root shows exactly one
+                # of the names, and a directory that lists, lists whole.
+                assert [i.name for i in client.ls("/")] in (["a"], ["b"])
+                for name in ("/a", "/b"):
+                    try:
+                        assert len(client.ls(name)) == 100
+                        seen += 1
+                    except NotFound:
+                        pass
+        assert flipping.result() == 200
+    assert seen > 10
