@@ -1,0 +1,222 @@
+"""The wire and RPC layer: real sockets on loopback, and the frame parser alone."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Awaitable, Callable
+
+import hypothesis.strategies as st
+import msgspec
+import pytest
+from hypothesis import given, settings
+
+from graben.store import GrabenError, InvalidArgument, NotFound, Timeout, Unavailable
+from graben.store._rpc import Answer, Connection, Server
+from graben.store._wire import (
+    MAGIC,
+    NIL,
+    PREFIX,
+    Call,
+    FrameProtocol,
+    Header,
+    Reply,
+    decode,
+    encode,
+    frame_prefix,
+)
+
+
+async def echo(call: Call, payload: memoryview | None) -> Answer:
+    return call.body, payload
+
+
+async def fail_not_found(call: Call, payload: memoryview | None) -> Answer:
+    raise NotFound("no such thing", "/x")
+
+
+async def crash(call: Call, payload: memoryview | None) -> Answer:
+    raise RuntimeError("bug")
+
+
+async def slow(call: Call, payload: memoryview | None) -> Answer:
+    await asyncio.sleep(decode(call.body, float))
+    return encode("late"), memoryview(b"p" * 1000)
+
+
+HANDLERS = {"echo": echo, "missing": fail_not_found, "crash": crash, "slow": slow}
+
+
+def with_server(test: Callable[[Server], Awaitable[None]]) -> None:
+    async def main() -> None:
+        server = await Server.start(HANDLERS)
+        try:
+            await test(server)
+        finally:
+            await server.close()
+
+    asyncio.run(main())
+
+
+def test_round_trip_with_a_large_payload_landing_in_place() -> None:
+    async def test(server: Server) -> None:
+        conn = await Connection.open("127.0.0.1", server.port)
+        data = os.urandom(64 << 20)
+        into = bytearray(len(data))
+        body, n = await conn.call(
+            "echo", encode({"k": 1}), payload=memoryview(data), into=memoryview(into)
+        )
+        assert decode(body, dict) == {"k": 1}
+        assert n == len(data) and into == data
+        await conn.close()
+
+    with_server(test)
+
+
+def test_many_concurrent_calls_on_one_connection_are_matched() -> None:
+    async def test(server: Server) -> None:
+        conn = await Connection.open("127.0.0.1", server.port)
+        replies = await asyncio.gather(*(conn.call("echo", encode(i)) for i in range(2000)))
+        assert [decode(body, int) for body, _ in replies] == list(range(2000))
+        await conn.close()
+
+    with_server(test)
+
+
+def test_errors_cross_as_their_own_class_and_the_server_lives_on() -> None:
+    async def test(server: Server) -> None:
+        conn = await Connection.open("127.0.0.1", server.port)
+        with pytest.raises(NotFound) as info:
+            await conn.call("missing")
+        assert info.value.path == "/x" and isinstance(info.value, FileNotFoundError)
+        with pytest.raises(InvalidArgument, match="unknown operation 'nope'"):
+            await conn.call("nope")
+        with pytest.raises(GrabenError, match="internal error"):
+            await conn.call("crash")
+        assert (await conn.call("echo", encode("still here")))[0] == encode("still here")
+        await conn.close()
+
+    with_server(test)
+
+
+def test_timeout_then_the_connection_still_works() -> None:
+    async def test(server: Server) -> None:
+        conn = await Connection.open("127.0.0.1", server.port)
+        with pytest.raises(Timeout):
+            await conn.call("slow", encode(0.3), into=memoryview(bytearray(1000)), timeout=0.05)
+        await asyncio.sleep(0.4)  # the late reply and its payload arrive and are dropped
+        body, _ = await conn.call("echo", encode("next"))
+        assert decode(body, str) == "next"
+        await conn.close()
+
+    with_server(test)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        os.urandom(4096),
+        PREFIX.pack(MAGIC, 1 << 30, 0),  # header over the limit
+        PREFIX.pack(MAGIC, 10, 1 << 40),  # payload over the limit
+        PREFIX.pack(MAGIC, 5, 0) + b"\xff\xff\xff\xff\xff",  # undecodable header
+        frame_prefix(Reply(1), 0),  # a reply sent to a server
+    ],
+)
+def test_garbage_drops_that_connection_only(garbage: bytes) -> None:
+    async def test(server: Server) -> None:
+        good = await Connection.open("127.0.0.1", server.port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(garbage)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+        writer.close()
+        body, _ = await good.call("echo", encode("fine"))
+        assert decode(body, str) == "fine"
+        await good.close()
+
+    with_server(test)
+
+
+def test_dropped_connection_fails_calls_in_flight_with_unavailable() -> None:
+    async def main() -> None:
+        server = await Server.start(HANDLERS)
+        conn = await Connection.open("127.0.0.1", server.port)
+        pending = asyncio.ensure_future(conn.call("slow", encode(5.0)))
+        await asyncio.sleep(0.1)
+        await server.close()
+        with pytest.raises(Unavailable):
+            await asyncio.wait_for(pending, 10)
+        with pytest.raises(Unavailable):
+            await conn.call("echo")
+
+    asyncio.run(main())
+
+
+def test_connecting_to_nobody_is_unavailable() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+
+    async def main() -> None:
+        with pytest.raises(Unavailable, match="cannot connect"):
+            await Connection.open("127.0.0.1", port)
+
+    asyncio.run(main())
+
+
+# -- the parser alone ----------------------------------------------------------
+
+
+class _Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted = False
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+FRAMES = st.lists(
+    st.tuples(st.integers(1, 10**6), st.text(max_size=30), st.binary(max_size=600_000)),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(frames=FRAMES, cuts=st.lists(st.integers(1, 300_000), min_size=1, max_size=40))
+def test_parser_reassembles_frames_however_the_stream_is_cut(
+    frames: list[tuple[int, str, bytes]], cuts: list[int]
+) -> None:
+    stream = b"".join(frame_prefix(Call(i, op, encode(op)), len(p)) + p for i, op, p in frames)
+    got: list[tuple[Header, bytes | None]] = []
+    protocol = FrameProtocol(
+        lambda h, n: memoryview(bytearray(n)),
+        lambda h, p: got.append((h, None if p is None else bytes(p))),
+    )
+    transport = _Transport()
+    protocol.connection_made(transport)
+    pos, cut = 0, 0
+    while pos < len(stream):
+        size = cuts[cut % len(cuts)]
+        cut += 1
+        buffer = protocol.get_buffer(size)
+        n = min(size, buffer.nbytes, len(stream) - pos)
+        buffer[:n] = stream[pos : pos + n]
+        protocol.buffer_updated(n)
+        pos += n
+    assert not transport.aborted
+    assert [(h.id, h.op, p or b"") for h, p in got] == [  # type: ignore[union-attr]
+        (i, op, p) for i, op, p in frames
+    ]
+    assert all(msgspec.msgpack.decode(h.body) == h.op for h, _ in got)  # type: ignore[union-attr]
+
+
+def test_nil_body_decodes_as_none() -> None:
+    assert decode(NIL, type(None)) is None
