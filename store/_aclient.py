@@ -17,13 +17,13 @@ from ._config import Options, resolve
 from ._embedded import open_store
 from ._errors import (
     AlreadyExists,
-    GrabenError,
     IntegrityError,
     InvalidArgument,
     IsADirectory,
     NotFound,
 )
 from ._reader import Reader
+from ._remote import RemoteChunks, RemoteMeta
 from ._transport import ChunkTransport, MetaTransport
 from ._types import (
     Buffer,
@@ -59,11 +59,13 @@ class AsyncClient:
     def __init__(self, url: str | os.PathLike[str] | None = None, **options: object) -> None:
         opts = Options(**options)  # type: ignore[arg-type]
         target = resolve(url)
-        if target.embedded is None:
-            raise GrabenError(
-                "cluster URLs need the cluster client, which this version does not have yet",
-                str(url),
-            )
+        if target.address is not None:
+            host, port = target.address
+            remote = RemoteMeta(host, port)
+            checker = ThreadPoolExecutor(opts.hash_threads, thread_name_prefix="graben-check")
+            self._setup(remote, RemoteChunks(remote, checker), opts, f"graben://{host}:{port}")
+            return
+        assert target.embedded is not None
         meta, chunks = open_store(target.embedded, opts.io_threads)
         self._setup(meta, chunks, opts, str(target.embedded))
 
@@ -84,7 +86,7 @@ class AsyncClient:
         self.meta, self.chunks = meta, chunks
         self.pool = BufferPool(options.chunk_size, keep=options.max_inflight + 4)
         self._hasher = ThreadPoolExecutor(options.hash_threads, thread_name_prefix="graben-hash")
-        self.replication = options.replication or 1
+        self.replication = options.replication or 0  # 0: the store's default
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -108,7 +110,7 @@ class AsyncClient:
 
     async def stat(self, path: str) -> FileInfo:
         """Attributes of a file or directory; ``NotFound`` if absent."""
-        return await self.meta.request(Stat(path))
+        return await self.meta.request(Stat(_paths.normalize(path)))
 
     async def exists(self, path: str) -> bool:
         """Whether ``path`` names a file or directory."""
@@ -120,26 +122,28 @@ class AsyncClient:
 
     async def ls(self, path: str = "/") -> list[FileInfo]:
         """Entries of a directory sorted by name (a file lists as itself)."""
-        return await self.meta.request(ListDir(path))
+        return await self.meta.request(ListDir(_paths.normalize(path)))
 
     async def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> FileInfo:
         """Create a directory (``pathlib`` semantics)."""
-        return await self.meta.request(MakeDir(path, parents, exist_ok))
+        return await self.meta.request(MakeDir(_paths.normalize(path), parents, exist_ok))
 
     async def rm(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file or empty directory; everything below it with ``recursive``."""
-        await self.meta.request(Remove(path, recursive))
+        await self.meta.request(Remove(_paths.normalize(path), recursive))
 
     async def rename(self, src: str, dst: str, *, replace: bool = True) -> FileInfo:
         """Move atomically (``os.replace`` semantics; ``replace=False`` refuses to clobber).
 
         Missing parents of ``dst`` are created.
         """
-        return await self.meta.request(Rename(src, dst, replace))
+        return await self.meta.request(
+            Rename(_paths.normalize(src), _paths.normalize(dst), replace)
+        )
 
     async def du(self, path: str = "/") -> tuple[int, int]:
         """(files, bytes) at or below ``path``."""
-        return await self.meta.request(Usage(path))
+        return await self.meta.request(Usage(_paths.normalize(path)))
 
     # -- data ---------------------------------------------------------------
 
@@ -178,7 +182,7 @@ class AsyncClient:
 
     async def reader(self, path: str) -> Reader:
         """A ``Reader`` of the file's current version (``NotFound``, ``IsADirectory``)."""
-        layout = await self.meta.request(GetLayout(path))
+        layout = await self.meta.request(GetLayout(_paths.normalize(path)))
         return Reader(self.chunks, self.pool, layout, self.options.read_ahead)
 
     async def upload(
@@ -250,7 +254,7 @@ class AsyncClient:
 
     async def _orphans(self, known: set[str]) -> list[ChunkProblem]:
         found = []
-        for node in self.chunks.nodes():
+        for node in await self.chunks.nodes():
             for chunk_id, _mtime in await self.chunks.inventory(node):
                 if chunk_id not in known:
                     where = f"{node}:{self.chunks.describe(node, chunk_id)}"
@@ -263,6 +267,7 @@ class AsyncClient:
         cutoff = time.time() - grace
         forgotten = await self.meta.request(Collectable(grace))
         doomed = [(p.where.partition(":")[0], p.chunk) for p in orphans]
-        doomed += [(node, chunk) for chunk in forgotten for node in self.chunks.nodes()]
+        nodes = await self.chunks.nodes()
+        doomed += [(node, chunk) for chunk in forgotten for node in nodes]
         gone = await asyncio.gather(*(self.chunks.delete(n, c, cutoff) for n, c in doomed))
         return sum(gone)

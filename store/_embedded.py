@@ -67,7 +67,7 @@ class LocalChunks:
         # late, and one thread alone keeps too little I/O in flight.
         self._hints = ThreadPoolExecutor(HINT_THREADS, thread_name_prefix="graben-hint")
 
-    def nodes(self) -> tuple[str, ...]:
+    async def nodes(self) -> tuple[str, ...]:
         return (LOCAL_NODE,)
 
     @property

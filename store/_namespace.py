@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import msgspec
+
 from . import _paths
 from ._errors import (
     AlreadyExists,
@@ -36,8 +38,11 @@ from ._types import (
     FileInfo,
     FileLayout,
     GetLayout,
+    Heartbeat,
     ListDir,
+    ListNodes,
     MakeDir,
+    NodeState,
     Placement,
     Prepare,
     Remove,
@@ -48,13 +53,14 @@ from ._types import (
 )
 
 R = TypeVar("R")
-Placer = Callable[[ChunkRef, int], tuple[str, ...]]
+Placer = Callable[[ChunkRef, int, tuple[str, ...]], tuple[str, ...]]
+"""(chunk, replication, nodes to avoid) -> the nodes to store it on."""
 ROOT = Inode(ROOT_INODE, "directory", 0, 0o755, 0, 1, 1)
 DIR_MODE = 0o755
 FILE_MODE = 0o644
 
 
-def local_placement(chunk: ChunkRef, replication: int) -> tuple[str, ...]:
+def local_placement(chunk: ChunkRef, replication: int, avoid: tuple[str, ...]) -> tuple[str, ...]:
     """Embedded placement: every chunk lives on the one local node."""
     return (LOCAL_NODE,)
 
@@ -75,9 +81,18 @@ def _info(path: str, inode: Inode) -> FileInfo:
 class Namespace:
     """Executes metadata ``Request``s against a repository."""
 
-    def __init__(self, repo: Repository, place: Placer = local_placement) -> None:
+    def __init__(
+        self,
+        repo: Repository,
+        place: Placer = local_placement,
+        *,
+        default_replication: int = 1,
+        heartbeat_timeout: float = 10.0,
+    ) -> None:
         self.repo = repo
         self._place = place
+        self.default_replication = default_replication
+        self.heartbeat_timeout = heartbeat_timeout
         self._handlers: dict[type[Any], Callable[[Any], Any]] = {
             Stat: lambda r: self.stat(r.path),
             ListDir: lambda r: self.listdir(r.path),
@@ -85,12 +100,14 @@ class Namespace:
             Remove: lambda r: self.remove(r.path, r.recursive),
             Rename: lambda r: self.rename(r.src, r.dst, r.replace),
             GetLayout: lambda r: self.layout(r.path),
-            Prepare: lambda r: self.prepare(r.chunks, r.replication),
+            Prepare: lambda r: self.prepare(r.chunks, r.replication, r.avoid),
             Commit: lambda r: self.commit(r.files),
             Usage: lambda r: self.usage(r.path),
             ChunkRefs: lambda r: self.chunk_refs(),
             ChunkUsers: lambda r: self.chunk_users(r.chunk),
             Collectable: lambda r: self.collectable(r.grace_s),
+            Heartbeat: lambda r: self.heartbeat(r.node),
+            ListNodes: lambda r: self.nodes(),
         }
 
     def execute(self, request: Request[R]) -> R:
@@ -268,18 +285,24 @@ class Namespace:
 
     # -- the write path -------------------------------------------------------
 
-    def prepare(self, chunks: tuple[ChunkRef, ...], replication: int) -> list[Placement]:
+    def prepare(
+        self, chunks: tuple[ChunkRef, ...], replication: int, avoid: tuple[str, ...] = ()
+    ) -> list[Placement]:
         """For each chunk: skip it if a live file already uses it, else where to send it."""
-        if replication < 1:
-            raise InvalidArgument(f"replication must be at least 1, not {replication}")
+        copies = self._replication(replication)
         with self.repo.read() as tx:
             held = tx.referenced(c.id for c in chunks)
         return [
             Placement(c, False, held[c.id])
             if c.id in held
-            else Placement(c, True, self._place(c, replication))
+            else Placement(c, True, self._place(c, copies, avoid))
             for c in chunks
         ]
+
+    def _replication(self, asked: int) -> int:
+        if asked < 0:
+            raise InvalidArgument(f"replication must be at least 1, not {asked}")
+        return asked or self.default_replication
 
     def commit(self, files: tuple[FileCommit, ...]) -> list[FileInfo]:
         """Make each file visible; all of the batch or none of it."""
@@ -308,7 +331,8 @@ class Namespace:
         if old is not None and old.kind == "directory":
             raise IsADirectory("a directory has this name", clean)
         generation = 1 if old is None else old.generation + 1
-        node = tx.create("file", size, FILE_MODE, time.time_ns(), generation, commit.replication)
+        copies = self._replication(commit.replication)
+        node = tx.create("file", size, FILE_MODE, time.time_ns(), generation, copies)
         tx.set_extents(node.id, commit.extents)
         if old is not None:
             tx.unlink(parent.id, parts[-1])
@@ -328,6 +352,19 @@ class Namespace:
         with self.repo.read() as tx:
             paths = (tx.path_of(inode) for inode in tx.chunk_users(chunk))
             return sorted(p for p in paths if p is not None)
+
+    def heartbeat(self, node: NodeState) -> int:
+        """Record that a data node is alive; returns the default replication."""
+        with self.repo.write() as tx:
+            tx.upsert_node(msgspec.structs.replace(node, last_seen=time.time()))
+        return self.default_replication
+
+    def nodes(self) -> list[NodeState]:
+        """Registered data nodes, ``alive`` if heard from within the timeout."""
+        with self.repo.read() as tx:
+            found = tx.nodes()
+        cutoff = time.time() - self.heartbeat_timeout
+        return [msgspec.structs.replace(n, alive=n.last_seen >= cutoff) for n in found]
 
     def collectable(self, grace_s: float) -> list[str]:
         """Forget chunks no file has used for ``grace_s`` seconds; their copies may go."""

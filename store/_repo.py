@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from ._types import ChunkRef, Extent, Kind
+from ._types import ChunkRef, Extent, Kind, NodeState
 
 ROOT_INODE = 1
 
@@ -101,6 +101,12 @@ class Tx(Protocol):
 
     def forget_unreferenced(self, older_than_ns: int) -> list[str]:
         """Delete chunk rows without references since before ``older_than_ns``."""
+
+    def upsert_node(self, node: NodeState) -> None:
+        """Register a data node or refresh what is known of it."""
+
+    def nodes(self) -> list[NodeState]:
+        """Every registered data node."""
 
 
 class Repository(Protocol):

@@ -21,6 +21,7 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import msgspec
 
@@ -32,7 +33,16 @@ log = logging.getLogger("graben.rpc")
 DEFAULT_TIMEOUT = 60.0
 CONNECT_TIMEOUT = 10.0
 
-Answer = tuple[msgspec.Raw, memoryview | None]
+
+class Answer(NamedTuple):
+    """What a handler returns: a reply body, an optional payload, and a hook
+    called once the payload has been sent (to return a pooled buffer)."""
+
+    body: msgspec.Raw = NIL
+    payload: memoryview | None = None
+    release: Callable[[], None] | None = None
+
+
 Handler = Callable[[Call, memoryview | None], Awaitable[Answer]]
 PayloadSink = Callable[[Call, int], memoryview]
 
@@ -188,20 +198,20 @@ class Server:
     def _protocol(self) -> FrameProtocol:
         return _Session(self).protocol
 
-    async def answer(
-        self, call: Call, payload: memoryview | None
-    ) -> tuple[Reply, memoryview | None]:
+    async def answer(self, call: Call, payload: memoryview | None) -> tuple[Reply, Answer]:
+        """Run the call's handler; the reply header and what goes with it."""
         handler = self.handlers.get(call.op)
         try:
             if handler is None:
                 raise InvalidArgument(f"unknown operation {call.op!r}")
-            body, out = await handler(call, payload)
+            answer = Answer(*await handler(call, payload))
         except GrabenError as exc:
-            return Reply(call.id, error=to_wire(exc)), None
+            return Reply(call.id, error=to_wire(exc)), Answer()
         except Exception as exc:  # a bug here must not take the server down
             log.exception("handler for %s failed", call.op)
-            return Reply(call.id, error=to_wire(GrabenError(f"internal error: {exc!r}"))), None
-        return Reply(call.id, body), out
+            error = to_wire(GrabenError(f"internal error: {exc!r}"))
+            return Reply(call.id, error=error), Answer()
+        return Reply(call.id, answer.body), answer
 
 
 class _Session:
@@ -229,6 +239,10 @@ class _Session:
         task.add_done_callback(self._server.tasks.discard)
 
     async def _serve(self, call: Call, payload: memoryview | None) -> None:
-        reply = await self._server.answer(call, payload)
-        with contextlib.suppress(ConnectionError):  # the client went away: nothing to tell
-            await self.protocol.send(*reply)
+        reply, answer = await self._server.answer(call, payload)
+        try:
+            with contextlib.suppress(ConnectionError):  # the client went away: nothing to tell
+                await self.protocol.send(reply, answer.payload)
+        finally:
+            if answer.release is not None:
+                answer.release()

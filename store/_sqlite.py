@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ._errors import GrabenError, IntegrityError, NoSpace, Unavailable
 from ._repo import ROOT_INODE, Inode
-from ._types import ChunkRef, Extent, Kind
+from ._types import ChunkRef, Extent, Kind, NodeState
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: the three layers.
@@ -64,6 +64,17 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (chunk, node)
     ) WITHOUT ROWID;
     INSERT INTO inodes VALUES ({ROOT_INODE}, 'directory', 0, 493, 0, 1, 1);
+    """,
+    # 2: the data node registry (the metadata service keeps no state of its own).
+    """
+    CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        rack TEXT NOT NULL,
+        free INTEGER NOT NULL,
+        total INTEGER NOT NULL,
+        last_seen REAL NOT NULL
+    ) WITHOUT ROWID;
     """,
 )
 
@@ -241,6 +252,23 @@ class SQLiteTx:
         gone = [chunk for (chunk,) in rows]
         self._db.executemany("DELETE FROM replicas WHERE chunk = ?", [(c,) for c in gone])
         return gone
+
+    # -- nodes --------------------------------------------------------------
+
+    def upsert_node(self, node: NodeState) -> None:
+        self._db.execute(
+            "INSERT INTO nodes (id, address, rack, free, total, last_seen) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+            "address = excluded.address, rack = excluded.rack, free = excluded.free, "
+            "total = excluded.total, last_seen = excluded.last_seen",
+            (node.id, node.address, node.rack, node.free, node.total, node.last_seen),
+        )
+
+    def nodes(self) -> list[NodeState]:
+        rows = self._db.execute(
+            "SELECT id, address, rack, free, total, last_seen FROM nodes ORDER BY id"
+        )
+        return [NodeState(*row) for row in rows]
 
 
 class SQLiteRepository:

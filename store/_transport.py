@@ -40,7 +40,7 @@ class ChunkTransport(Protocol):
         """A blocking ``read`` any thread may call, when the chunks are on this
         host (embedded stores); ``None`` for remote transports."""
 
-    def nodes(self) -> tuple[str, ...]:
+    async def nodes(self) -> tuple[str, ...]:
         """Node ids this transport can reach."""
 
     async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:

@@ -122,8 +122,8 @@ class FileCommit(msgspec.Struct, frozen=True):
     """Chunks uploaded for it that the store did not hold before."""
     mode: WriteMode = "overwrite"
     """``"create"`` fails if the path exists at commit time."""
-    replication: int = 1
-    """Copies to keep of each chunk."""
+    replication: int = 0
+    """Copies to keep of each chunk; 0 for the store's default."""
 
 
 class ChunkProblem(msgspec.Struct, frozen=True):
@@ -220,11 +220,12 @@ class GetLayout(Request[FileLayout], frozen=True):
 
 
 class Prepare(Request[list[Placement]], frozen=True):
-    """Ask, for a batch of chunks, which to upload and where."""
+    """Ask, for a batch of chunks, which to upload and where (0: the store's default)."""
 
     response = list[Placement]
     chunks: tuple[ChunkRef, ...]
-    replication: int = 1
+    replication: int = 0
+    avoid: tuple[str, ...] = ()
 
 
 class Commit(Request[list[FileInfo]], frozen=True):
@@ -259,3 +260,40 @@ class Collectable(Request[list[str]], frozen=True):
 
     response = list[str]
     grace_s: float
+
+
+class NodeState(msgspec.Struct, frozen=True):
+    """A data node as the metadata service knows it."""
+
+    id: str
+    """Stable id, kept in the node's data directory."""
+    address: str
+    """``host:port`` of its chunk server."""
+    rack: str
+    """Failure domain label."""
+    free: int
+    """Free bytes on its disk."""
+    total: int
+    """Total bytes on its disk."""
+    last_seen: float = 0.0
+    """Unix time of its last heartbeat."""
+    alive: bool = True
+    """Heard from within the heartbeat timeout."""
+
+
+class Heartbeat(Request[int], frozen=True):
+    """A data node says it is alive; returns the store's default replication."""
+
+    response = int
+    node: NodeState
+
+
+class ListNodes(Request[list[NodeState]], frozen=True):
+    """Every registered data node."""
+
+    response = list[NodeState]
+
+
+def request_types() -> tuple[type[Request[Any]], ...]:
+    """Every request type, for decoding whichever one arrives."""
+    return tuple(Request.__subclasses__())

@@ -26,7 +26,7 @@ from typing import Any, Final, cast
 
 import msgspec
 
-from ._errors import GrabenError, ProtocolError, error_from_code
+from ._errors import GrabenError, InvalidArgument, ProtocolError, error_from_code
 
 MAGIC: Final = b"GRB1"
 PREFIX: Final = struct.Struct("<4sIQ")
@@ -74,8 +74,11 @@ _decoder = msgspec.msgpack.Decoder(Header)
 
 
 def encode(value: Any) -> msgspec.Raw:
-    """A value as a msgpack body."""
-    return msgspec.Raw(_encoder.encode(value))
+    """A value as a msgpack body; ``InvalidArgument`` if it cannot be sent."""
+    try:
+        return msgspec.Raw(_encoder.encode(value))
+    except (UnicodeEncodeError, TypeError, OverflowError) as exc:
+        raise InvalidArgument(f"cannot send {type(value).__name__}: {exc}") from None
 
 
 def decode(body: msgspec.Raw, kind: type[Any]) -> Any:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,10 +26,47 @@ def store_dir(tmp_path: Path) -> Path:
     return tmp_path / "store"
 
 
-@pytest.fixture(params=["embedded"])
+@pytest.fixture(scope="session")
+def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real 3-node cluster on loopback (separate processes), for the whole session."""
+    root = tmp_path_factory.mktemp("cluster")
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "graben.store._cli",
+            "cluster",
+            "up",
+            "--nodes",
+            "3",
+            "--root",
+            str(root),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        try:
+            assert url.startswith("graben://"), f"cluster did not start: {url!r}"
+            yield url
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+            proc.stdout.close()
+
+
+@pytest.fixture(params=["embedded", "cluster"])
 def client(request: pytest.FixtureRequest, store_dir: Path) -> Iterator[Client]:
-    """A sync client on each kind of store (the cluster adds itself here)."""
-    with connect(store_dir, chunk_size=SMALL_CHUNK) as c:
+    """A sync client on each kind of store: the conformance tests run on both."""
+    if request.param == "embedded":
+        with connect(store_dir, chunk_size=SMALL_CHUNK) as c:
+            yield c
+        return
+    url = request.getfixturevalue("cluster_url")
+    with connect(url, chunk_size=SMALL_CHUNK) as c:
+        for entry in c.ls("/"):  # each test starts from an empty namespace
+            c.rm(entry.path, recursive=True)
         yield c
 
 

@@ -29,7 +29,7 @@ from graben.store._wire import (
 
 
 async def echo(call: Call, payload: memoryview | None) -> Answer:
-    return call.body, payload
+    return Answer(call.body, payload)
 
 
 async def fail_not_found(call: Call, payload: memoryview | None) -> Answer:
@@ -42,7 +42,7 @@ async def crash(call: Call, payload: memoryview | None) -> Answer:
 
 async def slow(call: Call, payload: memoryview | None) -> Answer:
     await asyncio.sleep(decode(call.body, float))
-    return encode("late"), memoryview(b"p" * 1000)
+    return Answer(encode("late"), memoryview(b"p" * 1000))
 
 
 HANDLERS = {"echo": echo, "missing": fail_not_found, "crash": crash, "slow": slow}

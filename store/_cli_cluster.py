@@ -1,0 +1,241 @@
+"""``graben meta serve``, ``graben node serve`` and ``graben cluster up``.
+
+Each server prints one line, ``listening on HOST:PORT``, once it accepts
+connections (port 0 picks a free one), then runs until SIGINT or SIGTERM.
+``cluster up`` starts a metadata service and N data nodes as child
+processes, prints the cluster's URL on stdout once every node has
+heartbeated, and stops them all on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeAlias
+from urllib.parse import urlsplit
+
+from ._errors import InvalidArgument, Unavailable
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+READY_TIMEOUT_S = 30.0
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def add_meta(sub: Subparsers) -> None:
+    """``graben meta serve``."""
+    meta = sub.add_parser("meta", help="Run the metadata service.")
+    serve = meta.add_subparsers(metavar="ACTION", required=True).add_parser(
+        "serve", help="Serve the namespace of an engine to clients and data nodes."
+    )
+    serve.add_argument("--engine", required=True, help="sqlite:///path/to/meta.db")
+    serve.add_argument("--listen", type=_address, default=("127.0.0.1", 0), help="HOST:PORT")
+    serve.add_argument("--replication", type=int, default=3, help="default copies per chunk")
+    serve.add_argument(
+        "--heartbeat-timeout", type=float, default=10.0, help="seconds before a silent node is dead"
+    )
+    serve.set_defaults(run=_meta_serve)
+
+
+def add_node(sub: Subparsers) -> None:
+    """``graben node serve``."""
+    node = sub.add_parser("node", help="Run a data node.")
+    serve = node.add_subparsers(metavar="ACTION", required=True).add_parser(
+        "serve", help="Serve a chunk directory and heartbeat to the metadata service."
+    )
+    serve.add_argument("--data", type=Path, required=True, help="directory for chunk files")
+    serve.add_argument("--meta", type=_address, required=True, help="metadata service HOST:PORT")
+    serve.add_argument("--rack", default="default", help="failure domain label")
+    serve.add_argument("--listen", type=_address, default=("127.0.0.1", 0), help="HOST:PORT")
+    serve.set_defaults(run=_node_serve)
+
+
+def add_cluster(sub: Subparsers) -> None:
+    """``graben cluster up``."""
+    cluster = sub.add_parser("cluster", help="Run a local cluster on loopback.")
+    up = cluster.add_subparsers(metavar="ACTION", required=True).add_parser(
+        "up", help="Start a metadata service and N data nodes; Ctrl-C stops them all."
+    )
+    up.add_argument("--nodes", type=int, default=3, help="data nodes (each its own rack)")
+    up.add_argument("--root", type=Path, required=True, help="directory for all their data")
+    up.add_argument("--port", type=int, default=0, help="metadata service port (0: any)")
+    up.add_argument("--replication", type=int, default=None, help="default: min(3, nodes)")
+    up.add_argument("--heartbeat-timeout", type=float, default=10.0)
+    up.set_defaults(run=_cluster_up)
+
+
+# -- serving ------------------------------------------------------------------
+
+
+def _serve(start: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]]) -> int:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        where, close = await start()
+        print(f"listening on {where}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await close()
+
+    asyncio.run(main())
+    return 0
+
+
+def _engine_path(engine: str) -> Path:
+    parts = urlsplit(engine)
+    if parts.scheme != "sqlite" or not parts.path:
+        raise InvalidArgument(f"unsupported engine {engine!r}: use sqlite:///path/to/meta.db")
+    return Path(parts.path)
+
+
+def _meta_serve(args: argparse.Namespace) -> int:
+    from ._metaserver import MetaService
+    from ._sqlite import SQLiteRepository
+
+    path = _engine_path(args.engine)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
+        service = MetaService(
+            SQLiteRepository(path),
+            replication=args.replication,
+            heartbeat_timeout=args.heartbeat_timeout,
+        )
+        server = await service.start(*args.listen)
+        return f"{args.listen[0]}:{server.port}", service.close
+
+    return _serve(start)
+
+
+def _node_serve(args: argparse.Namespace) -> int:
+    from ._nodeserver import DataNode
+
+    async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
+        node = DataNode(args.data, rack=args.rack, meta=args.meta)
+        await node.start(*args.listen)
+        return node.address, node.close
+
+    return _serve(start)
+
+
+# -- a local cluster ------------------------------------------------------------
+
+
+def _spawn(*argv: str) -> tuple[subprocess.Popen[str], str]:
+    """Start a ``graben`` server process; returns it and the address it listens on."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "graben.store._cli", *argv],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise Unavailable(f"graben {argv[0]} did not start (said {line!r})")
+    return proc, line.removeprefix("listening on ")
+
+
+def _cluster_up(args: argparse.Namespace) -> int:
+    if args.nodes < 1:
+        raise InvalidArgument("a cluster needs at least one data node")
+    root: Path = args.root
+    root.mkdir(parents=True, exist_ok=True)
+    replication = args.replication or min(3, args.nodes)
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        meta, address = _spawn(
+            "meta",
+            "serve",
+            "--engine",
+            f"sqlite:///{root.resolve() / 'meta.db'}",
+            "--listen",
+            f"127.0.0.1:{args.port}",
+            "--replication",
+            str(replication),
+            "--heartbeat-timeout",
+            str(args.heartbeat_timeout),
+        )
+        procs.append(meta)
+        for i in range(args.nodes):
+            node, _ = _spawn(
+                "node",
+                "serve",
+                "--data",
+                str(root / f"node{i}"),
+                "--meta",
+                address,
+                "--rack",
+                f"rack{i}",
+            )
+            procs.append(node)
+        url = f"graben://{address}"
+        _wait_for_nodes(url, args.nodes)
+        print(url, flush=True)
+        print(
+            f"graben cluster: {args.nodes} data nodes, replication {replication}; Ctrl-C stops it",
+            file=sys.stderr,
+            flush=True,
+        )
+        _wait_for_signal()
+    finally:
+        _stop(procs)
+    return 0
+
+
+def _wait_for_nodes(url: str, count: int) -> None:
+    from ._client import connect
+    from ._types import ListNodes
+
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with connect(url) as client:
+        while time.monotonic() < deadline:
+            from . import _loop
+
+            nodes = _loop.run(client.aio.meta.request(ListNodes()))
+            if sum(n.alive for n in nodes) >= count:
+                return
+            time.sleep(0.1)
+    raise Unavailable(f"the data nodes did not all report to {url} within {READY_TIMEOUT_S} s")
+
+
+def _wait_for_signal() -> None:
+    stop = False
+
+    def handle(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, handle)
+    with contextlib.suppress(KeyboardInterrupt):
+        while not stop:
+            time.sleep(0.2)
+
+
+def _stop(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -1,0 +1,143 @@
+"""A data node: the local chunk store served over the wire, heartbeating to the metadata service.
+
+Ops: ``chunk.write`` (payload received into a pooled buffer, crc32c checked,
+fsynced before the reply), ``chunk.read`` (read and verified, sent from a
+pooled buffer), ``chunk.inventory`` and ``chunk.delete`` (for fsck and
+collection). The node's id lives in its data directory, so a restarted node
+is the same node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import mmap
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ._buffers import BufferPool
+from ._chunkstore import LocalChunkStore
+from ._config import DEFAULT_CHUNK_SIZE
+from ._errors import GrabenError
+from ._rpc import Answer, Connection, Handler, Server
+from ._types import ChunkRef, Heartbeat, NodeState
+from ._wire import Call, decode, encode
+
+log = logging.getLogger("graben.node")
+HEARTBEAT_S = 2.0
+
+
+def node_id(root: Path) -> str:
+    """The node's id, made on first start and kept in its data directory."""
+    path = root / "node-id"
+    if not path.exists():
+        path.write_text(uuid.uuid4().hex + "\n")
+    return path.read_text().strip()
+
+
+class DataNode:
+    """Serves one chunk directory."""
+
+    def __init__(self, root: Path, *, rack: str, meta: tuple[str, int], io_threads: int = 4):
+        root.mkdir(parents=True, exist_ok=True)
+        self.root, self.rack, self.meta = root, rack, meta
+        self.id = node_id(root)
+        self.store = LocalChunkStore(root / "chunks")
+        self.pool = BufferPool(DEFAULT_CHUNK_SIZE, keep=2 * io_threads + 4)
+        self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="graben-node")
+        self._lent: dict[int, mmap.mmap] = {}
+        self.server: Server | None = None
+        self.address = ""
+        self._beating: asyncio.Task[None] | None = None
+
+    async def start(self, host: str, port: int) -> Server:
+        """Listen, then heartbeat to the metadata service until closed."""
+        handlers: dict[str, Handler] = {
+            "chunk.write": self._write,
+            "chunk.read": self._read,
+            "chunk.inventory": self._inventory,
+            "chunk.delete": self._delete,
+        }
+        self.server = await Server.start(handlers, host, port, {"chunk.write": self._sink})
+        self.address = f"{host}:{self.server.port}"
+        self._beating = asyncio.ensure_future(self._heartbeats())
+        return self.server
+
+    async def close(self) -> None:
+        """Stop heartbeating and serving."""
+        if self._beating is not None:
+            self._beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beating
+        if self.server is not None:
+            await self.server.close()
+        self._io.shutdown(wait=True)
+        self.store.close()
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._io, partial(fn, *args))
+
+    # -- handlers -------------------------------------------------------------
+
+    def _sink(self, call: Call, length: int) -> memoryview:
+        buffer = self.pool.get(length)
+        view = memoryview(buffer)[:length]
+        self._lent[id(view)] = buffer
+        return view
+
+    async def _write(self, call: Call, payload: memoryview | None) -> Answer:
+        chunk = decode(call.body, ChunkRef)
+        buffer = self._lent.pop(id(payload), None)
+        try:
+            await self._run(self.store.write, chunk, payload if payload is not None else b"")
+        finally:
+            if payload is not None:
+                payload.release()
+            if buffer is not None:
+                self.pool.put(buffer)
+        return Answer()
+
+    async def _read(self, call: Call, payload: memoryview | None) -> Answer:
+        chunk = decode(call.body, ChunkRef)
+        buffer = self.pool.get(chunk.length)
+        view = memoryview(buffer)[: chunk.length]
+        try:
+            await self._run(self.store.read, chunk, view)
+        except BaseException:
+            view.release()
+            self.pool.put(buffer)
+            raise
+
+        def release() -> None:
+            view.release()
+            self.pool.put(buffer)
+
+        return Answer(payload=view, release=release)
+
+    async def _inventory(self, call: Call, payload: memoryview | None) -> Answer:
+        found = await self._run(lambda: list(self.store.inventory()))
+        return Answer(encode(found))
+
+    async def _delete(self, call: Call, payload: memoryview | None) -> Answer:
+        chunk_id, older_than = decode(call.body, tuple[str, float])
+        return Answer(encode(await self._run(self.store.delete, chunk_id, older_than)))
+
+    # -- heartbeats -------------------------------------------------------------
+
+    async def _heartbeats(self) -> None:
+        conn: Connection | None = None
+        while True:
+            try:
+                if conn is None or conn.closed:
+                    conn = await Connection.open(*self.meta)
+                free, total = await self._run(self.store.capacity)
+                state = NodeState(self.id, self.address, self.rack, free, total)
+                await conn.call("meta", encode(Heartbeat(state)), timeout=HEARTBEAT_S * 2)
+            except GrabenError as exc:
+                log.warning("heartbeat to %s:%s failed: %s", *self.meta, exc)
+                conn = None
+            await asyncio.sleep(HEARTBEAT_S)
