@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 
 from ._buffers import BufferPool
+from ._errors import GrabenError, IntegrityError, NoSpace, Timeout, Unavailable
 from ._hashing import chunk_ref
 from ._transport import ChunkTransport, MetaTransport
 from ._types import (
@@ -32,6 +33,10 @@ from ._types import (
 )
 
 Release = Callable[[], None]
+MAX_REPLACEMENTS = 3
+"""Rounds of new placements for a chunk whose replica writes fail."""
+_REPLACEABLE = (Unavailable, Timeout, NoSpace, IntegrityError)
+"""Failures of one node that another node may not have."""
 
 
 class Upload:
@@ -91,12 +96,45 @@ class Upload:
             [placement] = await self._meta.request(Prepare((ref,), self._replication))
             if not placement.upload:
                 return ref, None
-            await asyncio.gather(*(self._chunks.write(node, ref, data) for node in placement.nodes))
-            return ref, StoredChunk(ref, placement.nodes)
+            return ref, await self._replicate(ref, data, placement.nodes)
         finally:
             self._slots.release()
             if release:
                 release()
+
+    async def _replicate(
+        self, ref: ChunkRef, data: memoryview, nodes: tuple[str, ...]
+    ) -> StoredChunk:
+        """Write to every node (fan-out); a node that fails is replaced by a new placement."""
+        stored: list[str] = []
+        failed: list[str] = []
+        errors: list[GrabenError] = []
+        for _ in range(MAX_REPLACEMENTS + 1):
+            results = await asyncio.gather(
+                *(self._chunks.write(node, ref, data) for node in nodes), return_exceptions=True
+            )
+            for node, result in zip(nodes, results, strict=True):
+                if result is None:
+                    stored.append(node)
+                elif isinstance(result, _REPLACEABLE):
+                    failed.append(node)
+                    errors.append(result)
+                else:
+                    raise result
+            missing = len(nodes) - sum(r is None for r in results)
+            if not missing:
+                return StoredChunk(ref, tuple(stored))
+            nodes = await self._replacements(ref, missing, (*stored, *failed))
+            if set(nodes) & set(failed):  # no other node to turn to (embedded: never)
+                break
+        last = errors[-1]
+        raise type(last)(f"{last.message} (after {len(failed)} failed replica writes)", last.path)
+
+    async def _replacements(
+        self, ref: ChunkRef, count: int, avoid: tuple[str, ...]
+    ) -> tuple[str, ...]:
+        [again] = await self._meta.request(Prepare((ref,), count, avoid))
+        return again.nodes
 
     async def commit(self) -> FileInfo:
         """Wait for every chunk, then make the file visible atomically."""
