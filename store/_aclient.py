@@ -22,8 +22,8 @@ from ._errors import (
     IsADirectory,
     NotFound,
 )
-from ._reader import Reader
-from ._remote import RemoteChunks, RemoteMeta
+from ._reader import Reader, Report
+from ._remote import open_cluster
 from ._transport import ChunkTransport, MetaTransport
 from ._types import (
     Buffer,
@@ -39,6 +39,7 @@ from ._types import (
     MakeDir,
     Remove,
     Rename,
+    ReportBad,
     Stat,
     Usage,
     WriteMode,
@@ -61,9 +62,8 @@ class AsyncClient:
         target = resolve(url)
         if target.address is not None:
             host, port = target.address
-            remote = RemoteMeta(host, port)
-            checker = ThreadPoolExecutor(opts.hash_threads, thread_name_prefix="graben-check")
-            self._setup(remote, RemoteChunks(remote, checker), opts, f"graben://{host}:{port}")
+            remote, nodes = open_cluster(host, port, opts.hash_threads)
+            self._setup(remote, nodes, opts, f"graben://{host}:{port}", report=True)
             return
         assert target.embedded is not None
         meta, chunks = open_store(target.embedded, opts.io_threads)
@@ -79,8 +79,17 @@ class AsyncClient:
         return client
 
     def _setup(
-        self, meta: MetaTransport, chunks: ChunkTransport, options: Options, name: str
+        self,
+        meta: MetaTransport,
+        chunks: ChunkTransport,
+        options: Options,
+        name: str,
+        *,
+        report: bool = False,
     ) -> None:
+        # Only a cluster can repair a damaged copy from another; an embedded
+        # store has one copy, and forgetting it would hide the real error.
+        self._report: Report | None = self._report_bad if report else None
         self.options = options
         self.name = name
         self.meta, self.chunks = meta, chunks
@@ -141,6 +150,9 @@ class AsyncClient:
             Rename(_paths.normalize(src), _paths.normalize(dst), replace)
         )
 
+    async def _report_bad(self, chunk: str, node: str, reason: str) -> None:
+        await self.meta.request(ReportBad(chunk, node, reason))
+
     async def du(self, path: str = "/") -> tuple[int, int]:
         """(files, bytes) at or below ``path``."""
         return await self.meta.request(Usage(_paths.normalize(path)))
@@ -183,7 +195,7 @@ class AsyncClient:
     async def reader(self, path: str) -> Reader:
         """A ``Reader`` of the file's current version (``NotFound``, ``IsADirectory``)."""
         layout = await self.meta.request(GetLayout(_paths.normalize(path)))
-        return Reader(self.chunks, self.pool, layout, self.options.read_ahead)
+        return Reader(self.chunks, self.pool, layout, self.options.read_ahead, self._report)
 
     async def upload(
         self, path: str, mode: WriteMode = "overwrite", replication: int | None = None
@@ -235,6 +247,8 @@ class AsyncClient:
                     kind: Literal["missing", "corrupt"] = (
                         "missing" if isinstance(exc, NotFound) else "corrupt"
                     )
+                    if self._report is not None:  # a cluster repairs what fsck finds
+                        await self._report(chunk.id, node, exc.message)
                     users: list[str] = await self.meta.request(ChunkUsers(chunk.id))
                     where = f"{node}:{self.chunks.describe(node, chunk.id)}"
                     problems.append(ChunkProblem(kind, chunk.id, where, tuple(users), exc.message))

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import blake3
+
 from ._errors import IntegrityError, NotFound, from_os_error
 from ._hashing import crc32c, crc32c_combine
 from ._types import ChunkRef
@@ -122,6 +124,17 @@ class LocalChunkStore:
             raise NotFound(f"chunk {chunk.id} is missing", str(path)) from None
         except OSError as exc:
             raise from_os_error(exc, str(path)) from exc
+
+    def intact(self, chunk_id: str) -> bool:
+        """Whether a chunk file's bytes still hash to its name (what a scrubber checks).
+
+        Chunks are content-addressed, so a node needs no metadata for this.
+        """
+        try:
+            with open(self.path(chunk_id), "rb") as f:
+                return blake3.blake3(f.read()).hexdigest() == chunk_id
+        except FileNotFoundError:
+            return True  # deleted meanwhile: nothing to report
 
     def verify(self, chunk: ChunkRef, actual: int) -> None:
         """Raise ``IntegrityError`` naming the chunk file if ``actual`` is not its crc32c."""

@@ -46,6 +46,9 @@ def add_meta(sub: Subparsers) -> None:
     serve.add_argument(
         "--heartbeat-timeout", type=float, default=10.0, help="seconds before a silent node is dead"
     )
+    serve.add_argument(
+        "--repair-interval", type=float, default=5.0, help="seconds between repair rounds"
+    )
     serve.set_defaults(run=_meta_serve)
 
 
@@ -59,6 +62,9 @@ def add_node(sub: Subparsers) -> None:
     serve.add_argument("--meta", type=_address, required=True, help="metadata service HOST:PORT")
     serve.add_argument("--rack", default="default", help="failure domain label")
     serve.add_argument("--listen", type=_address, default=("127.0.0.1", 0), help="HOST:PORT")
+    serve.add_argument(
+        "--scrub-interval", type=float, default=3600.0, help="seconds between scrubs of all chunks"
+    )
     serve.set_defaults(run=_node_serve)
 
 
@@ -115,6 +121,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
             SQLiteRepository(path),
             replication=args.replication,
             heartbeat_timeout=args.heartbeat_timeout,
+            repair_interval=args.repair_interval,
         )
         server = await service.start(*args.listen)
         return f"{args.listen[0]}:{server.port}", service.close
@@ -126,7 +133,9 @@ def _node_serve(args: argparse.Namespace) -> int:
     from ._nodeserver import DataNode
 
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
-        node = DataNode(args.data, rack=args.rack, meta=args.meta)
+        node = DataNode(
+            args.data, rack=args.rack, meta=args.meta, scrub_interval=args.scrub_interval
+        )
         await node.start(*args.listen)
         return node.address, node.close
 

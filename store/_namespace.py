@@ -33,6 +33,7 @@ from ._types import (
     ChunkUsers,
     Collectable,
     Commit,
+    Degraded,
     Extent,
     FileCommit,
     FileInfo,
@@ -47,6 +48,7 @@ from ._types import (
     Prepare,
     Remove,
     Rename,
+    ReportBad,
     Request,
     Stat,
     Usage,
@@ -93,6 +95,8 @@ class Namespace:
         self._place = place
         self.default_replication = default_replication
         self.heartbeat_timeout = heartbeat_timeout
+        self.bad: list[tuple[str, str, str]] = []
+        """Copies reported bad and not yet deleted: (chunk, node, reason)."""
         self._handlers: dict[type[Any], Callable[[Any], Any]] = {
             Stat: lambda r: self.stat(r.path),
             ListDir: lambda r: self.listdir(r.path),
@@ -107,6 +111,7 @@ class Namespace:
             ChunkUsers: lambda r: self.chunk_users(r.chunk),
             Collectable: lambda r: self.collectable(r.grace_s),
             Heartbeat: lambda r: self.heartbeat(r.node),
+            ReportBad: lambda r: self.report_bad(r.chunk, r.node, r.reason),
             ListNodes: lambda r: self.nodes(),
         }
 
@@ -365,6 +370,23 @@ class Namespace:
             found = tx.nodes()
         cutoff = time.time() - self.heartbeat_timeout
         return [msgspec.structs.replace(n, alive=n.last_seen >= cutoff) for n in found]
+
+    def report_bad(self, chunk: str, node: str, reason: str) -> None:
+        """Forget a copy a reader found damaged; repair will place a new one."""
+        with self.repo.write() as tx:
+            tx.drop_replica(chunk, node)
+        self.bad.append((chunk, node, reason))
+
+    def degraded(self, limit: int = 1000) -> list[Degraded]:
+        """Referenced chunks short of copies on live nodes (what repair works on)."""
+        alive = [n.id for n in self.nodes() if n.alive]
+        with self.repo.read() as tx:
+            return tx.degraded(alive, limit)
+
+    def add_replicas(self, chunk: str, nodes: tuple[str, ...]) -> None:
+        """Record copies repair has made."""
+        with self.repo.write() as tx:
+            tx.add_replicas(chunk, nodes)
 
     def collectable(self, grace_s: float) -> list[str]:
         """Forget chunks no file has used for ``grace_s`` seconds; their copies may go."""

@@ -24,7 +24,7 @@ from ._chunkstore import LocalChunkStore
 from ._config import DEFAULT_CHUNK_SIZE
 from ._errors import GrabenError
 from ._rpc import Answer, Connection, Handler, Server
-from ._types import ChunkRef, Heartbeat, NodeState
+from ._types import ChunkRef, Heartbeat, NodeState, ReportBad, Request
 from ._wire import Call, decode, encode
 
 log = logging.getLogger("graben.node")
@@ -42,7 +42,15 @@ def node_id(root: Path) -> str:
 class DataNode:
     """Serves one chunk directory."""
 
-    def __init__(self, root: Path, *, rack: str, meta: tuple[str, int], io_threads: int = 4):
+    def __init__(
+        self,
+        root: Path,
+        *,
+        rack: str,
+        meta: tuple[str, int],
+        io_threads: int = 4,
+        scrub_interval: float = 3600.0,
+    ):
         root.mkdir(parents=True, exist_ok=True)
         self.root, self.rack, self.meta = root, rack, meta
         self.id = node_id(root)
@@ -53,6 +61,9 @@ class DataNode:
         self.server: Server | None = None
         self.address = ""
         self._beating: asyncio.Task[None] | None = None
+        self._scrubbing: asyncio.Task[None] | None = None
+        self.scrub_interval = scrub_interval
+        self._meta_conn: Connection | None = None
 
     async def start(self, host: str, port: int) -> Server:
         """Listen, then heartbeat to the metadata service until closed."""
@@ -65,14 +76,16 @@ class DataNode:
         self.server = await Server.start(handlers, host, port, {"chunk.write": self._sink})
         self.address = f"{host}:{self.server.port}"
         self._beating = asyncio.ensure_future(self._heartbeats())
+        self._scrubbing = asyncio.ensure_future(self._scrub_forever())
         return self.server
 
     async def close(self) -> None:
         """Stop heartbeating and serving."""
-        if self._beating is not None:
-            self._beating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._beating
+        for task in (self._beating, self._scrubbing):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.server is not None:
             await self.server.close()
         self._io.shutdown(wait=True)
@@ -128,16 +141,37 @@ class DataNode:
 
     # -- heartbeats -------------------------------------------------------------
 
+    async def _tell_meta(self, request: Request[Any]) -> None:
+        if self._meta_conn is None or self._meta_conn.closed:
+            self._meta_conn = await Connection.open(*self.meta)
+        await self._meta_conn.call("meta", encode(request), timeout=HEARTBEAT_S * 2)
+
     async def _heartbeats(self) -> None:
-        conn: Connection | None = None
         while True:
             try:
-                if conn is None or conn.closed:
-                    conn = await Connection.open(*self.meta)
                 free, total = await self._run(self.store.capacity)
                 state = NodeState(self.id, self.address, self.rack, free, total)
-                await conn.call("meta", encode(Heartbeat(state)), timeout=HEARTBEAT_S * 2)
+                await self._tell_meta(Heartbeat(state))
             except GrabenError as exc:
                 log.warning("heartbeat to %s:%s failed: %s", *self.meta, exc)
-                conn = None
             await asyncio.sleep(HEARTBEAT_S)
+
+    # -- scrubbing --------------------------------------------------------------
+
+    async def _scrub_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.scrub_interval)
+            try:
+                await self.scrub_once()
+            except GrabenError as exc:
+                log.warning("scrub failed: %s", exc)
+
+    async def scrub_once(self) -> int:
+        """Re-hash every chunk file against its name; report the bad ones. Returns how many."""
+        bad = 0
+        for chunk_id, _mtime in await self._run(lambda: list(self.store.inventory())):
+            if not await self._run(self.store.intact, chunk_id):
+                bad += 1
+                reason = "scrub: content does not match its name"
+                await self._tell_meta(ReportBad(chunk_id, self.id, reason))
+        return bad

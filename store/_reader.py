@@ -20,7 +20,7 @@ import asyncio
 import bisect
 import mmap
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from ._buffers import BufferPool
 from ._errors import GrabenError, IntegrityError, NotFound, Timeout, Unavailable
@@ -28,6 +28,8 @@ from ._transport import ChunkTransport
 from ._types import ChunkRef, Extent, FileLayout
 
 _RETRYABLE = (IntegrityError, NotFound, Unavailable, Timeout)
+Report = Callable[[str, str, str], Awaitable[None]]
+"""(chunk, node, reason): tell the store a copy is damaged."""
 CACHED_CHUNKS = 2
 MAX_HINT_SKIP = 64
 """Chunks a reader may go without hints while they keep being at hand already."""
@@ -37,9 +39,15 @@ class Reader:
     """Reads of one file version; one request at a time."""
 
     def __init__(
-        self, chunks: ChunkTransport, pool: BufferPool, layout: FileLayout, read_ahead: int
+        self,
+        chunks: ChunkTransport,
+        pool: BufferPool,
+        layout: FileLayout,
+        read_ahead: int,
+        report: Report | None = None,
     ) -> None:
         self.layout = layout
+        self._report = report
         self.size = layout.info.size
         self._chunks, self._pool, self._read_ahead = chunks, pool, read_ahead
         self._starts = [x.offset for x in layout.extents]
@@ -47,6 +55,7 @@ class Reader:
         self._hinted = -1
         self._hints: set[asyncio.Task[int]] = set()
         self._skip = 0
+        self._reports: set[asyncio.Task[None]] = set()
         self._next_offset = 0
         self._lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
@@ -184,7 +193,16 @@ class Reader:
                 return
             except _RETRYABLE as exc:
                 errors.append(exc)
+                if self._report is not None and isinstance(exc, (IntegrityError, NotFound)):
+                    self._tell(chunk.id, node, exc.message)
         raise self._failure(extent, errors)
+
+    def _tell(self, chunk: str, node: str, reason: str) -> None:
+        """Report a damaged copy so it is repaired; the read does not wait for it."""
+        assert self._report is not None
+        task = asyncio.ensure_future(self._report(chunk, node, reason))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
 
     # -- the sync fast path ----------------------------------------------------
 

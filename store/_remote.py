@@ -11,8 +11,8 @@ knows the bytes arrived intact.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from ._errors import IntegrityError, Unavailable
@@ -22,6 +22,14 @@ from ._types import ChunkRef, ListNodes, NodeState, Request
 from ._wire import decode, encode
 
 R = TypeVar("R")
+NodeLister = Callable[[], Awaitable[list[NodeState]]]
+
+
+def open_cluster(host: str, port: int, check_threads: int) -> tuple[RemoteMeta, RemoteChunks]:
+    """Transports to the cluster whose metadata service listens on ``host:port``."""
+    meta = RemoteMeta(host, port)
+    checker = ThreadPoolExecutor(check_threads, thread_name_prefix="graben-check")
+    return meta, RemoteChunks(lambda: meta.request(ListNodes()), checker, owns_checker=True)
 
 
 class _Pool:
@@ -69,8 +77,10 @@ class RemoteMeta:
 class RemoteChunks:
     """``ChunkTransport`` to the cluster's data nodes."""
 
-    def __init__(self, meta: RemoteMeta, checker: Executor) -> None:
-        self._meta, self._checker = meta, checker
+    def __init__(
+        self, list_nodes: NodeLister, checker: ThreadPoolExecutor, *, owns_checker: bool = False
+    ) -> None:
+        self._list_nodes, self._checker, self._owns_checker = list_nodes, checker, owns_checker
         self._nodes: dict[str, NodeState] = {}
         self._pool = _Pool()
 
@@ -83,7 +93,7 @@ class RemoteChunks:
         return tuple(self._nodes)
 
     async def _refresh(self) -> None:
-        self._nodes = {n.id: n for n in await self._meta.request(ListNodes())}
+        self._nodes = {n.id: n for n in await self._list_nodes()}
 
     async def _conn(self, node: str) -> Connection:
         if node not in self._nodes:
@@ -135,3 +145,5 @@ class RemoteChunks:
 
     async def close(self) -> None:
         await self._pool.close()
+        if self._owns_checker:
+            self._checker.shutdown(wait=True)

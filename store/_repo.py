@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from ._types import ChunkRef, Extent, Kind, NodeState
+from ._types import ChunkRef, Degraded, Extent, Kind, NodeState
 
 ROOT_INODE = 1
 
@@ -101,6 +101,15 @@ class Tx(Protocol):
 
     def forget_unreferenced(self, older_than_ns: int) -> list[str]:
         """Delete chunk rows without references since before ``older_than_ns``."""
+
+    def add_replicas(self, chunk: str, nodes: Iterable[str]) -> None:
+        """Record more nodes holding a copy of a chunk."""
+
+    def drop_replica(self, chunk: str, node: str) -> None:
+        """Forget one node's copy of a chunk."""
+
+    def degraded(self, alive: Iterable[str], limit: int) -> list[Degraded]:
+        """Referenced chunks with fewer copies on ``alive`` nodes than their files want."""
 
     def upsert_node(self, node: NodeState) -> None:
         """Register a data node or refresh what is known of it."""

@@ -107,6 +107,10 @@ class Connection:
             raise Unavailable(f"connection to {self.where} lost during {op}") from None
         finally:
             self._pending.pop(call_id, None)
+            if future.done() and not future.cancelled():
+                future.exception()  # failed while we were not waiting: mark it seen
+            else:
+                future.cancel()
 
     async def close(self) -> None:
         """Close the connection; calls in flight fail with ``Unavailable``."""

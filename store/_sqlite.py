@@ -10,6 +10,7 @@ exclusive transaction.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from ._errors import GrabenError, IntegrityError, NoSpace, Unavailable
 from ._repo import ROOT_INODE, Inode
-from ._types import ChunkRef, Extent, Kind, NodeState
+from ._types import ChunkRef, Degraded, Extent, Kind, NodeState
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: the three layers.
@@ -252,6 +253,34 @@ class SQLiteTx:
         gone = [chunk for (chunk,) in rows]
         self._db.executemany("DELETE FROM replicas WHERE chunk = ?", [(c,) for c in gone])
         return gone
+
+    def add_replicas(self, chunk: str, nodes: Iterable[str]) -> None:
+        self._db.executemany(
+            "INSERT OR IGNORE INTO replicas (chunk, node) VALUES (?, ?)",
+            [(chunk, node) for node in nodes],
+        )
+
+    def drop_replica(self, chunk: str, node: str) -> None:
+        self._db.execute("DELETE FROM replicas WHERE chunk = ? AND node = ?", (chunk, node))
+
+    def degraded(self, alive: Iterable[str], limit: int) -> list[Degraded]:
+        # One pass over referenced chunks; fine for now, an index of
+        # "replicas per chunk" would be the next step for large stores.
+        rows = self._db.execute(
+            "WITH live AS (SELECT value AS node FROM json_each(?)), "
+            "want AS (SELECT x.chunk, MAX(i.replication) AS copies FROM extents x "
+            "JOIN inodes i ON i.id = x.inode GROUP BY x.chunk), "
+            "have AS (SELECT r.chunk, group_concat(r.node) AS nodes, COUNT(*) AS copies "
+            "FROM replicas r JOIN live l ON l.node = r.node GROUP BY r.chunk) "
+            "SELECT c.id, c.length, c.crc32c, h.nodes, w.copies FROM chunks c "
+            "JOIN want w ON w.chunk = c.id LEFT JOIN have h ON h.chunk = c.id "
+            "WHERE c.refs > 0 AND COALESCE(h.copies, 0) < w.copies LIMIT ?",
+            (json.dumps(sorted(set(alive))), limit),
+        ).fetchall()
+        return [
+            Degraded(ChunkRef(chunk, length, crc), tuple(nodes.split(",")) if nodes else (), want)
+            for chunk, length, crc, nodes, want in rows
+        ]
 
     # -- nodes --------------------------------------------------------------
 

@@ -294,6 +294,26 @@ class ListNodes(Request[list[NodeState]], frozen=True):
     response = list[NodeState]
 
 
+class ReportBad(Request[None], frozen=True):
+    """A reader found a copy corrupt or missing: forget it so repair replaces it."""
+
+    response = None
+    chunk: str
+    node: str
+    reason: str = ""
+
+
+class Degraded(msgspec.Struct, frozen=True):
+    """A chunk with fewer live copies than its files ask for."""
+
+    chunk: ChunkRef
+    """The chunk."""
+    live: tuple[str, ...]
+    """Alive nodes holding a copy."""
+    want: int
+    """Copies its most demanding file asks for."""
+
+
 def request_types() -> tuple[type[Request[Any]], ...]:
     """Every request type, for decoding whichever one arrives."""
     return tuple(Request.__subclasses__())

@@ -25,17 +25,21 @@ def _spawn(*argv: str) -> tuple[subprocess.Popen[str], str]:
 class LocalCluster:
     """Real server processes on loopback; ``kill(i)`` sends SIGKILL to data node ``i``."""
 
-    def __init__(self, root: Path, nodes: int, *, replication: int = 3, timeout: float = 10.0):
-        self.root = root
+    def __init__(
+        self,
+        root: Path,
+        nodes: int,
+        *,
+        replication: int = 3,
+        timeout: float = 10.0,
+        repair: float = 5.0,
+        scrub: float = 3600.0,
+    ):
+        self.root, self.scrub = root, scrub
+        engine = f"sqlite:///{root / 'meta.db'}"
         self.meta, self.meta_address = _spawn(
-            "meta",
-            "serve",
-            "--engine",
-            f"sqlite:///{root / 'meta.db'}",
-            "--replication",
-            str(replication),
-            "--heartbeat-timeout",
-            str(timeout),
+            *("meta", "serve", "--engine", engine, "--replication", str(replication)),
+            *("--heartbeat-timeout", str(timeout), "--repair-interval", str(repair)),
         )
         self.url = f"graben://{self.meta_address}"
         self.nodes: list[subprocess.Popen[str]] = []
@@ -46,14 +50,9 @@ class LocalCluster:
 
     def start_node(self, i: int) -> None:
         proc, address = _spawn(
-            "node",
-            "serve",
-            "--data",
-            str(self.root / f"node{i}"),
-            "--meta",
-            self.meta_address,
-            "--rack",
-            f"rack{i}",
+            *("node", "serve", "--data", str(self.root / f"node{i}")),
+            *("--meta", self.meta_address, "--rack", f"rack{i}"),
+            *("--scrub-interval", str(self.scrub)),
         )
         if i < len(self.nodes):
             self.nodes[i], self.addresses[i] = proc, address

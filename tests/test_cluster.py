@@ -6,14 +6,15 @@ import hashlib
 import os
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from cluster_kit import LocalCluster
 
-from graben.store import _loop, connect
-from graben.store._types import GetLayout
+from graben.store import Client, _loop, connect
+from graben.store._types import GetLayout, ListNodes
 
 MiB = 1 << 20
 
@@ -66,7 +67,7 @@ def test_kill_9_a_node_during_a_read(cluster4: LocalCluster) -> None:
         assert out == data
 
 
-def test_a_corrupt_copy_is_skipped_and_reported_by_fsck(cluster4: LocalCluster) -> None:
+def test_fsck_reports_a_corrupt_copy_and_reads_skip_it(cluster4: LocalCluster) -> None:
     data = os.urandom(3 * MiB)
     with connect(cluster4.url) as client:
         client.put("/f", data)
@@ -76,11 +77,11 @@ def test_a_corrupt_copy_is_skipped_and_reported_by_fsck(cluster4: LocalCluster) 
         with open(victim, "r+b") as f:
             f.seek(1000)
             f.write(b"\x00\xff\x00\xff")
-        assert client.get("/f") == data  # served from a good replica
         report = client.fsck()
         [problem] = report.problems
         assert problem.kind == "corrupt" and problem.paths == ("/f",)
         assert victim.name in problem.where
+        assert client.get("/f") == data  # served from a good replica
 
 
 def test_garbage_on_every_port_never_crashes_a_server(cluster4: LocalCluster) -> None:
@@ -119,3 +120,65 @@ def test_many_concurrent_writers(cluster4: LocalCluster) -> None:
             t.join()
         assert not errors
         assert client.du("/w") == (160, 160 * 2000)
+
+
+def _live_copies(client: Client, path: str) -> list[int]:
+    layout = _loop.run(client.aio.meta.request(GetLayout(path)))
+    alive = {n.id for n in _loop.run(client.aio.meta.request(ListNodes())) if n.alive}
+    return [len(set(layout.replicas[x.chunk.id]) & alive) for x in layout.extents]
+
+
+def _node_id(cluster: LocalCluster, i: int) -> str:
+    return (cluster.node_dir(i) / "node-id").read_text().strip()
+
+
+def _eventually(check: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "did not happen in time"
+        time.sleep(0.2)
+
+
+def test_a_dead_nodes_chunks_return_to_three_copies(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, nodes=4, timeout=2.0, repair=0.5)
+    try:
+        with connect(cluster.url) as client:
+            data = os.urandom(20 * MiB)
+            client.put("/f", data)
+            holder = next(i for i in range(4) if cluster.chunk_files(i))
+            cluster.kill(holder)
+            _eventually(lambda: _live_copies(client, "/f") == [3, 3, 3])
+            assert client.get("/f") == data
+    finally:
+        cluster.close()
+
+
+def test_a_corrupt_copy_found_by_a_reader_is_repaired(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, nodes=4, repair=0.5)
+    try:
+        with connect(cluster.url) as client:
+            data = os.urandom(MiB)
+            client.put("/f", data)
+            layout = _loop.run(client.aio.meta.request(GetLayout("/f")))
+            first = layout.replicas[layout.extents[0].chunk.id][0]  # the copy readers try first
+            holder = next(i for i in range(4) if _node_id(cluster, i) == first)
+            [victim] = cluster.chunk_files(holder)
+            victim.write_bytes(b"rot" + victim.read_bytes()[3:])
+            assert client.get("/f") == data  # good copy served, bad one reported
+            _eventually(lambda: _live_copies(client, "/f") == [3] and client.fsck().ok)
+            assert not client.fsck().problems
+    finally:
+        cluster.close()
+
+
+def test_the_scrubber_finds_rot_nobody_reads(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, nodes=4, repair=0.5, scrub=0.5)
+    try:
+        with connect(cluster.url) as client:
+            client.put("/cold", os.urandom(MiB))
+            holder = next(i for i in range(4) if cluster.chunk_files(i))
+            [victim] = cluster.chunk_files(holder)
+            victim.write_bytes(b"rot" + victim.read_bytes()[3:])
+            _eventually(lambda: _live_copies(client, "/cold") == [3] and not client.fsck().problems)
+    finally:
+        cluster.close()
