@@ -90,9 +90,10 @@ def workload(name: str, summary: str) -> Callable[[Run], Run]:
 def discover() -> list[Workload]:
     """Import every workload module of the bench; all workloads in run order.
 
-    Modules are imported in name order and each lists its workloads in the
-    order it defines them, so a module can rely on that order (reads after
-    the write that produced their files).
+    Modules are named ``_wl_NN_topic.py`` and imported in name order (the
+    store core at 10, the cluster at 20, each door after), and each lists its
+    workloads in the order it defines them, so a module can rely on that
+    order (reads after the write that produced their files).
     """
     package = importlib.import_module(__package__ or "graben.bench")
     names = sorted(m.name for m in pkgutil.iter_modules(package.__path__))

@@ -34,7 +34,9 @@ from ._types import (
     Collectable,
     FileInfo,
     FsckReport,
+    GetHealth,
     GetLayout,
+    Health,
     ListDir,
     MakeDir,
     Remove,
@@ -152,6 +154,10 @@ class AsyncClient:
 
     async def _report_bad(self, chunk: str, node: str, reason: str) -> None:
         await self.meta.request(ReportBad(chunk, node, reason))
+
+    async def health(self) -> Health:
+        """Data nodes, and chunks short of copies (what ``graben status`` shows)."""
+        return await self.meta.request(GetHealth())
 
     async def du(self, path: str = "/") -> tuple[int, int]:
         """(files, bytes) at or below ``path``."""

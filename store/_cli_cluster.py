@@ -82,6 +82,48 @@ def add_cluster(sub: Subparsers) -> None:
     up.set_defaults(run=_cluster_up)
 
 
+def add_status(sub: Subparsers) -> None:
+    """``graben status``."""
+    status = sub.add_parser(
+        "status", help="Show data nodes, capacity, and chunks short of copies or damaged."
+    )
+    status.add_argument(
+        "--store", default=None, help="store URL or directory (default: $GRABEN_URL)"
+    )
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(run=_status)
+
+
+def _status(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from ._client import connect
+
+    with connect(args.store) as client:
+        health = client.health()
+    if args.json:
+        print(msgspec.json.encode(health).decode())
+        return 0
+    print(f"{'node':12} {'address':21} {'rack':10} {'state':6} {'used':>10} {'total':>10}")
+    for node in health.nodes:
+        state = "up" if node.alive else "DEAD"
+        used = _gib(node.total - node.free)
+        print(
+            f"{node.id[:12]:12} {node.address:21} {node.rack:10} {state:6} {used:>10} "
+            f"{_gib(node.total):>10}"
+        )
+    alive = sum(n.alive for n in health.nodes)
+    print(
+        f"{alive}/{len(health.nodes)} nodes up; replication {health.replication}; "
+        f"{health.degraded} chunks short of copies; {health.bad} damaged copies awaiting repair"
+    )
+    return 0 if health.degraded == 0 and health.bad == 0 else 1
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
 # -- serving ------------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ from . import _loop
 from ._aclient import AsyncClient, Progress
 from ._afiles import check_mode
 from ._files import ReadFile, WriteFile
-from ._types import Buffer, FileInfo, FsckReport
+from ._types import Buffer, FileInfo, FsckReport, Health
 from ._upload import Staging
 
 
@@ -74,6 +74,10 @@ class Client:
     def rename(self, src: str, dst: str, *, replace: bool = True) -> FileInfo:
         """Move atomically (``os.replace`` semantics; ``replace=False`` refuses to clobber)."""
         return _loop.run(self.aio.rename(src, dst, replace=replace))
+
+    def health(self) -> Health:
+        """Data nodes, and chunks short of copies (what ``graben status`` shows)."""
+        return _loop.run(self.aio.health())
 
     def du(self, path: str = "/") -> tuple[int, int]:
         """(files, bytes) at or below ``path``."""

@@ -38,7 +38,9 @@ from ._types import (
     FileCommit,
     FileInfo,
     FileLayout,
+    GetHealth,
     GetLayout,
+    Health,
     Heartbeat,
     ListDir,
     ListNodes,
@@ -112,6 +114,7 @@ class Namespace:
             Collectable: lambda r: self.collectable(r.grace_s),
             Heartbeat: lambda r: self.heartbeat(r.node),
             ReportBad: lambda r: self.report_bad(r.chunk, r.node, r.reason),
+            GetHealth: lambda r: self.health(),
             ListNodes: lambda r: self.nodes(),
         }
 
@@ -382,6 +385,15 @@ class Namespace:
         alive = [n.id for n in self.nodes() if n.alive]
         with self.repo.read() as tx:
             return tx.degraded(alive, limit)
+
+    def health(self) -> Health:
+        """Nodes, and how many chunks are short of copies (counted up to 100,000)."""
+        nodes = self.nodes()
+        alive = [n.id for n in nodes if n.alive]
+        with self.repo.read() as tx:
+            # Embedded stores have no registry: their one node is always there.
+            short = tx.degraded(alive or [LOCAL_NODE], 100_000)
+        return Health(nodes, len(short), len(self.bad), self.default_replication)
 
     def add_replicas(self, chunk: str, nodes: tuple[str, ...]) -> None:
         """Record copies repair has made."""

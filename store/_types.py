@@ -314,6 +314,25 @@ class Degraded(msgspec.Struct, frozen=True):
     """Copies its most demanding file asks for."""
 
 
+class Health(msgspec.Struct, frozen=True):
+    """What ``graben status`` shows."""
+
+    nodes: list[NodeState]
+    """Registered data nodes."""
+    degraded: int
+    """Referenced chunks with fewer live copies than their files ask for."""
+    bad: int
+    """Copies reported damaged and not yet deleted."""
+    replication: int
+    """The store's default copies per chunk."""
+
+
+class GetHealth(Request[Health], frozen=True):
+    """The store's health at a glance."""
+
+    response = Health
+
+
 def request_types() -> tuple[type[Request[Any]], ...]:
     """Every request type, for decoding whichever one arrives."""
     return tuple(Request.__subclasses__())

@@ -18,7 +18,11 @@ def _spawn(*argv: str) -> tuple[subprocess.Popen[str], str]:
     )
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
-    assert line.startswith("listening on "), f"{argv[:2]} did not start: {line!r}"
+    if not line.startswith("listening on "):
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        raise AssertionError(f"{argv[:2]} did not start: {line!r}")
     return proc, line.removeprefix("listening on ")
 
 
@@ -44,9 +48,13 @@ class LocalCluster:
         self.url = f"graben://{self.meta_address}"
         self.nodes: list[subprocess.Popen[str]] = []
         self.addresses: list[str] = []
-        for i in range(nodes):
-            self.start_node(i)
-        self.wait_alive(nodes)
+        try:
+            for i in range(nodes):
+                self.start_node(i)
+            self.wait_alive(nodes)
+        except BaseException:
+            self.close()  # never leave half a cluster running
+            raise
 
     def start_node(self, i: int) -> None:
         proc, address = _spawn(

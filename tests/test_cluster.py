@@ -182,3 +182,36 @@ def test_the_scrubber_finds_rot_nobody_reads(tmp_path: Path) -> None:
             _eventually(lambda: _live_copies(client, "/cold") == [3] and not client.fsck().problems)
     finally:
         cluster.close()
+
+
+def test_status_shows_nodes_and_health(cluster4: LocalCluster) -> None:
+    import json
+    import subprocess
+    import sys
+
+    def status() -> tuple[int, dict[str, object]]:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "graben.store._cli",
+                "status",
+                "--store",
+                cluster4.url,
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        return done.returncode, json.loads(done.stdout)
+
+    with connect(cluster4.url) as client:
+        client.put("/f", os.urandom(MiB))
+    code, health = status()
+    assert code == 0
+    assert health["degraded"] == 0 and health["replication"] == 3
+    nodes = health["nodes"]
+    assert isinstance(nodes, list) and len(nodes) == 4
+    assert all(n["alive"] and n["total"] > 0 for n in nodes)

@@ -1,0 +1,230 @@
+"""Cluster workloads: a local 3-node cluster on loopback, beside the disk's limit.
+
+One cluster (``graben cluster up``, separate processes) serves every trial of a
+run. Each workload measures the plain-file peer in the same trial. Targets
+(issue "Cluster"): RF=1 write >= 0.8x plain write+fsync, RF=3 >= 0.8x a third
+of it, warm read >= 1.5 GB/s, >= 5,000 create+commit/s from 64 clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from time import perf_counter
+
+from graben.store import AsyncClient, Client, connect
+
+from ._context import Context
+from ._kit import BLOCK, block_buffer, drain, gbps, random_data, write_all
+from ._registry import Result, Skip, workload
+
+GBPS = "GB/s"
+PLAIN_WRITE = "plain write+fsync"
+CLIENTS = 64
+SMALL = 4096
+
+
+@contextmanager
+def local_cluster(ctx: Context) -> Iterator[str]:
+    """A fixture: ``graben cluster up --nodes 3`` for the whole run; yields its URL."""
+    root = ctx.shared / "cluster"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "graben.store._cli",
+            "cluster",
+            "up",
+            "--nodes",
+            "3",
+            "--root",
+            str(root),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    try:
+        if not url.startswith("graben://"):
+            raise Skip(f"the local cluster did not start ({url!r})")
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+
+
+def _plain_write(ctx: Context, data: mmap.mmap) -> float:
+    path = ctx.scratch / "plain.bin"
+    with memoryview(data) as view:
+        start = perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for offset in range(0, ctx.size, BLOCK):
+                write_all(fd, view[offset : offset + BLOCK])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        seconds = perf_counter() - start
+    path.unlink()
+    return seconds
+
+
+def _cluster_write(ctx: Context, client: Client, data: mmap.mmap, replication: int) -> float:
+    path = f"/bench/write-rf{replication}"
+    with memoryview(data) as view, ctx.step(f"cluster write RF={replication}", ctx.size) as tick:
+        start = perf_counter()
+        client.put(path, view[: ctx.size], replication=replication)
+        seconds = perf_counter() - start
+        tick(ctx.size)
+    client.rm(path)  # a live copy would let the next trial skip every chunk (dedup)
+    return seconds
+
+
+@workload("cluster-write-rf1", "durable write to a 3-node cluster, RF=1, vs plain write+fsync")
+def cluster_write_rf1(ctx: Context) -> list[Result]:
+    """RF=1 through the cluster beside the disk's fsync'd write."""
+    url, data = ctx.fixture(local_cluster), ctx.fixture(random_data)
+    with connect(url) as client:
+        graben = _cluster_write(ctx, client, data, 1)
+    plain = _plain_write(ctx, data)
+    name = "cluster-write-rf1"
+    return [
+        Result(name, "graben cluster RF=1", gbps(ctx.size, graben), GBPS, PLAIN_WRITE),
+        Result(name, PLAIN_WRITE, gbps(ctx.size, plain), GBPS, PLAIN_WRITE),
+    ]
+
+
+@workload("cluster-write-rf3", "durable write to a 3-node cluster, RF=3, vs a third of plain")
+def cluster_write_rf3(ctx: Context) -> list[Result]:
+    """RF=3 writes three copies to one disk here: the peer is a third of plain write+fsync."""
+    url, data = ctx.fixture(local_cluster), ctx.fixture(random_data)
+    with connect(url) as client:
+        graben = _cluster_write(ctx, client, data, 3)
+    third = gbps(ctx.size, _plain_write(ctx, data)) / 3
+    name, peer = "cluster-write-rf3", "plain write+fsync / 3"
+    return [
+        Result(name, "graben cluster RF=3", gbps(ctx.size, graben), GBPS, peer),
+        Result(name, peer, third, GBPS, peer),
+    ]
+
+
+@workload("cluster-read", "warm sequential read from a 3-node cluster vs plain read")
+def cluster_read(ctx: Context) -> list[Result]:
+    """Read back a file through the cluster (page cache warm on the nodes)."""
+    url, data, buffer = (
+        ctx.fixture(local_cluster),
+        ctx.fixture(random_data),
+        ctx.fixture(block_buffer),
+    )
+    plain_path = ctx.scratch / "plain.bin"
+    plain_path.write_bytes(memoryview(data)[: ctx.size])
+    with connect(url) as client, memoryview(buffer) as view:
+        client.put("/bench/read", memoryview(data)[: ctx.size], replication=1)
+        for _ in range(2):  # the second pass is the warm one
+            with client.open("/bench/read") as f, ctx.step("cluster read", ctx.size) as tick:
+                start = perf_counter()
+                drain(f.readinto, view, tick)
+                graben = perf_counter() - start
+        client.rm("/bench/read")
+        with open(plain_path, "rb", buffering=0) as f:
+            start = perf_counter()
+            drain(f.readinto, view, lambda _n: None)
+            plain = perf_counter() - start
+    name = "cluster-read"
+    return [
+        Result(name, "graben cluster", gbps(ctx.size, graben), GBPS, "plain read"),
+        Result(name, "plain read", gbps(ctx.size, plain), GBPS, "plain read"),
+    ]
+
+
+@workload("cluster-small-files", f"4 KiB file create+commit/s, {CLIENTS} clients, vs plain files")
+def cluster_small_files(ctx: Context) -> list[Result]:
+    """Many small files from 64 concurrent clients; the peer creates and fsyncs plain files."""
+    url = ctx.fixture(local_cluster)
+    count = 1000 if ctx.quick else 4000
+    payloads = [os.urandom(SMALL) for _ in range(count)]
+    graben = asyncio.run(_small_graben(url, payloads, ctx))
+    plain = _small_plain(ctx, payloads)
+    name, unit = "cluster-small-files", "files/s"
+    return [
+        Result(
+            name, f"graben cluster, {CLIENTS} clients", count / graben, unit, "plain create+fsync"
+        ),
+        Result(name, "plain create+fsync", count / plain, unit, "plain create+fsync"),
+    ]
+
+
+async def _small_graben(url: str, payloads: list[bytes], ctx: Context) -> float:
+    async with AsyncClient(url) as client:
+        queue = list(enumerate(payloads))
+
+        async def worker() -> None:
+            while queue:
+                i, data = queue.pop()
+                await client.put(f"/bench/small/{i}", data, replication=1)
+
+        with ctx.step(f"cluster small files, {CLIENTS} clients", len(payloads)) as tick:
+            start = perf_counter()
+            await asyncio.gather(*(worker() for _ in range(CLIENTS)))
+            seconds = perf_counter() - start
+            tick(len(payloads))
+        await client.rm("/bench/small", recursive=True)
+    return seconds
+
+
+def _small_plain(ctx: Context, payloads: list[bytes]) -> float:
+    root = ctx.scratch / "small"
+    root.mkdir()
+
+    def write(item: tuple[int, bytes]) -> None:
+        fd = os.open(root / str(item[0]), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, item[1])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        start = perf_counter()
+        list(pool.map(write, enumerate(payloads)))
+        return perf_counter() - start
+
+
+@workload("cluster-meta-ops", f"stat calls/s from {CLIENTS} concurrent clients vs embedded")
+def cluster_meta_ops(ctx: Context) -> list[Result]:
+    """Metadata read rate over the wire beside the same calls on an embedded store."""
+    url = ctx.fixture(local_cluster)
+    calls = 5000 if ctx.quick else 20000
+    remote = asyncio.run(_stats(url, calls))
+    local = asyncio.run(_stats(str(ctx.scratch / "embedded"), calls))
+    name, unit = "cluster-meta-ops", "ops/s"
+    return [
+        Result(name, f"graben cluster, {CLIENTS} clients", calls / remote, unit, "graben embedded"),
+        Result(name, "graben embedded", calls / local, unit, "graben embedded"),
+    ]
+
+
+async def _stats(url: str, calls: int) -> float:
+    async with AsyncClient(url) as client:
+        await client.put("/bench/stat-me", b"x")
+        left = [calls]
+
+        async def worker() -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                await client.stat("/bench/stat-me")
+
+        start = perf_counter()
+        await asyncio.gather(*(worker() for _ in range(CLIENTS)))
+        seconds = perf_counter() - start
+        await client.rm("/bench/stat-me")
+    return seconds
