@@ -11,6 +11,7 @@ knows the bytes arrived intact.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -18,10 +19,43 @@ from typing import TypeVar
 from ._errors import IntegrityError, Unavailable
 from ._hashing import crc32c
 from ._rpc import Connection
-from ._types import ChunkRef, ListNodes, NodeState, Request
+from ._types import (
+    ChunkRef,
+    ChunkRefs,
+    ChunkUsers,
+    GetHealth,
+    GetLayout,
+    Heartbeat,
+    ListDir,
+    ListNodes,
+    NodeState,
+    Prepare,
+    ReportBad,
+    Request,
+    Stat,
+    Usage,
+)
 from ._wire import decode, encode
 
 R = TypeVar("R")
+RETRY_FOR_S = 30.0
+"""How long safe requests keep retrying while the metadata service is away."""
+RETRYABLE = frozenset(
+    {
+        Stat,
+        ListDir,
+        GetLayout,
+        Prepare,
+        Usage,
+        ChunkRefs,
+        ChunkUsers,
+        ListNodes,
+        GetHealth,
+        Heartbeat,
+        ReportBad,
+    }
+)
+"""Requests that may be repeated: reads, and writes whose repeat changes nothing."""
 NodeLister = Callable[[], Awaitable[list[NodeState]]]
 
 
@@ -65,10 +99,26 @@ class RemoteMeta:
         self._pool = _Pool()
 
     async def request(self, request: Request[R]) -> R:
-        conn = await self._pool.get(self.address)
-        body, _ = await conn.call("meta", encode(request))
-        result: R = decode(body, request.response)
-        return result
+        """Send one request; safe-to-repeat ones ride out a restart of the service.
+
+        A mutation (commit, rename, remove, mkdir) is never repeated: if the
+        connection drops, its reply is lost and it may or may not have
+        happened (atomically either way), so the caller gets ``Unavailable``.
+        """
+        deadline = time.monotonic() + RETRY_FOR_S
+        delay = 0.05
+        while True:
+            try:
+                conn = await self._pool.get(self.address)
+                body, _ = await conn.call("meta", encode(request))
+            except Unavailable:
+                if type(request) not in RETRYABLE or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            result: R = decode(body, request.response)
+            return result
 
     async def close(self) -> None:
         await self._pool.close()

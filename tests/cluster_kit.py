@@ -41,10 +41,11 @@ class LocalCluster:
     ):
         self.root, self.scrub = root, scrub
         engine = f"sqlite:///{root / 'meta.db'}"
-        self.meta, self.meta_address = _spawn(
+        self._meta_args = (
             *("meta", "serve", "--engine", engine, "--replication", str(replication)),
             *("--heartbeat-timeout", str(timeout), "--repair-interval", str(repair)),
         )
+        self.meta, self.meta_address = _spawn(*self._meta_args)
         self.url = f"graben://{self.meta_address}"
         self.nodes: list[subprocess.Popen[str]] = []
         self.addresses: list[str] = []
@@ -55,6 +56,15 @@ class LocalCluster:
         except BaseException:
             self.close()  # never leave half a cluster running
             raise
+
+    def restart_meta(self, *, down_s: float = 0.0) -> None:
+        """SIGKILL the metadata service and start it again on the same port and engine."""
+        self.meta.send_signal(signal.SIGKILL)
+        self.meta.wait()
+        if self.meta.stdout is not None:
+            self.meta.stdout.close()
+        time.sleep(down_s)
+        self.meta, _ = _spawn(*self._meta_args, "--listen", self.meta_address)
 
     def start_node(self, i: int) -> None:
         proc, address = _spawn(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import socket
 import threading
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from cluster_kit import LocalCluster
 
-from graben.store import Client, _loop, connect
+from graben.store import Client, Unavailable, _loop, connect
 from graben.store._types import GetLayout, ListNodes
 
 MiB = 1 << 20
@@ -215,3 +216,36 @@ def test_status_shows_nodes_and_health(cluster4: LocalCluster) -> None:
     nodes = health["nodes"]
     assert isinstance(nodes, list) and len(nodes) == 4
     assert all(n["alive"] and n["total"] > 0 for n in nodes)
+
+
+def test_a_write_rides_out_a_metadata_service_restart(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, nodes=3)
+    try:
+        blocks = [os.urandom(8 * MiB) for _ in range(16)]
+        with connect(cluster.url) as client:
+            with client.open("/big", "wb") as f:
+                for i, data in enumerate(blocks):
+                    if i == 6:
+                        cluster.restart_meta(down_s=0.5)  # kill -9 mid-write, back shortly
+                    f.write(data)
+            assert client.get("/big") == b"".join(blocks)
+    finally:
+        cluster.close()
+
+
+def test_a_commit_while_the_metadata_service_is_down_fails_cleanly(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, nodes=3)
+    try:
+        with connect(cluster.url) as client:
+            client.put("/f", b"old version")
+            f = client.open("/f", "wb")
+            f.write(os.urandom(client.chunk_size))  # a whole chunk: uploaded now, not at close
+            time.sleep(1.0)  # let it land; only the commit is left
+            cluster.meta.send_signal(signal.SIGKILL)
+            cluster.meta.wait()
+            with pytest.raises(Unavailable):
+                f.close()  # the commit is never repeated blindly
+            cluster.restart_meta()
+            assert client.get("/f") == b"old version"  # nothing half-committed
+    finally:
+        cluster.close()
