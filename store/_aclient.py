@@ -64,7 +64,7 @@ class AsyncClient:
         target = resolve(url)
         if target.address is not None:
             host, port = target.address
-            remote, nodes = open_cluster(host, port, opts.hash_threads)
+            remote, nodes = open_cluster(host, port, opts.hash_threads, opts.remote_read_ahead)
             self._setup(remote, nodes, opts, f"graben://{host}:{port}", report=True)
             return
         assert target.embedded is not None

@@ -47,6 +47,10 @@ class Options:
     """Threads doing disk I/O for an embedded store."""
     hash_threads: int = 2
     """Threads hashing chunks (blake3, crc32c release the GIL)."""
+    remote_read_ahead: int = 0
+    """Chunks a sequential reader fetches ahead from a cluster into buffers of its
+    own (memory: that many chunks). Measured over loopback on 2 cores it only
+    cost (1.1 against 1.7 GB/s); on a real network it hides the round trips."""
     gc_grace_s: float = 3600.0
     """Age before unreferenced chunks and orphan files may be collected."""
 

@@ -71,6 +71,10 @@ class LocalChunks:
         return (LOCAL_NODE,)
 
     @property
+    def prefetch_window(self) -> int:
+        return 16  # kernel read-ahead: costs no memory of ours
+
+    @property
     def local_read(self) -> Callable[[str, ChunkRef, memoryview], None]:
         return self._read_now
 

@@ -49,7 +49,8 @@ class Reader:
         self.layout = layout
         self._report = report
         self.size = layout.info.size
-        self._chunks, self._pool, self._read_ahead = chunks, pool, read_ahead
+        self._chunks, self._pool = chunks, pool
+        self._read_ahead = min(read_ahead, chunks.prefetch_window)
         self._starts = [x.offset for x in layout.extents]
         self._cache: OrderedDict[int, asyncio.Task[mmap.mmap]] = OrderedDict()
         self._hinted = -1

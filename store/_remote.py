@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from ._errors import IntegrityError, Unavailable
+from ._errors import GrabenError, IntegrityError, Unavailable
 from ._hashing import crc32c
 from ._rpc import Connection
 from ._types import (
@@ -38,6 +39,7 @@ from ._types import (
 from ._wire import decode, encode
 
 R = TypeVar("R")
+
 RETRY_FOR_S = 30.0
 """How long safe requests keep retrying while the metadata service is away."""
 RETRYABLE = frozenset(
@@ -59,11 +61,16 @@ RETRYABLE = frozenset(
 NodeLister = Callable[[], Awaitable[list[NodeState]]]
 
 
-def open_cluster(host: str, port: int, check_threads: int) -> tuple[RemoteMeta, RemoteChunks]:
+def open_cluster(
+    host: str, port: int, check_threads: int, read_ahead: int = 0
+) -> tuple[RemoteMeta, RemoteChunks]:
     """Transports to the cluster whose metadata service listens on ``host:port``."""
     meta = RemoteMeta(host, port)
     checker = ThreadPoolExecutor(check_threads, thread_name_prefix="graben-check")
-    return meta, RemoteChunks(lambda: meta.request(ListNodes()), checker, owns_checker=True)
+    nodes = RemoteChunks(
+        lambda: meta.request(ListNodes()), checker, owns_checker=True, read_ahead=read_ahead
+    )
+    return meta, nodes
 
 
 class _Pool:
@@ -128,11 +135,24 @@ class RemoteChunks:
     """``ChunkTransport`` to the cluster's data nodes."""
 
     def __init__(
-        self, list_nodes: NodeLister, checker: ThreadPoolExecutor, *, owns_checker: bool = False
+        self,
+        list_nodes: NodeLister,
+        checker: ThreadPoolExecutor,
+        *,
+        owns_checker: bool = False,
+        read_ahead: int = 0,
     ) -> None:
+        self._window = read_ahead
         self._list_nodes, self._checker, self._owns_checker = list_nodes, checker, owns_checker
         self._nodes: dict[str, NodeState] = {}
         self._pool = _Pool()
+        # Read-ahead: chunk id -> a fetch into a buffer of ours, at most the window.
+        self._ahead: OrderedDict[str, asyncio.Task[bytearray]] = OrderedDict()
+        self._spare: list[bytearray] = []  # touched buffers: fresh memory faults at ~1.5 GB/s
+
+    @property
+    def prefetch_window(self) -> int:
+        return self._window
 
     @property
     def local_read(self) -> Callable[[str, ChunkRef, memoryview], None] | None:
@@ -158,6 +178,19 @@ class RemoteChunks:
         await conn.call("chunk.write", encode(chunk), payload=data)
 
     async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
+        fetched = self._ahead.pop(chunk.id, None)
+        if fetched is not None:
+            try:
+                buffer = await fetched
+            except GrabenError:
+                pass  # read it again below, from the node asked for
+            else:
+                into[: chunk.length] = memoryview(buffer)[: chunk.length]  # verified on arrival
+                self._recycle(buffer)
+                return
+        await self._read(node, chunk, into)
+
+    async def _read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
         conn = await self._conn(node)
         view = into[: chunk.length]
         _, got = await conn.call("chunk.read", encode(chunk), into=view)
@@ -175,7 +208,41 @@ class RemoteChunks:
             )
 
     async def prefetch(self, node: str, chunks: Sequence[ChunkRef]) -> int:
-        return 0  # a read-ahead cache for remote chunks is still to come
+        """Start fetching the first chunks not yet at hand, keeping at most the window."""
+        for chunk in chunks:
+            if chunk.id in self._ahead:
+                continue
+            if len(self._ahead) >= self._window and not self._evict():
+                break
+            self._ahead[chunk.id] = asyncio.ensure_future(self._fetch(node, chunk))
+        return sum(c.id in self._ahead for c in chunks)
+
+    def _evict(self) -> bool:
+        """Drop the oldest finished fetch nobody came for; whether a slot is free."""
+        for chunk_id, task in self._ahead.items():
+            if task.done():
+                del self._ahead[chunk_id]
+                if not task.cancelled() and task.exception() is None:
+                    self._recycle(task.result())
+                return True
+        return False
+
+    async def _fetch(self, node: str, chunk: ChunkRef) -> bytearray:
+        buffer = next((b for b in self._spare if len(b) >= chunk.length), None)
+        if buffer is None:
+            buffer = bytearray(chunk.length)
+        else:
+            self._spare.remove(buffer)
+        try:
+            await self._read(node, chunk, memoryview(buffer)[: chunk.length])
+        except BaseException:
+            self._recycle(buffer)
+            raise
+        return buffer
+
+    def _recycle(self, buffer: bytearray) -> None:
+        if len(self._spare) < self._window:
+            self._spare.append(buffer)
 
     async def inventory(self, node: str) -> list[tuple[str, float]]:
         conn = await self._conn(node)
@@ -194,6 +261,10 @@ class RemoteChunks:
         return f"{node}@{state.address if state else '?'}:{chunk_id}"
 
     async def close(self) -> None:
+        for task in self._ahead.values():
+            task.cancel()
+        await asyncio.gather(*self._ahead.values(), return_exceptions=True)
+        self._ahead.clear()
         await self._pool.close()
         if self._owns_checker:
             self._checker.shutdown(wait=True)

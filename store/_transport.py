@@ -36,6 +36,10 @@ class ChunkTransport(Protocol):
     """
 
     @property
+    def prefetch_window(self) -> int:
+        """How many chunks ahead a sequential reader should hint (0: hints are useless)."""
+
+    @property
     def local_read(self) -> Callable[[str, ChunkRef, memoryview], None] | None:
         """A blocking ``read`` any thread may call, when the chunks are on this
         host (embedded stores); ``None`` for remote transports."""

@@ -249,3 +249,19 @@ def test_a_commit_while_the_metadata_service_is_down_fails_cleanly(tmp_path: Pat
             assert client.get("/f") == b"old version"  # nothing half-committed
     finally:
         cluster.close()
+
+
+@pytest.mark.parametrize("ahead", [0, 4])
+def test_sequential_and_random_reads_with_remote_read_ahead(cluster_url: str, ahead: int) -> None:
+    data = os.urandom(12 * MiB + 5)
+    with connect(cluster_url, chunk_size=MiB, remote_read_ahead=ahead) as client:
+        client.put(f"/ahead{ahead}", data)
+        out = bytearray()
+        with client.open(f"/ahead{ahead}") as f:
+            while piece := f.read(MiB):
+                out += piece
+            assert out == data
+            for start in (7 * MiB + 3, 2, 11 * MiB):  # jumps leave fetched chunks unused
+                f.seek(start)
+                assert f.read(MiB + 9) == data[start : start + MiB + 9]
+        client.rm(f"/ahead{ahead}")
