@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +16,8 @@ from pathlib import Path
 import pytest
 from cluster_kit import LocalCluster
 
-from graben.store import Client, Unavailable, _loop, connect
+from graben.store import Client, NoSpace, Unavailable, _loop, connect
+from graben.store._hashing import chunk_ref
 from graben.store._types import GetLayout, ListNodes
 
 MiB = 1 << 20
@@ -265,3 +268,37 @@ def test_sequential_and_random_reads_with_remote_read_ahead(cluster_url: str, ah
                 f.seek(start)
                 assert f.read(MiB + 9) == data[start : start + MiB + 9]
         client.rm(f"/ahead{ahead}")
+
+
+def test_a_node_with_a_full_disk_sends_its_chunks_elsewhere(tmp_path: Path) -> None:
+    disk = tmp_path / "node0"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=200m", "tmpfs", str(disk)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        cluster = LocalCluster(tmp_path, nodes=4)
+        try:
+            # Fill the disk behind the node's back: it still looks roomy to placement.
+            with open(disk / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * MiB)
+            data = os.urandom(64 * MiB)
+            with connect(cluster.url) as client:
+                client.put("/f", data)
+                layout = _loop.run(client.aio.meta.request(GetLayout("/f")))
+                full = _node_id(cluster, 0)
+                assert all(len(set(n)) == 3 for n in layout.replicas.values())
+                assert not any(full in n for n in layout.replicas.values())
+                assert client.get("/f") == data
+                extra = os.urandom(MiB)  # and the node itself answers clearly
+                with pytest.raises(NoSpace):
+                    _loop.run(client.aio.chunks.write(full, chunk_ref(extra), memoryview(extra)))
+        finally:
+            cluster.close()
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
