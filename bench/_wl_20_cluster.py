@@ -11,15 +11,13 @@ from __future__ import annotations
 import asyncio
 import mmap
 import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from time import perf_counter
 
-from graben.store import AsyncClient, Client, connect
+from graben.store import AsyncClient, Client, Unavailable, connect
+from graben.store._cli_cluster import local_cluster as running_cluster
 
 from ._context import Context
 from ._kit import BLOCK, block_buffer, drain, gbps, random_data, write_all
@@ -34,32 +32,11 @@ SMALL = 4096
 @contextmanager
 def local_cluster(ctx: Context) -> Iterator[str]:
     """A fixture: ``graben cluster up --nodes 3`` for the whole run; yields its URL."""
-    root = ctx.shared / "cluster"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "graben.store._cli",
-            "cluster",
-            "up",
-            "--nodes",
-            "3",
-            "--root",
-            str(root),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    url = proc.stdout.readline().strip()
     try:
-        if not url.startswith("graben://"):
-            raise Skip(f"the local cluster did not start ({url!r})")
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-        proc.stdout.close()
+        with running_cluster(ctx.shared / "cluster", 3) as url:
+            yield url
+    except Unavailable as exc:
+        raise Skip(str(exc)) from None
 
 
 def _plain_write(ctx: Context, data: mmap.mmap) -> float:

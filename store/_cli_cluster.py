@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeAlias
 from urllib.parse import urlsplit
@@ -200,6 +200,34 @@ def _spawn(*argv: str) -> tuple[subprocess.Popen[str], str]:
         proc.kill()
         raise Unavailable(f"graben {argv[0]} did not start (said {line!r})")
     return proc, line.removeprefix("listening on ")
+
+
+@contextlib.contextmanager
+def local_cluster(root: Path, nodes: int = 3) -> Iterator[str]:
+    """``graben cluster up`` in a child process for the block; yields the cluster's URL."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "graben.store._cli",
+            "cluster",
+            "up",
+            "--nodes",
+            str(nodes),
+            "--root",
+            str(root),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        if not url.startswith("graben://"):
+            raise Unavailable(f"the local cluster did not start (said {url!r})")
+        yield url
+    finally:
+        _stop([proc])
 
 
 def _cluster_up(args: argparse.Namespace) -> int:

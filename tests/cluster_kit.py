@@ -4,26 +4,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from graben.store import connect
+from graben.store._cli_cluster import _spawn, _stop
 from graben.store._types import ListNodes
-
-
-def _spawn(*argv: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "graben.store._cli", *argv], stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if not line.startswith("listening on "):
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
-        raise AssertionError(f"{argv[:2]} did not start: {line!r}")
-    return proc, line.removeprefix("listening on ")
 
 
 class LocalCluster:
@@ -101,14 +87,4 @@ class LocalCluster:
         raise AssertionError(f"{count} data nodes did not come up")
 
     def close(self) -> None:
-        for proc in [*self.nodes, self.meta]:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in [*self.nodes, self.meta]:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+        _stop([self.meta, *self.nodes])

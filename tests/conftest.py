@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from graben.store import Client, connect
+from graben.store._cli_cluster import local_cluster
 
 SMALL_CHUNK = 64 * 1024
 """Chunk size for tests that want many chunks from few bytes."""
@@ -29,31 +27,8 @@ def store_dir(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real 3-node cluster on loopback (separate processes), for the whole session."""
-    root = tmp_path_factory.mktemp("cluster")
-    with subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "graben.store._cli",
-            "cluster",
-            "up",
-            "--nodes",
-            "3",
-            "--root",
-            str(root),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as proc:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
-        try:
-            assert url.startswith("graben://"), f"cluster did not start: {url!r}"
-            yield url
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
-            proc.stdout.close()
+    with local_cluster(tmp_path_factory.mktemp("cluster"), nodes=3) as url:
+        yield url
 
 
 @pytest.fixture(params=["embedded", "cluster"])
