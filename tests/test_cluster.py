@@ -39,6 +39,8 @@ def test_kill_9_a_node_during_an_rf3_write_of_256_mib(cluster4: LocalCluster) ->
     with connect(cluster4.url) as client:
         with client.open("/ckpt/model.bin", "wb") as f:
             for i, data in enumerate(blocks):
+                if i == 8:
+                    time.sleep(1.0)  # let the first 8 chunks land (some of them on node 1)
                 if i == 10:
                     cluster4.kill(1)  # mid-write, with chunks in flight to it
                 f.write(data)
