@@ -278,14 +278,14 @@ def _cluster_up(args: argparse.Namespace) -> int:
 
 
 def _wait_for_nodes(url: str, count: int) -> None:
+    """Return once ``count`` data nodes have heartbeated to the cluster at ``url``."""
+    from . import _loop
     from ._client import connect
     from ._types import ListNodes
 
     deadline = time.monotonic() + READY_TIMEOUT_S
     with connect(url) as client:
         while time.monotonic() < deadline:
-            from . import _loop
-
             nodes = _loop.run(client.aio.meta.request(ListNodes()))
             if sum(n.alive for n in nodes) >= count:
                 return

@@ -7,9 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from graben.store import connect
-from graben.store._cli_cluster import _spawn, _stop
-from graben.store._types import ListNodes
+from graben.store._cli_cluster import _spawn, _stop, _wait_for_nodes
 
 
 class LocalCluster:
@@ -74,17 +72,8 @@ class LocalCluster:
         self.nodes[i].send_signal(signal.SIGKILL)
         self.nodes[i].wait()
 
-    def wait_alive(self, count: int, deadline_s: float = 30.0) -> None:
-        from graben.store import _loop
-
-        deadline = time.monotonic() + deadline_s
-        with connect(self.url) as client:
-            while time.monotonic() < deadline:
-                nodes = _loop.run(client.aio.meta.request(ListNodes()))
-                if sum(n.alive for n in nodes) >= count:
-                    return
-                time.sleep(0.1)
-        raise AssertionError(f"{count} data nodes did not come up")
+    def wait_alive(self, count: int) -> None:
+        _wait_for_nodes(self.url, count)
 
     def close(self) -> None:
         _stop([self.meta, *self.nodes])
