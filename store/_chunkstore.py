@@ -9,9 +9,11 @@ on every read. All methods block: callers run them in worker threads.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
+import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +26,8 @@ from ._types import ChunkRef
 
 _HEX = frozenset("0123456789abcdef")
 CORES = os.cpu_count() or 1
+STALE_TEMPORARY_S = 3600.0
+"""Age after which a temporary chunk file is a dead writer's leftover."""
 MIN_READ_PIECE = 1 << 20
 """Smallest piece of a chunk worth a thread of its own."""
 
@@ -39,6 +43,9 @@ class LocalChunkStore:
         self.root = Path(root)
         self._tmp = self.root / "tmp"
         self._tmp.mkdir(parents=True, exist_ok=True)
+        # A writer killed mid-chunk leaves its temporary behind; live writers'
+        # temporaries are seconds old.
+        self.clean_temporaries(time.time() - STALE_TEMPORARY_S)
         self._siblings = ThreadPoolExecutor(CORES - 1 or 1, thread_name_prefix="graben-piece")
 
     def close(self) -> None:
@@ -208,9 +215,10 @@ class LocalChunkStore:
         """Remove temporaries left by crashed writers."""
         count = 0
         for entry in os.scandir(self._tmp):
-            if entry.stat().st_mtime < older_than:
-                os.unlink(entry.path)
-                count += 1
+            with contextlib.suppress(FileNotFoundError):  # another process swept it first
+                if entry.stat().st_mtime < older_than:
+                    os.unlink(entry.path)
+                    count += 1
         return count
 
     def capacity(self) -> tuple[int, int]:

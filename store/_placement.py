@@ -21,7 +21,6 @@ import hashlib
 import math
 from collections import Counter
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from ._errors import InvalidArgument, NoSpace, Unavailable
@@ -34,7 +33,7 @@ _REASONS: tuple[Reason, ...] = ("dead", "excluded", "full")
 
 
 class Candidate(Protocol):
-    """What placement reads of a node: ``NodeState`` here, or the wire's ``_types.NodeState``."""
+    """What placement reads of a node (``_types.NodeState`` has these and more)."""
 
     @property
     def id(self) -> str: ...
@@ -44,24 +43,6 @@ class Candidate(Protocol):
     def free(self) -> int: ...
     @property
     def alive(self) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class NodeState:
-    """What the metadata service knows of one data node when it places a chunk."""
-
-    id: str
-    """Node id, unique in the cluster."""
-    address: str
-    """``host:port`` of the node's data server."""
-    rack: str
-    """Failure domain label: replicas of a chunk go to distinct racks where they can."""
-    free: int
-    """Free bytes on the node's disk; also the node's placement weight."""
-    total: int
-    """Total bytes on the node's disk."""
-    alive: bool
-    """Whether the node heartbeated within the timeout."""
 
 
 def place(

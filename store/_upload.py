@@ -189,11 +189,6 @@ class Staging:
         """Whether the current buffer holds a whole chunk."""
         return self._view is not None and self._fill == self._view.nbytes
 
-    @property
-    def pending(self) -> int:
-        """Bytes staged and not yet handed on."""
-        return self._fill
-
     def detach(self) -> tuple[memoryview, Release] | None:
         """Hand on what is staged (``None`` if nothing): its view and how to release it."""
         if self._view is None or self._buffer is None:

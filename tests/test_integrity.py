@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -120,3 +121,17 @@ def test_writer_rejects_bytes_that_do_not_match_their_crc(store_dir: Path) -> No
     with pytest.raises(IntegrityError, match="not stored"):
         store.write(ref, memoryview(data))
     assert not store.path(ref.id).exists()
+
+
+def test_opening_a_store_sweeps_temporaries_of_dead_writers(store_dir: Path) -> None:
+    connect(store_dir).close()
+    tmp = store_dir / "chunks" / "tmp"
+    stale, fresh = tmp / "dead-writer.123.abcd", tmp / "live-writer.456.ef01"
+    stale.write_bytes(b"half a chunk")
+    fresh.write_bytes(b"being written")
+    two_hours_ago = time.time() - 7200
+    os.utime(stale, (two_hours_ago, two_hours_ago))
+    with connect(store_dir) as client:
+        assert not stale.exists()
+        assert fresh.exists()
+        assert not [p for p in client.fsck().problems if p.kind != "orphan"]

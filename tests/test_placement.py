@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from graben.store._errors import InvalidArgument, NoSpace, Unavailable
-from graben.store._placement import RESERVE, NodeState, place
+from graben.store._placement import RESERVE, place
+from graben.store._types import NodeState
 
 GiB = 1 << 30
 CHUNK = 4 << 20
@@ -22,7 +23,7 @@ KEYS = [f"chunk-{i:05d}" for i in range(20_000)]
 
 
 def node(id: str, rack: str = "r0", free: int = 100 * GiB, alive: bool = True) -> NodeState:
-    return NodeState(id, f"{id}.cluster:7070", rack, free, 1024 * GiB, alive)
+    return NodeState(id, f"{id}.cluster:7070", rack, free, 1024 * GiB, alive=alive)
 
 
 def grid(racks: int, per_rack: int, free: int = 100 * GiB) -> list[NodeState]:
@@ -336,12 +337,3 @@ def test_errors_exactly_when_too_few_nodes_are_eligible(
     expected = NoSpace if len(up) >= replication else Unavailable
     with pytest.raises(expected, match=f"need {replication} nodes?, {len(ready)} of"):
         place(nodes, replication, "k", CHUNK, exclude)
-
-
-def test_the_wire_node_type_places_the_same() -> None:
-    from graben.store._types import NodeState as WireNode
-
-    nodes = grid(3, 2)
-    wire = [WireNode(n.id, n.address, n.rack, n.free, n.total, alive=n.alive) for n in nodes]
-    for key in KEYS[:200]:
-        assert place(wire, 3, key, CHUNK) == place(nodes, 3, key, CHUNK)
