@@ -9,7 +9,6 @@ many clients' requests proceed at once (SQLite serialises the writers).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -21,7 +20,7 @@ from ._namespace import Namespace
 from ._placement import place
 from ._remote import RemoteChunks
 from ._repo import Repository
-from ._rpc import Answer, Server
+from ._rpc import Answer, Server, every, stop
 from ._types import ChunkRef, Degraded, NodeState, request_types
 from ._wire import Call, decode, encode
 
@@ -57,15 +56,12 @@ class MetaService:
     async def start(self, host: str, port: int) -> Server:
         """Listen for clients; repair in the background."""
         self.server = await Server.start({"meta": self._meta}, host, port)
-        self._repairing = asyncio.ensure_future(self._repair_forever())
+        self._repairing = every(self.repair_interval, self.repair_once, "repair")
         return self.server
 
     async def close(self) -> None:
         """Stop serving and repairing; release the engine."""
-        if self._repairing is not None:
-            self._repairing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._repairing
+        await stop(self._repairing)
         if self.server is not None:
             await self.server.close()
         await self.chunks.close()
@@ -80,14 +76,6 @@ class MetaService:
         return nodes
 
     # -- repair ----------------------------------------------------------------
-
-    async def _repair_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.repair_interval)
-            try:
-                await self.repair_once()
-            except GrabenError as exc:
-                log.warning("repair round failed: %s", exc)
 
     async def repair_once(self) -> int:
         """Delete reported bad copies, then copy short chunks to new nodes; copies made."""

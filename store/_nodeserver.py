@@ -10,7 +10,6 @@ is the same node.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import mmap
 import uuid
@@ -22,8 +21,7 @@ from typing import Any
 from ._buffers import BufferPool
 from ._chunkstore import LocalChunkStore
 from ._config import DEFAULT_CHUNK_SIZE
-from ._errors import GrabenError
-from ._rpc import Answer, Connection, Handler, Server
+from ._rpc import Answer, Connection, Handler, Server, every, stop
 from ._types import ChunkRef, Heartbeat, NodeState, ReportBad, Request
 from ._wire import Call, decode, encode
 
@@ -75,17 +73,13 @@ class DataNode:
         }
         self.server = await Server.start(handlers, host, port, {"chunk.write": self._sink})
         self.address = f"{host}:{self.server.port}"
-        self._beating = asyncio.ensure_future(self._heartbeats())
-        self._scrubbing = asyncio.ensure_future(self._scrub_forever())
+        self._beating = every(HEARTBEAT_S, self._heartbeat, "heartbeat", at_once=True)
+        self._scrubbing = every(self.scrub_interval, self.scrub_once, "scrub")
         return self.server
 
     async def close(self) -> None:
         """Stop heartbeating and serving."""
-        for task in (self._beating, self._scrubbing):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await stop(self._beating, self._scrubbing)
         if self.server is not None:
             await self.server.close()
         self._io.shutdown(wait=True)
@@ -146,25 +140,11 @@ class DataNode:
             self._meta_conn = await Connection.open(*self.meta)
         await self._meta_conn.call("meta", encode(request), timeout=HEARTBEAT_S * 2)
 
-    async def _heartbeats(self) -> None:
-        while True:
-            try:
-                free, total = await self._run(self.store.capacity)
-                state = NodeState(self.id, self.address, self.rack, free, total)
-                await self._tell_meta(Heartbeat(state))
-            except GrabenError as exc:
-                log.warning("heartbeat to %s:%s failed: %s", *self.meta, exc)
-            await asyncio.sleep(HEARTBEAT_S)
+    async def _heartbeat(self) -> None:
+        free, total = await self._run(self.store.capacity)
+        await self._tell_meta(Heartbeat(NodeState(self.id, self.address, self.rack, free, total)))
 
     # -- scrubbing --------------------------------------------------------------
-
-    async def _scrub_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.scrub_interval)
-            try:
-                await self.scrub_once()
-            except GrabenError as exc:
-                log.warning("scrub failed: %s", exc)
 
     async def scrub_once(self) -> int:
         """Re-hash every chunk file against its name; report the bad ones. Returns how many."""

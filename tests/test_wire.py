@@ -220,3 +220,28 @@ def test_parser_reassembles_frames_however_the_stream_is_cut(
 
 def test_nil_body_decodes_as_none() -> None:
     assert decode(NIL, type(None)) is None
+
+
+def test_a_periodic_task_outlives_failing_rounds() -> None:
+    from graben.store._rpc import every, stop
+
+    rounds: list[int] = []
+
+    async def work() -> None:
+        rounds.append(len(rounds))
+        if len(rounds) == 1:
+            raise OSError("disk hiccup")  # not a GrabenError: still must not end the loop
+        if len(rounds) == 2:
+            raise Unavailable("meta away")
+
+    async def main() -> None:
+        task = every(0.01, work, "test", at_once=True)
+        for _ in range(200):
+            if len(rounds) >= 4:
+                break
+            await asyncio.sleep(0.01)
+        await stop(task)
+        assert task.cancelled()
+
+    asyncio.run(main())
+    assert len(rounds) >= 4
