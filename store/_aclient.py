@@ -173,7 +173,10 @@ class AsyncClient:
         Missing parent directories are created. With ``exclusive``, fail with
         ``AlreadyExists`` if the path exists at commit time.
         """
-        upload = await self.upload(path, "create" if exclusive else "overwrite", replication)
+        # No early check: the bytes are already here and the commit checks
+        # atomically; a stat first would cost a round trip per small file.
+        mode: WriteMode = "create" if exclusive else "overwrite"
+        upload = await self.upload(path, mode, replication, check=False)
         view = memoryview(data).cast("B")
         step = self.options.chunk_size
         try:
@@ -204,19 +207,22 @@ class AsyncClient:
         return Reader(self.chunks, self.pool, layout, self.options.read_ahead, self._report)
 
     async def upload(
-        self, path: str, mode: WriteMode = "overwrite", replication: int | None = None
+        self,
+        path: str,
+        mode: WriteMode = "overwrite",
+        replication: int | None = None,
+        *,
+        check: bool = True,
     ) -> Upload:
-        """An ``Upload`` to ``path``; fails early if the path cannot be written."""
+        """An ``Upload`` to ``path``.
+
+        With ``check``, fail before any byte moves if the path cannot be
+        written (what a file opened for a long stream wants); the commit
+        checks the same again, atomically, either way.
+        """
         clean = _paths.normalize(path)
-        try:
-            info = await self.stat(clean)
-        except NotFound:
-            pass
-        else:
-            if info.is_dir:
-                raise IsADirectory("a directory has this name", clean)
-            if mode == "create":
-                raise AlreadyExists("file exists", clean)
+        if check:
+            await self._check_writable(clean, mode)
         return Upload(
             self.meta,
             self.chunks,
@@ -226,6 +232,16 @@ class AsyncClient:
             replication=replication or self.replication,
             max_inflight=self.options.max_inflight,
         )
+
+    async def _check_writable(self, path: str, mode: WriteMode) -> None:
+        try:
+            info = await self.stat(path)
+        except NotFound:
+            return
+        if info.is_dir:
+            raise IsADirectory("a directory has this name", path)
+        if mode == "create":
+            raise AlreadyExists("file exists", path)
 
     def open(self, path: str, mode: Literal["rb", "wb", "xb"] = "rb") -> AsyncFileOpener:
         """``async with client.open(path, mode) as f`` (or ``f = await client.open(...)``)."""
