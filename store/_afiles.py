@@ -83,14 +83,11 @@ class AsyncWriteFile:
 
     async def write(self, data: Buffer) -> int:
         """Stage ``data``; full chunks start uploading at once."""
-        with memoryview(data).cast("B") as view:
-            taken = 0
-            while taken < view.nbytes:
-                taken += self._staging.take(view[taken:])
-                if self._staging.full:
-                    await self._send()
-        self._pos += taken
-        return taken
+        for chunk, release in self._staging.feed(data):
+            await self._upload.add(chunk, release)
+        size = memoryview(data).nbytes
+        self._pos += size
+        return size
 
     async def _send(self) -> None:
         detached = self._staging.detach()

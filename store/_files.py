@@ -94,14 +94,11 @@ class WriteFile(io.BufferedIOBase):
     def write(self, data: Buffer) -> int:  # type: ignore[override]
         if self._done:
             raise ValueError("write to a closed file")
-        with memoryview(data).cast("B") as view:
-            taken = 0
-            while taken < view.nbytes:
-                taken += self._staging.take(view[taken:])
-                if self._staging.full:
-                    self._send()
-        self._pos += taken
-        return taken
+        for chunk, release in self._staging.feed(data):
+            _loop.run(self._upload.add(chunk, release))
+        size = memoryview(data).nbytes
+        self._pos += size
+        return size
 
     def _send(self) -> None:
         detached = self._staging.detach()

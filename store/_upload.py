@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import mmap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 
 from ._buffers import BufferPool
@@ -22,6 +22,7 @@ from ._errors import GrabenError, IntegrityError, NoSpace, Timeout, Unavailable
 from ._hashing import chunk_ref
 from ._transport import ChunkTransport, MetaTransport
 from ._types import (
+    Buffer,
     ChunkRef,
     Commit,
     Extent,
@@ -183,6 +184,17 @@ class Staging:
         self._view[self._fill : self._fill + n] = data[:n]
         self._fill += n
         return n
+
+    def feed(self, data: Buffer) -> Iterator[tuple[memoryview, Release]]:
+        """Stage all of ``data``, yielding each chunk as it fills (hand each on before the next)."""
+        with memoryview(data).cast("B") as view:
+            taken = 0
+            while taken < view.nbytes:
+                taken += self.take(view[taken:])
+                if self.full:
+                    detached = self.detach()
+                    assert detached is not None
+                    yield detached
 
     @property
     def full(self) -> bool:
