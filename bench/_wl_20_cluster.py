@@ -18,6 +18,7 @@ from time import perf_counter
 
 from graben.store import AsyncClient, Client, Unavailable, connect
 from graben.store._cli_cluster import local_cluster as running_cluster
+from graben.store._cli_cluster import make_secret_file
 
 from ._context import Context
 from ._kit import BLOCK, block_buffer, drain, gbps, random_data, write_all
@@ -31,12 +32,26 @@ SMALL = 4096
 
 @contextmanager
 def local_cluster(ctx: Context) -> Iterator[str]:
-    """A fixture: ``graben cluster up --nodes 3`` for the whole run; yields its URL."""
+    """A fixture: ``graben cluster up --nodes 3`` for the whole run; yields its URL.
+
+    The bench's clients find the cluster's secret as a user's would, in
+    ``$GRABEN_SECRET_FILE``, set for as long as the cluster runs.
+    """
+    root = ctx.shared / "cluster"
+    root.mkdir(parents=True, exist_ok=True)
+    secret = make_secret_file(root / "secret")
+    before = os.environ.get("GRABEN_SECRET_FILE")
+    os.environ["GRABEN_SECRET_FILE"] = str(secret)
     try:
-        with running_cluster(ctx.shared / "cluster", 3) as url:
+        with running_cluster(root, 3, secret_file=secret) as url:
             yield url
     except Unavailable as exc:
         raise Skip(str(exc)) from None
+    finally:
+        if before is None:
+            del os.environ["GRABEN_SECRET_FILE"]
+        else:
+            os.environ["GRABEN_SECRET_FILE"] = before
 
 
 def _plain_write(ctx: Context, data: mmap.mmap) -> float:

@@ -13,7 +13,7 @@ from typing import Literal
 from . import _paths
 from ._afiles import AsyncFileOpener
 from ._buffers import BufferPool
-from ._config import Options, resolve
+from ._config import Options, cluster_token, resolve
 from ._embedded import open_store
 from ._errors import (
     AlreadyExists,
@@ -64,7 +64,13 @@ class AsyncClient:
         target = resolve(url)
         if target.address is not None:
             host, port = target.address
-            remote, nodes = open_cluster(host, port, opts.hash_threads, opts.remote_read_ahead)
+            remote, nodes = open_cluster(
+                host,
+                port,
+                opts.hash_threads,
+                token=cluster_token(opts.token),
+                read_ahead=opts.remote_read_ahead,
+            )
             self._setup(remote, nodes, opts, f"graben://{host}:{port}", report=True)
             return
         assert target.embedded is not None

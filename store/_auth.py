@@ -30,16 +30,12 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Final, Literal, get_args
+from typing import Final
 
 import msgspec
 
 from ._errors import InvalidArgument, PermissionDenied, from_os_error
-
-Op = Literal["read", "write", "delete"]
-"""What a capability allows on its chunk."""
-OPS: Final[tuple[Op, ...]] = get_args(Op)
-"""Every op, in the order of ``Op``."""
+from ._types import OPS, Capability, Op
 
 ENV_SECRET: Final = "GRABEN_SECRET"
 """The secret itself, as text."""
@@ -55,20 +51,14 @@ MAX_SECRET: Final = 4096
 # version if either encoding changes, so old MACs stop verifying.
 _TOKEN_LABEL: Final = b"graben client token v1"
 _CAPABILITY_LABEL: Final = "graben capability v1"
-_BAD_TOKEN: Final = "invalid or missing token"
-
-
-class Capability(msgspec.Struct, frozen=True):
-    """A signed, short-lived permission to do one op on one chunk."""
-
-    chunk: str
-    """Id of the chunk it opens."""
-    op: Op
-    """The one operation it allows."""
-    expires: float
-    """Unix seconds; valid strictly before this instant."""
-    mac: str
-    """Hex HMAC-SHA256 over (chunk, op, expires) under the cluster secret."""
+GRANT_TTL_S: Final = 600.0
+"""How long the metadata service's capabilities last: long enough for any one
+chunk transfer and for clocks a little apart, short enough that a leaked one
+soon stops working. Clients ask for fresh ones as they run out."""
+_BAD_TOKEN: Final = (
+    "invalid or missing token: give the client the cluster's secret "
+    f"(${ENV_SECRET_FILE}) or its token ($GRABEN_TOKEN)"
+)
 
 
 def load_secret(path: str | Path | None = None) -> bytes:

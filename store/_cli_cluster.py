@@ -5,6 +5,10 @@ connections (port 0 picks a free one), then runs until SIGINT or SIGTERM.
 ``cluster up`` starts a metadata service and N data nodes as child
 processes, prints the cluster's URL on stdout once every node has
 heartbeated, and stops them all on Ctrl-C.
+
+Every server needs the cluster secret: ``--secret-file``, else
+``$GRABEN_SECRET`` / ``$GRABEN_SECRET_FILE``. ``cluster up`` makes one in its
+root (mode 0600) unless given one, and says what clients should export.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +26,7 @@ from pathlib import Path
 from typing import TypeAlias
 from urllib.parse import urlsplit
 
+from ._auth import client_token, load_secret, new_secret
 from ._errors import InvalidArgument, Unavailable
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -32,6 +38,15 @@ def _address(text: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
     return host, int(port)
+
+
+def _secret_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--secret-file",
+        type=Path,
+        default=None,
+        help="file holding the cluster secret, mode 0600 (default: $GRABEN_SECRET_FILE)",
+    )
 
 
 def add_meta(sub: Subparsers) -> None:
@@ -49,6 +64,7 @@ def add_meta(sub: Subparsers) -> None:
     serve.add_argument(
         "--repair-interval", type=float, default=5.0, help="seconds between repair rounds"
     )
+    _secret_arg(serve)
     serve.set_defaults(run=_meta_serve)
 
 
@@ -65,6 +81,7 @@ def add_node(sub: Subparsers) -> None:
     serve.add_argument(
         "--scrub-interval", type=float, default=3600.0, help="seconds between scrubs of all chunks"
     )
+    _secret_arg(serve)
     serve.set_defaults(run=_node_serve)
 
 
@@ -79,6 +96,12 @@ def add_cluster(sub: Subparsers) -> None:
     up.add_argument("--port", type=int, default=0, help="metadata service port (0: any)")
     up.add_argument("--replication", type=int, default=None, help="default: min(3, nodes)")
     up.add_argument("--heartbeat-timeout", type=float, default=10.0)
+    up.add_argument(
+        "--secret-file",
+        type=Path,
+        default=None,
+        help="cluster secret (default: ROOT/secret, made on first start)",
+    )
     up.set_defaults(run=_cluster_up)
 
 
@@ -157,10 +180,12 @@ def _meta_serve(args: argparse.Namespace) -> int:
 
     path = _engine_path(args.engine)
     path.parent.mkdir(parents=True, exist_ok=True)
+    secret = load_secret(args.secret_file)
 
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
         service = MetaService(
             SQLiteRepository(path),
+            secret=secret,
             replication=args.replication,
             heartbeat_timeout=args.heartbeat_timeout,
             repair_interval=args.repair_interval,
@@ -174,9 +199,15 @@ def _meta_serve(args: argparse.Namespace) -> int:
 def _node_serve(args: argparse.Namespace) -> int:
     from ._nodeserver import DataNode
 
+    secret = load_secret(args.secret_file)
+
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
         node = DataNode(
-            args.data, rack=args.rack, meta=args.meta, scrub_interval=args.scrub_interval
+            args.data,
+            rack=args.rack,
+            meta=args.meta,
+            secret=secret,
+            scrub_interval=args.scrub_interval,
         )
         await node.start(*args.listen)
         return node.address, node.close
@@ -203,19 +234,16 @@ def _spawn(*argv: str) -> tuple[subprocess.Popen[str], str]:
 
 
 @contextlib.contextmanager
-def local_cluster(root: Path, nodes: int = 3) -> Iterator[str]:
-    """``graben cluster up`` in a child process for the block; yields the cluster's URL."""
+def local_cluster(root: Path, nodes: int = 3, secret_file: Path | None = None) -> Iterator[str]:
+    """``graben cluster up`` in a child process for the block; yields the cluster's URL.
+
+    Its secret is ``secret_file``, else ``root/secret``; clients need it too.
+    """
+    secret = ("--secret-file", str(secret_file)) if secret_file else ()
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "graben.store._cli",
-            "cluster",
-            "up",
-            "--nodes",
-            str(nodes),
-            "--root",
-            str(root),
+            *(sys.executable, "-m", "graben.store._cli", "cluster", "up"),
+            *("--nodes", str(nodes), "--root", str(root), *secret),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -236,6 +264,8 @@ def _cluster_up(args: argparse.Namespace) -> int:
     root: Path = args.root
     root.mkdir(parents=True, exist_ok=True)
     replication = args.replication or min(3, args.nodes)
+    secret_file: Path = (args.secret_file or make_secret_file(root / "secret")).resolve()
+    secret = ("--secret-file", str(secret_file))
     procs: list[subprocess.Popen[str]] = []
     try:
         meta, address = _spawn(
@@ -249,6 +279,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
             str(replication),
             "--heartbeat-timeout",
             str(args.heartbeat_timeout),
+            *secret,
         )
         procs.append(meta)
         for i in range(args.nodes):
@@ -261,13 +292,15 @@ def _cluster_up(args: argparse.Namespace) -> int:
                 address,
                 "--rack",
                 f"rack{i}",
+                *secret,
             )
             procs.append(node)
         url = f"graben://{address}"
-        _wait_for_nodes(url, args.nodes)
+        _wait_for_nodes(url, args.nodes, client_token(load_secret(secret_file)))
         print(url, flush=True)
         print(
-            f"graben cluster: {args.nodes} data nodes, replication {replication}; Ctrl-C stops it",
+            f"graben cluster: {args.nodes} data nodes, replication {replication}; Ctrl-C stops it\n"
+            f"clients need its secret: export GRABEN_SECRET_FILE={secret_file}",
             file=sys.stderr,
             flush=True,
         )
@@ -277,14 +310,25 @@ def _cluster_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait_for_nodes(url: str, count: int) -> None:
+def make_secret_file(path: Path) -> Path:
+    """A new random secret in a 0600 file at ``path``, unless one is there already."""
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(new_secret() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    return path
+
+
+def _wait_for_nodes(url: str, count: int, token: str | None = None) -> None:
     """Return once ``count`` data nodes have heartbeated to the cluster at ``url``."""
     from . import _loop
     from ._client import connect
     from ._types import ListNodes
 
     deadline = time.monotonic() + READY_TIMEOUT_S
-    with connect(url) as client:
+    with connect(url, token=token) as client:
         while time.monotonic() < deadline:
             nodes = _loop.run(client.aio.meta.request(ListNodes()))
             if sum(n.alive for n in nodes) >= count:

@@ -1,8 +1,9 @@
 """Client options and the environment, read in this one module.
 
 Precedence, highest first: arguments to ``connect``/``Options``, then the
-environment (``GRABEN_URL``, ``GRABEN_HOME``, ``GRABEN_CHUNK_SIZE``), then the
-defaults below.
+environment (``GRABEN_URL``, ``GRABEN_HOME``, ``GRABEN_CHUNK_SIZE``, and for a
+cluster ``GRABEN_TOKEN``, then ``GRABEN_SECRET`` / ``GRABEN_SECRET_FILE``, read
+by ``_auth.load_secret``), then the defaults below.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from ._auth import ENV_SECRET, ENV_SECRET_FILE, client_token, load_secret
 from ._errors import InvalidArgument
 
 MiB = 1 << 20
@@ -53,6 +55,9 @@ class Options:
     cost (1.1 against 1.7 GB/s); on a real network it hides the round trips."""
     gc_grace_s: float = 3600.0
     """Age before unreferenced chunks and orphan files may be collected."""
+    token: str | None = field(default=None, repr=False)
+    """A cluster's client token; ``None`` takes ``$GRABEN_TOKEN``, else the one
+    computed from the cluster secret (``$GRABEN_SECRET_FILE``). Ignored embedded."""
 
     def __post_init__(self) -> None:
         if not 4096 <= self.chunk_size <= MAX_CHUNK_SIZE:
@@ -66,6 +71,20 @@ class Options:
                 raise InvalidArgument(f"{name} must be at least 1")
         if self.read_ahead < 0:
             raise InvalidArgument("read_ahead must not be negative")
+
+
+def cluster_token(given: str | None) -> str:
+    """The token a cluster client presents (see ``Options.token``); ``""`` if none is known.
+
+    The metadata service refuses an empty token with a message saying what to set.
+    """
+    if given is not None:
+        return given
+    if token := os.environ.get("GRABEN_TOKEN"):
+        return token
+    if not (os.environ.get(ENV_SECRET) or os.environ.get(ENV_SECRET_FILE)):
+        return ""
+    return client_token(load_secret())
 
 
 def default_home() -> Path:

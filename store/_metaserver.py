@@ -4,6 +4,10 @@ Stateless beyond its engine (node registry included), so several copies may
 serve one engine. One op, ``meta``, carries every ``Request`` of
 ``_types.py``; the engine's blocking calls run on a small thread pool, so
 many clients' requests proceed at once (SQLite serialises the writers).
+
+Every call must carry the cluster's client token. Placements come with write
+capabilities and layouts with read capabilities, which data nodes check with
+the shared secret alone; ``Grant`` hands out fresh ones.
 """
 
 from __future__ import annotations
@@ -12,16 +16,32 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Union
 
-from ._errors import GrabenError, IntegrityError, NotFound
+import msgspec
+
+from . import _auth
+from ._errors import GrabenError, IntegrityError, NotFound, PermissionDenied
 from ._namespace import Namespace
 from ._placement import place
-from ._remote import RemoteChunks
+from ._remote import Grants, RemoteChunks
 from ._repo import Repository
 from ._rpc import Answer, Server, every, stop
-from ._types import ChunkRef, Degraded, NodeState, request_types
+from ._types import (
+    Capability,
+    ChunkRef,
+    Degraded,
+    FileLayout,
+    Grant,
+    NodeState,
+    Op,
+    Placement,
+    Prepare,
+    Request,
+    request_types,
+)
 from ._wire import Call, decode, encode
 
 log = logging.getLogger("graben.meta")
@@ -37,6 +57,7 @@ class MetaService:
         self,
         repo: Repository,
         *,
+        secret: bytes,
         replication: int = 3,
         heartbeat_timeout: float = 10.0,
         repair_interval: float = 5.0,
@@ -50,7 +71,14 @@ class MetaService:
         self.server: Server | None = None
         self.repair_interval = repair_interval
         checker = ThreadPoolExecutor(2, thread_name_prefix="graben-repair")
-        self.chunks = RemoteChunks(self._list_nodes, checker, owns_checker=True)
+        self._secret = secret
+        self.chunks = RemoteChunks(
+            self._list_nodes,
+            checker,
+            Grants(self._mint),
+            token=_auth.client_token(secret),
+            owns_checker=True,
+        )
         self._repairing: asyncio.Task[None] | None = None
 
     async def start(self, host: str, port: int) -> Server:
@@ -138,10 +166,46 @@ class MetaService:
         return False
 
     async def _meta(self, call: Call, payload: memoryview | None) -> Answer:
+        _auth.check_token(self._secret, call.token)
         request = decode(call.body, AnyRequest)
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._threads, self.namespace.execute, request)
-        return Answer(encode(result))
+        if isinstance(request, Grant):
+            return Answer(encode(await self._run(self._grant, request)))
+        result = await self._run(self.namespace.execute, request)
+        return Answer(encode(self._with_grants(request, result)))
+
+    # -- capabilities ------------------------------------------------------------
+
+    async def _mint(self, chunks: tuple[str, ...], op: Op) -> list[Capability]:
+        """Capabilities for the service's own repair reads, writes and deletes."""
+        return self._caps(chunks, op)
+
+    def _caps(self, chunks: Iterable[str], op: Op) -> list[Capability]:
+        now = time.time()
+        return [_auth.grant(self._secret, c, op, _auth.GRANT_TTL_S, now) for c in chunks]
+
+    def _grant(self, request: Grant) -> list[Capability]:
+        """Runs on an engine thread: a delete is granted only for chunks no metadata names."""
+        if request.op == "delete" and (named := self.namespace.known(request.chunks)):
+            raise PermissionDenied(
+                f"chunk {min(named)} is in use or tracked; only orphan copies may be deleted"
+            )
+        return self._caps(request.chunks, request.op)
+
+    def _with_grants(self, request: Request[Any], result: Any) -> Any:
+        """A reply with the capabilities its caller will need on the data nodes."""
+        if isinstance(request, Prepare):
+            placements: list[Placement] = result
+            return [
+                msgspec.structs.replace(p, grant=self._caps((p.chunk.id,), "write")[0])
+                if p.upload
+                else p
+                for p in placements
+            ]
+        if isinstance(result, FileLayout):
+            chunks = {x.chunk.id for x in result.extents}
+            caps = self._caps(sorted(chunks), "read")
+            return msgspec.structs.replace(result, grants={c.chunk: c for c in caps})
+        return result
 
     def _place(self, chunk: ChunkRef, replication: int, avoid: tuple[str, ...]) -> tuple[str, ...]:
         # Runs on an engine thread; a list of nodes a second old is good enough.

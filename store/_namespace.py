@@ -9,7 +9,7 @@ handed in (embedded: the one local node).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import msgspec
@@ -189,6 +189,11 @@ class Namespace:
             extents = tx.extents(node.id)
             replicas = tx.replicas({x.chunk.id for x in extents})
         return FileLayout(_info(_paths.join_parts(parts), node), tuple(extents), replicas)
+
+    def known(self, chunks: Iterable[str]) -> set[str]:
+        """Which of these chunk ids the chunk layer tracks."""
+        with self.repo.read() as tx:
+            return tx.known(chunks)
 
     def usage(self, path: str) -> tuple[int, int]:
         """(files, bytes) at or below a path."""

@@ -5,6 +5,10 @@ fsynced before the reply), ``chunk.read`` (read and verified, sent from a
 pooled buffer), ``chunk.inventory`` and ``chunk.delete`` (for fsck and
 collection). The node's id lives in its data directory, so a restarted node
 is the same node.
+
+Reads, writes and deletes need the metadata service's capability for that
+chunk and op, checked here with the shared secret alone; an inventory needs
+the client token. A refused call reads and writes nothing.
 """
 
 from __future__ import annotations
@@ -12,17 +16,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import mmap
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from . import _auth
 from ._buffers import BufferPool
 from ._chunkstore import LocalChunkStore
 from ._config import DEFAULT_CHUNK_SIZE
 from ._rpc import Answer, Connection, Handler, Server, every, stop
-from ._types import ChunkRef, Heartbeat, NodeState, ReportBad, Request
+from ._types import Capability, ChunkCall, ChunkRef, Heartbeat, NodeState, Op, ReportBad, Request
 from ._wire import Call, decode, encode
 
 log = logging.getLogger("graben.node")
@@ -46,12 +52,15 @@ class DataNode:
         *,
         rack: str,
         meta: tuple[str, int],
+        secret: bytes,
         io_threads: int = 4,
         scrub_interval: float = 3600.0,
     ):
         root.mkdir(parents=True, exist_ok=True)
         self.root, self.rack, self.meta = root, rack, meta
         self.id = node_id(root)
+        self._secret = secret
+        self._token = _auth.client_token(secret)
         self.store = LocalChunkStore(root / "chunks")
         self.pool = BufferPool(DEFAULT_CHUNK_SIZE, keep=2 * io_threads + 4)
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="graben-node")
@@ -96,10 +105,16 @@ class DataNode:
         self._lent[id(view)] = buffer
         return view
 
+    def _allowed(self, call: Call, op: Op) -> ChunkRef:
+        """The chunk a read or write call names, if its capability allows the op."""
+        request: ChunkCall = decode(call.body, ChunkCall)
+        _auth.check(self._secret, request.cap, request.chunk.id, op, time.time())
+        return request.chunk
+
     async def _write(self, call: Call, payload: memoryview | None) -> Answer:
-        chunk = decode(call.body, ChunkRef)
         buffer = self._lent.pop(id(payload), None)
         try:
+            chunk = self._allowed(call, "write")
             await self._run(self.store.write, chunk, payload if payload is not None else b"")
         finally:
             if payload is not None:
@@ -109,7 +124,7 @@ class DataNode:
         return Answer()
 
     async def _read(self, call: Call, payload: memoryview | None) -> Answer:
-        chunk = decode(call.body, ChunkRef)
+        chunk = self._allowed(call, "read")
         buffer = self.pool.get(chunk.length)
         view = memoryview(buffer)[: chunk.length]
         try:
@@ -126,11 +141,13 @@ class DataNode:
         return Answer(payload=view, release=release)
 
     async def _inventory(self, call: Call, payload: memoryview | None) -> Answer:
+        _auth.check_token(self._secret, call.token)
         found = await self._run(lambda: list(self.store.inventory()))
         return Answer(encode(found))
 
     async def _delete(self, call: Call, payload: memoryview | None) -> Answer:
-        chunk_id, older_than = decode(call.body, tuple[str, float])
+        chunk_id, older_than, cap = decode(call.body, tuple[str, float, Capability])
+        _auth.check(self._secret, cap, chunk_id, "delete", time.time())
         return Answer(encode(await self._run(self.store.delete, chunk_id, older_than)))
 
     # -- heartbeats -------------------------------------------------------------
@@ -138,7 +155,9 @@ class DataNode:
     async def _tell_meta(self, request: Request[Any]) -> None:
         if self._meta_conn is None or self._meta_conn.closed:
             self._meta_conn = await Connection.open(*self.meta)
-        await self._meta_conn.call("meta", encode(request), timeout=HEARTBEAT_S * 2)
+        await self._meta_conn.call(
+            "meta", encode(request), token=self._token, timeout=HEARTBEAT_S * 2
+        )
 
     async def _heartbeat(self) -> None:
         free, total = await self._run(self.store.capacity)

@@ -6,6 +6,11 @@ from the metadata service's node list), sends chunk payloads from the
 caller's memory and receives reads straight into the reader's buffer, then
 checks the crc32c itself: the data node checked it too, but only the client
 knows the bytes arrived intact.
+
+Auth: every call to the metadata service carries the client's token; every
+chunk call carries a capability for that chunk and op. ``Grants`` holds the
+capabilities that come with placements and layouts, and asks for fresh ones
+(``Grant``) when one is missing or about to expire.
 """
 
 from __future__ import annotations
@@ -13,23 +18,29 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from ._errors import GrabenError, IntegrityError, Unavailable
+from ._errors import GrabenError, IntegrityError, PermissionDenied, Unavailable
 from ._hashing import crc32c
 from ._rpc import Connection
 from ._types import (
+    Capability,
+    ChunkCall,
     ChunkRef,
     ChunkRefs,
     ChunkUsers,
+    FileLayout,
     GetHealth,
     GetLayout,
+    Grant,
     Heartbeat,
     ListDir,
     ListNodes,
     NodeState,
+    Op,
+    Placement,
     Prepare,
     ReportBad,
     Request,
@@ -55,22 +66,60 @@ RETRYABLE = frozenset(
         GetHealth,
         Heartbeat,
         ReportBad,
+        Grant,
     }
 )
 """Requests that may be repeated: reads, and writes whose repeat changes nothing."""
 NodeLister = Callable[[], Awaitable[list[NodeState]]]
+GrantFetcher = Callable[[tuple[str, ...], Op], Awaitable[list[Capability]]]
+REFRESH_BEFORE_S = 60.0
+"""Ask for a fresh capability when the one at hand expires sooner than this."""
+KEEP_GRANTS = 65536
+"""Capabilities kept at most (a few hundred bytes each), the least recently added dropped."""
 
 
 def open_cluster(
-    host: str, port: int, check_threads: int, read_ahead: int = 0
+    host: str, port: int, check_threads: int, *, token: str, read_ahead: int = 0
 ) -> tuple[RemoteMeta, RemoteChunks]:
     """Transports to the cluster whose metadata service listens on ``host:port``."""
-    meta = RemoteMeta(host, port)
+    meta = RemoteMeta(host, port, token)
     checker = ThreadPoolExecutor(check_threads, thread_name_prefix="graben-check")
     nodes = RemoteChunks(
-        lambda: meta.request(ListNodes()), checker, owns_checker=True, read_ahead=read_ahead
+        lambda: meta.request(ListNodes()),
+        checker,
+        meta.grants,
+        token=token,
+        owns_checker=True,
+        read_ahead=read_ahead,
     )
     return meta, nodes
+
+
+class Grants:
+    """Capabilities at hand, by (chunk, op); more fetched when one is missing or stale."""
+
+    def __init__(self, fetch: GrantFetcher) -> None:
+        self._fetch = fetch
+        self._held: OrderedDict[tuple[str, str], Capability] = OrderedDict()
+
+    def add(self, caps: Iterable[Capability]) -> None:
+        """Keep capabilities that came with a metadata reply."""
+        for cap in caps:
+            key = (cap.chunk, cap.op)
+            self._held[key] = cap
+            self._held.move_to_end(key)
+        while len(self._held) > KEEP_GRANTS:
+            self._held.popitem(last=False)
+
+    async def get(self, chunk: str, op: Op) -> Capability:
+        """A capability for ``op`` on ``chunk`` valid for a while yet."""
+        cap = self._held.get((chunk, op))
+        if cap is None or cap.expires - time.time() < REFRESH_BEFORE_S:
+            self.add(await self._fetch((chunk,), op))
+            cap = self._held.get((chunk, op))
+            if cap is None:
+                raise PermissionDenied(f"the metadata service granted no {op} of chunk {chunk}")
+        return cap
 
 
 class _Pool:
@@ -101,9 +150,12 @@ class _Pool:
 class RemoteMeta:
     """``MetaTransport`` to a metadata service."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, token: str) -> None:
         self.address = f"{host}:{port}"
         self._pool = _Pool()
+        self._token = token
+        self.grants = Grants(lambda chunks, op: self.request(Grant(chunks, op)))
+        """Capabilities that came with replies; chunk transports use and refresh them."""
 
     async def request(self, request: Request[R]) -> R:
         """Send one request; safe-to-repeat ones ride out a restart of the service.
@@ -117,7 +169,7 @@ class RemoteMeta:
         while True:
             try:
                 conn = await self._pool.get(self.address)
-                body, _ = await conn.call("meta", encode(request))
+                body, _ = await conn.call("meta", encode(request), token=self._token)
             except Unavailable:
                 if type(request) not in RETRYABLE or time.monotonic() > deadline:
                     raise
@@ -125,7 +177,15 @@ class RemoteMeta:
                 delay = min(delay * 2, 1.0)
                 continue
             result: R = decode(body, request.response)
+            self._keep_grants(request, result)
             return result
+
+    def _keep_grants(self, request: Request[R], result: R) -> None:
+        if isinstance(request, Prepare):
+            placements: list[Placement] = result  # type: ignore[assignment]
+            self.grants.add(p.grant for p in placements if p.grant is not None)
+        elif isinstance(result, FileLayout):
+            self.grants.add(result.grants.values())
 
     async def close(self) -> None:
         await self._pool.close()
@@ -138,11 +198,14 @@ class RemoteChunks:
         self,
         list_nodes: NodeLister,
         checker: ThreadPoolExecutor,
+        grants: Grants,
         *,
+        token: str,
         owns_checker: bool = False,
         read_ahead: int = 0,
     ) -> None:
         self._window = read_ahead
+        self._grants, self._token = grants, token
         self._list_nodes, self._checker, self._owns_checker = list_nodes, checker, owns_checker
         self._nodes: dict[str, NodeState] = {}
         self._pool = _Pool()
@@ -175,7 +238,8 @@ class RemoteChunks:
 
     async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
         conn = await self._conn(node)
-        await conn.call("chunk.write", encode(chunk), payload=data)
+        cap = await self._grants.get(chunk.id, "write")
+        await conn.call("chunk.write", encode(ChunkCall(chunk, cap)), payload=data)
 
     async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
         fetched = self._ahead.pop(chunk.id, None)
@@ -192,8 +256,9 @@ class RemoteChunks:
 
     async def _read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
         conn = await self._conn(node)
+        cap = await self._grants.get(chunk.id, "read")
         view = into[: chunk.length]
-        _, got = await conn.call("chunk.read", encode(chunk), into=view)
+        _, got = await conn.call("chunk.read", encode(ChunkCall(chunk, cap)), into=view)
         if got != chunk.length:
             raise IntegrityError(
                 f"chunk {chunk.id} from {node} came with {got} bytes, not {chunk.length}"
@@ -246,13 +311,14 @@ class RemoteChunks:
 
     async def inventory(self, node: str) -> list[tuple[str, float]]:
         conn = await self._conn(node)
-        body, _ = await conn.call("chunk.inventory")
+        body, _ = await conn.call("chunk.inventory", token=self._token)
         found: list[tuple[str, float]] = decode(body, list[tuple[str, float]])
         return found
 
     async def delete(self, node: str, chunk_id: str, older_than: float) -> bool:
         conn = await self._conn(node)
-        body, _ = await conn.call("chunk.delete", encode((chunk_id, older_than)))
+        cap = await self._grants.get(chunk_id, "delete")
+        body, _ = await conn.call("chunk.delete", encode((chunk_id, older_than, cap)))
         gone: bool = decode(body, bool)
         return gone
 

@@ -7,7 +7,7 @@ so servers and clients share one set of types.
 from __future__ import annotations
 
 import mmap
-from typing import Any, ClassVar, Generic, Literal, TypeAlias, TypeVar
+from typing import Any, ClassVar, Final, Generic, Literal, TypeAlias, TypeVar, get_args
 
 import msgspec
 
@@ -67,6 +67,34 @@ class ChunkRef(msgspec.Struct, frozen=True):
     """crc32c of the chunk's bytes, checked on every write and read."""
 
 
+Op = Literal["read", "write", "delete"]
+"""What a capability allows on its chunk."""
+OPS: Final[tuple[Op, ...]] = get_args(Op)
+"""Every op, in the order of ``Op``."""
+
+
+class Capability(msgspec.Struct, frozen=True):
+    """A signed, short-lived permission to do one op on one chunk (see ``_auth.py``)."""
+
+    chunk: str
+    """Id of the chunk it opens."""
+    op: Op
+    """The one operation it allows."""
+    expires: float
+    """Unix seconds; valid strictly before this instant."""
+    mac: str
+    """Hex HMAC-SHA256 over (chunk, op, expires) under the cluster secret."""
+
+
+class ChunkCall(msgspec.Struct, frozen=True):
+    """The body of a data node's ``chunk.read`` and ``chunk.write``."""
+
+    chunk: ChunkRef
+    """The chunk to read or write."""
+    cap: Capability
+    """The metadata service's permission for this op on this chunk."""
+
+
 class Extent(msgspec.Struct, frozen=True):
     """A run of a file's bytes stored in one chunk."""
 
@@ -89,6 +117,8 @@ class Placement(msgspec.Struct, frozen=True):
     """False when the store holds the chunk already (dedup): send nothing."""
     nodes: tuple[str, ...]
     """Where to send it (or where it already is)."""
+    grant: Capability | None = None
+    """A cluster's permission to write it to those nodes (none embedded, or when not uploaded)."""
 
 
 class StoredChunk(msgspec.Struct, frozen=True):
@@ -109,6 +139,8 @@ class FileLayout(msgspec.Struct, frozen=True):
     """Extents in file order, contiguous from 0 to ``info.size``."""
     replicas: dict[str, tuple[str, ...]]
     """Chunk id -> nodes holding it."""
+    grants: dict[str, Capability] = msgspec.field(default_factory=dict)
+    """Chunk id -> a cluster's permission to read it (empty for an embedded store)."""
 
 
 class FileCommit(msgspec.Struct, frozen=True):
@@ -331,6 +363,19 @@ class GetHealth(Request[Health], frozen=True):
     """The store's health at a glance."""
 
     response = Health
+
+
+class Grant(Request[list[Capability]], frozen=True):
+    """Fresh capabilities for ``op`` on each chunk (a cluster only).
+
+    Reads and writes are granted to any client with a valid token; deletes
+    only for chunks the metadata no longer names (orphans), so a client's
+    collection can never delete live data.
+    """
+
+    response = list[Capability]
+    chunks: tuple[str, ...]
+    op: Op
 
 
 def request_types() -> tuple[type[Request[Any]], ...]:

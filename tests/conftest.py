@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from graben.store import Client, connect
-from graben.store._cli_cluster import local_cluster
+from graben.store._cli_cluster import local_cluster, make_secret_file
 
 SMALL_CHUNK = 64 * 1024
 """Chunk size for tests that want many chunks from few bytes."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One cluster secret for the session: every server and client the tests start
+    finds it in ``$GRABEN_SECRET_FILE``, as a user's shell would provide it."""
+    home = Path(tempfile.mkdtemp(prefix="graben-secret-"))
+    config.stash[_SECRET_HOME] = home
+    os.environ["GRABEN_SECRET_FILE"] = str(make_secret_file(home / "secret"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(config.stash[_SECRET_HOME], ignore_errors=True)
+
+
+_SECRET_HOME = pytest.StashKey[Path]()
 
 
 def _chunk_files(root: Path) -> list[Path]:
@@ -27,7 +45,8 @@ def store_dir(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real 3-node cluster on loopback (separate processes), for the whole session."""
-    with local_cluster(tmp_path_factory.mktemp("cluster"), nodes=3) as url:
+    secret = Path(os.environ["GRABEN_SECRET_FILE"])
+    with local_cluster(tmp_path_factory.mktemp("cluster"), nodes=3, secret_file=secret) as url:
         yield url
 
 

@@ -1,0 +1,235 @@
+"""Auth against real servers: tokens at the metadata service, capabilities at the data nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from graben.store import Client, PermissionDenied, _loop, connect
+from graben.store._auth import client_token, grant, load_secret
+from graben.store._cli_cluster import local_cluster
+from graben.store._hashing import chunk_ref
+from graben.store._remote import REFRESH_BEFORE_S, Grants
+from graben.store._rpc import Connection
+from graben.store._types import Capability, ChunkCall, ChunkRef, GetLayout, Grant, Op
+from graben.store._wire import NIL, decode, encode
+
+OTHER_SECRET = b"not-the-cluster-secret-at-all"
+
+
+def _secret() -> bytes:
+    return load_secret(os.environ["GRABEN_SECRET_FILE"])
+
+
+@pytest.fixture
+def authorised(cluster_url: str) -> Client:
+    with connect(cluster_url) as client:
+        for entry in client.ls("/"):
+            client.rm(entry.path, recursive=True)
+        yield client
+
+
+@pytest.mark.parametrize("token", ["", "f" * 64])
+def test_a_client_without_a_valid_token_is_refused_and_writes_nothing(
+    cluster_url: str, authorised: Client, token: str
+) -> None:
+    before = authorised.fsck().problems
+    with connect(cluster_url, token=token) as stranger:
+        with pytest.raises(PermissionDenied, match="GRABEN_SECRET_FILE"):
+            stranger.put("/intruder", b"x" * 100_000)
+        with pytest.raises(PermissionDenied):
+            stranger.ls("/")
+    assert not authorised.exists("/intruder")
+    assert authorised.fsck().problems == before  # not even an orphan chunk reached a node
+
+
+def test_a_token_from_the_environment_works(
+    cluster_url: str, authorised: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = client_token(_secret())
+    monkeypatch.delenv("GRABEN_SECRET_FILE")
+    monkeypatch.setenv("GRABEN_TOKEN", token)
+    with connect(cluster_url) as client:
+        client.put("/by-token", b"hello")
+        assert client.get("/by-token") == b"hello"
+
+
+async def _node_call(address: str, op: str, body: msgspec.Raw = NIL, **kw: object) -> msgspec.Raw:
+    host, _, port = address.rpartition(":")
+    conn = await Connection.open(host, int(port))
+    try:
+        reply, _ = await conn.call(op, body, **kw)  # type: ignore[arg-type]
+        return reply
+    finally:
+        await conn.close()
+
+
+def _read(address: str, chunk: ChunkRef, cap: Capability) -> bytes:
+    into = bytearray(chunk.length)
+
+    async def go() -> None:
+        body = encode(ChunkCall(chunk, cap))
+        await _node_call(address, "chunk.read", body, into=memoryview(into))
+
+    _loop.run(go())
+    return bytes(into)
+
+
+def _forge(cap: Capability, **change: object) -> Capability:
+    return msgspec.structs.replace(cap, **change)
+
+
+def test_data_nodes_read_only_with_the_right_capability(authorised: Client) -> None:
+    data = os.urandom(50_000)
+    authorised.put("/secret-data", data, replication=1)
+    layout = _loop.run(authorised.aio.meta.request(GetLayout("/secret-data")))
+    chunk = layout.extents[0].chunk
+    (node,) = layout.replicas[chunk.id]
+    address = next(n.address for n in authorised.health().nodes if n.id == node)
+    cap = layout.grants[chunk.id]
+    assert _read(address, chunk, cap) == data  # the capability the layout came with works
+
+    now = time.time()
+    refused: dict[str, Capability] = {
+        "bad mac": _forge(cap, mac="0" * 64),
+        "expired": grant(_secret(), chunk.id, "read", 1.0, now - 10),
+        "another chunk": grant(_secret(), "a" * 64, "read", 60, now),
+        "another op": grant(_secret(), chunk.id, "write", 60, now),
+        "another secret": grant(OTHER_SECRET, chunk.id, "read", 60, now),
+        "stretched expiry": _forge(cap, expires=cap.expires + 3600),
+    }
+    for why, bad in refused.items():
+        with pytest.raises(PermissionDenied):
+            _read(address, chunk, bad)
+            pytest.fail(f"a capability with {why} was accepted")
+
+
+def test_data_nodes_write_and_delete_only_with_the_right_capability(
+    authorised: Client,
+) -> None:
+    authorised.put("/anchor", b"a", replication=1)
+    address = authorised.health().nodes[0].address
+    data = os.urandom(10_000)
+    chunk = chunk_ref(data)
+    read_cap = grant(_secret(), chunk.id, "read", 60, time.time())
+
+    async def write(cap: Capability) -> None:
+        await _node_call(
+            address, "chunk.write", encode(ChunkCall(chunk, cap)), payload=memoryview(data)
+        )
+
+    async def inventory(token: str) -> list[tuple[str, float]]:
+        body = await _node_call(address, "chunk.inventory", token=token)
+        found: list[tuple[str, float]] = decode(body, list[tuple[str, float]])
+        return found
+
+    with pytest.raises(PermissionDenied):
+        _loop.run(write(read_cap))
+    with pytest.raises(PermissionDenied):
+        _loop.run(inventory(""))
+    token = client_token(_secret())
+    assert chunk.id not in {c for c, _ in _loop.run(inventory(token))}  # nothing was written
+
+    _loop.run(write(grant(_secret(), chunk.id, "write", 60, time.time())))
+    assert _read(address, chunk, read_cap) == data
+
+    async def delete(cap: Capability) -> bool:
+        body = await _node_call(address, "chunk.delete", encode((chunk.id, time.time(), cap)))
+        gone: bool = decode(body, bool)
+        return gone
+
+    for bad in (read_cap, grant(OTHER_SECRET, chunk.id, "delete", 60, time.time())):
+        with pytest.raises(PermissionDenied):
+            _loop.run(delete(bad))
+    assert _read(address, chunk, read_cap) == data  # still there
+    assert _loop.run(delete(grant(_secret(), chunk.id, "delete", 60, time.time())))
+
+
+def test_clients_are_granted_deletes_of_orphans_only(authorised: Client) -> None:
+    authorised.put("/live", b"live data")
+    live = _loop.run(authorised.aio.meta.request(GetLayout("/live"))).extents[0].chunk.id
+    ask = authorised.aio.meta.request
+    with pytest.raises(PermissionDenied, match="only orphan copies"):
+        _loop.run(ask(Grant((live,), "delete")))
+    (cap,) = _loop.run(ask(Grant(("b" * 64,), "delete")))
+    assert (cap.chunk, cap.op) == ("b" * 64, "delete")
+
+
+def test_grants_are_fetched_when_missing_or_about_to_expire() -> None:
+    asked: list[tuple[tuple[str, ...], Op]] = []
+
+    async def fetch(chunks: tuple[str, ...], op: Op) -> list[Capability]:
+        asked.append((chunks, op))
+        return [Capability(c, op, time.time() + 600, "mac") for c in chunks]
+
+    async def scenario() -> None:
+        grants = Grants(fetch)
+        fresh = Capability("c1", "read", time.time() + 600, "m")
+        grants.add([fresh, Capability("c2", "read", time.time() + REFRESH_BEFORE_S / 2, "m")])
+        assert await grants.get("c1", "read") is fresh
+        assert asked == []
+        assert (await grants.get("c2", "read")).mac == "mac"  # stale: fetched anew
+        assert (await grants.get("c1", "write")).op == "write"  # never held
+        assert asked == [(("c2",), "read"), (("c1",), "write")]
+
+    asyncio.run(scenario())
+
+
+def test_a_grant_that_never_comes_is_a_permission_error() -> None:
+    async def fetch(chunks: tuple[str, ...], op: Op) -> list[Capability]:
+        return []
+
+    with pytest.raises(PermissionDenied, match="granted no read"):
+        asyncio.run(Grants(fetch).get("c", "read"))
+
+
+def _graben(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "graben.store._cli", *argv],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def test_servers_refuse_to_start_without_a_secret(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRABEN_SECRET")}
+    meta = _graben("meta", "serve", "--engine", f"sqlite:///{tmp_path}/m.db", env=env)
+    node = _graben("node", "serve", "--data", str(tmp_path / "n"), "--meta", "127.0.0.1:1", env=env)
+    exposed = tmp_path / "exposed"
+    exposed.write_text("x" * 32)
+    exposed.chmod(0o644)
+    open_file = _graben(
+        *("meta", "serve", "--engine", f"sqlite:///{tmp_path}/m.db"),
+        *("--secret-file", str(exposed)),
+        env=env,
+    )
+    for result, why in ((meta, "no cluster secret"), (node, "no cluster secret")):
+        assert result.returncode != 0
+        assert why in result.stderr
+    assert open_file.returncode != 0
+    assert "chmod 600" in open_file.stderr
+
+
+def test_cluster_up_makes_a_private_secret_that_clients_need(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with local_cluster(tmp_path, nodes=1) as url:
+        secret = tmp_path / "secret"
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+        with connect(url) as client, pytest.raises(PermissionDenied):  # the session's secret
+            client.ls("/")
+        monkeypatch.setenv("GRABEN_SECRET_FILE", str(secret))
+        with connect(url) as client:
+            client.put("/f", b"ok", replication=1)
+            assert client.get("/f") == b"ok"
