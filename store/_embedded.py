@@ -18,9 +18,10 @@ from typing import Any, TypeVar
 
 from ._chunkstore import LocalChunkStore
 from ._errors import NotADirectory, Unavailable, from_os_error
+from ._group import Batcher
 from ._namespace import Namespace
 from ._sqlite import SQLiteRepository
-from ._types import LOCAL_NODE, ChunkRef, Request
+from ._types import LOCAL_NODE, ChunkRef, Commit, Request
 
 R = TypeVar("R")
 HINT_THREADS = 4
@@ -47,10 +48,17 @@ class LocalMeta:
     def __init__(self, namespace: Namespace) -> None:
         self.namespace = namespace
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="graben-meta")
+        self._group = Batcher(partial(self._run, namespace.commit_group), size=len)
 
     async def request(self, request: Request[R]) -> R:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, self.namespace.execute, request)
+        if isinstance(request, Commit):
+            infos: R = await self._group.submit(request.files)  # type: ignore[assignment]
+            return infos
+        result: R = await self._run(self.namespace.execute, request)
+        return result
+
+    async def _run(self, fn: Callable[..., R], *args: Any) -> R:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     async def close(self) -> None:
         self._thread.shutdown(wait=True)

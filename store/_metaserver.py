@@ -18,12 +18,14 @@ import math
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, Union
 
 import msgspec
 
 from . import _auth
 from ._errors import GrabenError, IntegrityError, NotFound, PermissionDenied
+from ._group import Batcher
 from ._namespace import Namespace
 from ._placement import place
 from ._remote import Grants, RemoteChunks
@@ -32,6 +34,7 @@ from ._rpc import Answer, Server, every, stop
 from ._types import (
     Capability,
     ChunkRef,
+    Commit,
     Degraded,
     FileLayout,
     Grant,
@@ -72,6 +75,7 @@ class MetaService:
         self.repair_interval = repair_interval
         checker = ThreadPoolExecutor(2, thread_name_prefix="graben-repair")
         self._secret = secret
+        self._group = Batcher(partial(self._run, self.namespace.commit_group), size=len)
         self.chunks = RemoteChunks(
             self._list_nodes,
             checker,
@@ -170,6 +174,8 @@ class MetaService:
         request = decode(call.body, AnyRequest)
         if isinstance(request, Grant):
             return Answer(encode(await self._run(self._grant, request)))
+        if isinstance(request, Commit):
+            return Answer(encode(await self._group.submit(request.files)))
         result = await self._run(self.namespace.execute, request)
         return Answer(encode(self._with_grants(request, result)))
 

@@ -9,7 +9,7 @@ handed in (embedded: the one local node).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -18,6 +18,7 @@ from . import _paths
 from ._errors import (
     AlreadyExists,
     DirectoryNotEmpty,
+    GrabenError,
     IntegrityError,
     InvalidArgument,
     InvalidPath,
@@ -321,6 +322,24 @@ class Namespace:
         """Make each file visible; all of the batch or none of it."""
         with self.repo.write() as tx:
             return [self._commit_one(tx, f) for f in files]
+
+    def commit_group(
+        self, batches: Sequence[tuple[FileCommit, ...]]
+    ) -> list[list[FileInfo] | GrabenError]:
+        """Commit independent batches in one transaction (one fsync for all).
+
+        Each batch is all or nothing, as with ``commit``; a batch that fails
+        gets its error in its place and leaves the others alone.
+        """
+        results: list[list[FileInfo] | GrabenError] = []
+        with self.repo.write() as tx:
+            for files in batches:
+                try:
+                    with tx.savepoint():
+                        results.append([self._commit_one(tx, f) for f in files])
+                except GrabenError as exc:
+                    results.append(exc)
+        return results
 
     def _commit_one(self, tx: Tx, commit: FileCommit) -> FileInfo:
         parts = _paths.split(commit.path)

@@ -46,6 +46,9 @@ class Inode:
 class Tx(Protocol):
     """One transaction on the three layers."""
 
+    def savepoint(self) -> AbstractContextManager[None]:
+        """A nested unit: an exception in the block undoes the block's changes only."""
+
     def lookup(self, parent: int, name: str) -> Inode | None:
         """The inode named ``name`` in directory ``parent``."""
 

@@ -93,6 +93,18 @@ class SQLiteTx:
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
 
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        self._db.execute("SAVEPOINT unit")
+        try:
+            yield
+        except BaseException:
+            if self._db.in_transaction:  # a full disk rolls back everything by itself
+                self._db.execute("ROLLBACK TO unit")
+                self._db.execute("RELEASE unit")
+            raise
+        self._db.execute("RELEASE unit")
+
     # -- names and files -------------------------------------------------------
 
     def lookup(self, parent: int, name: str) -> Inode | None:

@@ -1,0 +1,117 @@
+"""Batching of concurrent calls (group commit) and the engine's grouped commits."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from graben.store import AlreadyExists, connect
+from graben.store._group import Batcher
+from graben.store._namespace import Namespace
+from graben.store._sqlite import SQLiteRepository
+from graben.store._types import FileCommit
+
+
+class Recorder:
+    """A ``run`` that records its groups and fails the items it is told to."""
+
+    def __init__(self, fail: set[int] | None = None, delay: float = 0.01) -> None:
+        self.groups: list[list[int]] = []
+        self.fail, self.delay = fail or set(), delay
+        self.running = self.most_running = 0
+
+    async def __call__(self, items: list[int]) -> list[int | Exception]:
+        self.groups.append(items)
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        await asyncio.sleep(self.delay)
+        self.running -= 1
+        return [ValueError(i) if i in self.fail else i * 10 for i in items]
+
+
+def test_items_arriving_together_share_a_group() -> None:
+    run = Recorder()
+
+    async def scenario() -> list[int]:
+        batcher: Batcher[int, int] = Batcher(run)
+        first = await batcher.submit(-1)  # idle: goes at once, alone
+        return [first, *await asyncio.gather(*(batcher.submit(i) for i in range(100)))]
+
+    assert asyncio.run(scenario()) == [-10, *(i * 10 for i in range(100))]
+    assert run.groups == [[-1], list(range(100))]
+
+
+def test_groups_respect_the_size_limit_and_concurrency() -> None:
+    run = Recorder()
+
+    async def scenario() -> None:
+        batcher: Batcher[int, int] = Batcher(run, max_size=10, concurrency=3)
+        await asyncio.gather(*(batcher.submit(i) for i in range(100)))
+
+    asyncio.run(scenario())
+    assert [len(g) for g in run.groups] == [10] * 10
+    assert run.most_running == 3
+
+
+def test_one_item_failing_fails_only_its_caller() -> None:
+    async def scenario() -> list[int | BaseException]:
+        batcher: Batcher[int, int] = Batcher(Recorder(fail={3}))
+        return await asyncio.gather(*(batcher.submit(i) for i in range(6)), return_exceptions=True)
+
+    results = asyncio.run(scenario())
+    assert isinstance(results[3], ValueError)
+    assert [r for i, r in enumerate(results) if i != 3] == [0, 10, 20, 40, 50]
+
+
+def test_a_failing_group_fails_each_of_its_items() -> None:
+    async def boom(items: list[int]) -> list[int | Exception]:
+        raise OSError("disk gone")
+
+    async def scenario() -> list[int | BaseException]:
+        batcher: Batcher[int, int] = Batcher(boom)
+        return await asyncio.gather(*(batcher.submit(i) for i in range(5)), return_exceptions=True)
+
+    assert all(isinstance(r, OSError) for r in asyncio.run(scenario()))
+
+
+def test_an_item_submitted_as_the_queue_empties_is_not_stranded() -> None:
+    async def scenario() -> None:
+        batcher: Batcher[int, int] = Batcher(Recorder(delay=0))
+        for i in range(200):  # each submit lands just as the previous drain finishes
+            assert await asyncio.wait_for(batcher.submit(i), 5) == i * 10
+
+    asyncio.run(scenario())
+
+
+def test_a_caller_that_gives_up_does_not_break_the_group() -> None:
+    async def scenario() -> int:
+        batcher: Batcher[int, int] = Batcher(Recorder(delay=0.05))
+        first = asyncio.ensure_future(batcher.submit(1))
+        late = asyncio.ensure_future(batcher.submit(2))
+        await asyncio.sleep(0.01)
+        late.cancel()
+        return await first + await batcher.submit(3)
+
+    assert asyncio.run(scenario()) == 40
+
+
+def test_a_group_commit_keeps_the_batches_that_succeed(tmp_path: Path) -> None:
+    with connect(tmp_path / "s") as client:
+        client.put("/taken", b"x")
+    namespace = Namespace(SQLiteRepository(tmp_path / "s" / "meta.db"))
+    try:
+        batches = [
+            (FileCommit("/a", (), (), "create"),),
+            (FileCommit("/b", (), (), "create"), FileCommit("/taken", (), (), "create")),
+            (FileCommit("/c", (), (), "create"),),
+        ]
+        results = namespace.commit_group(batches)
+        assert isinstance(results[1], AlreadyExists)
+        assert [r[0].path for r in (results[0], results[2]) if isinstance(r, list)] == ["/a", "/c"]
+        with pytest.raises(FileNotFoundError):
+            namespace.stat("/b")  # all of its batch or none of it
+        assert namespace.stat("/taken").size == 1
+    finally:
+        namespace.repo.close()
