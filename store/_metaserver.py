@@ -35,7 +35,10 @@ from ._types import (
     Capability,
     ChunkRef,
     Commit,
+    CommitEach,
+    Committed,
     Degraded,
+    FileInfo,
     FileLayout,
     Grant,
     NodeState,
@@ -45,7 +48,7 @@ from ._types import (
     Request,
     request_types,
 )
-from ._wire import Call, decode, encode
+from ._wire import Call, decode, encode, to_wire
 
 log = logging.getLogger("graben.meta")
 AnyRequest: Any = Union[request_types()]  # noqa: UP007  (built at run time)
@@ -176,6 +179,11 @@ class MetaService:
             return Answer(encode(await self._run(self._grant, request)))
         if isinstance(request, Commit):
             return Answer(encode(await self._group.submit(request.files)))
+        if isinstance(request, CommitEach):
+            outcomes = await asyncio.gather(
+                *(self._group.submit(files) for files in request.batches), return_exceptions=True
+            )
+            return Answer(encode([_committed(o) for o in outcomes]))
         result = await self._run(self.namespace.execute, request)
         return Answer(encode(self._with_grants(request, result)))
 
@@ -220,3 +228,11 @@ class MetaService:
             nodes = self.namespace.nodes()
             self._nodes = (time.monotonic(), nodes)
         return place(nodes, replication, chunk.id, chunk.length, exclude=avoid)
+
+
+def _committed(outcome: list[FileInfo] | BaseException) -> Committed:
+    if isinstance(outcome, GrabenError):
+        return Committed(error=to_wire(outcome))
+    if isinstance(outcome, BaseException):
+        raise outcome  # not the batch's fault: the whole call fails
+    return Committed(outcome)

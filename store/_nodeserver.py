@@ -27,12 +27,16 @@ from . import _auth
 from ._buffers import BufferPool
 from ._chunkstore import LocalChunkStore
 from ._config import DEFAULT_CHUNK_SIZE
-from ._rpc import Answer, Connection, Handler, Server, every, stop
+from ._errors import GrabenError, PermissionDenied, ProtocolError
+from ._group import Batcher
+from ._rpc import Answer, Connection, Handler, PayloadSink, Server, every, stop
 from ._types import Capability, ChunkCall, ChunkRef, Heartbeat, NodeState, Op, ReportBad, Request
-from ._wire import Call, decode, encode
+from ._wire import Call, decode, encode, to_wire
 
 log = logging.getLogger("graben.node")
 HEARTBEAT_S = 2.0
+GROUP_SYNC_MAX = 1 << 20
+"""Chunks up to this size that arrive together share one sync of the disk."""
 
 
 def node_id(root: Path) -> str:
@@ -71,16 +75,21 @@ class DataNode:
         self._scrubbing: asyncio.Task[None] | None = None
         self.scrub_interval = scrub_interval
         self._meta_conn: Connection | None = None
+        self._small: Batcher[tuple[ChunkRef, memoryview], None] = Batcher(
+            partial(self._run, self.store.write_group), max_size=256, concurrency=2
+        )
 
     async def start(self, host: str, port: int) -> Server:
         """Listen, then heartbeat to the metadata service until closed."""
         handlers: dict[str, Handler] = {
             "chunk.write": self._write,
+            "chunk.write_many": self._write_many,
             "chunk.read": self._read,
             "chunk.inventory": self._inventory,
             "chunk.delete": self._delete,
         }
-        self.server = await Server.start(handlers, host, port, {"chunk.write": self._sink})
+        sinks: dict[str, PayloadSink] = {"chunk.write": self._sink, "chunk.write_many": self._sink}
+        self.server = await Server.start(handlers, host, port, sinks)
         self.address = f"{host}:{self.server.port}"
         self._beating = every(HEARTBEAT_S, self._heartbeat, "heartbeat", at_once=True)
         self._scrubbing = every(self.scrub_interval, self.scrub_once, "scrub")
@@ -115,13 +124,46 @@ class DataNode:
         buffer = self._lent.pop(id(payload), None)
         try:
             chunk = self._allowed(call, "write")
-            await self._run(self.store.write, chunk, payload if payload is not None else b"")
+            data = payload if payload is not None else memoryview(b"")
+            if chunk.length <= GROUP_SYNC_MAX:
+                await self._small.submit((chunk, data))
+            else:
+                await self._run(self.store.write, chunk, data)
         finally:
             if payload is not None:
                 payload.release()
             if buffer is not None:
                 self.pool.put(buffer)
         return Answer()
+
+    async def _write_many(self, call: Call, payload: memoryview | None) -> Answer:
+        """Small chunks in one payload, each with its own capability; each one's error."""
+        buffer = self._lent.pop(id(payload), None)
+        data = payload if payload is not None else memoryview(b"")
+        try:
+            calls = decode(call.body, list[ChunkCall])
+            if sum(c.chunk.length for c in calls) != data.nbytes:
+                raise ProtocolError("chunk.write_many: lengths do not add up to the payload")
+            errors: list[GrabenError | None] = []
+            items, offset = [], 0
+            for c in calls:
+                piece = data[offset : offset + c.chunk.length]
+                offset += c.chunk.length
+                try:
+                    _auth.check(self._secret, c.cap, c.chunk.id, "write", time.time())
+                except PermissionDenied as exc:
+                    errors.append(exc)
+                    continue
+                errors.append(None)
+                items.append((len(errors) - 1, c.chunk, piece))
+            written = await self._run(self.store.write_group, [(ch, v) for _, ch, v in items])
+            for (at, _, _), error in zip(items, written, strict=True):
+                errors[at] = error
+            return Answer(encode([None if e is None else to_wire(e) for e in errors]))
+        finally:
+            data.release()
+            if buffer is not None:
+                self.pool.put(buffer)
 
     async def _read(self, call: Call, payload: memoryview | None) -> Answer:
         chunk = self._allowed(call, "read")

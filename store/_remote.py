@@ -20,9 +20,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import TypeVar
 
 from ._errors import GrabenError, IntegrityError, PermissionDenied, Unavailable
+from ._group import Batcher
 from ._hashing import crc32c
 from ._rpc import Connection
 from ._types import (
@@ -31,6 +33,9 @@ from ._types import (
     ChunkRef,
     ChunkRefs,
     ChunkUsers,
+    Commit,
+    CommitEach,
+    FileInfo,
     FileLayout,
     GetHealth,
     GetLayout,
@@ -46,8 +51,9 @@ from ._types import (
     Request,
     Stat,
     Usage,
+    WireError,
 )
-from ._wire import decode, encode
+from ._wire import decode, encode, from_wire
 
 R = TypeVar("R")
 
@@ -74,6 +80,10 @@ NodeLister = Callable[[], Awaitable[list[NodeState]]]
 GrantFetcher = Callable[[tuple[str, ...], Op], Awaitable[list[Capability]]]
 REFRESH_BEFORE_S = 60.0
 """Ask for a fresh capability when the one at hand expires sooner than this."""
+SMALL_WRITE_MAX = 64 * 1024
+"""Chunks up to this size that go to one node at once share a call (``chunk.write_many``)."""
+SMALL_GROUP_BYTES = 4 << 20
+"""Most bytes in one such call."""
 KEEP_GRANTS = 65536
 """Capabilities kept at most (a few hundred bytes each), the least recently added dropped."""
 
@@ -156,8 +166,53 @@ class RemoteMeta:
         self._token = token
         self.grants = Grants(lambda chunks, op: self.request(Grant(chunks, op)))
         """Capabilities that came with replies; chunk transports use and refresh them."""
+        # Many writers in one process: their placements and commits share round trips.
+        self._prepares: dict[int, Batcher[Prepare, list[Placement]]] = {}
+        self._commits: Batcher[Commit, list[FileInfo]] = Batcher(
+            self._commit_each, size=lambda c: len(c.files), max_size=1024, concurrency=2
+        )
 
     async def request(self, request: Request[R]) -> R:
+        """Send one request; concurrent placements and commits go together.
+
+        Merged commits stay independent: each batch is committed or fails on
+        its own, as if it had been sent alone.
+        """
+        result: object
+        if isinstance(request, Prepare) and not request.avoid:
+            result = await self._prepare_batcher(request.replication).submit(request)
+        elif isinstance(request, Commit):
+            result = await self._commits.submit(request)
+        else:
+            return await self._send(request)
+        return result  # type: ignore[return-value]
+
+    def _prepare_batcher(self, replication: int) -> Batcher[Prepare, list[Placement]]:
+        batcher = self._prepares.get(replication)
+        if batcher is None:
+            batcher = Batcher(
+                self._prepare_together, size=lambda p: len(p.chunks), max_size=1024, concurrency=4
+            )
+            self._prepares[replication] = batcher
+        return batcher
+
+    async def _prepare_together(self, requests: list[Prepare]) -> list[list[Placement]]:
+        if len(requests) == 1:
+            alone: list[Placement] = await self._send(requests[0])
+            return [alone]
+        chunks = tuple(c for r in requests for c in r.chunks)
+        merged: list[Placement] = await self._send(Prepare(chunks, requests[0].replication))
+        placements = iter(merged)
+        return [[next(placements) for _ in r.chunks] for r in requests]
+
+    async def _commit_each(self, requests: list[Commit]) -> list[list[FileInfo] | Exception]:
+        if len(requests) == 1:
+            infos: list[FileInfo] = await self._send(requests[0])
+            return [infos]
+        outcomes = await self._send(CommitEach(tuple(r.files for r in requests)))
+        return [o.infos if o.error is None else from_wire(o.error) for o in outcomes]
+
+    async def _send(self, request: Request[R]) -> R:
         """Send one request; safe-to-repeat ones ride out a restart of the service.
 
         A mutation (commit, rename, remove, mkdir) is never repeated: if the
@@ -206,6 +261,7 @@ class RemoteChunks:
     ) -> None:
         self._window = read_ahead
         self._grants, self._token = grants, token
+        self._batchers: dict[str, Batcher[tuple[ChunkCall, memoryview], None]] = {}
         self._list_nodes, self._checker, self._owns_checker = list_nodes, checker, owns_checker
         self._nodes: dict[str, NodeState] = {}
         self._pool = _Pool()
@@ -237,9 +293,36 @@ class RemoteChunks:
         return await self._pool.get(state.address)
 
     async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
-        conn = await self._conn(node)
         cap = await self._grants.get(chunk.id, "write")
+        if chunk.length <= SMALL_WRITE_MAX:
+            await self._small_writes(node).submit((ChunkCall(chunk, cap), data))
+            return
+        conn = await self._conn(node)
         await conn.call("chunk.write", encode(ChunkCall(chunk, cap)), payload=data)
+
+    def _small_writes(self, node: str) -> Batcher[tuple[ChunkCall, memoryview], None]:
+        batcher = self._batchers.get(node)
+        if batcher is None:
+            batcher = Batcher(
+                partial(self._write_many, node),
+                size=lambda item: item[0].chunk.length,
+                max_size=SMALL_GROUP_BYTES,
+                concurrency=2,
+            )
+            self._batchers[node] = batcher
+        return batcher
+
+    async def _write_many(
+        self, node: str, items: list[tuple[ChunkCall, memoryview]]
+    ) -> list[GrabenError | None]:
+        """Small chunks bound for one node in one call: one copy of a few KiB each
+        buys one round trip and one disk sync for the lot."""
+        conn = await self._conn(node)
+        payload = b"".join(data for _, data in items)
+        body = encode([call for call, _ in items])
+        reply, _ = await conn.call("chunk.write_many", body, payload=memoryview(payload))
+        errors = decode(reply, list[WireError | None])
+        return [None if e is None else from_wire(e) for e in errors]
 
     async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
         fetched = self._ahead.pop(chunk.id, None)

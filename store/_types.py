@@ -365,6 +365,30 @@ class GetHealth(Request[Health], frozen=True):
     response = Health
 
 
+class WireError(msgspec.Struct, frozen=True):
+    """A ``GrabenError`` as it crosses the wire (see ``_errors.ERRORS``)."""
+
+    code: str
+    message: str
+    path: str | None = None
+
+
+class Committed(msgspec.Struct, frozen=True):
+    """One batch's outcome in a ``CommitEach``: its files, or its error."""
+
+    infos: list[FileInfo] = msgspec.field(default_factory=list)
+    """What ``Commit`` would have returned."""
+    error: WireError | None = None
+    """Why the batch was not committed (then nothing of it was)."""
+
+
+class CommitEach(Request[list[Committed]], frozen=True):
+    """Several independent ``Commit`` batches in one round trip; each all or nothing."""
+
+    response = list[Committed]
+    batches: tuple[tuple[FileCommit, ...], ...]
+
+
 class Grant(Request[list[Capability]], frozen=True):
     """Fresh capabilities for ``op`` on each chunk (a cluster only).
 

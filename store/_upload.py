@@ -34,6 +34,8 @@ from ._types import (
 )
 
 Release = Callable[[], None]
+HASH_INLINE_MAX = 64 * 1024
+"""Chunks up to this size are hashed on the event loop (~20 us), not in a thread."""
 MAX_REPLACEMENTS = 3
 """Rounds of new placements for a chunk whose replica writes fail."""
 _REPLACEABLE = (Unavailable, Timeout, NoSpace, IntegrityError)
@@ -93,7 +95,10 @@ class Upload:
     ) -> tuple[ChunkRef, StoredChunk | None]:
         try:
             loop = asyncio.get_running_loop()
-            ref = await loop.run_in_executor(self._hasher, chunk_ref, data)
+            if data.nbytes <= HASH_INLINE_MAX:  # cheaper than the hop to a thread
+                ref = chunk_ref(data)
+            else:
+                ref = await loop.run_in_executor(self._hasher, chunk_ref, data)
             [placement] = await self._meta.request(Prepare((ref,), self._replication))
             if not placement.upload:
                 return ref, None

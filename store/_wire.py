@@ -27,6 +27,7 @@ from typing import Any, Final, cast
 import msgspec
 
 from ._errors import GrabenError, InvalidArgument, ProtocolError, error_from_code
+from ._types import WireError
 
 MAGIC: Final = b"GRB1"
 PREFIX: Final = struct.Struct("<4sIQ")
@@ -36,14 +37,6 @@ INBOX: Final = 256 << 10
 """Receive buffer for prefixes, headers and payloads smaller than it."""
 
 NIL: Final = msgspec.Raw(b"\xc0")  # msgpack nil
-
-
-class WireError(msgspec.Struct, frozen=True):
-    """A ``GrabenError`` as it crosses the wire (see ``_errors.ERRORS``)."""
-
-    code: str
-    message: str
-    path: str | None = None
 
 
 class Call(msgspec.Struct, frozen=True, tag="call"):

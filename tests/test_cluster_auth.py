@@ -19,7 +19,7 @@ from graben.store._cli_cluster import local_cluster
 from graben.store._hashing import chunk_ref
 from graben.store._remote import REFRESH_BEFORE_S, Grants
 from graben.store._rpc import Connection
-from graben.store._types import Capability, ChunkCall, ChunkRef, GetLayout, Grant, Op
+from graben.store._types import Capability, ChunkCall, ChunkRef, GetLayout, Grant, Op, WireError
 from graben.store._wire import NIL, decode, encode
 
 OTHER_SECRET = b"not-the-cluster-secret-at-all"
@@ -233,3 +233,29 @@ def test_cluster_up_makes_a_private_secret_that_clients_need(
         with connect(url) as client:
             client.put("/f", b"ok", replication=1)
             assert client.get("/f") == b"ok"
+
+
+def test_a_grouped_write_stores_only_the_chunks_it_may(authorised: Client) -> None:
+    authorised.put("/anchor", b"a", replication=1)
+    address = authorised.health().nodes[0].address
+    good, bad = os.urandom(3000), os.urandom(3000)
+    ok, refused = chunk_ref(good), chunk_ref(bad)
+    now = time.time()
+    calls = [
+        ChunkCall(ok, grant(_secret(), ok.id, "write", 60, now)),
+        ChunkCall(refused, grant(_secret(), refused.id, "read", 60, now)),
+    ]
+
+    async def write_many() -> list[WireError | None]:
+        body = await _node_call(
+            address, "chunk.write_many", encode(calls), payload=memoryview(good + bad)
+        )
+        errors: list[WireError | None] = decode(body, list[WireError | None])
+        return errors
+
+    errors = _loop.run(write_many())
+    assert errors[0] is None
+    assert errors[1] is not None and errors[1].code == PermissionDenied.code
+    assert _read(address, ok, grant(_secret(), ok.id, "read", 60, now)) == good
+    with pytest.raises(FileNotFoundError):
+        _read(address, refused, grant(_secret(), refused.id, "read", 60, now))

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from graben.store import AlreadyExists, connect
+from graben.store import AlreadyExists, AsyncClient, FileInfo, IntegrityError, connect
+from graben.store._chunkstore import LocalChunkStore
 from graben.store._group import Batcher
+from graben.store._hashing import chunk_ref
 from graben.store._namespace import Namespace
 from graben.store._sqlite import SQLiteRepository
 from graben.store._types import FileCommit
@@ -115,3 +119,37 @@ def test_a_group_commit_keeps_the_batches_that_succeed(tmp_path: Path) -> None:
         assert namespace.stat("/taken").size == 1
     finally:
         namespace.repo.close()
+
+
+def test_a_chunk_group_refuses_only_the_bad_chunk(tmp_path: Path) -> None:
+    store = LocalChunkStore(tmp_path / "chunks")
+    try:
+        good, bad = os.urandom(5000), os.urandom(5000)
+        wrong = msgspec.structs.replace(chunk_ref(bad), crc32c=0)
+        errors = store.write_group([(chunk_ref(good), memoryview(good)), (wrong, memoryview(bad))])
+        assert errors[0] is None
+        assert isinstance(errors[1], IntegrityError)
+        into = bytearray(5000)
+        store.read(chunk_ref(good), memoryview(into))
+        assert into == good
+        assert [c for c, _ in store.inventory()] == [chunk_ref(good).id]
+    finally:
+        store.close()
+
+
+def test_concurrent_puts_on_a_cluster_commit_independently(cluster_url: str) -> None:
+    async def scenario() -> list[object]:
+        async with AsyncClient(cluster_url) as client:
+            await client.put("/group/taken", b"first")
+            puts = [client.put(f"/group/{i}", b"%d" % i) for i in range(40)]
+            puts.insert(20, client.put("/group/taken", b"second", exclusive=True))
+            results = await asyncio.gather(*puts, return_exceptions=True)
+            assert await client.get("/group/taken") == b"first"
+            assert [await client.get(f"/group/{i}") for i in range(40)] == [
+                b"%d" % i for i in range(40)
+            ]
+            return results
+
+    results = asyncio.run(scenario())
+    assert isinstance(results.pop(20), AlreadyExists)
+    assert all(isinstance(r, FileInfo) for r in results)
