@@ -19,6 +19,9 @@ from time import perf_counter
 from graben.store import AsyncClient, Client, Unavailable, connect
 from graben.store._cli_cluster import local_cluster as running_cluster
 from graben.store._cli_cluster import make_secret_file
+from graben.store._hashing import chunk_ref
+from graben.store._remote import RemoteChunks
+from graben.store._types import Prepare
 
 from ._context import Context
 from ._kit import BLOCK, block_buffer, drain, gbps, random_data, write_all
@@ -107,6 +110,51 @@ def cluster_write_rf3(ctx: Context) -> list[Result]:
         Result(name, "graben cluster RF=3", gbps(ctx.size, graben), GBPS, peer),
         Result(name, peer, third, GBPS, peer),
     ]
+
+
+@workload("cluster-replication", "RF=3 chunk writes: fan-out from the client vs chain via nodes")
+def cluster_replication(ctx: Context) -> list[Result]:
+    """The same chunks written three ways over: the client sending each replica
+    itself (fan-out, what writers use) against passing it down a chain of nodes."""
+    url, data = ctx.fixture(local_cluster), ctx.fixture(random_data)
+    fanout, chain = asyncio.run(_replicate_both(ctx, url, data))
+    name, peer = "cluster-replication", "fan-out (graben's choice)"
+    return [
+        Result(name, peer, gbps(ctx.size, fanout), GBPS, peer),
+        Result(name, "chain", gbps(ctx.size, chain), GBPS, peer),
+    ]
+
+
+async def _replicate_both(ctx: Context, url: str, data: mmap.mmap) -> tuple[float, float]:
+    async with AsyncClient(url) as client:
+        chunks = client.chunks
+        assert isinstance(chunks, RemoteChunks)
+        view = memoryview(data)[: ctx.size]
+        step = client.options.chunk_size
+        pieces = [view[i : i + step] for i in range(0, ctx.size, step)]
+        refs = [chunk_ref(p) for p in pieces]
+        placements = await client.meta.request(Prepare(tuple(refs), 3))
+        slots = asyncio.Semaphore(client.options.max_inflight)
+
+        async def fan(i: int) -> None:
+            async with slots:
+                nodes = placements[i].nodes
+                await asyncio.gather(*(chunks.write(n, refs[i], pieces[i]) for n in nodes))
+
+        async def chain(i: int) -> None:
+            async with slots:
+                await chunks.write_chain(placements[i].nodes, refs[i], pieces[i])
+
+        times = []
+        for how, label in ((fan, "fan-out"), (chain, "chain")):
+            with ctx.step(f"RF=3 {label}", ctx.size) as tick:
+                start = perf_counter()
+                await asyncio.gather(*(how(i) for i in range(len(pieces))))
+                times.append(perf_counter() - start)
+                tick(ctx.size)
+        pieces.clear()  # no view of the shared buffer may outlive the run
+        view.release()
+        return times[0], times[1]
 
 
 @workload("cluster-read", "warm sequential read from a 3-node cluster vs plain read")

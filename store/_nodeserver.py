@@ -29,6 +29,7 @@ from ._chunkstore import LocalChunkStore
 from ._config import DEFAULT_CHUNK_SIZE
 from ._errors import GrabenError, PermissionDenied, ProtocolError
 from ._group import Batcher
+from ._remote import Pool
 from ._rpc import Answer, Connection, Handler, PayloadSink, Server, every, stop
 from ._types import Capability, ChunkCall, ChunkRef, Heartbeat, NodeState, Op, ReportBad, Request
 from ._wire import Call, decode, encode, to_wire
@@ -75,6 +76,7 @@ class DataNode:
         self._scrubbing: asyncio.Task[None] | None = None
         self.scrub_interval = scrub_interval
         self._meta_conn: Connection | None = None
+        self._peers = Pool()  # other data nodes, for chain replication
         self._small: Batcher[tuple[ChunkRef, memoryview], None] = Batcher(
             partial(self._run, self.store.write_group), max_size=256, concurrency=2
         )
@@ -100,6 +102,7 @@ class DataNode:
         await stop(self._beating, self._scrubbing)
         if self.server is not None:
             await self.server.close()
+        await self._peers.close()
         self._io.shutdown(wait=True)
         self.store.close()
 
@@ -114,27 +117,49 @@ class DataNode:
         self._lent[id(view)] = buffer
         return view
 
-    def _allowed(self, call: Call, op: Op) -> ChunkRef:
-        """The chunk a read or write call names, if its capability allows the op."""
+    def _allowed(self, call: Call, op: Op) -> ChunkCall:
+        """The call's chunk and what goes with it, if its capability allows the op."""
         request: ChunkCall = decode(call.body, ChunkCall)
         _auth.check(self._secret, request.cap, request.chunk.id, op, time.time())
-        return request.chunk
+        return request
 
     async def _write(self, call: Call, payload: memoryview | None) -> Answer:
         buffer = self._lent.pop(id(payload), None)
         try:
-            chunk = self._allowed(call, "write")
+            request = self._allowed(call, "write")
             data = payload if payload is not None else memoryview(b"")
-            if chunk.length <= GROUP_SYNC_MAX:
-                await self._small.submit((chunk, data))
+            if request.forward:
+                await self._store_and_forward(request, data)
             else:
-                await self._run(self.store.write, chunk, data)
+                await self._store(request.chunk, data)
         finally:
             if payload is not None:
                 payload.release()
             if buffer is not None:
                 self.pool.put(buffer)
         return Answer()
+
+    async def _store(self, chunk: ChunkRef, data: memoryview) -> None:
+        if chunk.length <= GROUP_SYNC_MAX:
+            await self._small.submit((chunk, data))
+        else:
+            await self._run(self.store.write, chunk, data)
+
+    async def _store_and_forward(self, request: ChunkCall, data: memoryview) -> None:
+        """Chain replication: our copy and the rest of the chain's, at once."""
+        nxt, *rest = request.forward
+        forwarded = ChunkCall(request.chunk, request.cap, tuple(rest))
+
+        async def forward() -> None:
+            conn = await self._peers.get(nxt)
+            await conn.call("chunk.write", encode(forwarded), payload=data)
+
+        results = await asyncio.gather(
+            self._store(request.chunk, data), forward(), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def _write_many(self, call: Call, payload: memoryview | None) -> Answer:
         """Small chunks in one payload, each with its own capability; each one's error."""
@@ -166,7 +191,7 @@ class DataNode:
                 self.pool.put(buffer)
 
     async def _read(self, call: Call, payload: memoryview | None) -> Answer:
-        chunk = self._allowed(call, "read")
+        chunk = self._allowed(call, "read").chunk
         buffer = self.pool.get(chunk.length)
         view = memoryview(buffer)[: chunk.length]
         try:

@@ -132,7 +132,7 @@ class Grants:
         return cap
 
 
-class _Pool:
+class Pool:
     """One lazily opened, re-opened-on-loss connection per address."""
 
     def __init__(self) -> None:
@@ -162,7 +162,7 @@ class RemoteMeta:
 
     def __init__(self, host: str, port: int, token: str) -> None:
         self.address = f"{host}:{port}"
-        self._pool = _Pool()
+        self._pool = Pool()
         self._token = token
         self.grants = Grants(lambda chunks, op: self.request(Grant(chunks, op)))
         """Capabilities that came with replies; chunk transports use and refresh them."""
@@ -264,7 +264,7 @@ class RemoteChunks:
         self._batchers: dict[str, Batcher[tuple[ChunkCall, memoryview], None]] = {}
         self._list_nodes, self._checker, self._owns_checker = list_nodes, checker, owns_checker
         self._nodes: dict[str, NodeState] = {}
-        self._pool = _Pool()
+        self._pool = Pool()
         # Read-ahead: chunk id -> a fetch into a buffer of ours, at most the window.
         self._ahead: OrderedDict[str, asyncio.Task[bytearray]] = OrderedDict()
         self._spare: list[bytearray] = []  # touched buffers: fresh memory faults at ~1.5 GB/s
@@ -299,6 +299,16 @@ class RemoteChunks:
             return
         conn = await self._conn(node)
         await conn.call("chunk.write", encode(ChunkCall(chunk, cap)), payload=data)
+
+    async def write_chain(self, nodes: Sequence[str], chunk: ChunkRef, data: memoryview) -> None:
+        """Chain replication (measured against fan-out by ``graben bench``; fan-out
+        is what writers use): the first node passes the chunk down the chain.
+        Returns once every node has it durably; fails if any did not."""
+        await self._refresh()
+        cap = await self._grants.get(chunk.id, "write")
+        forward = tuple(self._nodes[n].address for n in nodes[1:])
+        conn = await self._conn(nodes[0])
+        await conn.call("chunk.write", encode(ChunkCall(chunk, cap, forward)), payload=data)
 
     def _small_writes(self, node: str) -> Batcher[tuple[ChunkCall, memoryview], None]:
         batcher = self._batchers.get(node)

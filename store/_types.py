@@ -93,6 +93,9 @@ class ChunkCall(msgspec.Struct, frozen=True):
     """The chunk to read or write."""
     cap: Capability
     """The metadata service's permission for this op on this chunk."""
+    forward: tuple[str, ...] = ()
+    """Chain replication: addresses of further replicas, each passing the chunk
+    on to the next while it stores its own copy (writes only)."""
 
 
 class Extent(msgspec.Struct, frozen=True):

@@ -13,13 +13,22 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from graben.store import Client, PermissionDenied, _loop, connect
+from graben.store import Client, PermissionDenied, Unavailable, _loop, connect
 from graben.store._auth import client_token, grant, load_secret
 from graben.store._cli_cluster import local_cluster
 from graben.store._hashing import chunk_ref
-from graben.store._remote import REFRESH_BEFORE_S, Grants
+from graben.store._remote import REFRESH_BEFORE_S, Grants, RemoteChunks
 from graben.store._rpc import Connection
-from graben.store._types import Capability, ChunkCall, ChunkRef, GetLayout, Grant, Op, WireError
+from graben.store._types import (
+    Capability,
+    ChunkCall,
+    ChunkRef,
+    GetLayout,
+    Grant,
+    Op,
+    Prepare,
+    WireError,
+)
 from graben.store._wire import NIL, decode, encode
 
 OTHER_SECRET = b"not-the-cluster-secret-at-all"
@@ -259,3 +268,33 @@ def test_a_grouped_write_stores_only_the_chunks_it_may(authorised: Client) -> No
     assert _read(address, ok, grant(_secret(), ok.id, "read", 60, now)) == good
     with pytest.raises(FileNotFoundError):
         _read(address, refused, grant(_secret(), refused.id, "read", 60, now))
+
+
+def test_chain_replication_stores_a_copy_on_every_node_of_the_chain(authorised: Client) -> None:
+    data = os.urandom(200_000)
+    chunk = chunk_ref(data)
+    chunks = authorised.aio.chunks
+    assert isinstance(chunks, RemoteChunks)
+
+    async def scenario() -> list[bytes]:
+        [placement] = await authorised.aio.meta.request(Prepare((chunk,), 3))
+        await chunks.write_chain(placement.nodes, chunk, memoryview(data))
+        copies = []
+        for node in placement.nodes:
+            into = bytearray(chunk.length)
+            await chunks.read(node, chunk, memoryview(into))
+            copies.append(bytes(into))
+        return copies
+
+    assert _loop.run(scenario()) == [data] * 3
+
+
+def test_a_chain_whose_next_hop_is_down_fails_the_write(authorised: Client) -> None:
+    authorised.put("/anchor", b"a", replication=1)
+    address = authorised.health().nodes[0].address
+    data = os.urandom(10_000)
+    chunk = chunk_ref(data)
+    cap = grant(_secret(), chunk.id, "write", 60, time.time())
+    call = ChunkCall(chunk, cap, forward=("127.0.0.1:1",))  # nobody listens on port 1
+    with pytest.raises(Unavailable):
+        _loop.run(_node_call(address, "chunk.write", encode(call), payload=memoryview(data)))
