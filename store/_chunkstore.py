@@ -65,7 +65,7 @@ class LocalChunkStore:
 
     def write(self, chunk: ChunkRef, data: memoryview) -> None:
         """Store a chunk durably; refuse it if its bytes do not match ``chunk``."""
-        self._place(chunk, data, _fsync)
+        self._place(chunk, data, durable=True)
 
     def write_group(self, items: Sequence[tuple[ChunkRef, memoryview]]) -> list[GrabenError | None]:
         """Store several chunks durably with one sync; each one's error or ``None``, in order.
@@ -74,7 +74,7 @@ class LocalChunkStore:
         """
         if _syncfs is None:
             return [_error_of(self.write, chunk, data) for chunk, data in items]
-        results = [_error_of(self._place, chunk, data, _no_sync) for chunk, data in items]
+        results = [_error_of(self._place, chunk, data, False) for chunk, data in items]
         try:
             _syncfs(self.root)
         except OSError as exc:
@@ -82,33 +82,37 @@ class LocalChunkStore:
             return [failed if r is None else r for r in results]
         return results
 
-    def _place(self, chunk: ChunkRef, data: memoryview, sync: Callable[[int], None]) -> None:
+    def _place(self, chunk: ChunkRef, data: memoryview, durable: bool) -> None:
+        """Write, rename into place, and (if ``durable``) fsync the file and its directories."""
         final = self.path(chunk.id)
         if data.nbytes != chunk.length or crc32c(data) != chunk.crc32c:
             raise IntegrityError("chunk bytes do not match their crc32c; not stored", chunk.id)
         tmp = self._tmp / f"{chunk.id}.{os.getpid()}.{secrets.token_hex(4)}"
         try:
-            self._write_file(tmp, data, sync)
+            self._write_file(tmp, data, durable)
             try:
                 os.rename(tmp, final)
             except FileNotFoundError:
                 final.parent.mkdir(parents=True, exist_ok=True)
-                _sync_dir(final.parent.parent, sync)
-                _sync_dir(self.root, sync)
+                if durable:
+                    _fsync_dir(final.parent.parent)
+                    _fsync_dir(self.root)
                 os.rename(tmp, final)
-            _sync_dir(final.parent, sync)
+            if durable:
+                _fsync_dir(final.parent)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise from_os_error(exc, str(final)) from exc
 
     @staticmethod
-    def _write_file(path: Path, data: memoryview, sync: Callable[[int], None]) -> None:
+    def _write_file(path: Path, data: memoryview, durable: bool) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             done = 0
             while done < data.nbytes:
                 done += os.pwrite(fd, data[done:], done)
-            sync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
 
@@ -290,24 +294,13 @@ def _subdirs(path: Path) -> Iterator[Path]:
             yield Path(entry.path)
 
 
-def _fsync(fd: int) -> None:
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     except OSError as exc:
-        if exc.errno != errno.EINVAL:  # a directory on a filesystem that cannot
+        if exc.errno != errno.EINVAL:  # a filesystem that cannot sync directories
             raise
-
-
-def _no_sync(fd: int) -> None:
-    """Leave it to the group's one ``syncfs``."""
-
-
-def _sync_dir(path: Path, sync: Callable[[int], None]) -> None:
-    if sync is _no_sync:
-        return
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        sync(fd)
     finally:
         os.close(fd)
 

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
+K = TypeVar("K")
 T = TypeVar("T")
 R = TypeVar("R")
 MAX_GROUP = 4096
@@ -81,3 +82,17 @@ class Batcher(Generic[T, R]):
             units += self._size(self._queue[0][0])
             group.append(self._queue.popleft())
         return group
+
+
+class Batchers(Generic[K, T, R]):
+    """One ``Batcher`` per key (a node, a replication factor), made on first use."""
+
+    def __init__(self, make: Callable[[K], Batcher[T, R]]) -> None:
+        self._make = make
+        self._by_key: dict[K, Batcher[T, R]] = {}
+
+    def __getitem__(self, key: K) -> Batcher[T, R]:
+        batcher = self._by_key.get(key)
+        if batcher is None:
+            batcher = self._by_key[key] = self._make(key)
+        return batcher

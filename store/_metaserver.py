@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Union
 
-import msgspec
+from msgspec.structs import replace
 
 from . import _auth
 from ._errors import GrabenError, IntegrityError, NotFound, PermissionDenied
@@ -209,16 +209,11 @@ class MetaService:
         """A reply with the capabilities its caller will need on the data nodes."""
         if isinstance(request, Prepare):
             placements: list[Placement] = result
-            return [
-                msgspec.structs.replace(p, grant=self._caps((p.chunk.id,), "write")[0])
-                if p.upload
-                else p
-                for p in placements
-            ]
+            grants = iter(self._caps([p.chunk.id for p in placements if p.upload], "write"))
+            return [replace(p, grant=next(grants)) if p.upload else p for p in placements]
         if isinstance(result, FileLayout):
-            chunks = {x.chunk.id for x in result.extents}
-            caps = self._caps(sorted(chunks), "read")
-            return msgspec.structs.replace(result, grants={c.chunk: c for c in caps})
+            caps = self._caps({x.chunk.id for x in result.extents}, "read")
+            return replace(result, grants={c.chunk: c for c in caps})
         return result
 
     def _place(self, chunk: ChunkRef, replication: int, avoid: tuple[str, ...]) -> tuple[str, ...]:

@@ -14,10 +14,13 @@ the client token. A refused call reads and writes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 import mmap
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -27,11 +30,21 @@ from . import _auth
 from ._buffers import BufferPool
 from ._chunkstore import LocalChunkStore
 from ._config import DEFAULT_CHUNK_SIZE
-from ._errors import GrabenError, PermissionDenied, ProtocolError
+from ._errors import GrabenError, ProtocolError
 from ._group import Batcher
 from ._remote import Pool
 from ._rpc import Answer, Connection, Handler, PayloadSink, Server, every, stop
-from ._types import Capability, ChunkCall, ChunkRef, Heartbeat, NodeState, Op, ReportBad, Request
+from ._types import (
+    Capability,
+    ChunkCall,
+    ChunkRef,
+    Heartbeat,
+    NodeState,
+    Op,
+    ReportBad,
+    Request,
+    WireError,
+)
 from ._wire import Call, decode, encode, to_wire
 
 log = logging.getLogger("graben.node")
@@ -123,20 +136,25 @@ class DataNode:
         _auth.check(self._secret, request.cap, request.chunk.id, op, time.time())
         return request
 
-    async def _write(self, call: Call, payload: memoryview | None) -> Answer:
+    @contextlib.contextmanager
+    def _received(self, payload: memoryview | None) -> Iterator[memoryview]:
+        """A call's payload, landed in a pooled buffer that goes back after the block."""
         buffer = self._lent.pop(id(payload), None)
+        data = payload if payload is not None else memoryview(b"")
         try:
+            yield data
+        finally:
+            data.release()
+            if buffer is not None:
+                self.pool.put(buffer)
+
+    async def _write(self, call: Call, payload: memoryview | None) -> Answer:
+        with self._received(payload) as data:
             request = self._allowed(call, "write")
-            data = payload if payload is not None else memoryview(b"")
             if request.forward:
                 await self._store_and_forward(request, data)
             else:
                 await self._store(request.chunk, data)
-        finally:
-            if payload is not None:
-                payload.release()
-            if buffer is not None:
-                self.pool.put(buffer)
         return Answer()
 
     async def _store(self, chunk: ChunkRef, data: memoryview) -> None:
@@ -163,32 +181,23 @@ class DataNode:
 
     async def _write_many(self, call: Call, payload: memoryview | None) -> Answer:
         """Small chunks in one payload, each with its own capability; each one's error."""
-        buffer = self._lent.pop(id(payload), None)
-        data = payload if payload is not None else memoryview(b"")
-        try:
+        with self._received(payload) as data:
             calls = decode(call.body, list[ChunkCall])
-            if sum(c.chunk.length for c in calls) != data.nbytes:
+            ends = list(itertools.accumulate(c.chunk.length for c in calls))
+            if (ends[-1] if ends else 0) != data.nbytes:
                 raise ProtocolError("chunk.write_many: lengths do not add up to the payload")
-            errors: list[GrabenError | None] = []
-            items, offset = [], 0
-            for c in calls:
-                piece = data[offset : offset + c.chunk.length]
-                offset += c.chunk.length
-                try:
-                    _auth.check(self._secret, c.cap, c.chunk.id, "write", time.time())
-                except PermissionDenied as exc:
-                    errors.append(exc)
-                    continue
-                errors.append(None)
-                items.append((len(errors) - 1, c.chunk, piece))
-            written = await self._run(self.store.write_group, [(ch, v) for _, ch, v in items])
-            for (at, _, _), error in zip(items, written, strict=True):
-                errors[at] = error
-            return Answer(encode([None if e is None else to_wire(e) for e in errors]))
-        finally:
-            data.release()
-            if buffer is not None:
-                self.pool.put(buffer)
+            outcomes = await asyncio.gather(
+                *(
+                    self._store_allowed(c, data[end - c.chunk.length : end])
+                    for c, end in zip(calls, ends, strict=True)
+                ),
+                return_exceptions=True,
+            )
+        return Answer(encode([_wire_error(o) for o in outcomes]))
+
+    async def _store_allowed(self, request: ChunkCall, data: memoryview) -> None:
+        _auth.check(self._secret, request.cap, request.chunk.id, "write", time.time())
+        await self._store(request.chunk, data)
 
     async def _read(self, call: Call, payload: memoryview | None) -> Answer:
         chunk = self._allowed(call, "read").chunk
@@ -241,3 +250,12 @@ class DataNode:
                 reason = "scrub: content does not match its name"
                 await self._tell_meta(ReportBad(chunk_id, self.id, reason))
         return bad
+
+
+def _wire_error(outcome: BaseException | None) -> WireError | None:
+    """One chunk's outcome in a ``chunk.write_many`` reply."""
+    if outcome is None:
+        return None
+    if isinstance(outcome, GrabenError):
+        return to_wire(outcome)
+    raise outcome  # not the chunk's fault: the whole call fails

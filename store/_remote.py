@@ -24,7 +24,7 @@ from functools import partial
 from typing import TypeVar
 
 from ._errors import GrabenError, IntegrityError, PermissionDenied, Unavailable
-from ._group import Batcher
+from ._group import Batcher, Batchers
 from ._hashing import crc32c
 from ._rpc import Connection
 from ._types import (
@@ -167,7 +167,11 @@ class RemoteMeta:
         self.grants = Grants(lambda chunks, op: self.request(Grant(chunks, op)))
         """Capabilities that came with replies; chunk transports use and refresh them."""
         # Many writers in one process: their placements and commits share round trips.
-        self._prepares: dict[int, Batcher[Prepare, list[Placement]]] = {}
+        self._prepares: Batchers[int, Prepare, list[Placement]] = Batchers(
+            lambda _replication: Batcher(
+                self._prepare_together, size=lambda p: len(p.chunks), max_size=1024, concurrency=4
+            )
+        )
         self._commits: Batcher[Commit, list[FileInfo]] = Batcher(
             self._commit_each, size=lambda c: len(c.files), max_size=1024, concurrency=2
         )
@@ -180,21 +184,12 @@ class RemoteMeta:
         """
         result: object
         if isinstance(request, Prepare) and not request.avoid:
-            result = await self._prepare_batcher(request.replication).submit(request)
+            result = await self._prepares[request.replication].submit(request)
         elif isinstance(request, Commit):
             result = await self._commits.submit(request)
         else:
             return await self._send(request)
         return result  # type: ignore[return-value]
-
-    def _prepare_batcher(self, replication: int) -> Batcher[Prepare, list[Placement]]:
-        batcher = self._prepares.get(replication)
-        if batcher is None:
-            batcher = Batcher(
-                self._prepare_together, size=lambda p: len(p.chunks), max_size=1024, concurrency=4
-            )
-            self._prepares[replication] = batcher
-        return batcher
 
     async def _prepare_together(self, requests: list[Prepare]) -> list[list[Placement]]:
         if len(requests) == 1:
@@ -261,7 +256,14 @@ class RemoteChunks:
     ) -> None:
         self._window = read_ahead
         self._grants, self._token = grants, token
-        self._batchers: dict[str, Batcher[tuple[ChunkCall, memoryview], None]] = {}
+        self._small_writes: Batchers[str, tuple[ChunkCall, memoryview], None] = Batchers(
+            lambda node: Batcher(
+                partial(self._write_many, node),
+                size=lambda item: item[0].chunk.length,
+                max_size=SMALL_GROUP_BYTES,
+                concurrency=2,
+            )
+        )
         self._list_nodes, self._checker, self._owns_checker = list_nodes, checker, owns_checker
         self._nodes: dict[str, NodeState] = {}
         self._pool = Pool()
@@ -284,18 +286,21 @@ class RemoteChunks:
     async def _refresh(self) -> None:
         self._nodes = {n.id: n for n in await self._list_nodes()}
 
-    async def _conn(self, node: str) -> Connection:
+    async def _address(self, node: str) -> str:
         if node not in self._nodes:
             await self._refresh()
         state = self._nodes.get(node)
         if state is None:
             raise Unavailable(f"the metadata service knows no data node {node!r}")
-        return await self._pool.get(state.address)
+        return state.address
+
+    async def _conn(self, node: str) -> Connection:
+        return await self._pool.get(await self._address(node))
 
     async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
         cap = await self._grants.get(chunk.id, "write")
         if chunk.length <= SMALL_WRITE_MAX:
-            await self._small_writes(node).submit((ChunkCall(chunk, cap), data))
+            await self._small_writes[node].submit((ChunkCall(chunk, cap), data))
             return
         conn = await self._conn(node)
         await conn.call("chunk.write", encode(ChunkCall(chunk, cap)), payload=data)
@@ -304,23 +309,10 @@ class RemoteChunks:
         """Chain replication (measured against fan-out by ``graben bench``; fan-out
         is what writers use): the first node passes the chunk down the chain.
         Returns once every node has it durably; fails if any did not."""
-        await self._refresh()
         cap = await self._grants.get(chunk.id, "write")
-        forward = tuple(self._nodes[n].address for n in nodes[1:])
+        forward = tuple([await self._address(n) for n in nodes[1:]])
         conn = await self._conn(nodes[0])
         await conn.call("chunk.write", encode(ChunkCall(chunk, cap, forward)), payload=data)
-
-    def _small_writes(self, node: str) -> Batcher[tuple[ChunkCall, memoryview], None]:
-        batcher = self._batchers.get(node)
-        if batcher is None:
-            batcher = Batcher(
-                partial(self._write_many, node),
-                size=lambda item: item[0].chunk.length,
-                max_size=SMALL_GROUP_BYTES,
-                concurrency=2,
-            )
-            self._batchers[node] = batcher
-        return batcher
 
     async def _write_many(
         self, node: str, items: list[tuple[ChunkCall, memoryview]]

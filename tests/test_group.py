@@ -11,7 +11,7 @@ import pytest
 
 from graben.store import AlreadyExists, AsyncClient, FileInfo, IntegrityError, connect
 from graben.store._chunkstore import LocalChunkStore
-from graben.store._group import Batcher
+from graben.store._group import Batcher, Batchers
 from graben.store._hashing import chunk_ref
 from graben.store._namespace import Namespace
 from graben.store._sqlite import SQLiteRepository
@@ -153,3 +153,16 @@ def test_concurrent_puts_on_a_cluster_commit_independently(cluster_url: str) -> 
     results = asyncio.run(scenario())
     assert isinstance(results.pop(20), AlreadyExists)
     assert all(isinstance(r, FileInfo) for r in results)
+
+
+def test_batchers_make_one_batcher_per_key() -> None:
+    made: list[str] = []
+
+    def make(key: str) -> Batcher[int, int]:
+        made.append(key)
+        return Batcher(Recorder())
+
+    batchers: Batchers[str, int, int] = Batchers(make)
+    assert batchers["a"] is batchers["a"]
+    assert batchers["b"] is not batchers["a"]
+    assert made == ["a", "b"]
