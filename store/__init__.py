@@ -26,6 +26,7 @@ from ._errors import (
     Unavailable,
 )
 from ._files import ReadFile, WriteFile
+from ._fsspec import GrabenFileSystem
 from ._paths import normalize as normalize_path
 from ._types import ChunkProblem, FileInfo, FsckReport
 
@@ -40,6 +41,7 @@ __all__ = [
     "FileInfo",
     "FsckReport",
     "GrabenError",
+    "GrabenFileSystem",
     "IntegrityError",
     "InvalidArgument",
     "InvalidPath",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Literal
@@ -32,6 +32,8 @@ from ._types import (
     ChunkRefs,
     ChunkUsers,
     Collectable,
+    Commit,
+    FileCommit,
     FileInfo,
     FsckReport,
     GetHealth,
@@ -238,6 +240,37 @@ class AsyncClient:
             replication=replication or self.replication,
             max_inflight=self.options.max_inflight,
         )
+
+    async def copy(self, src: str, dst: str, *, exclusive: bool = False) -> FileInfo:
+        """A new file at ``dst`` with ``src``'s content, without moving a byte.
+
+        The copy shares ``src``'s chunks (one metadata commit, whatever the
+        size); later writes to either path leave the other alone. Missing
+        parents of ``dst`` are created; ``exclusive`` refuses an existing one.
+        """
+        layout = await self.meta.request(GetLayout(_paths.normalize(src)))
+        mode: WriteMode = "create" if exclusive else "overwrite"
+        commit = FileCommit(
+            _paths.normalize(dst), layout.extents, (), mode, layout.info.replication
+        )
+        [info] = await self.meta.request(Commit((commit,)))
+        return info
+
+    async def commit_uploads(self, uploads: Sequence[Upload]) -> list[FileInfo]:
+        """Make several uploads visible in one transaction: all of them or none.
+
+        Each upload's chunks are waited for first; if any fails, nothing is
+        committed and the error is raised.
+        """
+        finished = await asyncio.gather(*(u.finish() for u in uploads), return_exceptions=True)
+        commits = []
+        for outcome in finished:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            commits.append(outcome)
+        if not commits:
+            return []
+        return await self.meta.request(Commit(tuple(commits)))
 
     async def _check_writable(self, path: str, mode: WriteMode) -> None:
         try:

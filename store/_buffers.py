@@ -9,8 +9,10 @@ buffer that is not page-aligned run 4.5x slower: so chunk buffers come from
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import threading
+from typing import Any
 
 
 class BufferPool:
@@ -51,3 +53,55 @@ def _unmap(buffer: mmap.mmap) -> None:
     # A view may still be alive somewhere; then the mapping goes with it.
     with contextlib.suppress(BufferError):
         buffer.close()
+
+
+# -- bytes filled in place ------------------------------------------------------
+#
+# ``get`` returns ``bytes``; building them in a bytearray and copying costs a
+# second pass over fresh memory (0.29 against 0.92 GB/s for 512 MiB here).
+# CPython's C API allows filling a new bytes object before anyone else sees it
+# (``PyBytes_FromStringAndSize(NULL, n)``); with huge pages advised for the
+# span the first touch runs at ~2.3 GB/s.
+
+_HUGE_PAGE = 2 * 1024 * 1024
+_MADV_HUGEPAGE = 14
+_FILL_IN_PLACE_MIN = 4 * _HUGE_PAGE
+"""Smaller results are built the plain way: the saving is not worth the ctypes calls."""
+
+
+def _c_api() -> tuple[Any, Any, Any] | None:
+    try:
+        new = ctypes.pythonapi.PyBytes_FromStringAndSize
+        new.restype, new.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_ssize_t)
+        address = ctypes.pythonapi.PyBytes_AsString
+        address.restype, address.argtypes = ctypes.c_void_p, (ctypes.py_object,)
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+        madvise.restype = ctypes.c_int
+        madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    except (AttributeError, OSError):  # not CPython, or no madvise
+        return None
+    return new, address, madvise
+
+
+_API = _c_api()
+
+
+def writable_bytes(size: int) -> tuple[bytes | bytearray, memoryview]:
+    """A new object of ``size`` bytes and a writable view of it.
+
+    Large ones are ``bytes`` filled in place: fill all of the view, release
+    it, and only then share the bytes. Elsewhere a ``bytearray``, for the
+    caller to turn into bytes.
+    """
+    if _API is None or size < _FILL_IN_PLACE_MIN:
+        out = bytearray(size)
+        return out, memoryview(out)
+    new, address, madvise = _API
+    result: bytes = new(None, size)
+    start = address(result)
+    lo = -(-start // _HUGE_PAGE) * _HUGE_PAGE
+    hi = (start + size) // _HUGE_PAGE * _HUGE_PAGE
+    if hi > lo:
+        madvise(lo, hi - lo, _MADV_HUGEPAGE)  # advice only: failure changes nothing
+    return result, memoryview((ctypes.c_char * size).from_address(start)).cast("B")

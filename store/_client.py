@@ -89,6 +89,10 @@ class Client:
         """Store ``data`` at ``path`` in one commit, without copying it."""
         return _loop.run(self.aio.put(path, data, exclusive=exclusive, replication=replication))
 
+    def copy(self, src: str, dst: str, *, exclusive: bool = False) -> FileInfo:
+        """A new file at ``dst`` sharing ``src``'s chunks: metadata only, whatever the size."""
+        return _loop.run(self.aio.copy(src, dst, exclusive=exclusive))
+
     def get(self, path: str) -> bytes:
         """A file's whole content."""
         return _loop.run(self.aio.get(path))

@@ -79,9 +79,9 @@ class WriteFile(io.BufferedIOBase):
     (with a ``ResourceWarning``): nothing half-written ever becomes visible.
     """
 
-    def __init__(self, upload: Upload, staging: Staging) -> None:
+    def __init__(self, upload: Upload, staging: Staging, *, autocommit: bool = True) -> None:
         super().__init__()
-        self._upload, self._staging = upload, staging
+        self.upload, self._staging, self._autocommit = upload, staging, autocommit
         self.name = upload.path
         self.mode = "wb"
         self.info: FileInfo | None = None
@@ -95,7 +95,7 @@ class WriteFile(io.BufferedIOBase):
         if self._done:
             raise ValueError("write to a closed file")
         for chunk, release in self._staging.feed(data):
-            _loop.run(self._upload.add(chunk, release))
+            _loop.run(self.upload.add(chunk, release))
         size = memoryview(data).nbytes
         self._pos += size
         return size
@@ -103,7 +103,7 @@ class WriteFile(io.BufferedIOBase):
     def _send(self) -> None:
         detached = self._staging.detach()
         if detached is not None:
-            _loop.run(self._upload.add(*detached))
+            _loop.run(self.upload.add(*detached))
 
     def tell(self) -> int:
         return self._pos
@@ -117,19 +117,39 @@ class WriteFile(io.BufferedIOBase):
         """Nothing to do: bytes become durable and visible at ``close``."""
 
     def close(self) -> None:
-        """Upload what is staged and commit; the new version is visible on return."""
+        """Upload what is staged and commit; the new version is visible on return.
+
+        Opened with ``autocommit=False``, only upload: ``commit`` (or
+        ``AsyncClient.commit_uploads``, for several files at once) publishes it.
+        """
         if self._done:
             super().close()
             return
         self._done = True
         try:
             self._send()
-            self.info = _loop.run(self._upload.commit())
+            if self._autocommit:
+                self.info = _loop.run(self.upload.commit())
+            else:
+                _loop.run(self.upload.finish())  # upload errors surface here, not later
         except BaseException:
             self._discard()
             raise
         finally:
             super().close()
+
+    def commit(self) -> None:
+        """Publish a file closed with ``autocommit=False``."""
+        self.close()
+        if self.info is None:
+            self.info = _loop.run(self.upload.commit())
+
+    def discard(self) -> None:
+        """Drop a file opened with ``autocommit=False`` (or abort an open one)."""
+        if self._done and self.info is None:
+            self._staging.discard()
+            _loop.run(self.upload.abort())
+        self.abort()
 
     def abort(self) -> None:
         """Discard the file: nothing becomes visible."""
@@ -140,7 +160,7 @@ class WriteFile(io.BufferedIOBase):
 
     def _discard(self) -> None:
         self._staging.discard()
-        _loop.run(self._upload.abort())
+        _loop.run(self.upload.abort())
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

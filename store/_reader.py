@@ -22,7 +22,7 @@ import mmap
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
-from ._buffers import BufferPool
+from ._buffers import BufferPool, writable_bytes
 from ._errors import GrabenError, IntegrityError, NotFound, Timeout, Unavailable
 from ._transport import ChunkTransport
 from ._types import ChunkRef, Extent, FileLayout
@@ -31,6 +31,9 @@ _RETRYABLE = (IntegrityError, NotFound, Unavailable, Timeout)
 Report = Callable[[str, str, str], Awaitable[None]]
 """(chunk, node, reason): tell the store a copy is damaged."""
 CACHED_CHUNKS = 2
+MAX_FETCHES = 4
+"""Chunks one large read fetches at once. Reading 512 MiB of a cluster file in one
+call ran at 0.5 GB/s with every chunk requested at once, 1.8 GB/s four at a time."""
 MAX_HINT_SKIP = 64
 """Chunks a reader may go without hints while they keep being at hand already."""
 
@@ -72,17 +75,21 @@ class Reader:
             jobs, last = self._plan(offset, into[:n])
             if offset == self._next_offset:
                 self._hint(last + 1)
-            await asyncio.gather(*jobs)
+            if len(jobs) <= MAX_FETCHES:
+                await asyncio.gather(*jobs)
+            else:
+                slots = asyncio.Semaphore(MAX_FETCHES)
+                await asyncio.gather(*(_bounded(slots, job) for job in jobs))
             self._next_offset = offset + n
             return n
 
     async def read(self, offset: int, size: int) -> bytes:
         """Bytes ``[offset, offset + size)``, cut at the end of the file."""
         n = max(0, min(size, self.size - offset))
-        out = bytearray(n)
-        with memoryview(out) as view:
+        out, view = writable_bytes(n)
+        with view:
             await self.readinto(offset, view)
-        return bytes(out)
+        return out if isinstance(out, bytes) else bytes(out)
 
     async def close(self) -> None:
         """Return cached buffers to the pool."""
@@ -254,3 +261,8 @@ class Reader:
 
 def _whole(extent: Extent) -> bool:
     return extent.chunk_offset == 0 and extent.length == extent.chunk.length
+
+
+async def _bounded(slots: asyncio.Semaphore, job: Awaitable[None]) -> None:
+    async with slots:
+        await job

@@ -144,6 +144,14 @@ class Upload:
 
     async def commit(self) -> FileInfo:
         """Wait for every chunk, then make the file visible atomically."""
+        [info] = await self._meta.request(Commit((await self.finish(),)))
+        return info
+
+    async def finish(self) -> FileCommit:
+        """Wait for every chunk; what a commit of the file sends (nothing visible yet).
+
+        ``AsyncClient.commit_uploads`` commits several finished files at once.
+        """
         try:
             results = await asyncio.gather(*self._tasks)
         except BaseException:
@@ -155,11 +163,9 @@ class Upload:
             offset += ref.length
             if new is not None:
                 stored[ref.id] = new
-        commit = FileCommit(
+        return FileCommit(
             self.path, tuple(extents), tuple(stored.values()), self._mode, self._replication
         )
-        [info] = await self._meta.request(Commit((commit,)))
-        return info
 
     async def abort(self) -> None:
         """Give up; nothing becomes visible.

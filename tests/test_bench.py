@@ -238,3 +238,18 @@ def test_reads_write_their_own_file_when_write_did_not_run(tmp_path: Path) -> No
         ("read-cold", "graben embedded"),
         ("read-cold", "plain read"),
     }
+
+
+@pytest.mark.slow
+def test_fsspec_workloads_measure_the_client_and_s3fs_beside_graben(tmp_path: Path) -> None:
+    """A tiny run of the fsspec workloads: real cluster, real moto server, every system reported."""
+    args = ["bench", "fsspec-*", "--size-mib", "3", "--dir", str(tmp_path / "scratch")]
+    args += ["--json", str(tmp_path / "r.json")]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.stdout", io.StringIO())
+        assert main(args) == 0
+    rows = json.loads((tmp_path / "r.json").read_text())["results"]
+    systems = {(r["workload"], r["system"]) for r in rows}
+    for name in ("fsspec-pipe", "fsspec-cat"):
+        assert {(name, "graben fsspec"), (name, "graben client"), (name, "s3fs -> moto")} <= systems
+    assert all(r["value"] > 0 and r["baseline"] == "graben client" for r in rows)

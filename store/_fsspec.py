@@ -1,0 +1,353 @@
+"""``graben://`` for fsspec: ``GrabenFileSystem``.
+
+``graben://host:port/a/b`` names ``/a/b`` on that cluster; ``graben:///a/b``
+names it on the default store (``$GRABEN_URL``, else the embedded store at
+``$GRABEN_HOME``). Registered with fsspec by the ``fsspec.specs`` entry point.
+
+Paths inside the filesystem are the store's own: absolute, ``/a/b``. What
+fsspec would do slowly is done by the store: ranged reads, uploads in chunk
+sized parts, copies that share chunks instead of moving bytes, atomic
+renames, and transactions that publish every file in one commit.
+"""
+
+from __future__ import annotations
+
+import datetime
+import mmap
+import os
+import posixpath
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+from fsspec import AbstractFileSystem
+from fsspec.callbacks import DEFAULT_CALLBACK, Callback
+from fsspec.transaction import Transaction
+from fsspec.utils import isfilelike, stringify_path
+
+from . import _loop
+from ._client import Client, connect
+from ._config import Options
+from ._errors import InvalidArgument, IsADirectory, NotFound
+from ._files import ReadFile, WriteFile
+from ._types import Buffer, FileInfo
+from ._upload import Staging
+
+PROTOCOL = "graben"
+_PREFIX = f"{PROTOCOL}://"
+_OPTIONS = frozenset(Options.__dataclass_fields__)
+_MODES = {"rb": "overwrite", "wb": "overwrite", "xb": "create"}
+
+
+class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
+    """A graben store as an fsspec filesystem.
+
+    ``GrabenFileSystem(url=None, **options)``: ``url`` as for
+    ``graben.store.connect`` (``graben://host:port``, a local path, or
+    ``None`` for the default store); ``options`` are ``Options`` fields.
+    Errors are the store's, which subclass the builtins fsspec users catch
+    (``FileNotFoundError``, ``FileExistsError``, ``IsADirectoryError``, ...).
+    """
+
+    protocol = PROTOCOL
+    root_marker = "/"
+    transaction_type: ClassVar[type[Transaction]]
+
+    def __init__(self, url: str | None = None, **options: Any) -> None:
+        super().__init__(url=url, **options)
+        known = {k: v for k, v in options.items() if k in _OPTIONS}
+        self.url = url
+        self.client: Client = connect(url, **known)
+        """The store client underneath."""
+
+    # -- URLs -------------------------------------------------------------------
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        path = stringify_path(path)
+        if path.startswith(_PREFIX):
+            rest = path[len(_PREFIX) :]
+            slash = rest.find("/")
+            path = "/" if slash < 0 else rest[slash:]
+        elif path.startswith(f"{PROTOCOL}:"):
+            path = path[len(PROTOCOL) + 1 :]
+        return "/" + path.strip("/")
+
+    @staticmethod
+    def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
+        if path.startswith(_PREFIX):
+            netloc = path[len(_PREFIX) :].split("/", 1)[0]
+            if netloc:
+                return {"url": _PREFIX + netloc}
+        return {}
+
+    def unstrip_protocol(self, name: str) -> str:
+        base = self.url if self.url and self.url.startswith(_PREFIX) else _PREFIX
+        return f"{base}{self._strip_protocol(name)}"
+
+    # -- listing and attributes ---------------------------------------------------
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        return _entry(self.client.stat(self._strip_protocol(path)))
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        entries = self.client.ls(self._strip_protocol(path))
+        if detail:
+            return [_entry(e) for e in entries]
+        return [e.path for e in entries]
+
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        try:
+            return self.client.exists(self._strip_protocol(path))
+        except (ValueError, NotADirectoryError):  # hostile path, or a file on the way
+            return False
+
+    def modified(self, path: str) -> datetime.datetime:
+        info = self.client.stat(self._strip_protocol(path))
+        return datetime.datetime.fromtimestamp(info.mtime_ns / 1e9, datetime.UTC)
+
+    created = modified  # a version is created by its commit
+
+    def checksum(self, path: str) -> int:
+        """Changes whenever a new version is committed at ``path``."""
+        info = self.client.stat(self._strip_protocol(path))
+        return hash((info.inode, info.generation, info.size))
+
+    # -- namespace ----------------------------------------------------------------
+
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        self.client.mkdir(self._strip_protocol(path), parents=create_parents)
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        self.client.mkdir(self._strip_protocol(path), parents=True, exist_ok=exist_ok)
+
+    def rmdir(self, path: str) -> None:
+        path = self._strip_protocol(path)
+        if not self.client.stat(path).is_dir:
+            raise NotADirectoryError(f"not a directory: {path}")
+        self.client.rm(path)
+
+    def rm_file(self, path: str) -> None:
+        path = self._strip_protocol(path)
+        if self.client.stat(path).is_dir:
+            raise IsADirectory("is a directory (use rm with recursive=True)", path)
+        self.client.rm(path)
+
+    def _rm(self, path: str) -> None:
+        self.client.rm(self._strip_protocol(path))
+
+    def rm(
+        self, path: str | list[str], recursive: bool = False, maxdepth: int | None = None
+    ) -> None:
+        """Remove paths; ``recursive`` takes whole trees, each in one transaction."""
+        if maxdepth is not None:  # fsspec's own walk honours the depth
+            super().rm(path, recursive=recursive, maxdepth=maxdepth)
+            return
+        paths = [path] if isinstance(path, str) else list(path)
+        for p in paths:
+            if _has_magic(p):
+                self.rm(self.expand_path(p, recursive=recursive), recursive=recursive)
+                continue
+            try:
+                self.client.rm(self._strip_protocol(p), recursive=recursive)
+            except NotFound:
+                if isinstance(path, str):
+                    raise
+                # a list from expand_path names children of trees removed before them
+
+    def mv(
+        self,
+        path1: str | list[str],
+        path2: str | list[str],
+        recursive: bool = False,
+        maxdepth: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Atomic rename (files and whole directories): never a copy and a delete.
+
+        Like ``shutil.move``, a source moved onto an existing directory goes
+        inside it.
+        """
+        if not (isinstance(path1, str) and isinstance(path2, str)) or _has_magic(path1):
+            super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
+            return
+        src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
+        if src != dst and self.isdir(dst):
+            dst = posixpath.join(dst, posixpath.basename(src))
+        self.client.rename(src, dst)
+
+    rename = mv
+
+    # -- data ---------------------------------------------------------------------
+
+    def cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
+    ) -> bytes:
+        path = self._strip_protocol(path)
+        if (start or 0) >= 0 and (end is None or end >= 0):
+            return self.client.get_range(path, start or 0, end)
+        size = self.client.stat(path).size  # negative offsets count from the end
+        first = max(0, size + start) if start is not None and start < 0 else start or 0
+        last = max(0, size + end) if end is not None and end < 0 else end
+        return self.client.get_range(path, first, max(first, last) if last is not None else None)
+
+    def pipe_file(self, path: str, value: Buffer, mode: str = "overwrite", **kwargs: Any) -> None:
+        """Store ``value`` at ``path``; ``mode="create"`` raises ``FileExistsError`` if present."""
+        if mode not in ("overwrite", "create"):
+            raise InvalidArgument(f"pipe_file mode must be 'overwrite' or 'create', not {mode!r}")
+        self.client.put(self._strip_protocol(path), value, exclusive=mode == "create")
+
+    def put_file(
+        self,
+        lpath: str,
+        rpath: str,
+        callback: Callback = DEFAULT_CALLBACK,
+        mode: str = "overwrite",
+        **kwargs: Any,
+    ) -> None:
+        """Upload a local file in chunk-sized parts (a local directory: makes ``rpath``)."""
+        if os.path.isdir(lpath):
+            self.makedirs(rpath, exist_ok=True)
+            return
+        with open(lpath, "rb", buffering=0) as src:
+            callback.set_size(os.fstat(src.fileno()).st_size)
+            with self._writer(rpath, "xb" if mode == "create" else "wb") as dst:
+                for block in _blocks(src.readinto, self.client.chunk_size):
+                    dst.write(block)
+                    callback.relative_update(block.nbytes)
+
+    def get_file(
+        self,
+        rpath: str,
+        lpath: str,
+        callback: Callback = DEFAULT_CALLBACK,
+        outfile: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """Download to a local file (a directory: makes ``lpath``)."""
+        rpath = self._strip_protocol(rpath)
+        if self.client.stat(rpath).is_dir:
+            os.makedirs(lpath, exist_ok=True)
+            return
+        if outfile is None and isfilelike(lpath):
+            outfile = lpath
+        with self.client.open(rpath, "rb") as src:
+            callback.set_size(src.info.size)
+            if outfile is not None:
+                _pump_to(src, outfile.write, self.client.chunk_size, callback)
+                return
+            os.makedirs(os.path.dirname(os.path.abspath(lpath)), exist_ok=True)
+            with open(lpath, "wb") as dst:
+                _pump_to(src, dst.write, self.client.chunk_size, callback)
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        """Copy inside the store: the copy shares the source's chunks, no byte moves."""
+        src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
+        if self.client.stat(src).is_dir:
+            self.makedirs(dst, exist_ok=True)
+            return
+        self.client.copy(src, dst)
+
+    def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
+        if truncate or not self.exists(path):
+            self.pipe_file(path, b"")
+        # without truncate an existing file is left as is: versions are immutable
+
+    def _open(
+        self,
+        path: str,
+        mode: str = "rb",
+        block_size: int | None = None,
+        autocommit: bool = True,
+        cache_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> ReadFile | WriteFile:
+        path = self._strip_protocol(path)
+        if mode == "rb":
+            return self.client.open(path, "rb")
+        if mode not in _MODES:
+            raise InvalidArgument(f"graben files open as 'rb', 'wb' or 'xb', not {mode!r}", path)
+        return self._writer(path, mode, autocommit=autocommit)
+
+    def _writer(self, path: str, mode: str, *, autocommit: bool = True) -> WriteFile:
+        aio = self.client.aio
+        upload = _loop.run(aio.upload(self._strip_protocol(path), _MODES[mode]))  # type: ignore[arg-type]
+        return WriteFile(upload, Staging(aio.pool), autocommit=autocommit)
+
+
+class GrabenTransaction(Transaction):  # type: ignore[misc]
+    """``with fs.transaction:`` publishes every file written in it in one commit.
+
+    Files opened inside upload as they are written; at the end of the block
+    all of them appear at once, or (on an exception, or if any upload
+    failed) none does.
+    """
+
+    def complete(self, commit: bool = True) -> None:
+        files: list[WriteFile] = list(self.files)
+        self.files.clear()
+        try:
+            if commit and files:
+                for f in files:
+                    f.close()
+                fs: GrabenFileSystem = self.fs
+                _loop.run(fs.client.aio.commit_uploads([f.upload for f in files]))
+                return
+        except BaseException:
+            commit = False
+            raise
+        finally:
+            if not commit:
+                for f in files:
+                    f.discard()
+            self.fs._intrans = False
+
+
+GrabenFileSystem.transaction_type = GrabenTransaction
+
+
+def _entry(info: FileInfo) -> dict[str, Any]:
+    return {
+        "name": info.path,
+        "size": info.size,
+        "type": info.kind,
+        "mtime": info.mtime_ns / 1e9,
+        "mode": info.mode,
+        "inode": info.inode,
+        "generation": info.generation,
+        "replication": info.replication,
+    }
+
+
+def _has_magic(path: str) -> bool:
+    return any(c in path for c in "*?[")
+
+
+def _blocks(readinto: Any, size: int) -> Iterator[memoryview]:
+    """Views of one reused buffer, filled by ``readinto`` until it returns 0."""
+    with _buffer(size) as view:
+        while True:
+            n = readinto(view)
+            if not n:
+                return
+            with view[:n] as block:  # released before the buffer is closed
+                yield block
+
+
+def _pump_to(src: ReadFile, write: Any, size: int, callback: Callback) -> None:
+    for block in _blocks(src.readinto, size):
+        write(block)
+        callback.relative_update(block.nbytes)
+
+
+@contextmanager
+def _buffer(size: int) -> Iterator[memoryview]:
+    buffer = mmap.mmap(-1, size)  # page-aligned: reads into it run at full speed
+    view = memoryview(buffer)
+    try:
+        yield view
+    finally:
+        view.release()
+        buffer.close()
