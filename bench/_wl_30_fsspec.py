@@ -10,7 +10,7 @@ direct client and >= 5x s3fs on moto.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from time import perf_counter
 from typing import Any
@@ -24,6 +24,7 @@ from ._wl_20_cluster import local_cluster
 
 GBPS = "GB/s"
 CLIENT = "graben client"
+System = tuple[str, Callable[[], object]]
 
 
 @contextmanager
@@ -52,10 +53,16 @@ def moto_s3(_ctx: Context) -> Iterator[Any]:
         server.stop()
 
 
-def _timed(fn: Any, *args: Any) -> float:
+def _timed(fn: Callable[[], object]) -> float:
     start = perf_counter()
-    fn(*args)
+    fn()
     return perf_counter() - start
+
+
+def _abba(systems: Sequence[System]) -> list[System]:
+    """Each system twice, once before and once after the other: the disk's drift
+    between runs (it moved single runs by 20% here) falls on both alike."""
+    return [*systems, *reversed(systems)]
 
 
 @workload("fsspec-pipe", "fsspec pipe_file to graben:// vs the direct client vs s3fs on moto")
@@ -70,24 +77,22 @@ def fsspec_pipe(ctx: Context) -> list[Result]:
                 ("graben fsspec", lambda: fs.pipe_file("/bench/fsspec-pipe", payload)),
                 (CLIENT, lambda: client.put("/bench/fsspec-pipe", payload)),
             ]
-            if ctx.trial % 2:
-                systems.reverse()
-            times = {}
-            with ctx.step("fsspec pipe_file / client put", 2 * ctx.size) as tick:
-                for name, run in systems:
-                    times[name] = _timed(run)
+            times = dict.fromkeys((name for name, _ in systems), 0.0)
+            with ctx.step("fsspec pipe_file / client put", 4 * ctx.size) as tick:
+                for name, run in _abba(systems):
+                    times[name] += _timed(run)
                     client.rm("/bench/fsspec-pipe")  # or the next write would dedup
                     tick(ctx.size)
             s3_bytes = bytes(view[: ctx.size])
         with ctx.step("s3fs pipe_file to moto", len(s3_bytes)) as tick:
-            s3_time = _timed(s3.pipe_file, "bench/pipe", s3_bytes)
+            s3_time = _timed(lambda: s3.pipe_file("bench/pipe", s3_bytes))
             tick(len(s3_bytes))
         s3.rm("bench/pipe")
     finally:
         fs.client.close()
     name = "fsspec-pipe"
     return [
-        *(Result(name, s, gbps(ctx.size, t), GBPS, CLIENT) for s, t in times.items()),
+        *(Result(name, s, gbps(2 * ctx.size, t), GBPS, CLIENT) for s, t in times.items()),
         Result(name, "s3fs -> moto", gbps(len(s3_bytes), s3_time), GBPS, CLIENT),
     ]
 
@@ -103,17 +108,18 @@ def fsspec_cat(ctx: Context) -> list[Result]:
             client.put(path, view[: ctx.size])
             s3.pipe_file("bench/cat", bytes(view[: ctx.size]))
         fs.client.get(path)  # untimed: the first large result pays to map fresh memory
-        systems = [("graben fsspec", fs.cat_file), (CLIENT, fs.client.get)]
-        if ctx.trial % 2:
-            systems.reverse()
-        times = {}
-        with ctx.step("fsspec cat_file / client get", 2 * ctx.size) as tick:
-            for name, read in systems:
-                times[name] = _timed(read, path)
+        systems = [
+            ("graben fsspec", lambda: fs.cat_file(path)),
+            (CLIENT, lambda: fs.client.get(path)),
+        ]
+        times = dict.fromkeys((name for name, _ in systems), 0.0)
+        with ctx.step("fsspec cat_file / client get", 4 * ctx.size) as tick:
+            for name, read in _abba(systems):
+                times[name] += _timed(read)
                 tick(ctx.size)
         s3_size = s3.size("bench/cat")
         with ctx.step("s3fs cat_file from moto", s3_size) as tick:
-            s3_time = _timed(s3.cat_file, "bench/cat")
+            s3_time = _timed(lambda: s3.cat_file("bench/cat"))
             tick(s3_size)
         s3.rm("bench/cat")
         fs.client.rm(path)
@@ -121,6 +127,6 @@ def fsspec_cat(ctx: Context) -> list[Result]:
         fs.client.close()
     name = "fsspec-cat"
     return [
-        *(Result(name, s, gbps(ctx.size, t), GBPS, CLIENT) for s, t in times.items()),
+        *(Result(name, s, gbps(2 * ctx.size, t), GBPS, CLIENT) for s, t in times.items()),
         Result(name, "s3fs -> moto", gbps(s3_size, s3_time), GBPS, CLIENT),
     ]

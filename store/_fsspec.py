@@ -30,13 +30,13 @@ from ._client import Client, connect
 from ._config import Options
 from ._errors import InvalidArgument, IsADirectory, NotFound
 from ._files import ReadFile, WriteFile
-from ._types import Buffer, FileInfo
+from ._types import Buffer, FileInfo, WriteMode
 from ._upload import Staging
 
 PROTOCOL = "graben"
 _PREFIX = f"{PROTOCOL}://"
 _OPTIONS = frozenset(Options.__dataclass_fields__)
-_MODES = {"rb": "overwrite", "wb": "overwrite", "xb": "create"}
+_MODES: dict[str, WriteMode] = {"wb": "overwrite", "xb": "create"}
 
 
 class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
@@ -273,7 +273,7 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def _writer(self, path: str, mode: str, *, autocommit: bool = True) -> WriteFile:
         aio = self.client.aio
-        upload = _loop.run(aio.upload(self._strip_protocol(path), _MODES[mode]))  # type: ignore[arg-type]
+        upload = _loop.run(aio.upload(self._strip_protocol(path), _MODES[mode]))
         return WriteFile(upload, Staging(aio.pool), autocommit=autocommit)
 
 
