@@ -1,3 +1,12 @@
-"""graben.checkpoint: not built yet (see the open issues)."""
+"""graben.checkpoint: torch.distributed.checkpoint storage on a graben store.
 
-__all__: list[str] = []
+``GrabenWriter(url)`` / ``GrabenReader(url)`` are DCP's ``StorageWriter`` /
+``StorageReader``: pass them to ``dcp.save``, ``dcp.async_save`` and
+``dcp.load``. Saves are atomic (published by one rename), checksummed and
+incremental (unchanged tensors are not uploaded again); loads read only the
+bytes each rank needs. Files keep DCP's layout, so DCP's own tools read them.
+"""
+
+from ._storage import GrabenReader, GrabenWriter
+
+__all__ = ["GrabenReader", "GrabenWriter"]

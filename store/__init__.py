@@ -8,7 +8,7 @@ subclasses the builtin it means.
 from ._aclient import AsyncClient
 from ._afiles import AsyncReadFile, AsyncWriteFile
 from ._client import Client, connect
-from ._config import Options
+from ._config import Options, split_url
 from ._errors import (
     AlreadyExists,
     DirectoryNotEmpty,
@@ -58,4 +58,5 @@ __all__ = [
     "WriteFile",
     "connect",
     "normalize_path",
+    "split_url",
 ]

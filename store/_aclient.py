@@ -48,7 +48,10 @@ from ._types import (
     Usage,
     WriteMode,
 )
-from ._upload import Upload
+from ._upload import Staging, Upload
+
+DIRECT_PART = 64 * 1024
+"""``put_parts`` uploads parts this large from the caller's memory; smaller ones are packed."""
 
 Progress = Callable[[int], None]
 
@@ -151,13 +154,17 @@ class AsyncClient:
         """Remove a file or empty directory; everything below it with ``recursive``."""
         await self.meta.request(Remove(_paths.normalize(path), recursive))
 
-    async def rename(self, src: str, dst: str, *, replace: bool = True) -> FileInfo:
+    async def rename(
+        self, src: str, dst: str, *, replace: bool = True, replace_tree: bool = False
+    ) -> FileInfo:
         """Move atomically (``os.replace`` semantics; ``replace=False`` refuses to clobber).
 
-        Missing parents of ``dst`` are created.
+        Missing parents of ``dst`` are created. ``replace_tree`` also replaces a
+        non-empty directory, its old tree deleted in the same transaction (how a
+        checkpoint is overwritten without ever being half there).
         """
         return await self.meta.request(
-            Rename(_paths.normalize(src), _paths.normalize(dst), replace)
+            Rename(_paths.normalize(src), _paths.normalize(dst), replace, replace_tree)
         )
 
     async def _report_bad(self, chunk: str, node: str, reason: str) -> None:
@@ -191,6 +198,48 @@ class AsyncClient:
             for start in range(0, view.nbytes, step):
                 await upload.add(view[start : start + step])
         except BaseException:
+            await upload.abort()
+            raise
+        return await upload.commit()
+
+    async def put_parts(
+        self,
+        path: str,
+        parts: Sequence[Buffer],
+        *,
+        exclusive: bool = False,
+        replication: int | None = None,
+    ) -> FileInfo:
+        """Store the concatenation of ``parts`` at ``path`` in one commit.
+
+        Parts of ``DIRECT_PART`` bytes or more are uploaded from the caller's
+        memory, without a copy, as chunks of their own (cut at the chunk
+        size): a part that comes again in a later file, such as an unchanged
+        tensor in the next checkpoint, is found in the store and not sent
+        again. Smaller parts are packed together. Keep ``parts`` unchanged
+        until this returns.
+        """
+        mode: WriteMode = "create" if exclusive else "overwrite"
+        upload = await self.upload(path, mode, replication, check=False)
+        staging = Staging(self.pool)
+        step = self.options.chunk_size
+        try:
+            for part in parts:
+                view = memoryview(part).cast("B")
+                if view.nbytes < DIRECT_PART:
+                    for chunk, release in staging.feed(view):
+                        await upload.add(chunk, release)
+                    continue
+                detached = staging.detach()  # what is packed so far ends before this part
+                if detached is not None:
+                    await upload.add(*detached)
+                for start in range(0, view.nbytes, step):
+                    await upload.add(view[start : start + step])
+            detached = staging.detach()
+            if detached is not None:
+                await upload.add(*detached)
+        except BaseException:
+            staging.discard()
             await upload.abort()
             raise
         return await upload.commit()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Literal, overload
 
@@ -71,9 +72,12 @@ class Client:
         """Remove a file or empty directory; everything below it with ``recursive``."""
         _loop.run(self.aio.rm(path, recursive=recursive))
 
-    def rename(self, src: str, dst: str, *, replace: bool = True) -> FileInfo:
-        """Move atomically (``os.replace`` semantics; ``replace=False`` refuses to clobber)."""
-        return _loop.run(self.aio.rename(src, dst, replace=replace))
+    def rename(
+        self, src: str, dst: str, *, replace: bool = True, replace_tree: bool = False
+    ) -> FileInfo:
+        """Move atomically (``os.replace`` semantics; ``replace=False`` refuses to clobber;
+        ``replace_tree`` replaces a non-empty directory in the same transaction)."""
+        return _loop.run(self.aio.rename(src, dst, replace=replace, replace_tree=replace_tree))
 
     def health(self) -> Health:
         """Data nodes, and chunks short of copies (what ``graben status`` shows)."""
@@ -92,6 +96,20 @@ class Client:
     def copy(self, src: str, dst: str, *, exclusive: bool = False) -> FileInfo:
         """A new file at ``dst`` sharing ``src``'s chunks: metadata only, whatever the size."""
         return _loop.run(self.aio.copy(src, dst, exclusive=exclusive))
+
+    def put_parts(
+        self,
+        path: str,
+        parts: Sequence[Buffer],
+        *,
+        exclusive: bool = False,
+        replication: int | None = None,
+    ) -> FileInfo:
+        """Store the concatenation of ``parts``; large parts go without a copy and
+        dedup as units (see ``AsyncClient.put_parts``)."""
+        return _loop.run(
+            self.aio.put_parts(path, parts, exclusive=exclusive, replication=replication)
+        )
 
     def get(self, path: str) -> bytes:
         """A file's whole content."""

@@ -105,7 +105,7 @@ class Namespace:
             ListDir: lambda r: self.listdir(r.path),
             MakeDir: lambda r: self.mkdir(r.path, r.parents, r.exist_ok),
             Remove: lambda r: self.remove(r.path, r.recursive),
-            Rename: lambda r: self.rename(r.src, r.dst, r.replace),
+            Rename: lambda r: self.rename(r.src, r.dst, r.replace, r.replace_tree),
             GetLayout: lambda r: self.layout(r.path),
             Prepare: lambda r: self.prepare(r.chunks, r.replication, r.avoid),
             Commit: lambda r: self.commit(r.files),
@@ -262,8 +262,14 @@ class Namespace:
             count += 1
         return count
 
-    def rename(self, src: str, dst: str, replace: bool = True) -> FileInfo:
-        """Move ``src`` to ``dst`` in one transaction (``os.replace`` semantics)."""
+    def rename(
+        self, src: str, dst: str, replace: bool = True, replace_tree: bool = False
+    ) -> FileInfo:
+        """Move ``src`` to ``dst`` in one transaction (``os.replace`` semantics).
+
+        With ``replace_tree`` a non-empty destination directory is replaced too:
+        readers see the old tree or the new one, never neither.
+        """
         sparts, dparts = _paths.split(src), _paths.split(dst)
         clean_src, clean_dst = _paths.join_parts(sparts), _paths.join_parts(dparts)
         if not sparts or not dparts:
@@ -280,21 +286,23 @@ class Namespace:
             dparent = self._ensure_dirs(tx, dparts[:-1], dst)
             target = tx.lookup(dparent.id, dparts[-1])
             if target is not None:
-                self._check_replace(tx, node, target, replace, clean_dst)
+                self._check_replace(tx, node, target, replace, replace_tree, clean_dst)
                 tx.unlink(dparent.id, dparts[-1])
-                tx.delete(target.id)
+                self._delete_tree(tx, target)
             tx.unlink(sparent.id, sparts[-1])
             tx.link(dparent.id, dparts[-1], node.id)
             return _info(clean_dst, node)
 
-    def _check_replace(self, tx: Tx, node: Inode, target: Inode, replace: bool, dst: str) -> None:
-        if not replace:
+    def _check_replace(
+        self, tx: Tx, node: Inode, target: Inode, replace: bool, replace_tree: bool, dst: str
+    ) -> None:
+        if not (replace or replace_tree):
             raise AlreadyExists("destination exists", dst)
         if node.kind == "file" and target.kind == "directory":
             raise IsADirectory("cannot replace a directory with a file", dst)
         if node.kind == "directory" and target.kind == "file":
             raise NotADirectory("cannot replace a file with a directory", dst)
-        if target.kind == "directory" and tx.has_children(target.id):
+        if target.kind == "directory" and not replace_tree and tx.has_children(target.id):
             raise DirectoryNotEmpty("destination directory is not empty", dst)
 
     # -- the write path -------------------------------------------------------

@@ -245,6 +245,8 @@ class Rename(Request[FileInfo], frozen=True):
     src: str
     dst: str
     replace: bool = True
+    replace_tree: bool = False
+    """Replace a non-empty directory too, deleting its tree in the same transaction."""
 
 
 class GetLayout(Request[FileLayout], frozen=True):

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import socket
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +14,12 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from ranks_kit import assert_ok, run_ranks
 
 from graben.store import Client, GrabenFileSystem, connect
 
 MIB = 1024 * 1024
+DCP_RANKS = Path(__file__).with_name("dcp_ranks.py")
 
 
 @pytest.fixture(params=["embedded", "cluster"])
@@ -232,44 +231,17 @@ def test_pyarrow_dataset_partitioned(base: str) -> None:
     assert dataset.count_rows() == 1000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _ranks(action: str, url: str, world: int = 2) -> None:
-    port = _free_port()
-    script = Path(__file__).with_name("dcp_ranks.py")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), action, url, str(rank), str(world), str(port)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    outputs = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=240)
-        outputs.append((proc.returncode, out))
-    for code, out in outputs:
-        assert code == 0, out[-3000:]
-
-
 @pytest.mark.slow
 def test_dcp_fsspec_writer_and_reader_with_two_gloo_ranks(cluster_url: str) -> None:
     """torch DCP's stock FsspecWriter/FsspecReader on graben://, 2 real gloo ranks."""
     name = f"/ckpt-{uuid.uuid4().hex[:8]}/step-1"
     url = f"{cluster_url}{name}"
-    _ranks("save", url)
+    assert_ok(run_ranks(DCP_RANKS, "save", url, 2))
     with connect(cluster_url) as client:
         names = {e.path.rsplit("/", 1)[1] for e in client.ls(name)}
     assert ".metadata" in names
     assert {"__0_0.distcp", "__1_0.distcp"} <= names
-    _ranks("load", url)
+    assert_ok(run_ranks(DCP_RANKS, "load", url, 2))
 
 
 def test_client_copy_is_exposed(client: Client) -> None:

@@ -7,6 +7,7 @@ import errno
 import gc
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from graben.store import (
     IsADirectory,
     NotADirectory,
     NotFound,
+    connect,
 )
 
 
@@ -335,3 +337,42 @@ def test_many_threads_share_one_client(client: Client) -> None:
     with ThreadPoolExecutor(8) as pool:
         assert all(pool.map(work, range(32)))
     assert len(client.ls("/t")) == 32
+
+
+def test_put_parts_stores_the_concatenation(client: Client) -> None:
+    big = os.urandom(3 * SMALL_CHUNK + 5)
+    parts = [b"head", memoryview(big), b"", bytearray(b"tail" * 10), big[:100]]
+    info = client.put_parts("/parts", parts)
+    whole = b"head" + big + b"tail" * 10 + big[:100]
+    assert info.size == len(whole)
+    assert client.get("/parts") == whole
+    with pytest.raises(FileExistsError):
+        client.put_parts("/parts", [b"x"], exclusive=True)
+
+
+def test_put_parts_uploads_a_repeated_large_part_once(
+    store_dir: Path, chunk_files: Callable[[], list[Path]]
+) -> None:
+    with connect(store_dir, chunk_size=SMALL_CHUNK) as client:
+        tensor = os.urandom(2 * SMALL_CHUNK)
+        client.put_parts("/step-1", [b"header one", tensor, b"trailer"])
+        files = len(chunk_files())
+        client.put_parts("/step-2", [b"another header", tensor, b"trailer 2"])
+        added = len(chunk_files()) - files
+        assert added <= 2  # the two small packed chunks, not the large part's two
+        assert client.get("/step-2") == b"another header" + tensor + b"trailer 2"
+
+
+def test_rename_replace_tree_swaps_a_whole_directory(client: Client) -> None:
+    client.put("/old/a", b"1")
+    client.put("/old/deep/b", b"2")
+    client.put("/new/c", b"3")
+    with pytest.raises(OSError, match="not empty"):
+        client.rename("/new", "/old")
+    client.rename("/new", "/old", replace_tree=True)
+    assert [e.path for e in client.ls("/old")] == ["/old/c"]
+    assert not client.exists("/new")
+    client.put("/taken/x", b"")
+    with pytest.raises(FileExistsError):
+        client.rename("/old", "/taken", replace=False)
+    assert client.get("/taken/x") == b""

@@ -1,0 +1,399 @@
+"""``GrabenWriter`` / ``GrabenReader``: DCP storage on a graben store.
+
+Save (DCP calls, in order: ``reset``, ``set_up_storage_writer``,
+``prepare_local_plan``, ``prepare_global_plan`` on the coordinator,
+``write_data`` on every rank, ``finish`` on the coordinator):
+
+- the coordinator names one staging directory beside the checkpoint
+  (``.NAME.saving-ID``) and hands it to every rank with its plan;
+- each rank writes its items into one file there, tensors straight from
+  their memory, plus an index (where each tensor's bytes start, crc32c);
+- ``finish`` writes ``.metadata`` into the staging directory and renames it
+  onto the checkpoint in one transaction. Until then nothing is visible; a
+  crash leaves the previous checkpoint as it was, and an overwrite replaces
+  the old tree in the same transaction.
+
+Load reads ``.metadata``, then for each item only the bytes it needs: a
+tensor whose saved chunk matches the target is read straight into the
+target's memory; a resharded one reads just the rows that overlap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import pickle
+import posixpath
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from graben.store import Client, IntegrityError, connect, split_url
+
+from ._format import (
+    INDEX_DIR,
+    FileIndex,
+    ItemIndex,
+    Record,
+    bytes_record,
+    decode_index,
+    encode_index,
+    tensor_bytes,
+    tensor_record,
+)
+
+METADATA = ".metadata"
+SUFFIX = ".distcp"
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """What the coordinator tells each rank about where to write."""
+
+    staging: str
+    """The staging directory, renamed onto the checkpoint by ``finish``."""
+    file: str
+    """This rank's file name inside it."""
+
+
+def _store_and_path(checkpoint_id: str | os.PathLike[str]) -> tuple[str | None, str]:
+    store, path = split_url(os.fspath(checkpoint_id))
+    if path in ("", "/"):
+        raise ValueError(f"a checkpoint needs a directory below the root, not {checkpoint_id!r}")
+    return store, path.rstrip("/")
+
+
+class _OnStore:
+    """A checkpoint URL and a client for the store it names (reconnected only when that changes)."""
+
+    def __init__(self, checkpoint_id: str | os.PathLike[str], client: Client | None) -> None:
+        self._client, self._own = client, client is None
+        self._store: str | None = None
+        self._url, self.path = "", ""
+        self._repoint(checkpoint_id)
+
+    def _repoint(self, checkpoint_id: str | os.PathLike[str] | None) -> None:
+        if not checkpoint_id:
+            return
+        store, self.path = _store_and_path(checkpoint_id)
+        self._url = os.fspath(checkpoint_id)
+        if self._own and self._client is not None and store != self._store:
+            self._client.close()
+            self._client = None
+        self._store = store
+
+    @property
+    def checkpoint_id(self) -> str:
+        """The checkpoint's URL."""
+        return self._url
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """Whether DCP should pick this class for ``checkpoint_id``: a ``graben:`` URL."""
+        return os.fspath(checkpoint_id).startswith("graben:")
+
+    @property
+    def client(self) -> Client:
+        """The store's client, connected on first use."""
+        if self._client is None:
+            self._client = connect(self._store)
+        return self._client
+
+    def close(self) -> None:
+        """Close the client opened here (not one passed in)."""
+        if self._own and self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class GrabenWriter(_OnStore, StorageWriter):
+    """DCP ``StorageWriter`` into a graben store; atomic, checksummed, incremental.
+
+    ``GrabenWriter("graben://host:port/ckpt/step-100")`` (or ``graben:///...``
+    for the default store; ``client=`` to reuse an open ``Client``). Pass it
+    as ``storage_writer`` to ``dcp.save`` or ``dcp.async_save``. Tensors that
+    did not change since a previous checkpoint in the same store are not
+    uploaded again. ``overwrite=False`` refuses to replace a checkpoint.
+    """
+
+    def __init__(
+        self,
+        checkpoint_id: str | os.PathLike[str],
+        *,
+        client: Client | None = None,
+        overwrite: bool = True,
+        replication: int | None = None,
+    ) -> None:
+        super().__init__(checkpoint_id, client)
+        self.overwrite, self.replication = overwrite, replication
+        self.save_id = uuid.uuid4().hex
+        self.rank = 0
+        self.is_coordinator = False
+        self._staging = ""  # named by the coordinator in prepare_global_plan
+
+    # docstring inherited
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        self._repoint(checkpoint_id)
+        self.save_id = uuid.uuid4().hex
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=self._url, save_id=self.save_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+        self.rank = kwargs.get("rank") or 0
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        if self.is_coordinator and not self.overwrite and self.client.exists(self.path):
+            raise FileExistsError(f"checkpoint {self._url} exists and overwrite=False")
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        parent, name = posixpath.split(self.path)
+        staging = self._staging = posixpath.join(parent, f".{name}.saving-{self.save_id}")
+        return [
+            dataclasses.replace(plan, storage_data=_Target(staging, f"__{i}_0{SUFFIX}"))
+            for i, plan in enumerate(plans)
+        ]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        target: _Target = plan.storage_data
+        records = [(item, _record(item, planner.resolve_data(item))) for item in plan.items]
+        results, index, parts, position = [], {}, [], 0
+        for item, record in records:
+            results.append(_result(item, target.file, position, record))
+            index[position] = _index_entry(position, record)
+            parts.extend(record.parts)
+            position += record.length
+        client = self.client
+        client.put_parts(
+            posixpath.join(target.staging, target.file), parts, replication=self.replication
+        )
+        client.put(
+            posixpath.join(target.staging, INDEX_DIR, target.file),
+            encode_index(index),
+            replication=self.replication,
+        )
+        done: Future[list[WriteResult]] = Future()
+        done.set_result(results)
+        return done
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        metadata.storage_data = {r.index: r.storage_data for rank in results for r in rank}
+        metadata.storage_meta = self.storage_meta()
+        staging = self._staging
+        client = self.client
+        client.put(
+            posixpath.join(staging, METADATA),
+            pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL),
+            replication=self.replication,
+        )
+        client.rename(staging, self.path, replace=self.overwrite, replace_tree=True)
+
+
+def _record(item: WriteItem, data: Any) -> Record:
+    if item.type == WriteItemType.BYTE_IO:
+        return bytes_record(data)
+    return tensor_record(data)
+
+
+def _result(item: WriteItem, file: str, position: int, record: Record) -> WriteResult:
+    info = _StorageInfo(relative_path=file, offset=position, length=record.length)
+    return WriteResult(index=item.index, size_in_bytes=record.length, storage_data=info)
+
+
+def _index_entry(position: int, record: Record) -> ItemIndex:
+    data_offset = position + record.data_start if record.data_start >= 0 else -1
+    checksum = crc32c.crc32c(record.data)
+    return ItemIndex(position, record.length, data_offset, record.data.nbytes, checksum)
+
+
+class GrabenReader(_OnStore, StorageReader):
+    """DCP ``StorageReader`` from a graben store: reads only the bytes each rank needs.
+
+    ``GrabenReader("graben://host:port/ckpt/step-100")``; pass it as
+    ``storage_reader`` to ``dcp.load``. Reads checkpoints written by
+    ``GrabenWriter`` and by DCP's own fsspec writer on ``graben://``.
+    """
+
+    def __init__(self, checkpoint_id: str | os.PathLike[str], *, client: Client | None = None):
+        super().__init__(checkpoint_id, client)
+        self._metadata: Metadata | None = None
+        self._indexes: dict[str, FileIndex | None] = {}
+
+    # docstring inherited
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        self._repoint(checkpoint_id)
+        self._metadata = None
+        self._indexes.clear()
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        data = self.client.get(posixpath.join(self.path, METADATA))
+        metadata: Metadata = pickle.loads(data)
+        return metadata
+
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
+        self._metadata = metadata
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        assert self._metadata is not None, "set_up_storage_reader comes first"
+        for file, items in _by_file(plan.items, self._metadata.storage_data).items():
+            self._read_file(file, items, planner)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _read_file(self, file: str, items: list[ReadItem], planner: LoadPlanner) -> None:
+        assert self._metadata is not None
+        index = self._index(file)
+        with self.client.open(posixpath.join(self.path, file)) as stream:
+            for item in sorted(items, key=lambda i: self._info(i).offset):
+                info = self._info(item)
+                entry = index.get(info.offset) if index is not None else None
+                if item.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(item, io.BytesIO(_read_at(stream, info.offset, info.length)))
+                    continue
+                target = planner.resolve_tensor(item).detach()
+                saved = _saved(self._metadata, item.storage_index)
+                if entry is None or entry.data_offset < 0:
+                    _load_record(stream, info, item, target)
+                else:
+                    _load_raw(stream, entry, saved, item, target)
+                planner.commit_tensor(item, target)
+
+    def _info(self, item: ReadItem) -> _StorageInfo:
+        assert self._metadata is not None
+        info: _StorageInfo = self._metadata.storage_data[item.storage_index]
+        return info
+
+    def _index(self, file: str) -> FileIndex | None:
+        if file not in self._indexes:
+            path = posixpath.join(self.path, INDEX_DIR, file)
+            client = self.client
+            self._indexes[file] = decode_index(client.get(path)) if client.exists(path) else None
+        return self._indexes[file]
+
+
+def _by_file(items: Sequence[ReadItem], storage: Any) -> dict[str, list[ReadItem]]:
+    files: dict[str, list[ReadItem]] = {}
+    for item in items:
+        files.setdefault(storage[item.storage_index].relative_path, []).append(item)
+    return files
+
+
+@dataclass(frozen=True, slots=True)
+class _Saved:
+    """A saved tensor chunk's shape and type."""
+
+    sizes: list[int]
+    """Its size in each dimension."""
+    dtype: torch.dtype
+    """Its element type."""
+
+
+def _saved(metadata: Metadata, index: MetadataIndex) -> _Saved:
+    entry = metadata.state_dict_metadata[index.fqn]
+    assert isinstance(entry, TensorStorageMetadata)
+    for chunk in entry.chunks:
+        if tuple(chunk.offsets) == tuple(index.offset or ()):
+            return _Saved(list(chunk.sizes), entry.properties.dtype)
+    raise KeyError(f"no saved chunk of {index.fqn} at {index.offset}")
+
+
+def _read_at(stream: io.BufferedReader, offset: int, length: int) -> bytes:
+    stream.seek(offset)
+    data = stream.read(length)
+    if len(data) != length:
+        raise IntegrityError(f"checkpoint file ends early: wanted {length} bytes at {offset}")
+    return data
+
+
+def _readinto_at(stream: io.BufferedReader, offset: int, into: memoryview) -> None:
+    stream.seek(offset)
+    done = 0
+    while done < into.nbytes:
+        n = stream.readinto(into[done:])
+        if not n:
+            raise IntegrityError(f"checkpoint file ends early at {offset + done}")
+        done += n
+
+
+def _load_record(
+    stream: io.BufferedReader, info: _StorageInfo, item: ReadItem, target: torch.Tensor
+) -> None:
+    """A record without an index (DCP's own writer): ``torch.load`` it whole."""
+    record = io.BytesIO(_read_at(stream, info.offset, info.length))
+    tensor = torch.load(record, map_location="cpu", weights_only=True)
+    for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
+        tensor = tensor.narrow(dim, start, length)
+    target.copy_(tensor)
+
+
+def _load_raw(
+    stream: io.BufferedReader,
+    entry: ItemIndex,
+    saved: _Saved,
+    item: ReadItem,
+    target: torch.Tensor,
+) -> None:
+    """Read only the saved rows the item needs; straight into ``target`` when they are it."""
+    sizes = saved.sizes
+    if target.numel() == 0:
+        return
+    row_bytes = entry.data_length // sizes[0] if sizes and sizes[0] else entry.data_length
+    first, rows = (item.storage_offsets[0], item.lengths[0]) if sizes else (0, 1)
+    whole_rows = list(item.lengths[1:]) == sizes[1:]
+    if whole_rows and target.is_contiguous() and target.dtype == saved.dtype:
+        view = tensor_bytes(target)
+        _readinto_at(stream, entry.data_offset + first * row_bytes, view)
+        if rows == (sizes[0] if sizes else 1):
+            _check(view, entry)
+        return
+    block = torch.empty([rows, *sizes[1:]], dtype=saved.dtype)
+    _readinto_at(stream, entry.data_offset + first * row_bytes, tensor_bytes(block))
+    for dim, (start, length) in enumerate(_inner(item), start=1):
+        block = block.narrow(dim, start, length)
+    target.copy_(block)
+
+
+def _inner(item: ReadItem) -> Iterator[tuple[int, int]]:
+    yield from zip(item.storage_offsets[1:], item.lengths[1:], strict=True)
+
+
+def _check(data: memoryview, entry: ItemIndex) -> None:
+    if crc32c.crc32c(data) != entry.crc32c:
+        raise IntegrityError(
+            f"checkpoint item at offset {entry.offset} fails its crc32c: the file is damaged"
+        )

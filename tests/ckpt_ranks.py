@@ -1,0 +1,98 @@
+"""One rank of a gloo job saving or loading a DTensor-sharded model + optimizer state.
+
+``python ckpt_ranks.py save|load|die URL RANK WORLD PORT``. The full tensors
+are the same on every run (seeded), so a job of any world size can check
+every value it loads. ``die`` saves like ``save`` but rank 1 is killed
+(``os._exit``) halfway through writing its file.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
+
+from graben.checkpoint import GrabenReader, GrabenWriter
+
+SHAPES = {"embed": (96, 40), "proj": (40, 64), "norm": (64,)}
+
+
+def full_values() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(2026)
+    return {name: torch.randn(*shape, generator=gen) for name, shape in SHAPES.items()}
+
+
+def state(mesh: object, fill: bool) -> dict[str, object]:
+    """Model weights sharded on dim 0, proj's optimizer state sharded on dim 1."""
+    values = full_values()
+
+    def shard(name: str, dim: int, scale: float = 1.0) -> DTensor:
+        full = values[name] * scale if fill else torch.zeros(SHAPES[name])
+        return distribute_tensor(full, mesh, [Shard(dim)])  # type: ignore[arg-type]
+
+    return {
+        "model": {name: shard(name, 0) for name in SHAPES},
+        "optim": {
+            "state": {"proj": {"exp_avg": shard("proj", 1, 0.5), "step": 11 if fill else 0}},
+            "lr": 0.001 if fill else 0.0,
+        },
+    }
+
+
+def check(loaded: dict[str, object]) -> None:
+    values = full_values()
+    model = loaded["model"]
+    assert isinstance(model, dict)
+    for name in SHAPES:
+        got = model[name].full_tensor()
+        if not torch.equal(got, values[name]):
+            raise SystemExit(f"model.{name} differs after load")
+    optim = loaded["optim"]
+    assert isinstance(optim, dict)
+    if not torch.equal(optim["state"]["proj"]["exp_avg"].full_tensor(), values["proj"] * 0.5):
+        raise SystemExit("optim exp_avg differs after load")
+    if optim["state"]["proj"]["step"] != 11 or optim["lr"] != 0.001:
+        raise SystemExit(f"optimizer scalars differ: {optim}")
+
+
+def main() -> None:
+    action, url = sys.argv[1], sys.argv[2]
+    rank, world, port = (int(a) for a in sys.argv[3:6])
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    mesh = init_device_mesh("cpu", (world,))
+    try:
+        if action == "load":
+            loaded = state(mesh, fill=False)
+            dcp.load(loaded, storage_reader=GrabenReader(url))
+            check(loaded)
+        else:
+            writer = GrabenWriter(url)
+            if action == "die" and rank == 1:
+                _die_halfway(writer)
+            dcp.save(state(mesh, fill=True), storage_writer=writer)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _die_halfway(writer: GrabenWriter) -> None:
+    """Rank 1 stores part of its file's chunks, then is killed."""
+    client = writer.client
+    put_parts = client.put_parts
+
+    def dying(path: str, parts: list[object], **kwargs: object) -> object:
+        client.put(path + ".part", b"".join(bytes(memoryview(p)) for p in parts[:2]))  # type: ignore[arg-type]
+        os._exit(9)
+        return put_parts(path, parts, **kwargs)  # type: ignore[arg-type]
+
+    client.put_parts = dying  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    main()
