@@ -7,6 +7,7 @@ incremental (unchanged tensors are not uploaded again); loads read only the
 bytes each rank needs. Files keep DCP's layout, so DCP's own tools read them.
 """
 
+from ._manager import CheckpointInfo, CheckpointManager, Retention
 from ._storage import GrabenReader, GrabenWriter
 
-__all__ = ["GrabenReader", "GrabenWriter"]
+__all__ = ["CheckpointInfo", "CheckpointManager", "GrabenReader", "GrabenWriter", "Retention"]

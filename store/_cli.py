@@ -23,13 +23,20 @@ GROUP = "graben.commands"
 Add = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full ``graben`` parser with every registered subcommand."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``graben`` parser: every registered subcommand, or only ``command``'s.
+
+    Loading one command's module only keeps ``graben ls`` from importing
+    what ``graben ckpt`` needs (torch takes a second or two).
+    """
     parser = argparse.ArgumentParser(
         prog="graben", description="graben: storage for ML training clusters."
     )
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
-    for entry in sorted(entry_points(group=GROUP), key=lambda e: e.name):
+    entries = sorted(entry_points(group=GROUP), key=lambda e: e.name)
+    if any(e.name == command for e in entries):
+        entries = [e for e in entries if e.name == command]
+    for entry in entries:
         try:
             add: Add = entry.load()
             add(sub)
@@ -50,7 +57,8 @@ def describe(exc: GrabenError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``graben`` script."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
         code: int = args.run(args)
     except GrabenError as exc:
