@@ -312,6 +312,26 @@ class SQLiteTx:
         return [NodeState(*row) for row in rows]
 
 
+def _set_wal(db: sqlite3.Connection) -> None:
+    """Switch to WAL, waiting out other processes that are creating the same store.
+
+    SQLite answers "locked" at once, without its busy handler, when this
+    pragma meets another connection's lock on a new database: two ranks
+    opening a fresh store together failed that way.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    delay = 0.005
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.2)
+
+
 class SQLiteRepository:
     """The SQLite engine (see ``Repository`` in ``_repo.py``)."""
 
@@ -332,7 +352,7 @@ class SQLiteRepository:
                     isolation_level=None,
                     check_same_thread=False,
                 )
-                db.execute("PRAGMA journal_mode = WAL")
+                _set_wal(db)
                 db.execute("PRAGMA synchronous = FULL")
             except sqlite3.DatabaseError as exc:
                 raise _translate(exc, self.path) from exc

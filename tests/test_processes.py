@@ -54,6 +54,32 @@ def test_four_processes_share_one_store(tmp_path: Path) -> None:
         assert report.ok and not report.problems
 
 
+CREATOR = textwrap.dedent(
+    """
+    import sys, time
+    from graben.store import connect
+    time.sleep(max(0.0, float(sys.argv[3]) - time.time()))  # all open it at the same moment
+    connect(sys.argv[1]).put(sys.argv[2], b"x")
+    """
+)
+
+
+def test_ranks_creating_one_new_store_at_once_all_succeed(tmp_path: Path) -> None:
+    """Every rank of a job may be the first to open the store (it used to fail as "locked")."""
+    root = str(tmp_path / "new")
+    start = str(time.time() + 2.0)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CREATOR, root, f"/r{i}", start], stderr=subprocess.PIPE
+        )
+        for i in range(6)
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, errors
+    with connect(root) as client:
+        assert sorted(e.name for e in client.ls("/")) == [f"r{i}" for i in range(6)]
+
+
 WRITER = textwrap.dedent(
     """
     import os, sys
