@@ -1,0 +1,132 @@
+"""One rank of the bench's DCP jobs: ``python -m graben.bench._dcp_job SPEC RANK WORLD PORT``.
+
+``SPEC`` is JSON: ``system`` (which writer and reader), ``action`` (``save``,
+``load``, ``incremental`` or ``async``), ``target`` (path or URL),
+``bytes_per_rank``, ``storage_options`` (for fsspec) and ``env``. Every
+rank times its part between two barriers; rank 0 prints one JSON line.
+Not imported by anything: it runs as a separate process per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict_loader import load
+from torch.distributed.checkpoint.state_dict_saver import save
+
+TENSOR_BYTES = 16 * 1024 * 1024
+
+
+def state_dict(rank: int, nbytes: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Incompressible, distinct tensors (no two chunks equal); the same for (rank, seed)."""
+    gen = torch.Generator().manual_seed(1000 * seed + rank)
+    count = max(1, nbytes // TENSOR_BYTES)
+    each = nbytes // count // 4
+    return {
+        f"rank{rank}.t{i}": torch.randint(0, 2**31 - 1, (each,), dtype=torch.int32, generator=gen)
+        for i in range(count)
+    }
+
+
+def writer(spec: dict[str, Any], target: str) -> Any:
+    system = spec["system"]
+    if system == "fs":
+        return FileSystemWriter(target)
+    if system.startswith("fsspec"):
+        return FsspecWriter(target, **spec.get("storage_options", {}))
+    from graben.checkpoint import GrabenWriter
+
+    return GrabenWriter(target, replication=spec.get("storage_options", {}).get("replication"))
+
+
+def reader(spec: dict[str, Any], target: str) -> Any:
+    system = spec["system"]
+    if system == "fs":
+        return FileSystemReader(target)
+    if system.startswith("fsspec"):
+        return FsspecReader(target, **spec.get("storage_options", {}))
+    from graben.checkpoint import GrabenReader
+
+    return GrabenReader(target)
+
+
+def timed(fn: Any) -> float:
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    dist.barrier()
+    return time.perf_counter() - start
+
+
+def run(spec: dict[str, Any], rank: int) -> dict[str, float]:
+    nbytes, target, action = spec["bytes_per_rank"], spec["target"], spec["action"]
+    seed = spec.get("seed", 0)
+    if action == "save":
+        state = state_dict(rank, nbytes, seed)
+        return {"seconds": timed(lambda: save(state, storage_writer=writer(spec, target)))}
+    if action == "load":
+        want = state_dict(rank, nbytes, seed)
+        state = {k: torch.empty_like(v) for k, v in want.items()}
+        seconds = timed(lambda: load(state, storage_reader=reader(spec, target)))
+        if any(not torch.equal(state[k], want[k]) for k in want):
+            raise SystemExit(f"rank {rank}: loaded values differ")
+        return {"seconds": seconds}
+    if action == "incremental":
+        state = state_dict(rank, nbytes)
+        full = timed(lambda: save(state, storage_writer=writer(spec, f"{target}/full")))
+        for key in list(state)[: max(1, len(state) // 10)]:  # 10% of the tensors change
+            state[key].add_(1)
+        incremental = timed(lambda: save(state, storage_writer=writer(spec, f"{target}/incr")))
+        return {"full": full, "incremental": incremental}
+    return _async(spec, rank)
+
+
+def _async(spec: dict[str, Any], rank: int) -> dict[str, float]:
+    """Blocking time of the second async save (the first allocates the staging buffers)."""
+    from graben.checkpoint import CheckpointManager
+
+    state = state_dict(rank, spec["bytes_per_rank"])
+    replication = spec.get("storage_options", {}).get("replication")
+    with CheckpointManager(spec["target"], keep_last=2, replication=replication) as manager:
+        for step in (1, 2):  # the first saves allocate and fault in the staging buffers
+            manager.save(step, state, async_=True)
+            manager.wait()
+            state[next(iter(state))].add_(1)
+        dist.barrier()
+        start = time.perf_counter()
+        pending = manager.save(3, state, async_=True)
+        blocked = time.perf_counter() - start
+        pending.result()  # type: ignore[union-attr]
+    return {"blocked": blocked}
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    rank, world, port = (int(a) for a in sys.argv[2:5])
+    os.environ.update(spec.get("env", {}))
+    warnings.filterwarnings("ignore")
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        result = run(spec, rank)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, result)
+        if rank == 0:  # the slowest rank's time is the job's
+            keys = gathered[0].keys()
+            print(json.dumps({k: max(g[k] for g in gathered) for k in keys}))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Checkpoint workloads: DCP save and load with 2 real gloo ranks, beside DCP's own writers.
+
+Each system runs as a 2-rank job (``_dcp_job``, one process per rank); the
+job times its save or load between barriers and reports the slower rank.
+Systems: DCP's ``FileSystemWriter`` on the local disk (the baseline), its
+``FsspecWriter`` over ``graben://`` (the cluster) and over s3fs to moto,
+and ``GrabenWriter`` on an embedded store and on the 3-node cluster. Every
+save is durable; ``ctx.size`` bytes are saved across the two ranks. Targets
+(issue "Checkpoint door"): save >= 1.0x and load >= 1.0x DCP's file system
+writer and reader; an incremental save with 10% changed >= 5x faster than
+a full one; async save blocks <= 100 ms per GiB per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from graben.store import NotFound, connect, split_url
+
+from ._context import Context
+from ._kit import gbps
+from ._registry import Result, workload
+from ._wl_20_cluster import local_cluster
+from ._wl_30_fsspec import moto_s3
+
+GBPS = "GB/s"
+WORLD = 2
+RF1 = {"replication": 1}
+"""One copy, as on the local disk (RF=3 writes three to this VM's one disk)."""
+JOB = (sys.executable, "-m", "graben.bench._dcp_job")
+BASELINE = "DCP FileSystemWriter (local disk)"
+READ_BASELINE = "DCP FileSystemReader (local disk)"
+
+
+@dataclass(frozen=True)
+class System:
+    """One way of saving: a name, the job's ``system`` key, where it saves and with what."""
+
+    name: str
+    """What the report calls it."""
+    key: str
+    """``_dcp_job``'s system key."""
+    target: str
+    """Path or URL of the checkpoint, ``{}`` replaced by a per-save name."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """fsspec storage options."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment of the ranks."""
+
+
+def _systems(ctx: Context, url: str, s3: Any) -> list[System]:
+    endpoint = s3.client_kwargs["endpoint_url"]
+    s3_options = {
+        "key": "bench",
+        "secret": "bench",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "eu-west-1"},
+    }
+    home = str(ctx.shared / "ckpt-home")
+    return [
+        System(BASELINE, "fs", str(ctx.shared / "ckpt-fs" / "{}")),
+        System(
+            "DCP FsspecWriter -> graben:// cluster RF=1",
+            "fsspec",
+            f"{url}/bench-ckpt/fsspec-{{}}",
+            RF1,
+        ),
+        System("DCP FsspecWriter -> s3fs -> moto", "fsspec-s3", "s3://bench/ckpt-{}", s3_options),
+        System(
+            "GrabenWriter embedded", "graben", "graben:///bench-ckpt/{}", env={"GRABEN_HOME": home}
+        ),
+        System("GrabenWriter cluster RF=1", "graben", f"{url}/bench-ckpt/graben-{{}}", RF1),
+    ]
+
+
+def job(
+    ctx: Context, system: System, action: str, name: str, seed: int = 0, world: int = WORLD
+) -> dict[str, float]:
+    """Run one job of ``world`` ranks; rank 0's report.
+
+    Ranks run with ``OMP_NUM_THREADS=1``, as ``torchrun`` starts them when a
+    node runs several.
+    """
+    spec = {
+        "system": system.key,
+        "action": action,
+        "target": system.target.format(name),
+        "bytes_per_rank": ctx.size // WORLD,
+        "storage_options": system.options,
+        "env": {"OMP_NUM_THREADS": "1", **system.env},
+        "seed": seed,
+    }
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [*JOB, json.dumps(spec), str(r), str(world), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        if proc.returncode:
+            raise RuntimeError(f"{system.name} {action} failed:\n{err[-3000:]}")
+    report: dict[str, float] = json.loads(outputs[0][0].strip().splitlines()[-1])
+    return report
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _remove(system: System, name: str, s3: Any) -> None:
+    """Delete a saved checkpoint (a live copy would let the next save skip its chunks)."""
+    target = system.target.format(name)
+    if system.key == "fs":
+        shutil.rmtree(target, ignore_errors=True)
+    elif system.key == "fsspec-s3":
+        s3.rm(target, recursive=True)
+    else:
+        store, path = split_url(target)
+        with connect(system.env.get("GRABEN_HOME", store)) as client, suppress(NotFound):
+            client.rm(path, recursive=True)
+
+
+@workload("ckpt-save", "DCP save, 2 gloo ranks: GrabenWriter vs DCP's writers (disk, fsspec)")
+def ckpt_save(ctx: Context) -> list[Result]:
+    """Each system saves ``ctx.size`` bytes (half per rank) to a fresh checkpoint."""
+    url, s3 = ctx.fixture(local_cluster), ctx.fixture(moto_s3)
+    results = []
+    systems = _systems(ctx, url, s3)
+    order = list(enumerate(systems))
+    for seed, system in order if ctx.trial % 2 == 0 else reversed(order):
+        name = f"save-{ctx.trial}"
+        with ctx.step(f"dcp.save: {system.name}", ctx.size) as tick:
+            seconds = job(ctx, system, "save", name, seed)["seconds"]
+            tick(ctx.size)
+        _remove(system, name, s3)
+        results.append(Result("ckpt-save", system.name, gbps(ctx.size, seconds), GBPS, BASELINE))
+    return results
+
+
+@contextmanager
+def saved(ctx: Context) -> Iterator[list[System]]:
+    """A fixture: one checkpoint per system, saved once (untimed) for the load trials."""
+    url, s3 = ctx.fixture(local_cluster), ctx.fixture(moto_s3)
+    systems = _systems(ctx, url, s3)
+    for seed, system in enumerate(systems):
+        with ctx.step(f"dcp.save for loads: {system.name}", ctx.size) as tick:
+            job(ctx, system, "save", "for-load", seed)
+            tick(ctx.size)
+    yield systems
+
+
+@workload("ckpt-load", "DCP load, 2 gloo ranks: GrabenReader vs DCP's readers (disk, fsspec)")
+def ckpt_load(ctx: Context) -> list[Result]:
+    """Each system loads the checkpoint it saved into preallocated tensors (values checked)."""
+    results = []
+    for seed, system in enumerate(ctx.fixture(saved)):
+        with ctx.step(f"dcp.load: {system.name}", ctx.size) as tick:
+            seconds = job(ctx, system, "load", "for-load", seed)["seconds"]
+            tick(ctx.size)
+        name = system.name.replace("Writer", "Reader")
+        results.append(Result("ckpt-load", name, gbps(ctx.size, seconds), GBPS, READ_BASELINE))
+    return results
+
+
+@workload("ckpt-incremental", "GrabenWriter: a save with 10% of tensors changed vs a full save")
+def ckpt_incremental(ctx: Context) -> list[Result]:
+    """Full save, then the same state with 10% of its tensors changed, on the cluster."""
+    url, s3 = ctx.fixture(local_cluster), ctx.fixture(moto_s3)
+    system = _systems(ctx, url, s3)[-1]
+    name = f"incr-{ctx.trial}"
+    with ctx.step("dcp.save full, then incremental", 2 * ctx.size) as tick:
+        report = job(ctx, system, "incremental", name)
+        tick(2 * ctx.size)
+    _remove(system, name, s3)
+    full, incremental = "GrabenWriter full save", "GrabenWriter incremental (10% changed)"
+    return [
+        Result("ckpt-incremental", full, gbps(ctx.size, report["full"]), GBPS, full),
+        Result("ckpt-incremental", incremental, gbps(ctx.size, report["incremental"]), GBPS, full),
+    ]
+
+
+@workload("ckpt-async", "CheckpointManager async save: ms the loop blocks per GiB per rank")
+def ckpt_async(ctx: Context) -> list[Result]:
+    """Blocking time of an async save (staging into reused host buffers) beside a sync save.
+
+    With 2 ranks and with 1: on this 2-core VM two ranks staging at once
+    share the memory bandwidth.
+    """
+    url, s3 = ctx.fixture(local_cluster), ctx.fixture(moto_s3)
+    system = _systems(ctx, url, s3)[-1]
+    root = System(system.name, "graben", f"{url}/bench-async-{{}}", RF1)
+    gib_per_rank = ctx.size / WORLD / 2**30
+    blocked = {}
+    for world in (WORLD, 1):
+        with ctx.step(f"async save, {world} rank(s): blocking time", ctx.size) as tick:
+            report = job(ctx, root, "async", f"{ctx.trial}-{world}", world=world)
+            blocked[world] = report["blocked"] * 1e3 / gib_per_rank
+            tick(ctx.size)
+    with ctx.step("sync save", ctx.size) as tick:
+        sync = job(ctx, system, "save", f"sync-{ctx.trial}")["seconds"] * 1e3 / gib_per_rank
+        tick(ctx.size)
+    _remove(system, f"sync-{ctx.trial}", s3)
+    with connect(url) as client:
+        for world in (WORLD, 1):
+            client.rm(f"/bench-async-{ctx.trial}-{world}", recursive=True)
+    name, unit, sync_name = "ckpt-async", "ms/GiB/rank", f"sync save, {WORLD} ranks"
+    return [
+        Result(name, f"async save, {WORLD} ranks: blocked", blocked[WORLD], unit, sync_name),
+        Result(name, "async save, 1 rank: blocked", blocked[1], unit, sync_name),
+        Result(name, sync_name, sync, unit, sync_name),
+    ]
