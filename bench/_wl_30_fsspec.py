@@ -9,6 +9,7 @@ direct client and >= 5x s3fs on moto.
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -40,6 +41,7 @@ def moto_s3(_ctx: Context) -> Iterator[Any]:
         port = s.getsockname()[1]
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # else a line per request
     try:
         fs = s3fs.S3FileSystem(
             key="bench",
