@@ -124,12 +124,17 @@ def _free_port() -> int:
 
 
 def _remove(system: System, name: str, s3: Any) -> None:
-    """Delete a saved checkpoint (a live copy would let the next save skip its chunks)."""
-    target = system.target.format(name)
+    """Delete a saved checkpoint and its warm-up (a live copy would let the next save dedup)."""
+    for target in (system.target.format(name), system.target.format(name) + "-warmup"):
+        _remove_one(system, target, s3)
+
+
+def _remove_one(system: System, target: str, s3: Any) -> None:
     if system.key == "fs":
         shutil.rmtree(target, ignore_errors=True)
     elif system.key == "fsspec-s3":
-        s3.rm(target, recursive=True)
+        with suppress(FileNotFoundError):
+            s3.rm(target, recursive=True)
     else:
         store, path = split_url(target)
         with connect(system.env.get("GRABEN_HOME", store)) as client, suppress(NotFound):

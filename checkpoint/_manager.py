@@ -78,6 +78,7 @@ class CheckpointManager:
     keep_every=1000, ttl=7 * 86400)``. Every rank calls ``save`` and
     ``load_latest`` (they are collective, like ``dcp.save``); only the
     coordinator (rank 0) moves ``latest`` and removes old checkpoints.
+    ``compression`` is a zstd level for every save (see ``GrabenWriter``).
     """
 
     def __init__(
@@ -89,12 +90,13 @@ class CheckpointManager:
         ttl: float | None = None,
         client: Client | None = None,
         replication: int | None = None,
+        compression: int | None = None,
     ) -> None:
         store, root = split_url(root_url)
         self.root_url, self.root = root_url.rstrip("/"), root.rstrip("/") or "/"
         self.retention = Retention(keep_last, keep_every, ttl)
         self._client, self._own = client or connect(store), client is None
-        self._replication = replication
+        self._replication, self._compression = replication, compression
         self._stager: DefaultStager | None = None
         self._pending: Future[Any] | None = None
 
@@ -121,7 +123,12 @@ class CheckpointManager:
         asynchronous save is waited for first.
         """
         self.wait()
-        writer = GrabenWriter(self.url_of(step), client=self._client, replication=self._replication)
+        writer = GrabenWriter(
+            self.url_of(step),
+            client=self._client,
+            replication=self._replication,
+            compression=self._compression,
+        )
         if not async_:
             save(state_dict, storage_writer=writer, planner=planner)
             return self._published(step)

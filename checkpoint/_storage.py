@@ -56,11 +56,14 @@ from graben.store import Client, IntegrityError, connect, split_url
 
 from ._format import (
     INDEX_DIR,
+    ZSTD,
     FileIndex,
     ItemIndex,
     Record,
     bytes_record,
+    compressed,
     decode_index,
+    decompressed,
     encode_index,
     tensor_bytes,
     tensor_record,
@@ -138,6 +141,9 @@ class GrabenWriter(_OnStore, StorageWriter):
     as ``storage_writer`` to ``dcp.save`` or ``dcp.async_save``. Tensors that
     did not change since a previous checkpoint in the same store are not
     uploaded again. ``overwrite=False`` refuses to replace a checkpoint.
+    ``compression=LEVEL`` compresses each item with zstd at that level (DCP's
+    own ``stream.zstd`` transform, so its readers read it too); compressed
+    tensors no longer dedup or load in place.
     """
 
     def __init__(
@@ -147,8 +153,10 @@ class GrabenWriter(_OnStore, StorageWriter):
         client: Client | None = None,
         overwrite: bool = True,
         replication: int | None = None,
+        compression: int | None = None,
     ) -> None:
         super().__init__(checkpoint_id, client)
+        self.compression = compression
         self.overwrite, self.replication = overwrite, replication
         self.save_id = uuid.uuid4().hex
         self.rank = 0
@@ -182,10 +190,11 @@ class GrabenWriter(_OnStore, StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         target: _Target = plan.storage_data
-        records = [(item, _record(item, planner.resolve_data(item))) for item in plan.items]
+        records = [(item, self._record(item, planner.resolve_data(item))) for item in plan.items]
         results, index, parts, position = [], {}, [], 0
+        transforms = [ZSTD] if self.compression is not None else None
         for item, record in records:
-            results.append(_result(item, target.file, position, record))
+            results.append(_result(item, target.file, position, record, transforms))
             index[position] = _index_entry(position, record)
             parts.extend(record.parts)
             position += record.length
@@ -202,6 +211,10 @@ class GrabenWriter(_OnStore, StorageWriter):
         done.set_result(results)
         return done
 
+    def _record(self, item: WriteItem, data: Any) -> Record:
+        record = bytes_record(data) if item.type == WriteItemType.BYTE_IO else tensor_record(data)
+        return record if self.compression is None else compressed(record, self.compression)
+
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         metadata.storage_data = {r.index: r.storage_data for rank in results for r in rank}
         metadata.storage_meta = self.storage_meta()
@@ -215,14 +228,10 @@ class GrabenWriter(_OnStore, StorageWriter):
         client.rename(staging, self.path, replace=self.overwrite, replace_tree=True)
 
 
-def _record(item: WriteItem, data: Any) -> Record:
-    if item.type == WriteItemType.BYTE_IO:
-        return bytes_record(data)
-    return tensor_record(data)
-
-
-def _result(item: WriteItem, file: str, position: int, record: Record) -> WriteResult:
-    info = _StorageInfo(relative_path=file, offset=position, length=record.length)
+def _result(
+    item: WriteItem, file: str, position: int, record: Record, transforms: list[str] | None
+) -> WriteResult:
+    info = _StorageInfo(file, position, record.length, transforms)
     return WriteResult(index=item.index, size_in_bytes=record.length, storage_data=info)
 
 
@@ -283,7 +292,7 @@ class GrabenReader(_OnStore, StorageReader):
                 info = self._info(item)
                 entry = index.get(info.offset) if index is not None else None
                 if item.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(item, io.BytesIO(_read_at(stream, info.offset, info.length)))
+                    planner.load_bytes(item, io.BytesIO(_record_bytes(stream, info)))
                     continue
                 target = planner.resolve_tensor(item).detach()
                 saved = _saved(self._metadata, item.storage_index)
@@ -340,6 +349,17 @@ def _read_at(stream: io.BufferedReader, offset: int, length: int) -> bytes:
     return data
 
 
+def _record_bytes(stream: io.BufferedReader, info: _StorageInfo) -> bytes:
+    """An item's record, decompressed if it was written compressed."""
+    data = _read_at(stream, info.offset, info.length)
+    transforms = tuple(info.transform_descriptors or ())
+    if transforms == (ZSTD,):
+        return decompressed(data)
+    if transforms:
+        raise ValueError(f"checkpoint item stored with unknown transforms {transforms}")
+    return data
+
+
 def _readinto_at(stream: io.BufferedReader, offset: int, into: memoryview) -> None:
     stream.seek(offset)
     done = 0
@@ -353,8 +373,8 @@ def _readinto_at(stream: io.BufferedReader, offset: int, into: memoryview) -> No
 def _load_record(
     stream: io.BufferedReader, info: _StorageInfo, item: ReadItem, target: torch.Tensor
 ) -> None:
-    """A record without an index (DCP's own writer): ``torch.load`` it whole."""
-    record = io.BytesIO(_read_at(stream, info.offset, info.length))
+    """A record without raw data to read in place: ``torch.load`` it whole."""
+    record = io.BytesIO(_record_bytes(stream, info))
     tensor = torch.load(record, map_location="cpu", weights_only=True)
     for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
         tensor = tensor.narrow(dim, start, length)

@@ -41,6 +41,10 @@ def _is_chunk_id(name: str) -> bool:
     return len(name) == 64 and set(name) <= _HEX
 
 
+GROUP_SYNC_MAX = 1 << 20
+"""Chunks up to this size that arrive together share one sync of the disk (``write_group``)."""
+
+
 class LocalChunkStore:
     """Durable chunk files under one directory."""
 

@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ._chunkstore import LocalChunkStore
+from ._chunkstore import GROUP_SYNC_MAX, LocalChunkStore
 from ._errors import NotADirectory, Unavailable, from_os_error
 from ._group import Batcher
 from ._namespace import Namespace
@@ -74,6 +74,11 @@ class LocalChunks:
         # Hints get threads of their own: queued behind reads they arrive too
         # late, and one thread alone keeps too little I/O in flight.
         self._hints = ThreadPoolExecutor(HINT_THREADS, thread_name_prefix="graben-hint")
+        # Small chunks written together share one sync (a checkpoint's record
+        # headers: dozens of KiB-sized chunks, each else two fsyncs).
+        self._small: Batcher[tuple[ChunkRef, memoryview], None] = Batcher(
+            partial(self._run, LOCAL_NODE, self.store.write_group), max_size=256, concurrency=2
+        )
 
     async def nodes(self) -> tuple[str, ...]:
         return (LOCAL_NODE,)
@@ -98,7 +103,12 @@ class LocalChunks:
         return await loop.run_in_executor(pool or self._pool, partial(fn, *args))
 
     async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
-        await self._run(node, self.store.write, chunk, data)
+        if node != LOCAL_NODE:
+            raise Unavailable(f"an embedded store has no node {node!r}")
+        if chunk.length <= GROUP_SYNC_MAX:
+            await self._small.submit((chunk, data))
+        else:
+            await self._run(node, self.store.write, chunk, data)
 
     async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
         await self._run(node, self.store.read, chunk, into)

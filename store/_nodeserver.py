@@ -28,7 +28,7 @@ from typing import Any
 
 from . import _auth
 from ._buffers import BufferPool
-from ._chunkstore import LocalChunkStore
+from ._chunkstore import GROUP_SYNC_MAX, LocalChunkStore
 from ._config import DEFAULT_CHUNK_SIZE
 from ._errors import GrabenError, ProtocolError
 from ._group import Batcher
@@ -49,8 +49,6 @@ from ._wire import Call, decode, encode, to_wire
 
 log = logging.getLogger("graben.node")
 HEARTBEAT_S = 2.0
-GROUP_SYNC_MAX = 1 << 20
-"""Chunks up to this size that arrive together share one sync of the disk."""
 
 
 def node_id(root: Path) -> str:

@@ -225,3 +225,20 @@ def test_metadata_is_dcps_own(home: Path) -> None:
         metadata = pickle.load(io.BytesIO(client.get("/m/.metadata")))
     assert type(metadata).__module__ == "torch.distributed.checkpoint.metadata"
     assert {type(v).__name__ for v in metadata.storage_data.values()} == {"_StorageInfo"}
+
+
+def test_zstd_checkpoints_are_smaller_and_read_by_dcp_too(home: Path, tmp_path: Path) -> None:
+    state = {**_state(), "zeros": torch.zeros(256, 256), "steps": torch.arange(65536)}
+    _save("graben:///z", state, compression=3)
+    _save("graben:///plain", state)
+    with connect(home) as client:
+        assert client.du("/z")[1] < 0.7 * client.du("/plain")[1]
+        local = tmp_path / "z"
+        local.mkdir()
+        for entry in client.ls("/z"):
+            if entry.kind == "file":
+                (local / entry.name).write_bytes(client.get(entry.path))
+    _assert_same(_load("graben:///z", state), state)
+    out = _zeros_like(state)
+    dcp.load(out, storage_reader=FileSystemReader(str(local)), no_dist=True)
+    _assert_same(out, state)
