@@ -99,15 +99,12 @@ def _export(args: argparse.Namespace) -> int:
 
     state: dict[str, Any] = {}
     reader = GrabenReader(args.url)
-    try:
-        _load_state_dict(
-            state,
-            storage_reader=reader,
-            planner=_EmptyStateDictLoadPlanner(),  # type: ignore[no-untyped-call]
-            no_dist=True,
-        )
-    finally:
-        reader.close()
+    _load_state_dict(
+        state,
+        storage_reader=reader,
+        planner=_EmptyStateDictLoadPlanner(),  # type: ignore[no-untyped-call]
+        no_dist=True,
+    )
     if args.out.suffix == ".safetensors":
         _save_safetensors(state, args.out)
     else:

@@ -25,9 +25,9 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save, save
 
-from graben.store import Client, FileInfo, NotFound, connect, split_url
+from graben.store import Client, FileInfo, NotFound, split_url
 
-from ._storage import GrabenReader, GrabenWriter
+from ._storage import GrabenReader, GrabenWriter, _shared_client
 
 LATEST = "latest"
 _STEP = re.compile(r"step-(\d{12})")
@@ -95,7 +95,7 @@ class CheckpointManager:
         store, root = split_url(root_url)
         self.root_url, self.root = root_url.rstrip("/"), root.rstrip("/") or "/"
         self.retention = Retention(keep_last, keep_every, ttl)
-        self._client, self._own = client or connect(store), client is None
+        self._client = client or _shared_client(store)
         self._replication, self._compression = replication, compression
         self._stager: DefaultStager | None = None
         self._pending: Future[Any] | None = None
@@ -218,15 +218,13 @@ class CheckpointManager:
         return f"{self.root_url}/{_name(step)}"
 
     def close(self) -> None:
-        """Wait for a pending save, then release the staging buffers and the client."""
+        """Wait for a pending save, then release the staging buffers (the client is shared)."""
         try:
             self.wait()
         finally:
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None
-            if self._own:
-                self._client.close()
 
     def __enter__(self) -> CheckpointManager:
         return self

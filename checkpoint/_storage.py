@@ -25,6 +25,7 @@ import io
 import os
 import pickle
 import posixpath
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -90,11 +91,31 @@ def _store_and_path(checkpoint_id: str | os.PathLike[str]) -> tuple[str | None, 
     return store, path.rstrip("/")
 
 
+_shared_clients: dict[tuple[object, ...], Client] = {}
+_shared_lock = threading.Lock()
+
+
+def _shared_client(store: str | None) -> Client:
+    """One client per store per process, for every writer and reader without one.
+
+    A job saving each step with ``GrabenWriter(url)`` would otherwise open a
+    client (threads, connections, buffers) per step, pay for it in the save
+    and never close it. The default store's key includes the environment
+    that names it; a forked child makes its own.
+    """
+    key = (os.getpid(), store, os.environ.get("GRABEN_URL"), os.environ.get("GRABEN_HOME"))
+    with _shared_lock:
+        client = _shared_clients.get(key)
+        if client is None:
+            client = _shared_clients[key] = connect(store)
+        return client
+
+
 class _OnStore:
-    """A checkpoint URL and a client for the store it names (reconnected only when that changes)."""
+    """A checkpoint URL and the client for the store it names (shared unless one is given)."""
 
     def __init__(self, checkpoint_id: str | os.PathLike[str], client: Client | None) -> None:
-        self._client, self._own = client, client is None
+        self._client = client
         self._store: str | None = None
         self._url, self.path = "", ""
         self._repoint(checkpoint_id)
@@ -102,12 +123,8 @@ class _OnStore:
     def _repoint(self, checkpoint_id: str | os.PathLike[str] | None) -> None:
         if not checkpoint_id:
             return
-        store, self.path = _store_and_path(checkpoint_id)
+        self._store, self.path = _store_and_path(checkpoint_id)
         self._url = os.fspath(checkpoint_id)
-        if self._own and self._client is not None and store != self._store:
-            self._client.close()
-            self._client = None
-        self._store = store
 
     @property
     def checkpoint_id(self) -> str:
@@ -121,16 +138,8 @@ class _OnStore:
 
     @property
     def client(self) -> Client:
-        """The store's client, connected on first use."""
-        if self._client is None:
-            self._client = connect(self._store)
-        return self._client
-
-    def close(self) -> None:
-        """Close the client opened here (not one passed in)."""
-        if self._own and self._client is not None:
-            self._client.close()
-            self._client = None
+        """The client given, else the process's shared one for this store."""
+        return self._client if self._client is not None else _shared_client(self._store)
 
 
 class GrabenWriter(_OnStore, StorageWriter):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,3 +69,17 @@ def client(request: pytest.FixtureRequest, store_dir: Path) -> Iterator[Client]:
 def chunk_files(store_dir: Path) -> Callable[[], list[Path]]:
     """A function listing the embedded store's chunk files."""
     return lambda: _chunk_files(store_dir)
+
+
+@pytest.fixture(autouse=True)
+def _close_shared_checkpoint_clients() -> Iterator[None]:
+    """The checkpoint door keeps one client per store per process; tests use many stores."""
+    yield
+    _storage = sys.modules.get("graben.checkpoint._storage")
+    if _storage is None:  # not imported: nothing to close (and no torch to import)
+        return
+    with _storage._shared_lock:
+        clients = list(_storage._shared_clients.values())
+        _storage._shared_clients.clear()
+    for client in clients:
+        client.close()

@@ -119,8 +119,9 @@ def test_cli_ls_rm_export(home: Path, tmp_path: Path, capsys: pytest.CaptureFixt
         assert [c.step for c in manager.list()] == [3]
 
 
-def test_writer_accepts_a_shared_client(home: Path) -> None:
-    with connect(home) as client:
-        writer = GrabenWriter("graben:///shared/x", client=client)
-        writer.close()  # a client passed in stays open
-        assert client.exists("/") is True
+def test_writers_share_one_client_per_store(home: Path) -> None:
+    """A job that makes a GrabenWriter per step must not open a client per step."""
+    first, second = GrabenWriter("graben:///x/1"), GrabenWriter("graben:///x/2")
+    assert first.client is second.client
+    with connect(home) as mine:
+        assert GrabenWriter("graben:///x/3", client=mine).client is mine
