@@ -11,6 +11,7 @@ import contextlib
 import mmap
 import os
 import shutil
+import socket
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -159,3 +160,11 @@ def _mem_available() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (for a server or a job's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

@@ -10,7 +10,6 @@ direct client and >= 5x s3fs on moto.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from time import perf_counter
@@ -19,7 +18,7 @@ from typing import Any
 from graben.store import GrabenFileSystem, connect
 
 from ._context import Context
-from ._kit import gbps, random_data
+from ._kit import free_port, gbps, random_data
 from ._registry import Result, Skip, workload
 from ._wl_20_cluster import local_cluster
 
@@ -36,9 +35,7 @@ def moto_s3(_ctx: Context) -> Iterator[Any]:
         from moto.server import ThreadedMotoServer
     except ImportError as exc:
         raise Skip(f"the s3fs peer needs s3fs and moto[server] ({exc})") from None
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # else a line per request

@@ -25,7 +25,7 @@ from typing import Any
 from graben.store import NotFound, connect, split_url
 
 from ._context import Context
-from ._kit import gbps
+from ._kit import free_port, gbps
 from ._registry import Result, workload
 from ._wl_20_cluster import local_cluster
 from ._wl_30_fsspec import moto_s3
@@ -56,12 +56,7 @@ class System:
 
 
 def _systems(ctx: Context, url: str, s3: Any) -> list[System]:
-    endpoint = s3.client_kwargs["endpoint_url"]
-    s3_options = {
-        "key": "bench",
-        "secret": "bench",
-        "client_kwargs": {"endpoint_url": endpoint, "region_name": "eu-west-1"},
-    }
+    s3_options = dict(s3.storage_options)  # how the moto fixture reaches its server
     home = str(ctx.shared / "ckpt-home")
     return [
         System(BASELINE, "fs", str(ctx.shared / "ckpt-fs" / "{}")),
@@ -96,7 +91,7 @@ def job(
         "env": {"OMP_NUM_THREADS": "1", **system.env},
         "seed": seed,
     }
-    port = _free_port()
+    port = free_port()
     procs = [
         subprocess.Popen(
             [*JOB, json.dumps(spec), str(r), str(world), str(port)],
@@ -112,15 +107,6 @@ def job(
             raise RuntimeError(f"{system.name} {action} failed:\n{err[-3000:]}")
     report: dict[str, float] = json.loads(outputs[0][0].strip().splitlines()[-1])
     return report
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _remove(system: System, name: str, s3: Any) -> None:

@@ -168,7 +168,6 @@ class GrabenWriter(_OnStore, StorageWriter):
         self.compression = compression
         self.overwrite, self.replication = overwrite, replication
         self.save_id = uuid.uuid4().hex
-        self.rank = 0
         self.is_coordinator = False
         self._staging = ""  # named by the coordinator in prepare_global_plan
 
@@ -182,7 +181,6 @@ class GrabenWriter(_OnStore, StorageWriter):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
-        self.rank = kwargs.get("rank") or 0
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         if self.is_coordinator and not self.overwrite and self.client.exists(self.path):

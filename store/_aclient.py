@@ -188,19 +188,7 @@ class AsyncClient:
         Missing parent directories are created. With ``exclusive``, fail with
         ``AlreadyExists`` if the path exists at commit time.
         """
-        # No early check: the bytes are already here and the commit checks
-        # atomically; a stat first would cost a round trip per small file.
-        mode: WriteMode = "create" if exclusive else "overwrite"
-        upload = await self.upload(path, mode, replication, check=False)
-        view = memoryview(data).cast("B")
-        step = self.options.chunk_size
-        try:
-            for start in range(0, view.nbytes, step):
-                await upload.add(view[start : start + step])
-        except BaseException:
-            await upload.abort()
-            raise
-        return await upload.commit()
+        return await self.put_parts(path, [data], exclusive=exclusive, replication=replication)
 
     async def put_parts(
         self,
@@ -216,28 +204,33 @@ class AsyncClient:
         memory, without a copy, as chunks of their own (cut at the chunk
         size): a part that comes again in a later file, such as an unchanged
         tensor in the next checkpoint, is found in the store and not sent
-        again. Smaller parts are packed together. Keep ``parts`` unchanged
-        until this returns.
+        again. Smaller parts are packed together (a lone part never is: it
+        goes uncopied whatever its size). Keep ``parts`` unchanged until this
+        returns.
         """
+        # No early check: the bytes are already here and the commit checks
+        # atomically; a stat first would cost a round trip per small file.
         mode: WriteMode = "create" if exclusive else "overwrite"
         upload = await self.upload(path, mode, replication, check=False)
         staging = Staging(self.pool)
         step = self.options.chunk_size
-        try:
-            for part in parts:
-                view = memoryview(part).cast("B")
-                if view.nbytes < DIRECT_PART:
-                    for chunk, release in staging.feed(view):
-                        await upload.add(chunk, release)
-                    continue
-                detached = staging.detach()  # what is packed so far ends before this part
-                if detached is not None:
-                    await upload.add(*detached)
-                for start in range(0, view.nbytes, step):
-                    await upload.add(view[start : start + step])
+
+        async def send_packed() -> None:
             detached = staging.detach()
             if detached is not None:
                 await upload.add(*detached)
+
+        try:
+            for part in parts:
+                view = memoryview(part).cast("B")
+                if view.nbytes < DIRECT_PART and len(parts) > 1:
+                    for chunk, release in staging.feed(view):
+                        await upload.add(chunk, release)
+                    continue
+                await send_packed()  # what is packed so far ends before this part
+                for start in range(0, view.nbytes, step):
+                    await upload.add(view[start : start + step])
+            await send_packed()
         except BaseException:
             staging.discard()
             await upload.abort()

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import mmap
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -105,3 +106,40 @@ def writable_bytes(size: int) -> tuple[bytes | bytearray, memoryview]:
     if hi > lo:
         madvise(lo, hi - lo, _MADV_HUGEPAGE)  # advice only: failure changes nothing
     return result, memoryview((ctypes.c_char * size).from_address(start)).cast("B")
+
+
+# -- streaming between files ----------------------------------------------------
+
+ReadInto = Callable[[memoryview], "int | None"]
+Write = Callable[[memoryview], object]
+Tick = Callable[[int], object]
+"""A progress callback: bytes just moved."""
+
+
+@contextlib.contextmanager
+def transfer_buffer(size: int) -> Iterator[memoryview]:
+    """One transfer buffer, page-aligned (an mmap) and reused for every block."""
+    buffer = mmap.mmap(-1, size)
+    view = memoryview(buffer)
+    try:
+        yield view
+    finally:
+        view.release()
+        with contextlib.suppress(BufferError):  # a traceback may still hold a slice of it
+            buffer.close()
+
+
+def pump(
+    read_into: ReadInto, write: Write, block: memoryview, tick: Tick, limit: int | None = None
+) -> int:
+    """Copy from ``read_into`` to ``write`` through ``block``, up to ``limit`` bytes."""
+    done = 0
+    while limit is None or done < limit:
+        want = block if limit is None else block[: min(block.nbytes, limit - done)]
+        n = read_into(want)
+        if not n:
+            break
+        write(block[:n])
+        tick(n)
+        done += n
+    return done

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import mmap
 import os
 import posixpath
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal, TypeAlias
 
 from . import _cli_render as out
+from ._buffers import ReadInto, Tick, pump, transfer_buffer
 from ._client import Client, connect
 from ._config import resolve, split_url
 from ._errors import (
@@ -41,10 +41,6 @@ from ._paths import normalize
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Run: TypeAlias = Callable[[argparse.Namespace], int]
-ReadInto: TypeAlias = Callable[[memoryview], "int | None"]
-Write: TypeAlias = Callable[[memoryview], object]
-Tick: TypeAlias = Callable[[int], object]
-"""A progress callback: bytes just moved."""
 WriteMode: TypeAlias = Literal["wb", "xb"]
 
 STDIO = "-"
@@ -353,8 +349,11 @@ def _to_stdout(client: Client, src: ReadFile, count: int, label: str) -> None:
     """Stream ``count`` bytes of ``src`` to stdout."""
     allowed = out.progress_allowed(data_to_stdout=True)
     sink = sys.stdout.buffer
-    with _block(client.chunk_size) as block, out.Meter(label, count, enabled=allowed) as meter:
-        _pump(src.readinto, sink.write, block, meter, count)
+    with (
+        transfer_buffer(client.chunk_size) as block,
+        out.Meter(label, count, enabled=allowed) as meter,
+    ):
+        pump(src.readinto, sink.write, block, meter, count)
         sink.flush()
 
 
@@ -372,10 +371,10 @@ def _to_local(client: Client, src: ReadFile, size: int, dest: Path) -> None:
     with (
         _local_errors(dest),
         _replacing(dest) as sink,
-        _block(client.chunk_size) as block,
+        transfer_buffer(client.chunk_size) as block,
         out.Meter(dest.name, size, enabled=allowed) as meter,
     ):
-        _pump(src.readinto, sink.write, block, meter)
+        pump(src.readinto, sink.write, block, meter)
 
 
 @contextmanager
@@ -429,7 +428,10 @@ def _put_stdin(client: Client, remote: str, mode: WriteMode) -> None:
     if remote.endswith("/") or _remote_is_dir(client, remote):
         raise IsADirectory("stdin has no name: give the full path of the new file", remote)
     allowed = out.progress_allowed()
-    with _block(client.chunk_size) as block, out.Meter("stdin", None, enabled=allowed) as meter:
+    with (
+        transfer_buffer(client.chunk_size) as block,
+        out.Meter("stdin", None, enabled=allowed) as meter,
+    ):
         _upload(client, _stdin_reader(), remote, mode, block, meter)
 
 
@@ -473,7 +475,10 @@ def _put_files(client: Client, files: list[tuple[Path, str]], mode: WriteMode) -
         total = sum(local.stat().st_size for local, _ in files)
     label = files[0][0].name if len(files) == 1 else f"{len(files)} files"
     allowed = out.progress_allowed()
-    with _block(client.chunk_size) as block, out.Meter(label, total, enabled=allowed) as meter:
+    with (
+        transfer_buffer(client.chunk_size) as block,
+        out.Meter(label, total, enabled=allowed) as meter,
+    ):
         for local, remote in files:
             with _local_errors(local), open(local, "rb", buffering=0) as src:
                 _upload(client, src.readinto, remote, mode, block, meter)
@@ -493,39 +498,10 @@ def _upload(
     reading fails: the store never shows a partial upload.
     """
     with client.open(remote, mode) as sink:
-        _pump(read_into, sink.write, block, meter)
+        pump(read_into, sink.write, block, meter)
 
 
 # --- plumbing -------------------------------------------------------------------------
-
-
-@contextmanager
-def _block(size: int) -> Iterator[memoryview]:
-    """One transfer buffer, page-aligned (an mmap) and reused for every block."""
-    buffer = mmap.mmap(-1, size)
-    view = memoryview(buffer)
-    try:
-        yield view
-    finally:
-        view.release()
-        with suppress(BufferError):  # a traceback may still hold a slice of it
-            buffer.close()
-
-
-def _pump(
-    read_into: ReadInto, write: Write, block: memoryview, meter: Tick, limit: int | None = None
-) -> int:
-    """Copy from ``read_into`` to ``write`` through ``block``, up to ``limit`` bytes."""
-    done = 0
-    while limit is None or done < limit:
-        want = block if limit is None else block[: min(block.nbytes, limit - done)]
-        n = read_into(want)
-        if not n:
-            break
-        write(block[:n])
-        meter(n)
-        done += n
-    return done
 
 
 @contextmanager

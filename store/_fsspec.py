@@ -13,11 +13,8 @@ renames, and transactions that publish every file in one commit.
 from __future__ import annotations
 
 import datetime
-import mmap
 import os
 import posixpath
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from fsspec import AbstractFileSystem
@@ -26,6 +23,7 @@ from fsspec.transaction import Transaction
 from fsspec.utils import isfilelike, stringify_path
 
 from . import _loop
+from ._buffers import pump, transfer_buffer
 from ._client import Client, connect
 from ._config import Options
 from ._errors import InvalidArgument, IsADirectory, NotFound
@@ -211,12 +209,13 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
         if os.path.isdir(lpath):
             self.makedirs(rpath, exist_ok=True)
             return
-        with open(lpath, "rb", buffering=0) as src:
+        with (
+            open(lpath, "rb", buffering=0) as src,
+            self._writer(rpath, "xb" if mode == "create" else "wb") as dst,
+            transfer_buffer(self.client.chunk_size) as block,
+        ):
             callback.set_size(os.fstat(src.fileno()).st_size)
-            with self._writer(rpath, "xb" if mode == "create" else "wb") as dst:
-                for block in _blocks(src.readinto, self.client.chunk_size):
-                    dst.write(block)
-                    callback.relative_update(block.nbytes)
+            pump(src.readinto, dst.write, block, callback.relative_update)
 
     def get_file(
         self,
@@ -233,14 +232,17 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
             return
         if outfile is None and isfilelike(lpath):
             outfile = lpath
-        with self.client.open(rpath, "rb") as src:
+        with (
+            self.client.open(rpath, "rb") as src,
+            transfer_buffer(self.client.chunk_size) as block,
+        ):
             callback.set_size(src.info.size)
             if outfile is not None:
-                _pump_to(src, outfile.write, self.client.chunk_size, callback)
+                pump(src.readinto, outfile.write, block, callback.relative_update)
                 return
             os.makedirs(os.path.dirname(os.path.abspath(lpath)), exist_ok=True)
             with open(lpath, "wb") as dst:
-                _pump_to(src, dst.write, self.client.chunk_size, callback)
+                pump(src.readinto, dst.write, block, callback.relative_update)
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         """Copy inside the store: the copy shares the source's chunks, no byte moves."""
@@ -288,24 +290,26 @@ class GrabenTransaction(Transaction):  # type: ignore[misc]
     def complete(self, commit: bool = True) -> None:
         files: list[WriteFile] = list(self.files)
         self.files.clear()
+        self.fs._intrans = False  # whatever happens below, the transaction is over
         try:
-            if commit and files:
+            if commit:
                 for f in files:
                     f.close()
                 fs: GrabenFileSystem = self.fs
                 _loop.run(fs.client.aio.commit_uploads([f.upload for f in files]))
                 return
         except BaseException:
-            commit = False
+            _discard(files)
             raise
-        finally:
-            if not commit:
-                for f in files:
-                    f.discard()
-            self.fs._intrans = False
+        _discard(files)
 
 
 GrabenFileSystem.transaction_type = GrabenTransaction
+
+
+def _discard(files: list[WriteFile]) -> None:
+    for f in files:
+        f.discard()
 
 
 def _entry(info: FileInfo) -> dict[str, Any]:
@@ -323,31 +327,3 @@ def _entry(info: FileInfo) -> dict[str, Any]:
 
 def _has_magic(path: str) -> bool:
     return any(c in path for c in "*?[")
-
-
-def _blocks(readinto: Any, size: int) -> Iterator[memoryview]:
-    """Views of one reused buffer, filled by ``readinto`` until it returns 0."""
-    with _buffer(size) as view:
-        while True:
-            n = readinto(view)
-            if not n:
-                return
-            with view[:n] as block:  # released before the buffer is closed
-                yield block
-
-
-def _pump_to(src: ReadFile, write: Any, size: int, callback: Callback) -> None:
-    for block in _blocks(src.readinto, size):
-        write(block)
-        callback.relative_update(block.nbytes)
-
-
-@contextmanager
-def _buffer(size: int) -> Iterator[memoryview]:
-    buffer = mmap.mmap(-1, size)  # page-aligned: reads into it run at full speed
-    view = memoryview(buffer)
-    try:
-        yield view
-    finally:
-        view.release()
-        buffer.close()

@@ -61,6 +61,7 @@ class Upload:
         self._slots = asyncio.Semaphore(max_inflight)
         self._tasks: list[asyncio.Task[tuple[ChunkRef, StoredChunk | None]]] = []
         self._failure: Exception | None = None
+        self._finished: FileCommit | None = None  # close() and a transaction's commit both ask
 
     async def add(self, data: memoryview, release: Release | None = None) -> None:
         """Start storing the next chunk; waits while ``max_inflight`` are in flight.
@@ -152,6 +153,8 @@ class Upload:
 
         ``AsyncClient.commit_uploads`` commits several finished files at once.
         """
+        if self._finished is not None:
+            return self._finished
         try:
             results = await asyncio.gather(*self._tasks)
         except BaseException:
@@ -163,9 +166,10 @@ class Upload:
             offset += ref.length
             if new is not None:
                 stored[ref.id] = new
-        return FileCommit(
+        self._finished = FileCommit(
             self.path, tuple(extents), tuple(stored.values()), self._mode, self._replication
         )
+        return self._finished
 
     async def abort(self) -> None:
         """Give up; nothing becomes visible.
