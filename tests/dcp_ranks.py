@@ -13,6 +13,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint._storage_utils import _storage_setup
+
+STOCK = {"save": FsspecWriter, "load": FsspecReader}
 
 
 def expected(rank: int) -> dict[str, torch.Tensor]:
@@ -29,11 +32,15 @@ def main() -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     try:
+        # checkpoint_id alone, as users write it: DCP must pick its own fsspec
+        # writer and reader for a graben:// URL.
+        if not isinstance(_storage_setup(None, url, reader=action == "load"), STOCK[action]):
+            raise SystemExit(f"DCP did not pick its fsspec storage for {url}")
         if action == "save":
-            dcp.save(expected(rank), storage_writer=FsspecWriter(url))
+            dcp.save(expected(rank), checkpoint_id=url)
         else:
             state = {k: torch.zeros_like(v) for k, v in expected(rank).items()}
-            dcp.load(state, storage_reader=FsspecReader(url))
+            dcp.load(state, checkpoint_id=url)
             for key, value in expected(rank).items():
                 if not torch.equal(state[key], value):
                     raise SystemExit(f"rank {rank}: {key} differs after load")

@@ -233,7 +233,8 @@ def test_pyarrow_dataset_partitioned(base: str) -> None:
 
 @pytest.mark.slow
 def test_dcp_fsspec_writer_and_reader_with_two_gloo_ranks(cluster_url: str) -> None:
-    """torch DCP's stock FsspecWriter/FsspecReader on graben://, 2 real gloo ranks."""
+    """dcp.save/load(checkpoint_id="graben://...") with 2 real gloo ranks: DCP picks its
+    stock FsspecWriter/FsspecReader for the URL and the state round-trips."""
     name = f"/ckpt-{uuid.uuid4().hex[:8]}/step-1"
     url = f"{cluster_url}{name}"
     assert_ok(run_ranks(DCP_RANKS, "save", url, 2))
