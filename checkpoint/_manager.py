@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, asy
 
 from graben.store import Client, FileInfo, NotFound, split_url
 
+from ._planner import GrabenLoadPlanner, GrabenSavePlanner
 from ._storage import GrabenReader, GrabenWriter, _shared_client
 
 LATEST = "latest"
@@ -99,6 +100,7 @@ class CheckpointManager:
         self._replication, self._compression = replication, compression
         self._stager: DefaultStager | None = None
         self._pending: Future[Any] | None = None
+        self._planner = GrabenSavePlanner()  # one for every save: its plan cache
 
     @property
     def client(self) -> Client:
@@ -130,10 +132,13 @@ class CheckpointManager:
             compression=self._compression,
         )
         if not async_:
-            save(state_dict, storage_writer=writer, planner=planner)
+            save(state_dict, storage_writer=writer, planner=planner or self._planner)
             return self._published(step)
         upload = async_save(
-            state_dict, storage_writer=writer, planner=planner, async_stager=self._staging()
+            state_dict,
+            storage_writer=writer,
+            planner=planner or self._planner,
+            async_stager=self._staging(),
         )
         if isinstance(upload, AsyncSaveResponse):
             upload = upload.upload_completion
@@ -201,7 +206,7 @@ class CheckpointManager:
     ) -> None:
         """Load checkpoint ``step`` into ``state_dict`` in place."""
         reader = GrabenReader(self.url_of(step), client=self._client)
-        dcp_load(state_dict, storage_reader=reader, planner=planner)
+        dcp_load(state_dict, storage_reader=reader, planner=planner or GrabenLoadPlanner())
 
     def list(self) -> list[CheckpointInfo]:
         """Complete checkpoints, oldest first."""

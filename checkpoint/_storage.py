@@ -21,6 +21,7 @@ target's memory; a resharded one reads just the rows that overlap.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import os
 import pickle
@@ -53,7 +54,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from graben.store import Client, IntegrityError, connect, split_url
+from graben.store import Client, IntegrityError, NotFound, connect, split_url
 
 from ._format import (
     INDEX_DIR,
@@ -69,6 +70,15 @@ from ._format import (
     tensor_bytes,
     tensor_record,
 )
+from ._ranked import (
+    DIRECTORY,
+    RankedMetadata,
+    decode_directory,
+    directory_of,
+    encode_directory,
+    rank_metadata,
+    rank_metadata_name,
+)
 
 METADATA = ".metadata"
 SUFFIX = ".distcp"
@@ -80,8 +90,54 @@ class _Target:
 
     staging: str
     """The staging directory, renamed onto the checkpoint by ``finish``."""
-    file: str
-    """This rank's file name inside it."""
+    rank: int
+    """The number of this rank's file."""
+    known: bytes
+    """Digest of this rank's write results as the coordinator holds them (b"" if none)."""
+
+    @property
+    def file(self) -> str:
+        """This rank's file name inside the staging directory."""
+        return f"__{self.rank}_0{SUFFIX}"
+
+
+class _Results(list[WriteResult]):
+    """A rank's write results; empty when the coordinator already holds them."""
+
+    digest: bytes
+    """Names the results (whether sent or not)."""
+    unchanged: bool
+    """Whether they were left out because the coordinator holds them."""
+
+
+def _results(results: list[WriteResult], metadata: bytes, known: bytes) -> _Results:
+    """``results`` to send the coordinator; ``metadata``, the rank's, holds all they say."""
+    digest = hashlib.blake2b(metadata, digest_size=16).digest()
+    unchanged = digest == known
+    sent = _Results([] if unchanged else results)
+    sent.digest, sent.unchanged = digest, unchanged
+    return sent
+
+
+@dataclass(frozen=True, slots=True)
+class _LastSave:
+    """What a coordinator keeps of its last save, so the next one can reuse it."""
+
+    digests: list[bytes]
+    """Each rank's results digest."""
+    results: list[list[WriteResult]]
+    """Each rank's results."""
+    keys: object
+    """The ``state_dict_metadata`` the files below were made from (compared by identity)."""
+    metadata: bytes
+    """The pickled ``.metadata``."""
+    directory: bytes
+    """The encoded ``.graben/directory``."""
+
+
+_last_saves: dict[tuple[str | None, int], _LastSave] = {}
+_written: set[tuple[str, int]] = set()
+"""(staging, rank) this process wrote: a plan naming one again is stale."""
 
 
 def _store_and_path(checkpoint_id: str | os.PathLike[str]) -> tuple[str | None, str]:
@@ -170,6 +226,7 @@ class GrabenWriter(_OnStore, StorageWriter):
         self.save_id = uuid.uuid4().hex
         self.is_coordinator = False
         self._staging = ""  # named by the coordinator in prepare_global_plan
+        self._last: _LastSave | None = None  # what the coordinator told ranks it holds
 
     # docstring inherited
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
@@ -190,13 +247,37 @@ class GrabenWriter(_OnStore, StorageWriter):
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         parent, name = posixpath.split(self.path)
         staging = self._staging = posixpath.join(parent, f".{name}.saving-{self.save_id}")
+        last = self._last = _last_saves.get((self._store, len(plans)))
         return [
-            dataclasses.replace(plan, storage_data=_Target(staging, f"__{i}_0{SUFFIX}"))
+            dataclasses.replace(
+                plan, storage_data=_Target(staging, i, last.digests[i] if last else b"")
+            )
             for i, plan in enumerate(plans)
         ]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         target: _Target = plan.storage_data
+        if (target.staging, target.rank) in _written:
+            raise ValueError(
+                "GrabenWriter was handed a stale plan (a planner cached the storage part "
+                "of its plan); use GrabenSavePlanner for plan caching"
+            )
+        _written.add((target.staging, target.rank))
+        results = self._write_file(plan, planner, target)
+        metadata = rank_metadata(plan.items, results)
+        self.client.put(
+            posixpath.join(target.staging, rank_metadata_name(target.rank)),
+            metadata,
+            replication=self.replication,
+        )
+        done: Future[list[WriteResult]] = Future()
+        done.set_result(_results(results, metadata, target.known))
+        return done
+
+    def _write_file(
+        self, plan: SavePlan, planner: SavePlanner, target: _Target
+    ) -> list[WriteResult]:
+        """Write this rank's items into its file and its index; their results."""
         records = [(item, self._record(item, planner.resolve_data(item))) for item in plan.items]
         results, index, parts, position = [], {}, [], 0
         transforms = [ZSTD] if self.compression is not None else None
@@ -214,25 +295,41 @@ class GrabenWriter(_OnStore, StorageWriter):
             encode_index(index),
             replication=self.replication,
         )
-        done: Future[list[WriteResult]] = Future()
-        done.set_result(results)
-        return done
+        return results
 
     def _record(self, item: WriteItem, data: Any) -> Record:
         record = bytes_record(data) if item.type == WriteItemType.BYTE_IO else tensor_record(data)
         return record if self.compression is None else compressed(record, self.compression)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        metadata.storage_data = {r.index: r.storage_data for rank in results for r in rank}
+        last = self._reuse(metadata, results)
+        _last_saves[(self._store, len(results))] = last
         metadata.storage_meta = self.storage_meta()
-        staging = self._staging
-        client = self.client
-        client.put(
-            posixpath.join(staging, METADATA),
-            pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL),
-            replication=self.replication,
-        )
+        staging, client = self._staging, self.client
+        client.put(posixpath.join(staging, METADATA), last.metadata, replication=self.replication)
+        client.put(posixpath.join(staging, DIRECTORY), last.directory, replication=self.replication)
         client.rename(staging, self.path, replace=self.overwrite, replace_tree=True)
+
+    def _reuse(self, metadata: Metadata, results: list[list[WriteResult]]) -> _LastSave:
+        """This save's metadata files: the last save's when nothing changed."""
+        last, full, digests = self._last, [], []
+        for rank, sent in enumerate(results):
+            assert isinstance(sent, _Results), "write_data makes every rank's results"
+            if sent.unchanged:  # only when it matched what prepare_global_plan sent it
+                assert last is not None
+                full.append(last.results[rank])
+            else:
+                full.append(list(sent))
+            digests.append(sent.digest)
+        keys = metadata.state_dict_metadata
+        if last is not None and last.keys is keys and last.digests == digests:
+            return last
+        metadata.storage_data = {r.index: r.storage_data for rank in full for r in rank}
+        data = pickle.dumps(
+            dataclasses.replace(metadata, storage_meta=None), protocol=pickle.HIGHEST_PROTOCOL
+        )
+        directory = encode_directory(directory_of(metadata, full))
+        return _LastSave(digests, full, keys, data, directory)
 
 
 def _result(
@@ -260,16 +357,35 @@ class GrabenReader(_OnStore, StorageReader):
         super().__init__(checkpoint_id, client)
         self._metadata: Metadata | None = None
         self._indexes: dict[str, FileIndex | None] = {}
+        self.ranked: RankedMetadata | None = None
+        """How the last ``read_metadata`` was read by rank (None when read whole)."""
 
     # docstring inherited
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         self._repoint(checkpoint_id)
-        self._metadata = None
+        self._metadata = self.ranked = None
         self._indexes.clear()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        data = self.client.get(posixpath.join(self.path, METADATA))
-        metadata: Metadata = pickle.loads(data)
+        """The checkpoint's metadata, read by rank file as planning asks for it.
+
+        A checkpoint without graben's directory (DCP's own writers) is read
+        whole from ``.metadata``.
+        """
+        try:
+            directory = decode_directory(self.client.get(posixpath.join(self.path, DIRECTORY)))
+        except NotFound:
+            return self._read_pickled(METADATA)
+        self.ranked = RankedMetadata(
+            directory, lambda rank: self._read_pickled(rank_metadata_name(rank)), self._read_full
+        )
+        return self.ranked.metadata
+
+    def _read_full(self) -> Metadata:
+        return self._read_pickled(METADATA)
+
+    def _read_pickled(self, name: str) -> Metadata:
+        metadata: Metadata = pickle.loads(self.client.get(posixpath.join(self.path, name)))
         return metadata
 
     def set_up_storage_reader(

@@ -1,13 +1,18 @@
 """One rank of a gloo job saving or loading a DTensor-sharded model + optimizer state.
 
-``python ckpt_ranks.py save|load|die URL RANK WORLD PORT``. The full tensors
-are the same on every run (seeded), so a job of any world size can check
-every value it loads. ``die`` saves like ``save`` but rank 1 is killed
-(``os._exit``) halfway through writing its file.
+``python ckpt_ranks.py save|steps|load|die URL RANK WORLD PORT``. The full
+tensors are the same on every run (seeded), so a job of any world size can
+check every value it loads. ``steps`` saves twice with one
+``GrabenSavePlanner`` (zeros to ``URL-first``, then the values to ``URL``)
+and prints ``reused=`` for the second. ``load`` uses ``GrabenLoadPlanner``
+and prints the rank files whose metadata it read as JSON. ``die`` saves
+like ``save`` but rank 1 is killed (``os._exit``) halfway through writing
+its file.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -16,7 +21,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
 
-from graben.checkpoint import GrabenReader, GrabenWriter
+from graben.checkpoint import GrabenLoadPlanner, GrabenReader, GrabenSavePlanner, GrabenWriter
 
 SHAPES = {"embed": (96, 40), "proj": (40, 64), "norm": (64,)}
 
@@ -69,8 +74,21 @@ def main() -> None:
     try:
         if action == "load":
             loaded = state(mesh, fill=False)
-            dcp.load(loaded, storage_reader=GrabenReader(url))
+            reader = GrabenReader(url)
+            dcp.load(loaded, storage_reader=reader, planner=GrabenLoadPlanner())
             check(loaded)
+            assert reader.ranked is not None, "a graben checkpoint is read by rank"
+            read = {"files": reader.ranked.rank_files_read, "full": reader.ranked.read_full}
+            print(json.dumps(read))
+        elif action == "steps":
+            planner = GrabenSavePlanner()
+            dcp.save(
+                state(mesh, fill=False),
+                storage_writer=GrabenWriter(f"{url}-first"),
+                planner=planner,
+            )
+            dcp.save(state(mesh, fill=True), storage_writer=GrabenWriter(url), planner=planner)
+            print(f"reused={planner.reused}")
         else:
             writer = GrabenWriter(url)
             if action == "die" and rank == 1:

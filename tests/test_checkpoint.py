@@ -7,6 +7,7 @@ the rest use DCP's ``no_dist`` mode in this process.
 from __future__ import annotations
 
 import io
+import json
 import pickle
 import uuid
 from pathlib import Path
@@ -187,10 +188,25 @@ def test_a_corrupt_replica_on_a_cluster_is_skipped(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_four_ranks_save_and_four_two_one_load(cluster_url: str) -> None:
+    """Saved twice by 4 ranks (the second reusing the plan), loaded by 4, 2 and 1.
+
+    Each loading rank reads the metadata of the rank files it needs, never
+    the whole world's.
+    """
     url = f"{cluster_url}/dtensor-{uuid.uuid4().hex[:8]}/step-1"
-    assert_ok(run_ranks(RANKS, "save", url, 4))
+    saved = run_ranks(RANKS, "steps", url, 4)
+    assert_ok(saved)
+    assert all("reused=True" in out for _, out in saved), saved
     for world in (4, 2, 1):
-        assert_ok(run_ranks(RANKS, "load", url, world))
+        loaded = run_ranks(RANKS, "load", url, world)
+        assert_ok(loaded)
+        for rank, (_, out) in enumerate(loaded):
+            read = json.loads(out.strip().splitlines()[-1])
+            assert not read["full"], (world, rank, out)
+            own = set(range(rank * 4 // world, (rank + 1) * 4 // world))
+            assert own <= set(read["files"]), (world, rank, read)
+            # beyond its own, at most the files holding the two scalar items
+            assert len(read["files"]) <= len(own) + 2, (world, rank, read)
 
 
 @pytest.mark.slow
