@@ -56,7 +56,9 @@ def table(rated: Sequence[Rated], title: str | None = None, caption: str | None 
 
 
 def _format_ratio(ratio: float | None) -> str:
-    return "n/a" if ratio is None else f"{ratio:.2f}x"
+    if ratio is None:
+        return "n/a"
+    return f"{ratio:.2f}x" if ratio >= 0.1 else f"{ratio:.2g}x"  # 0.0024x, not 0.00x
 
 
 def document(machine: Machine, rated: Sequence[Rated]) -> dict[str, Any]:
