@@ -2,7 +2,8 @@
 
 ``SPEC`` is JSON: ``system`` (which writer and reader), ``action`` (``save``,
 ``load``, ``incremental`` or ``async``), ``target`` (path or URL),
-``bytes_per_rank``, ``storage_options`` (for fsspec) and ``env``. Every
+``bytes_per_rank``, ``storage_options`` (for fsspec) and ``env`` (which
+the parent sets when it starts the rank). Every
 rank times its part between two barriers; rank 0 prints one JSON line.
 Not imported by anything: it runs as a separate process per rank.
 """
@@ -10,7 +11,6 @@ Not imported by anything: it runs as a separate process per rank.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import warnings
@@ -48,6 +48,27 @@ def writer(spec: dict[str, Any], target: str) -> Any:
     return GrabenWriter(target, replication=spec.get("storage_options", {}).get("replication"))
 
 
+_planners: dict[str, Any] = {}
+
+
+def planner(spec: dict[str, Any]) -> Any:
+    """GrabenWriter's planner, one per process as a job keeps it; DCP's default for the rest."""
+    if spec["system"] != "graben":
+        return None
+    from graben.checkpoint import GrabenSavePlanner
+
+    return _planners.setdefault("graben", GrabenSavePlanner())
+
+
+def load_planner(spec: dict[str, Any]) -> Any:
+    """GrabenReader's planner; DCP's default for the rest."""
+    if spec["system"] != "graben":
+        return None
+    from graben.checkpoint import GrabenLoadPlanner
+
+    return GrabenLoadPlanner()
+
+
 def reader(spec: dict[str, Any], target: str) -> Any:
     system = spec["system"]
     if system == "fs":
@@ -73,21 +94,35 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, float]:
     if action == "save":
         _warm_up(spec, rank, target, seed)
         state = state_dict(rank, nbytes, seed)
-        return {"seconds": timed(lambda: save(state, storage_writer=writer(spec, target)))}
+        return {
+            "seconds": timed(
+                lambda: save(state, storage_writer=writer(spec, target), planner=planner(spec))
+            )
+        }
     if action == "load":
         want = state_dict(rank, nbytes, seed)
         state = {k: torch.empty_like(v) for k, v in want.items()}
-        seconds = timed(lambda: load(state, storage_reader=reader(spec, target)))
+        seconds = timed(
+            lambda: load(state, storage_reader=reader(spec, target), planner=load_planner(spec))
+        )
         if any(not torch.equal(state[k], want[k]) for k in want):
             raise SystemExit(f"rank {rank}: loaded values differ")
         return {"seconds": seconds}
     if action == "incremental":
         _warm_up(spec, rank, target, seed)
         state = state_dict(rank, nbytes, seed)
-        full = timed(lambda: save(state, storage_writer=writer(spec, f"{target}/full")))
+        full = timed(
+            lambda: save(
+                state, storage_writer=writer(spec, f"{target}/full"), planner=planner(spec)
+            )
+        )
         for key in list(state)[: max(1, len(state) // 10)]:  # 10% of the tensors change
             state[key].add_(1)
-        incremental = timed(lambda: save(state, storage_writer=writer(spec, f"{target}/incr")))
+        incremental = timed(
+            lambda: save(
+                state, storage_writer=writer(spec, f"{target}/incr"), planner=planner(spec)
+            )
+        )
         return {"full": full, "incremental": incremental}
     return _async(spec, rank)
 
@@ -96,7 +131,7 @@ def _warm_up(spec: dict[str, Any], rank: int, target: str, seed: int) -> None:
     """A training job saves many times from one process: the first save's set-up
     (connections, threads, buffers) is paid once, untimed, here."""
     warm = state_dict(rank, TENSOR_BYTES, seed + 500)
-    save(warm, storage_writer=writer(spec, f"{target}-warmup"))
+    save(warm, storage_writer=writer(spec, f"{target}-warmup"), planner=planner(spec))
 
 
 def _async(spec: dict[str, Any], rank: int) -> dict[str, float]:
@@ -115,13 +150,24 @@ def _async(spec: dict[str, Any], rank: int) -> dict[str, float]:
         pending = manager.save(3, state, async_=True)
         blocked = time.perf_counter() - start
         pending.result()  # type: ignore[union-attr]
-    return {"blocked": blocked}
+    return {"blocked": blocked, "copy": _plain_copy(state)}
+
+
+def _plain_copy(state: dict[str, torch.Tensor]) -> float:
+    """The floor under staging: ``copy_`` of the same tensors into buffers copied into before."""
+    buffers = {key: torch.empty_like(value) for key, value in state.items()}
+    for key, value in state.items():
+        buffers[key].copy_(value)
+    dist.barrier()
+    start = time.perf_counter()
+    for key, value in state.items():
+        buffers[key].copy_(value)
+    return time.perf_counter() - start
 
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
     rank, world, port = (int(a) for a in sys.argv[2:5])
-    os.environ.update(spec.get("env", {}))
     warnings.filterwarnings("ignore")
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
