@@ -29,6 +29,7 @@ import posixpath
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,17 +280,24 @@ class GrabenWriter(_OnStore, StorageWriter):
     ) -> list[WriteResult]:
         """Write this rank's items into its file and its index; their results."""
         records = [(item, self._record(item, planner.resolve_data(item))) for item in plan.items]
-        results, index, parts, position = [], {}, [], 0
+        results, parts, positions, position = [], [], [], 0
         transforms = [ZSTD] if self.compression is not None else None
         for item, record in records:
             results.append(_result(item, target.file, position, record, transforms))
-            index[position] = _index_entry(position, record)
             parts.extend(record.parts)
+            positions.append(position)
             position += record.length
         client = self.client
-        client.put_parts(
-            posixpath.join(target.staging, target.file), parts, replication=self.replication
-        )
+        # the checksums are computed while the store takes the bytes (crc32c lets go of the GIL)
+        with ThreadPoolExecutor(1, thread_name_prefix="graben-ckpt-crc") as pool:
+            sums = pool.submit(lambda: [_crc32c(record.data) for _, record in records])
+            client.put_parts(
+                posixpath.join(target.staging, target.file), parts, replication=self.replication
+            )
+            index = {
+                at: _index_entry(at, record, checksum)
+                for at, (_, record), checksum in zip(positions, records, sums.result(), strict=True)
+            }
         client.put(
             posixpath.join(target.staging, INDEX_DIR, target.file),
             encode_index(index),
@@ -339,10 +347,15 @@ def _result(
     return WriteResult(index=item.index, size_in_bytes=record.length, storage_data=info)
 
 
-def _index_entry(position: int, record: Record) -> ItemIndex:
+def _index_entry(position: int, record: Record, checksum: int) -> ItemIndex:
     data_offset = position + record.data_start if record.data_start >= 0 else -1
-    checksum = crc32c.crc32c(record.data)
     return ItemIndex(position, record.length, data_offset, record.data.nbytes, checksum)
+
+
+def _crc32c(data: memoryview) -> int:
+    """crc32c of ``data``, without the GIL for large buffers (the library keeps it by default)."""
+    value: int = crc32c.crc32c(data, gil_release_mode=1 if data.nbytes >= 1 << 16 else 0)
+    return value
 
 
 class GrabenReader(_OnStore, StorageReader):
@@ -536,7 +549,7 @@ def _inner(item: ReadItem) -> Iterator[tuple[int, int]]:
 
 
 def _check(data: memoryview, entry: ItemIndex) -> None:
-    if crc32c.crc32c(data) != entry.crc32c:
+    if _crc32c(data) != entry.crc32c:
         raise IntegrityError(
             f"checkpoint item at offset {entry.offset} fails its crc32c: the file is damaged"
         )
