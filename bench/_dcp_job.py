@@ -11,6 +11,7 @@ Not imported by anything: it runs as a separate process per rank.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import warnings
@@ -24,6 +25,7 @@ from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import save
 
 TENSOR_BYTES = 16 * 1024 * 1024
+SETTLE_S = 3.0
 
 
 def state_dict(rank: int, nbytes: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -118,6 +120,8 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, float]:
         )
         for key in list(state)[: max(1, len(state) // 10)]:  # 10% of the tensors change
             state[key].add_(1)
+        os.sync()  # the disk settles between the two, as between the bench's jobs
+        time.sleep(SETTLE_S)
         incremental = timed(
             lambda: save(
                 state, storage_writer=writer(spec, f"{target}/incr"), planner=planner(spec)

@@ -18,10 +18,11 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from graben.store import NotFound, connect, split_url
 
@@ -31,6 +32,7 @@ from ._registry import Result, workload
 from ._wl_20_cluster import local_cluster
 from ._wl_30_fsspec import moto_s3
 
+T = TypeVar("T")
 GBPS = "GB/s"
 WORLD = 2
 RF1 = {"replication": 1}
@@ -131,15 +133,31 @@ def _remove_one(system: System, target: str, s3: Any) -> None:
             client.rm(path, recursive=True)
 
 
+SETTLE_S = 3.0
+"""Pause before each timed job: this VM's disk runs a job right after another
+one up to 20% slower (its burst budget), whichever system comes second."""
+
+
+def _settle() -> None:
+    os.sync()
+    time.sleep(SETTLE_S)
+
+
+def _rotated(ctx: Context, systems: list[T]) -> list[T]:
+    """Systems in an order that starts one further each trial: none is always first."""
+    start = ctx.trial % len(systems)
+    return systems[start:] + systems[:start]
+
+
 @workload("ckpt-save", "DCP save, 2 gloo ranks: GrabenWriter vs DCP's writers (disk, fsspec)")
 def ckpt_save(ctx: Context) -> list[Result]:
     """Each system saves ``ctx.size`` bytes (half per rank) to a fresh checkpoint."""
     url, s3 = ctx.fixture(local_cluster), ctx.fixture(moto_s3)
     results = []
     systems = _systems(ctx, url, s3)
-    order = list(enumerate(systems))
-    for seed, system in order if ctx.trial % 2 == 0 else reversed(order):
+    for seed, system in _rotated(ctx, list(enumerate(systems))):
         name = f"save-{ctx.trial}"
+        _settle()
         with ctx.step(f"dcp.save: {system.name}", ctx.size) as tick:
             seconds = job(ctx, system, "save", name, seed)["seconds"]
             tick(ctx.size)
@@ -164,7 +182,8 @@ def saved(ctx: Context) -> Iterator[list[System]]:
 def ckpt_load(ctx: Context) -> list[Result]:
     """Each system loads the checkpoint it saved into preallocated tensors (values checked)."""
     results = []
-    for seed, system in enumerate(ctx.fixture(saved)):
+    for seed, system in _rotated(ctx, list(enumerate(ctx.fixture(saved)))):
+        _settle()
         with ctx.step(f"dcp.load: {system.name}", ctx.size) as tick:
             seconds = job(ctx, system, "load", "for-load", seed)["seconds"]
             tick(ctx.size)
@@ -179,6 +198,7 @@ def ckpt_incremental(ctx: Context) -> list[Result]:
     url, s3 = ctx.fixture(local_cluster), ctx.fixture(moto_s3)
     system = _systems(ctx, url, s3)[-1]
     name = f"incr-{ctx.trial}"
+    _settle()
     with ctx.step("dcp.save full, then incremental", 2 * ctx.size) as tick:
         report = job(ctx, system, "incremental", name)
         tick(2 * ctx.size)
