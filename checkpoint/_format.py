@@ -66,6 +66,8 @@ class Record:
     """Offset of the raw tensor data inside the record; -1 for bytes items."""
     data: memoryview
     """The raw data (a view of the tensor, or of the bytes item)."""
+    data_part: int
+    """Which of ``parts`` is ``data``; -1 when it is empty."""
 
     @property
     def length(self) -> int:
@@ -108,8 +110,8 @@ def tensor_record(tensor: torch.Tensor) -> Record:
     with _without_zip_crc():
         torch.save(tensor, capture)  # type: ignore[arg-type]  # any writable binary stream
     if capture.data_start < 0:  # an empty tensor has no data record
-        return Record(capture.parts, -1, memoryview(b""))
-    return Record(capture.parts, capture.data_start, tensor_bytes(tensor))
+        return Record(capture.parts, -1, memoryview(b""), -1)
+    return Record(capture.parts, capture.data_start, tensor_bytes(tensor), capture.data_part)
 
 
 def _without_zip_crc() -> AbstractContextManager[object]:
@@ -135,7 +137,7 @@ def compressed(record: Record, level: int) -> Record:
     """
     zstandard = _zstandard()
     frame = zstandard.ZstdCompressor(level=level, threads=-1).compress(b"".join(record.parts))
-    return Record([frame], -1, memoryview(frame))
+    return Record([frame], -1, memoryview(frame), 0)
 
 
 def decompressed(frame: bytes) -> bytes:
@@ -157,7 +159,7 @@ def _zstandard() -> Any:
 def bytes_record(data: io.BytesIO) -> Record:
     """A bytes item: stored as it is."""
     value = data.getvalue()
-    return Record([value], -1, memoryview(value))
+    return Record([value], -1, memoryview(value), 0)
 
 
 class _Capture(io.RawIOBase):
@@ -172,6 +174,7 @@ class _Capture(io.RawIOBase):
         self.parts: list[memoryview | bytes] = []
         self.position = 0
         self.data_start = -1
+        self.data_part = -1
         self._tensor = tensor
         self._address = tensor.untyped_storage().data_ptr()
         self._size = tensor.untyped_storage().nbytes()
@@ -184,6 +187,7 @@ class _Capture(io.RawIOBase):
         size = view.nbytes
         if self.data_start < 0 and size == self._size and size and self._is_storage(view):
             self.data_start = self.position
+            self.data_part = len(self.parts)
             self.parts.append(tensor_bytes(self._tensor))
         else:
             self.parts.append(bytes(view))

@@ -5,17 +5,23 @@ Save (DCP calls, in order: ``reset``, ``set_up_storage_writer``,
 ``write_data`` on every rank, ``finish`` on the coordinator):
 
 - the coordinator names one staging directory beside the checkpoint
-  (``.NAME.saving-ID``) and hands it to every rank with its plan;
+  (``.NAME.saving-ID``) and hands it to every rank with its plan, with the
+  digest of that rank's write results it still holds from the last save;
 - each rank writes its items into one file there, tensors straight from
-  their memory, plus an index (where each tensor's bytes start, crc32c);
-- ``finish`` writes ``.metadata`` into the staging directory and renames it
-  onto the checkpoint in one transaction. Until then nothing is visible; a
-  crash leaves the previous checkpoint as it was, and an overwrite replaces
-  the old tree in the same transaction.
+  their memory, plus an index (where each tensor's bytes start, crc32c) and
+  its part of the metadata (``_ranked``); it sends the coordinator its
+  results, or only their digest when the coordinator holds them;
+- ``finish`` writes ``.metadata`` (the last save's bytes when nothing
+  changed) and the directory of keys into the staging directory and renames
+  it onto the checkpoint in one transaction. Until then nothing is visible;
+  a crash leaves the previous checkpoint as it was, and an overwrite
+  replaces the old tree in the same transaction.
 
-Load reads ``.metadata``, then for each item only the bytes it needs: a
-tensor whose saved chunk matches the target is read straight into the
-target's memory; a resharded one reads just the rows that overlap.
+Load reads the directory and, as planning asks (``GrabenLoadPlanner``), the
+metadata of the rank files it needs, else ``.metadata`` whole; then for each
+item only the bytes it needs: a tensor whose saved chunk matches the target
+is read straight into the target's memory; a resharded one reads just the
+rows that overlap.
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ import posixpath
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -280,24 +285,24 @@ class GrabenWriter(_OnStore, StorageWriter):
     ) -> list[WriteResult]:
         """Write this rank's items into its file and its index; their results."""
         records = [(item, self._record(item, planner.resolve_data(item))) for item in plan.items]
-        results, parts, positions, position = [], [], [], 0
+        results, firsts, position = [], [], 0
+        parts: list[memoryview | bytes] = []
         transforms = [ZSTD] if self.compression is not None else None
         for item, record in records:
             results.append(_result(item, target.file, position, record, transforms))
+            firsts.append(len(parts))
             parts.extend(record.parts)
-            positions.append(position)
             position += record.length
         client = self.client
-        # the checksums are computed while the store takes the bytes (crc32c lets go of the GIL)
-        with ThreadPoolExecutor(1, thread_name_prefix="graben-ckpt-crc") as pool:
-            sums = pool.submit(lambda: [_crc32c(record.data) for _, record in records])
-            client.put_parts(
-                posixpath.join(target.staging, target.file), parts, replication=self.replication
-            )
-            index = {
-                at: _index_entry(at, record, checksum)
-                for at, (_, record), checksum in zip(positions, records, sums.result(), strict=True)
-            }
+        # each part's crc32c comes from the store's chunk checksums: no pass of our own
+        _, sums = client.put_parts_checked(
+            posixpath.join(target.staging, target.file), parts, replication=self.replication
+        )
+        index = {}
+        for (_, record), first, result in zip(records, firsts, results, strict=True):
+            checksum = sums[first + record.data_part] if record.data_part >= 0 else 0
+            at = result.storage_data.offset
+            index[at] = _index_entry(at, record, checksum)
         client.put(
             posixpath.join(target.staging, INDEX_DIR, target.file),
             encode_index(index),

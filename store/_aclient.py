@@ -22,6 +22,7 @@ from ._errors import (
     IsADirectory,
     NotFound,
 )
+from ._hashing import crc32c, crc32c_combine
 from ._reader import Reader, Report
 from ._remote import open_cluster
 from ._transport import ChunkTransport, MetaTransport
@@ -33,6 +34,7 @@ from ._types import (
     ChunkUsers,
     Collectable,
     Commit,
+    Extent,
     FileCommit,
     FileInfo,
     FsckReport,
@@ -48,7 +50,7 @@ from ._types import (
     Usage,
     WriteMode,
 )
-from ._upload import Staging, Upload
+from ._upload import Release, Staging, Upload
 
 DIRECT_PART = 64 * 1024
 """``put_parts`` uploads parts this large from the caller's memory; smaller ones are packed."""
@@ -208,34 +210,76 @@ class AsyncClient:
         goes uncopied whatever its size). Keep ``parts`` unchanged until this
         returns.
         """
+        info, _ = await self._put_parts(path, parts, exclusive, replication, checksums=False)
+        return info
+
+    async def put_parts_checked(
+        self,
+        path: str,
+        parts: Sequence[Buffer],
+        *,
+        exclusive: bool = False,
+        replication: int | None = None,
+    ) -> tuple[FileInfo, list[int]]:
+        """``put_parts``, and the crc32c of each part.
+
+        A large part's comes from its chunks' own (which the store computes
+        anyway), without another pass over its bytes.
+        """
+        info, sums = await self._put_parts(path, parts, exclusive, replication, checksums=True)
+        assert sums is not None
+        return info, sums
+
+    async def _put_parts(
+        self,
+        path: str,
+        parts: Sequence[Buffer],
+        exclusive: bool,
+        replication: int | None,
+        *,
+        checksums: bool,
+    ) -> tuple[FileInfo, list[int] | None]:
         # No early check: the bytes are already here and the commit checks
         # atomically; a stat first would cost a round trip per small file.
         mode: WriteMode = "create" if exclusive else "overwrite"
         upload = await self.upload(path, mode, replication, check=False)
         staging = Staging(self.pool)
         step = self.options.chunk_size
+        added = 0
+        spans: list[tuple[int, int] | int] = []  # a direct part's chunks, or a packed one's crc32c
+
+        async def add(chunk: memoryview, release: Release | None = None) -> None:
+            nonlocal added
+            await upload.add(chunk, release)
+            added += 1
 
         async def send_packed() -> None:
             detached = staging.detach()
             if detached is not None:
-                await upload.add(*detached)
+                await add(*detached)
 
         try:
             for part in parts:
                 view = memoryview(part).cast("B")
                 if view.nbytes < DIRECT_PART and len(parts) > 1:
+                    if checksums:
+                        spans.append(crc32c(view))
                     for chunk, release in staging.feed(view):
-                        await upload.add(chunk, release)
+                        await add(chunk, release)
                     continue
                 await send_packed()  # what is packed so far ends before this part
+                first = added
                 for start in range(0, view.nbytes, step):
-                    await upload.add(view[start : start + step])
+                    await add(view[start : start + step])
+                spans.append((first, added))
             await send_packed()
         except BaseException:
             staging.discard()
             await upload.abort()
             raise
-        return await upload.commit()
+        extents = (await upload.finish()).extents if checksums else ()
+        info = await upload.commit()
+        return info, [_part_crc(span, extents) for span in spans] if checksums else None
 
     async def get(self, path: str) -> bytes:
         """A file's whole content."""
@@ -388,3 +432,13 @@ class AsyncClient:
         doomed += [(node, chunk) for chunk in forgotten for node in nodes]
         gone = await asyncio.gather(*(self.chunks.delete(n, c, cutoff) for n, c in doomed))
         return sum(gone)
+
+
+def _part_crc(span: tuple[int, int] | int, extents: Sequence[Extent]) -> int:
+    """A part's crc32c: computed already (packed), or combined from its chunks' (direct)."""
+    if isinstance(span, int):
+        return span
+    value = 0
+    for extent in extents[span[0] : span[1]]:
+        value = crc32c_combine(value, extent.chunk.crc32c, extent.length)
+    return value

@@ -111,6 +111,19 @@ class Client:
             self.aio.put_parts(path, parts, exclusive=exclusive, replication=replication)
         )
 
+    def put_parts_checked(
+        self,
+        path: str,
+        parts: Sequence[Buffer],
+        *,
+        exclusive: bool = False,
+        replication: int | None = None,
+    ) -> tuple[FileInfo, list[int]]:
+        """``put_parts``, and each part's crc32c (a large part's from its chunks' own)."""
+        return _loop.run(
+            self.aio.put_parts_checked(path, parts, exclusive=exclusive, replication=replication)
+        )
+
     def get(self, path: str) -> bytes:
         """A file's whole content."""
         return _loop.run(self.aio.get(path))

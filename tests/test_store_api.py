@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import crc32c
 import pytest
 from conftest import SMALL_CHUNK
 
@@ -348,6 +349,17 @@ def test_put_parts_stores_the_concatenation(client: Client) -> None:
     assert client.get("/parts") == whole
     with pytest.raises(FileExistsError):
         client.put_parts("/parts", [b"x"], exclusive=True)
+
+
+def test_put_parts_checked_gives_each_parts_crc32c(client: Client) -> None:
+    big = os.urandom(3 * SMALL_CHUNK + 5)  # direct: several chunks, combined
+    mid = os.urandom(70 * 1024)  # direct: one chunk
+    parts = [b"head", memoryview(big), b"", mid, bytearray(b"tail" * 10)]
+    info, sums = client.put_parts_checked("/checked", parts)
+    assert sums == [crc32c.crc32c(bytes(p)) for p in parts]
+    assert info.size == sum(len(p) for p in parts)
+    _, [lone] = client.put_parts_checked("/lone", [b"only"])
+    assert lone == crc32c.crc32c(b"only")
 
 
 def test_put_parts_uploads_a_repeated_large_part_once(
