@@ -58,6 +58,8 @@ class GrabenSavePlanner(DefaultSavePlanner):
         """Coordinator: every rank's local plan at the last save."""
         self._global: tuple[list[SavePlan], Metadata] | None = None
         """Coordinator: the global plan and metadata made from ``_all``."""
+        self._pending_global: tuple[list[SavePlan], tuple[list[SavePlan], Metadata]] | None = None
+        """Coordinator: ``_all`` and ``_global`` of a save not yet past ``finish_plan``."""
         self.reused = False
         """Whether the last save reused this rank's cached plan instead of sending one."""
 
@@ -71,6 +73,7 @@ class GrabenSavePlanner(DefaultSavePlanner):
         return plan
 
     def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
+        self._pending_global = None  # a failed save's plan is not kept
         unchanged = [not plan.usable for plan in all_plans]
         if any(unchanged) and (self._all is None or len(self._all) != len(all_plans)):
             self._all = self._global = None
@@ -81,19 +84,23 @@ class GrabenSavePlanner(DefaultSavePlanner):
         if all(unchanged) and self._global is not None:
             self.global_plan, self.metadata = self._global
             return [SavePlan([], usable=False)] * len(all_plans), self.metadata
+        same_world = self._all is not None and len(self._all) == len(all_plans)
+        cache = self._all if self._all is not None and same_world else all_plans
         merged = [
             cached if not plan.usable else plan
-            for plan, cached in zip(all_plans, self._all or all_plans, strict=True)
+            for plan, cached in zip(all_plans, cache, strict=True)
         ]
         global_plan, metadata = self._create_global_plan(merged)
-        old = self._global[0] if self._global is not None else [None] * len(global_plan)
+        old = self._global[0] if self._global is not None and same_world else [None] * len(merged)
         # a rank gets a placeholder when the plan it has (the one it sent, or
         # its last one) is already right: most of the scatter, on the first save too
         delta = [
             SavePlan([], usable=False) if new == (sent if sent.usable else before) else new
             for sent, new, before in zip(all_plans, global_plan, old, strict=True)
         ]
-        self._all, self._global = merged, (global_plan, metadata)
+        # kept once this rank finishes its plan too: a save that fails before
+        # then must leave the cache as the ranks, which never took theirs, have it
+        self._pending_global = (merged, (global_plan, metadata))
         self.global_plan, self.metadata = global_plan, metadata
         return delta, metadata
 
@@ -108,6 +115,8 @@ class GrabenSavePlanner(DefaultSavePlanner):
         self._final = new_plan
         if self._pending is not None:
             self._local, self._pending = self._pending, None
+        if self._pending_global is not None:
+            (self._all, self._global), self._pending_global = self._pending_global, None
         self.plan = new_plan
         return new_plan
 

@@ -7,6 +7,7 @@ real gloo ranks are in ``test_checkpoint.py``, the 4096-rank path in
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,31 @@ def test_a_wrong_guess_falls_back_to_the_full_metadata(home: Path) -> None:
     assert ranked.read_full  # the guesses (0, then 0 and 1) held other rows
     assert entry.chunks == chunks  # type: ignore[union-attr]
     assert reads == [0, 1]
+
+
+def test_a_save_failing_after_the_global_plan_leaves_the_cache_as_the_ranks_have_it(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Layout A saved; a save of layout B fails before the ranks take their plans;
+    A again reuses A's plan, not B's: the checkpoint describes what was written."""
+    planner = GrabenSavePlanner()
+    dcp.save(_state(1), storage_writer=GrabenWriter("graben:///f/1"), planner=planner, no_dist=True)
+
+    def broken(self: GrabenWriter, plans: list[object]) -> list[object]:
+        raise OSError("the store went away")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(GrabenWriter, "prepare_global_plan", broken)
+        with pytest.raises(CheckpointException):
+            bigger = _state(2, layers=5)
+            dcp.save(
+                bigger, storage_writer=GrabenWriter("graben:///f/2"), planner=planner, no_dist=True
+            )
+    dcp.save(_state(3), storage_writer=GrabenWriter("graben:///f/3"), planner=planner, no_dist=True)
+    assert planner.reused
+    reader, loaded = GrabenReader("graben:///f/3"), _state(0)
+    dcp.load(loaded, storage_reader=reader, planner=GrabenLoadPlanner(), no_dist=True)
+    assert torch.equal(loaded["model"]["l2"], torch.full((8, 4), 9.0))  # type: ignore[index]
+    with connect(str(home)) as client:
+        written = pickle.loads(client.get("/f/3/.metadata"))
+    assert sorted(written.state_dict_metadata) == ["model.l0", "model.l1", "model.l2", "step"]
