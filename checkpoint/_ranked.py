@@ -125,15 +125,28 @@ def guess(held: Held, chunk: ChunkStorageMetadata | None, slack: int = 0) -> lis
     ``[k*S/n, (k+1)*S/n)`` of that dimension's S. ``slack`` more on each
     side allow for uneven shards.
     """
-    ranks = [rank for first, end in held.ranks for rank in range(first, end)]
+    n = sum(end - first for first, end in held.ranks)
     dim = _cut(held, chunk)
-    if held.size is None or chunk is None or dim is None or len(ranks) == 1:
-        return ranks
-    extent, n = held.size[dim], len(ranks)
+    if held.size is None or chunk is None or dim is None or n == 1:
+        return _ranks_at(held, 0, n)
+    extent = held.size[dim]
     start, end = chunk.offsets[dim], chunk.offsets[dim] + chunk.sizes[dim]
     first = max(0, start * n // extent - slack)
     last = min(n, -(-end * n // extent) + slack)
-    return ranks[first:last]
+    return _ranks_at(held, first, last)
+
+
+def _ranks_at(held: Held, first: int, last: int) -> list[int]:
+    """The ``first``-th to ``last``-th rank files holding a key, without listing them all."""
+    found: list[int] = []
+    skipped = 0
+    for start, end in held.ranks:
+        lo, hi = max(first - skipped, 0), min(last - skipped, end - start)
+        found.extend(range(start + lo, start + hi))
+        skipped += end - start
+        if skipped >= last:
+            break
+    return found
 
 
 def _cut(held: Held, chunk: ChunkStorageMetadata | None) -> int | None:

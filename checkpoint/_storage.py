@@ -36,6 +36,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import crc32c
@@ -395,12 +396,11 @@ class GrabenReader(_OnStore, StorageReader):
         except NotFound:
             return self._read_pickled(METADATA)
         self.ranked = RankedMetadata(
-            directory, lambda rank: self._read_pickled(rank_metadata_name(rank)), self._read_full
+            directory,
+            lambda rank: self._read_pickled(rank_metadata_name(rank)),
+            partial(self._read_pickled, METADATA),
         )
         return self.ranked.metadata
-
-    def _read_full(self) -> Metadata:
-        return self._read_pickled(METADATA)
 
     def _read_pickled(self, name: str) -> Metadata:
         metadata: Metadata = pickle.loads(self.client.get(posixpath.join(self.path, name)))

@@ -210,7 +210,9 @@ class AsyncClient:
         goes uncopied whatever its size). Keep ``parts`` unchanged until this
         returns.
         """
-        info, _ = await self._put_parts(path, parts, exclusive, replication, checksums=False)
+        info, _ = await self.put_parts_checked(
+            path, parts, exclusive=exclusive, replication=replication
+        )
         return info
 
     async def put_parts_checked(
@@ -226,19 +228,6 @@ class AsyncClient:
         A large part's comes from its chunks' own (which the store computes
         anyway), without another pass over its bytes.
         """
-        info, sums = await self._put_parts(path, parts, exclusive, replication, checksums=True)
-        assert sums is not None
-        return info, sums
-
-    async def _put_parts(
-        self,
-        path: str,
-        parts: Sequence[Buffer],
-        exclusive: bool,
-        replication: int | None,
-        *,
-        checksums: bool,
-    ) -> tuple[FileInfo, list[int] | None]:
         # No early check: the bytes are already here and the commit checks
         # atomically; a stat first would cost a round trip per small file.
         mode: WriteMode = "create" if exclusive else "overwrite"
@@ -262,8 +251,7 @@ class AsyncClient:
             for part in parts:
                 view = memoryview(part).cast("B")
                 if view.nbytes < DIRECT_PART and len(parts) > 1:
-                    if checksums:
-                        spans.append(crc32c(view))
+                    spans.append(crc32c(view))
                     for chunk, release in staging.feed(view):
                         await add(chunk, release)
                     continue
@@ -277,9 +265,9 @@ class AsyncClient:
             staging.discard()
             await upload.abort()
             raise
-        extents = (await upload.finish()).extents if checksums else ()
+        extents = (await upload.finish()).extents  # what commit sends: kept, not made twice
         info = await upload.commit()
-        return info, [_part_crc(span, extents) for span in spans] if checksums else None
+        return info, [_part_crc(span, extents) for span in spans]
 
     async def get(self, path: str) -> bytes:
         """A file's whole content."""
