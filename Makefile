@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-SYSTEM_PACKAGES := libfuse3-dev fuse3 pkg-config
+SYSTEM_PACKAGES := libfuse3-dev fuse3 pkg-config fio
 
 .PHONY: run test lint system-deps install clean
 
@@ -22,19 +22,19 @@ lint: install
 
 # Re-linked every time (a second or two): strict editable installs only see
 # modules that existed when they were installed.
-install: $(STAMP) system-deps
+install: system-deps $(STAMP)
 	@$(BIN)/pip install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict \
 		>$(VENV)/relink.log 2>&1 || { cat $(VENV)/relink.log; exit 1; }
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]' --config-settings editable_mode=strict
 	touch $@
 
-# FUSE needs these; the store core does not, so a failure here only warns.
+# FUSE needs these (fio: its tests); the store core does not, so a failure here only warns.
 system-deps:
-	@if command -v fusermount3 >/dev/null && pkg-config --exists fuse3 2>/dev/null; then :; \
+	@if command -v fusermount3 >/dev/null && command -v fio >/dev/null && pkg-config --exists fuse3 2>/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 		(apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null) \
 		|| echo "warning: could not install $(SYSTEM_PACKAGES)"; \

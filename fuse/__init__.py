@@ -1,3 +1,12 @@
-"""graben.fuse: not built yet (see the open issues)."""
+"""graben.fuse: the store as a POSIX filesystem (``graben mount``).
 
-__all__: list[str] = []
+``mount(url, mountpoint)`` mounts a store (embedded directory or cluster) with
+close-to-open semantics: a file opened for writing is staged locally and
+committed as one new version on flush, fsync or close; renames are atomic.
+``unmount(mountpoint)`` takes it down again.
+"""
+
+from ._mount import MountError, clean_stale, mount, serve, unmount
+from ._options import MountOptions
+
+__all__ = ["MountError", "MountOptions", "clean_stale", "mount", "serve", "unmount"]

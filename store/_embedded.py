@@ -10,18 +10,21 @@ atomically under content-addressed names.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
+
+import msgspec
 
 from ._chunkstore import GROUP_SYNC_MAX, LocalChunkStore
 from ._errors import NotADirectory, Unavailable, from_os_error
 from ._group import Batcher
 from ._namespace import Namespace
 from ._sqlite import SQLiteRepository
-from ._types import LOCAL_NODE, ChunkRef, Commit, Request
+from ._types import LOCAL_NODE, ChunkRef, Commit, GetHealth, Health, NodeState, Request
 
 R = TypeVar("R")
 HINT_THREADS = 4
@@ -39,14 +42,15 @@ def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
     except OSError as exc:
         raise from_os_error(exc, str(root)) from exc
     repo = SQLiteRepository(root / "meta.db")
-    return LocalMeta(Namespace(repo)), LocalChunks(chunks, io_threads)
+    return LocalMeta(Namespace(repo), chunks.capacity), LocalChunks(chunks, io_threads)
 
 
 class LocalMeta:
     """``MetaTransport`` running the namespace logic on one thread."""
 
-    def __init__(self, namespace: Namespace) -> None:
+    def __init__(self, namespace: Namespace, capacity: Callable[[], tuple[int, int]]) -> None:
         self.namespace = namespace
+        self._capacity = capacity
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="graben-meta")
         self._group = Batcher(partial(self._run, namespace.commit_group), size=len)
 
@@ -54,8 +58,17 @@ class LocalMeta:
         if isinstance(request, Commit):
             infos: R = await self._group.submit(request.files)  # type: ignore[assignment]
             return infos
+        if isinstance(request, GetHealth):
+            health: Any = await self._run(self._health)
+            return cast(R, health)
         result: R = await self._run(self.namespace.execute, request)
         return result
+
+    def _health(self) -> Health:
+        # No heartbeats here: the one node is the directory, and always there.
+        free, total = self._capacity()
+        local = NodeState(LOCAL_NODE, "", "local", free, total, time.time(), True)
+        return msgspec.structs.replace(self.namespace.health(), nodes=[local])
 
     async def _run(self, fn: Callable[..., R], *args: Any) -> R:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)

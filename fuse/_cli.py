@@ -1,0 +1,96 @@
+"""``graben mount`` and ``graben umount``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from ._options import MountOptions
+
+_URL_HELP = "an embedded store directory, or graben://host:port for a cluster"
+
+
+def add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``graben mount`` (entry point ``graben.commands:mount``)."""
+    summary = "Mount a store as a POSIX filesystem (FUSE)."
+    parser = sub.add_parser("mount", help=summary, description=summary)
+    _mount_arguments(parser)
+    parser.set_defaults(run=_mount)
+
+
+def add_umount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``graben umount`` (entry point ``graben.commands:umount``)."""
+    summary = "Unmount a graben mount."
+    parser = sub.add_parser("umount", help=summary, description=summary)
+    parser.add_argument("mountpoint", type=Path)
+    parser.add_argument("-z", "--lazy", action="store_true", help="detach even if in use")
+    parser.set_defaults(run=_umount)
+
+
+def _mount_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = MountOptions()
+    parser.add_argument("url", help=_URL_HELP)
+    parser.add_argument("mountpoint", type=Path)
+    parser.add_argument("-f", "--foreground", action="store_true", help="serve in this process")
+    parser.add_argument("--read-only", action="store_true", help="refuse every change")
+    parser.add_argument(
+        "--spool", type=Path, default=defaults.spool_dir, help="where open files are staged"
+    )
+    parser.add_argument(
+        "--spool-limit",
+        type=int,
+        default=defaults.spool_limit,
+        metavar="BYTES",
+        help="bytes the spool may hold (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=defaults.timeout,
+        metavar="S",
+        help="seconds the kernel caches names and attributes (default: %(default)s)",
+    )
+    parser.add_argument("--log", type=Path, help="the daemon's log file")
+    parser.add_argument("--allow-other", action="store_true", help="let other users in")
+    parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+
+def _options(args: argparse.Namespace) -> MountOptions:
+    return MountOptions(
+        read_only=args.read_only,
+        spool_dir=args.spool,
+        spool_limit=args.spool_limit,
+        timeout=args.timeout,
+        log_file=args.log,
+        allow_other=args.allow_other,
+    )
+
+
+def _umount(args: argparse.Namespace) -> int:
+    from ._mount import unmount
+
+    unmount(args.mountpoint, lazy=args.lazy)
+    return 0
+
+
+def _mount(args: argparse.Namespace) -> int:
+    from ._mount import mount, serve
+
+    if args.ready_fd is not None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+        serve(args.url, args.mountpoint.absolute(), _options(args), ready_fd=args.ready_fd)
+        return 0
+    pid = mount(args.url, args.mountpoint, _options(args), foreground=args.foreground)
+    if pid is not None:
+        print(f"mounted {args.url} on {args.mountpoint.absolute()} (daemon pid {pid})")
+    return 0
+
+
+def mount_main(argv: list[str] | None = None) -> int:
+    """``graben mount`` on its own (what the background daemon runs)."""
+    parser = argparse.ArgumentParser(prog="graben mount")
+    _mount_arguments(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return _mount(args)

@@ -1,0 +1,203 @@
+"""Mounting and unmounting: the daemon's life.
+
+``mount`` in the background starts the daemon as a new process (its own
+session, so the shell that started it can go) and returns once the daemon
+says the mount is ready, or with the daemon's error. A mount point whose
+daemon died (``ENOTCONN``) is unmounted first, so a crash never blocks the
+next mount.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from graben.store import GrabenError, connect
+
+from ._ops import Operations
+from ._options import MountOptions
+from ._spool import Spool
+
+log = logging.getLogger("graben.fuse")
+READY_TIMEOUT_S = 30.0
+"""How long ``mount`` waits for the daemon to say the mount is ready."""
+_daemons: dict[int, subprocess.Popen[bytes]] = {}
+"""Daemons this process started, kept so they can be reaped when they end."""
+
+
+class MountError(GrabenError, OSError):
+    """The mount could not be made."""
+
+
+def mount(
+    url: str,
+    mountpoint: str | os.PathLike[str],
+    options: MountOptions | None = None,
+    *,
+    foreground: bool = False,
+) -> int | None:
+    """Mount the store at ``url`` on ``mountpoint``.
+
+    In the background (the default) this returns the daemon's pid once the
+    mount is ready; with ``foreground`` it serves until unmounted or
+    signalled, then returns ``None``.
+    """
+    options = options or MountOptions()
+    target = Path(mountpoint).absolute()
+    clean_stale(target)
+    if os.path.ismount(target):
+        raise MountError(f"already mounted: {target}", str(target))
+    if not target.is_dir():
+        raise MountError(f"not a directory: {target}", str(target))
+    if foreground:
+        serve(url, target, options)
+        return None
+    return _start_daemon(url, target, options)
+
+
+def unmount(mountpoint: str | os.PathLike[str], *, lazy: bool = False) -> None:
+    """Unmount (``fusermount3 -u``); ``lazy`` detaches a mount still in use."""
+    command = ["fusermount3", "-u", *(["-z"] if lazy else []), os.fspath(mountpoint)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    _reap()
+    if done.returncode != 0:
+        why = done.stderr.strip() or f"fusermount3 failed ({done.returncode})"
+        raise MountError(why, os.fspath(mountpoint))
+
+
+def clean_stale(target: Path) -> bool:
+    """Unmount ``target`` if its daemon is gone; whether it was."""
+    try:
+        os.stat(target)
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:
+            return False
+        log.warning("%s: its daemon is gone; unmounting it", target)
+        unmount(target, lazy=True)
+        return True
+    return False
+
+
+def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = None) -> None:
+    """Run the mount in this process until it is unmounted or signalled."""
+    client = connect(url)
+    try:
+        ops = Operations(
+            client,
+            Spool(options.spool_dir, options.spool_limit),
+            read_only=options.read_only,
+            timeout=options.timeout,
+        )
+        fuse_options = set(pyfuse3.default_options) | {"fsname=graben", "subtype=graben"}
+        if options.read_only:
+            fuse_options.add("ro")
+        if options.allow_other:
+            fuse_options.add("allow_other")
+        pyfuse3.init(ops, os.fspath(target), fuse_options)
+        try:
+            if ready_fd is not None:
+                os.write(ready_fd, b"1")
+                os.close(ready_fd)
+            log.info("mounted %s on %s", url, target)
+            trio.run(_main, ops)
+        finally:
+            pyfuse3.close(unmount=True)
+            log.info("unmounted %s", target)
+    finally:
+        client.close()
+
+
+async def _main(ops: Operations) -> None:
+    async with trio.open_nursery() as nursery:
+        ops.nursery = nursery
+        nursery.start_soon(_stop_on_signal)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+
+
+async def _stop_on_signal() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for _ in signals:
+            pyfuse3.terminate()
+            return
+
+
+def _start_daemon(url: str, target: Path, options: MountOptions) -> int:
+    log_file = options.log_file or options.spool_dir / "mount.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    read, write = os.pipe()
+    command = [
+        sys.executable,
+        "-m",
+        "graben.fuse",
+        *daemon_args(url, target, options),
+        "--ready-fd",
+        str(write),
+    ]
+    with open(log_file, "ab") as log_out:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_out,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write,),
+            start_new_session=True,
+        )
+    os.close(write)
+    try:
+        ready = _wait_ready(read, process)
+    finally:
+        os.close(read)
+    if not ready:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        process.wait()
+        why = f"the mount daemon did not start; see {log_file}:\n{_tail(log_file)}"
+        raise MountError(why, str(target))
+    _reap()
+    _daemons[process.pid] = process
+    return process.pid
+
+
+def _reap() -> None:
+    for pid, process in list(_daemons.items()):
+        if process.poll() is not None:
+            del _daemons[pid]
+
+
+def _wait_ready(read: int, process: subprocess.Popen[bytes]) -> bool:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([read], [], [], 0.2)
+        if ready:
+            return os.read(read, 1) == b"1"  # b"" if it died first
+        if process.poll() is not None:
+            return False
+    return False
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def daemon_args(url: str, target: Path, options: MountOptions) -> list[str]:
+    """``graben mount`` arguments that mount the same way in the foreground."""
+    args = [url, os.fspath(target), "--foreground"]
+    args += ["--spool", os.fspath(options.spool_dir), "--spool-limit", str(options.spool_limit)]
+    args += ["--timeout", repr(options.timeout)]
+    args += ["--read-only"] * options.read_only + ["--allow-other"] * options.allow_other
+    return args

@@ -1,0 +1,25 @@
+"""How a store is mounted (no FUSE imports here: the CLI reads it before it needs pyfuse3)."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MountOptions:
+    """How a store is mounted."""
+
+    read_only: bool = False
+    """Refuse every change (``EROFS``)."""
+    spool_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "graben-spool")
+    """Where files open for writing are staged until they are committed."""
+    spool_limit: int = 16 << 30
+    """Bytes the spool may hold; a write past it fails with ``ENOSPC``."""
+    timeout: float = 1.0
+    """Seconds the kernel may cache attributes and names."""
+    log_file: Path | None = None
+    """The daemon's log (background mounts; default: ``<spool_dir>/mount.log``)."""
+    allow_other: bool = False
+    """Let users other than the one mounting in (needs ``user_allow_other`` or root)."""

@@ -1,0 +1,105 @@
+"""The spool: local files holding what open files wrote and have not committed yet.
+
+The store's files are immutable once committed, while POSIX files take writes
+anywhere, at any time. So a file opened for writing is staged whole in a spool
+file on local disk (its old content copied in first unless it is truncated),
+takes reads and writes there, and is committed to the store, in one put, on
+flush, fsync or close. The spool has a byte limit: a write that would take it
+over fails with ``ENOSPC`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import mmap
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+COPY_BLOCK = 8 << 20
+"""Bytes copied at a time when a file's committed content is spooled."""
+
+
+class Spool:
+    """A directory of spool files, and the bytes they may hold together."""
+
+    def __init__(self, directory: Path, limit: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory, self.limit = directory, limit
+        self.used = 0
+
+    def new(self) -> SpoolFile:
+        """An empty spool file (unlinked at once: nothing is left behind if we die)."""
+        fd, name = tempfile.mkstemp(dir=self.directory, prefix="spool-")
+        os.unlink(name)
+        return SpoolFile(self, fd)
+
+    def _grow(self, old: int, new: int) -> None:
+        if new > old and self.used + new - old > self.limit:
+            raise OSError(errno.ENOSPC, f"the mount's spool is full ({self.limit} bytes)")
+        self.used += new - old
+
+
+class SpoolFile:
+    """One open file's uncommitted content."""
+
+    def __init__(self, spool: Spool, fd: int) -> None:
+        self._spool, self.fd = spool, fd
+        self.size = 0
+        self.dirty = False
+        """Written since the last commit."""
+
+    def write(self, offset: int, data: bytes) -> int:
+        """Write ``data`` at ``offset`` (past the end leaves a hole of zeros)."""
+        end = max(self.size, offset + len(data))
+        self._spool._grow(self.size, end)
+        try:
+            written = os.pwrite(self.fd, data, offset)
+        except OSError:
+            self._spool._grow(end, self.size)
+            raise
+        self._spool._grow(end, max(self.size, offset + written))
+        self.size, self.dirty = max(self.size, offset + written), True
+        return written
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes from ``offset``."""
+        return os.pread(self.fd, min(size, max(0, self.size - offset)), offset)
+
+    def truncate(self, size: int) -> None:
+        """Cut or extend (with zeros) to ``size`` bytes."""
+        self._spool._grow(self.size, size)
+        os.ftruncate(self.fd, size)
+        self.size, self.dirty = size, True
+
+    def fill(self, source: io.BufferedIOBase, size: int) -> None:
+        """Copy a committed version in (blocking: run it off the event loop)."""
+        self._spool._grow(self.size, size)
+        os.ftruncate(self.fd, size)
+        self.size = size
+        with self.mapped() as view:
+            done = 0
+            while done < size:
+                n = source.readinto(view[done : done + COPY_BLOCK])
+                if not n:
+                    raise OSError(errno.EIO, "the file changed length while it was spooled")
+                done += n
+
+    @contextmanager
+    def mapped(self) -> Iterator[memoryview]:
+        """The content as one memoryview, without copying it."""
+        if self.size == 0:
+            yield memoryview(b"")
+            return
+        with mmap.mmap(self.fd, self.size) as region, memoryview(region) as view:
+            yield view
+
+    def close(self) -> None:
+        """Drop the content and give its bytes back to the spool."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+            self._spool._grow(self.size, 0)

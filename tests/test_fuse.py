@@ -1,0 +1,207 @@
+"""The FUSE door: a real mount (embedded and 3-node cluster) driven with plain POSIX calls."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fuse_kit import mounted, needs_fuse
+
+from graben.store import Client, NotFound, connect
+
+pytestmark = needs_fuse
+RENAME_NOREPLACE = 1
+
+
+@pytest.fixture(scope="module", params=["embedded", "cluster"])
+def store_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    if request.param == "embedded":
+        return str(tmp_path_factory.mktemp("fuse-store"))
+    url: str = request.getfixturevalue("cluster_url")
+    return url
+
+
+@pytest.fixture(scope="module")
+def mount_point(store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with mounted(store_url, tmp_path_factory.mktemp("fuse")) as point:
+        yield point
+
+
+@pytest.fixture(scope="module")
+def direct(store_url: str) -> Iterator[Client]:
+    """The same store through the client, to check what the mount did."""
+    with connect(store_url) as client:
+        yield client
+
+
+@pytest.fixture
+def here(mount_point: Path, direct: Client) -> Iterator[Path]:
+    """A fresh directory in the mount for one test."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    (mount_point / name).mkdir()
+    yield mount_point / name
+    direct.rm(f"/{name}", recursive=True)
+
+
+def test_a_written_file_reads_back_and_is_in_the_store(here: Path, direct: Client) -> None:
+    data = os.urandom(3_000_000)
+    (here / "f.bin").write_bytes(data)
+    assert (here / "f.bin").read_bytes() == data
+    assert (here / "f.bin").stat().st_size == len(data)
+    assert direct.get(f"/{here.name}/f.bin") == data
+
+
+def test_random_writes_append_and_truncate(here: Path, direct: Client) -> None:
+    path = here / "f"
+    model = bytearray(os.urandom(1_000_000))
+    path.write_bytes(model)
+    with open(path, "r+b") as f:
+        for offset in (0, 4095, 500_000, 999_999, 1_200_000):
+            chunk = os.urandom(5000)
+            f.seek(offset)
+            f.write(chunk)
+            model[len(model) : offset] = bytes(max(0, offset - len(model)))
+            model[offset : offset + len(chunk)] = chunk
+    with open(path, "ab") as f:
+        f.write(b"tail")
+    model += b"tail"
+    assert path.read_bytes() == model
+    os.truncate(path, 10)
+    assert path.read_bytes() == model[:10]
+    assert direct.get(f"/{here.name}/f") == model[:10]
+
+
+def test_the_store_sees_a_new_version_only_when_the_file_is_closed(
+    here: Path, direct: Client
+) -> None:
+    (here / "f").write_bytes(b"old")
+    with open(here / "f", "r+b") as f:
+        f.write(b"new")
+        f.flush()  # Python's buffer only: the file is not closed yet
+        assert direct.get(f"/{here.name}/f") == b"old"
+    assert direct.get(f"/{here.name}/f") == b"new"
+
+
+def test_fsync_commits_without_closing(here: Path, direct: Client) -> None:
+    with open(here / "f", "wb") as f:
+        f.write(b"durable")
+        f.flush()
+        os.fsync(f.fileno())
+        assert direct.get(f"/{here.name}/f") == b"durable"
+
+
+def test_a_version_written_elsewhere_is_seen_at_the_next_open(here: Path, direct: Client) -> None:
+    (here / "f").write_bytes(b"one")
+    assert (here / "f").read_bytes() == b"one"
+    direct.put(f"/{here.name}/f", b"two, longer")
+    assert (here / "f").read_bytes() == b"two, longer"
+
+
+def test_directories_list_create_and_remove(here: Path) -> None:
+    (here / "d" / "e").mkdir(parents=True)
+    names = {f"n{i:04d}" for i in range(1000)}
+    for name in names:
+        (here / "d" / name).write_bytes(name.encode())
+    assert set(os.listdir(here / "d")) == names | {"e"}
+    with pytest.raises(OSError, match="not empty") as failed:
+        (here / "d").rmdir()
+    assert failed.value.errno == errno.ENOTEMPTY
+    with pytest.raises(IsADirectoryError):
+        os.unlink(here / "d" / "e")
+    with pytest.raises(FileExistsError):
+        (here / "d" / "e").mkdir()
+    with pytest.raises(NotADirectoryError):
+        os.rmdir(here / "d" / "n0001")
+    (here / "d" / "e").rmdir()
+    os.unlink(here / "d" / "n0001")
+    assert len(os.listdir(here / "d")) == 999
+    with pytest.raises(FileNotFoundError):
+        (here / "d" / "n0001").read_bytes()
+
+
+def test_renames_are_atomic_and_noreplace_refuses(here: Path, direct: Client) -> None:
+    (here / "a").write_bytes(b"a")
+    (here / "b").write_bytes(b"b")
+    os.rename(here / "a", here / "b")
+    assert (here / "b").read_bytes() == b"a"
+    assert not (here / "a").exists()
+    (here / "src").mkdir()
+    for i in range(1000):
+        (here / "src" / f"{i}").write_bytes(b"x")
+    counts: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:  # another client listing both sides while the rename runs
+        while not stop.is_set():
+            for side in ("src", "dst"):
+                with contextlib.suppress(NotFound):
+                    counts.append(len(direct.ls(f"/{here.name}/{side}")))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        os.rename(here / "src", here / "dst")
+    finally:
+        stop.set()
+        watcher.join()
+    assert len(os.listdir(here / "dst")) == 1000
+    assert not (here / "src").exists()
+    assert counts and set(counts) == {1000}  # never a half-moved directory
+    libc = ctypes.CDLL(None, use_errno=True)
+    (here / "c").write_bytes(b"c")
+    result = libc.renameat2(-100, bytes(here / "c"), -100, bytes(here / "b"), RENAME_NOREPLACE)
+    assert result == -1 and ctypes.get_errno() == errno.EEXIST
+    assert (here / "b").read_bytes() == b"a"
+
+
+def test_an_unlinked_open_file_stays_readable(here: Path) -> None:
+    data = os.urandom(200_000)
+    (here / "f").write_bytes(data)
+    with open(here / "f", "rb") as f:
+        os.unlink(here / "f")
+        assert not (here / "f").exists()
+        assert f.read() == data
+    with open(here / "g", "wb") as g:
+        g.write(b"never published")
+        os.unlink(here / "g")
+    assert not (here / "g").exists()
+
+
+def test_concurrent_writers_to_different_files(here: Path, direct: Client) -> None:
+    blobs = {f"w{i}": os.urandom(2_000_000 + i) for i in range(6)}
+
+    def write(name: str) -> None:
+        with open(here / name, "wb") as f:
+            for start in range(0, len(blobs[name]), 100_000):
+                f.write(blobs[name][start : start + 100_000])
+
+    threads = [threading.Thread(target=write, args=(name,)) for name in blobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name, blob in blobs.items():
+        assert direct.get(f"/{here.name}/{name}") == blob
+
+
+def test_statfs_reports_the_store_space(mount_point: Path) -> None:
+    st = os.statvfs(mount_point)
+    assert st.f_blocks > 0
+    assert 0 < st.f_bavail <= st.f_blocks
+
+
+def test_bad_names_get_errors_and_the_mount_lives_on(here: Path) -> None:
+    with pytest.raises(OSError, match="too long") as failed:
+        (here / ("x" * 300)).write_bytes(b"x")
+    assert failed.value.errno == errno.ENAMETOOLONG
+    with pytest.raises(FileNotFoundError):
+        (here / "missing" / "f").write_bytes(b"x")
+    (here / "ok").write_bytes(b"fine")
+    assert (here / "ok").read_bytes() == b"fine"
