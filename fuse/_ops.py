@@ -37,6 +37,8 @@ from ._spool import Spool, SpoolFile
 log = logging.getLogger("graben.fuse")
 P = ParamSpec("P")
 R = TypeVar("R")
+SYMLINK = stat.S_IFLNK | 0o777
+"""The mode a symbolic link is stored with (its content is the target)."""
 NAME_MAX = 255
 """Longest name, in bytes, as on every Linux filesystem."""
 BLKSIZE = 1 << 20
@@ -76,6 +78,8 @@ class _Open:
     unlinked: bool = False
     info: FileInfo | None = None
     """The committed version its read handles opened (what an unlinked file still is)."""
+    permissions: int = 0
+    """Mode bits for its next commit (0: keep the committed version's)."""
     mtime_ns: int = field(default_factory=time.time_ns)
     lock: trio.Lock = field(default_factory=trio.Lock)
     """Held while the spool is committed: its mapping must not change meanwhile."""
@@ -113,8 +117,9 @@ class Operations(pyfuse3.Operations):
 
     # -- helpers ---------------------------------------------------------------
 
-    async def _call(self, fn: Callable[..., R], *args: Any) -> R:
-        return await trio.to_thread.run_sync(functools.partial(fn, *args))
+    async def _call(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """``fn(*args, **kwargs)`` in a worker thread: store calls block."""
+        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
     def _path(self, inode: int) -> str:
         try:
@@ -140,12 +145,9 @@ class Operations(pyfuse3.Operations):
         attrs = pyfuse3.EntryAttributes()
         attrs.st_ino = inode
         attrs.entry_timeout = attrs.attr_timeout = self.timeout
-        if info is not None and info.is_dir:
-            attrs.st_mode = stat.S_IFDIR | info.mode
+        attrs.st_mode, attrs.st_nlink = _mode(info, file), 1
+        if stat.S_ISDIR(attrs.st_mode):
             attrs.st_nlink = 2
-        else:
-            attrs.st_mode = stat.S_IFREG | (info.mode if info is not None else 0o644)
-            attrs.st_nlink = 1
         size = info.size if info is not None else 0
         mtime = info.mtime_ns if info is not None else time.time_ns()
         if file is not None and file.spool is not None:
@@ -198,12 +200,29 @@ class Operations(pyfuse3.Operations):
         fh: int | None,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
-        if fields.update_mode or fields.update_uid or fields.update_gid:
-            raise pyfuse3.FUSEError(errno.ENOTSUP)
+        if fields.update_uid and attr.st_uid != self._uid:
+            raise pyfuse3.FUSEError(errno.EPERM)  # every file is the mounting user's
+        if fields.update_gid and attr.st_gid != self._gid:
+            raise pyfuse3.FUSEError(errno.EPERM)
         if fields.update_size:
             self._writable()
             await self._truncate(inode, attr.st_size, commit=fh is None)
+        mode = attr.st_mode & 0o7777 if fields.update_mode else None
+        mtime = attr.st_mtime_ns if fields.update_mtime else None
+        if mode is not None or mtime is not None:
+            self._writable()
+            await self._set_attributes(inode, mode, mtime)
         return await self.getattr(inode, ctx)
+
+    async def _set_attributes(self, inode: int, mode: int | None, mtime: int | None) -> None:
+        """chmod and utimens (no atime is kept: reads never write)."""
+        file = self._open.get(inode)
+        if file is not None and mode is not None:
+            file.permissions = mode  # for a commit still to come
+        if file is not None and file.created:
+            return
+        path = self._path(inode)
+        await self._call(self.client.set_attributes, path, mode=mode, mtime_ns=mtime)
 
     async def _truncate(self, inode: int, size: int, *, commit: bool) -> None:
         """Cut or extend a file; ``commit`` publishes it now (else its last close does)."""
@@ -226,7 +245,25 @@ class Operations(pyfuse3.Operations):
         self._writable()
         path = self._child(parent_inode, name)
         info = await self._call(self.client.mkdir, path)
+        if mode & 0o7777 != info.mode:
+            info = await self._call(self.client.set_attributes, path, mode=mode & 0o7777)
         return self._attrs(self.inodes.lookup(path), info, None)
+
+    @answers_errno
+    async def symlink(
+        self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        self._writable()
+        path = self._child(parent_inode, name)
+        info = await self._call(self.client.put, path, target, exclusive=True, permissions=SYMLINK)
+        return self._attrs(self.inodes.lookup(path), info, None)
+
+    @answers_errno
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        path = self._path(inode)
+        if not stat.S_ISLNK((await self._call(self.client.stat, path)).mode):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return await self._call(self.client.get, path)
 
     @answers_errno
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -270,7 +307,7 @@ class Operations(pyfuse3.Operations):
         new = self._child(parent_inode_new, name_new)
         await self._commit_below(old)
         replace = not flags & pyfuse3.RENAME_NOREPLACE
-        await self._call(functools.partial(self.client.rename, old, new, replace=replace))
+        await self._call(self.client.rename, old, new, replace=replace)
         self.inodes.moved(old, new)
 
     async def _commit_below(self, top: str) -> None:
@@ -389,6 +426,7 @@ class Operations(pyfuse3.Operations):
         file = self._open.setdefault(inode, _Open())
         file.handles += 1
         file.created = file.spool is None
+        file.permissions = mode & 0o7777
         await self._spooled(inode, file, keep=False)
         fh = self._new_fh()
         self._handles[fh] = _Handle(inode, file)
@@ -449,7 +487,8 @@ class Operations(pyfuse3.Operations):
         async with file.lock:
             spool.dirty = False
             try:
-                await self._call(_put_spooled, self.client, path, spool)
+                await self._call(_put_spooled, self.client, path, spool, file.permissions)
+                file.permissions = 0
             except BaseException:
                 spool.dirty = True
                 raise
@@ -485,9 +524,20 @@ class Operations(pyfuse3.Operations):
         return data
 
 
-def _put_spooled(client: Client, path: str, spool: SpoolFile) -> None:
+def _mode(info: FileInfo | None, file: _Open | None) -> int:
+    """``st_mode``: type and permission bits."""
+    if info is not None and info.is_dir:
+        return stat.S_IFDIR | info.mode
+    if file is not None and file.permissions:
+        return stat.S_IFREG | file.permissions
+    if info is None:
+        return stat.S_IFREG | 0o644
+    return info.mode if stat.S_ISLNK(info.mode) else stat.S_IFREG | info.mode
+
+
+def _put_spooled(client: Client, path: str, spool: SpoolFile, permissions: int) -> None:
     with spool.mapped() as view:
-        client.put(path, view)
+        client.put(path, view, permissions=permissions)
 
 
 def _positional(reader: ReadFile) -> Callable[[int, memoryview], int]:

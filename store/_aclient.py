@@ -46,6 +46,7 @@ from ._types import (
     Remove,
     Rename,
     ReportBad,
+    SetAttributes,
     Stat,
     Usage,
     WriteMode,
@@ -183,14 +184,23 @@ class AsyncClient:
     # -- data ---------------------------------------------------------------
 
     async def put(
-        self, path: str, data: Buffer, *, exclusive: bool = False, replication: int | None = None
+        self,
+        path: str,
+        data: Buffer,
+        *,
+        exclusive: bool = False,
+        replication: int | None = None,
+        permissions: int = 0,
     ) -> FileInfo:
         """Store ``data`` at ``path`` in one commit, without copying it.
 
         Missing parent directories are created. With ``exclusive``, fail with
-        ``AlreadyExists`` if the path exists at commit time.
+        ``AlreadyExists`` if the path exists at commit time. ``permissions``
+        sets the mode bits; 0 keeps those of the file replaced (0o644 if new).
         """
-        return await self.put_parts(path, [data], exclusive=exclusive, replication=replication)
+        return await self.put_parts(
+            path, [data], exclusive=exclusive, replication=replication, permissions=permissions
+        )
 
     async def put_parts(
         self,
@@ -199,6 +209,7 @@ class AsyncClient:
         *,
         exclusive: bool = False,
         replication: int | None = None,
+        permissions: int = 0,
     ) -> FileInfo:
         """Store the concatenation of ``parts`` at ``path`` in one commit.
 
@@ -211,7 +222,7 @@ class AsyncClient:
         returns.
         """
         info, _ = await self.put_parts_checked(
-            path, parts, exclusive=exclusive, replication=replication
+            path, parts, exclusive=exclusive, replication=replication, permissions=permissions
         )
         return info
 
@@ -222,6 +233,7 @@ class AsyncClient:
         *,
         exclusive: bool = False,
         replication: int | None = None,
+        permissions: int = 0,
     ) -> tuple[FileInfo, list[int]]:
         """``put_parts``, and the crc32c of each part.
 
@@ -231,7 +243,7 @@ class AsyncClient:
         # No early check: the bytes are already here and the commit checks
         # atomically; a stat first would cost a round trip per small file.
         mode: WriteMode = "create" if exclusive else "overwrite"
-        upload = await self.upload(path, mode, replication, check=False)
+        upload = await self.upload(path, mode, replication, check=False, permissions=permissions)
         staging = Staging(self.pool)
         step = self.options.chunk_size
         added = 0
@@ -295,6 +307,7 @@ class AsyncClient:
         replication: int | None = None,
         *,
         check: bool = True,
+        permissions: int = 0,
     ) -> Upload:
         """An ``Upload`` to ``path``.
 
@@ -313,7 +326,14 @@ class AsyncClient:
             mode=mode,
             replication=replication or self.replication,
             max_inflight=self.options.max_inflight,
+            permissions=permissions,
         )
+
+    async def set_attributes(
+        self, path: str, *, mode: int | None = None, mtime_ns: int | None = None
+    ) -> FileInfo:
+        """Change mode bits and/or modification time in place (``chmod``, ``touch``)."""
+        return await self.meta.request(SetAttributes(_paths.normalize(path), mode, mtime_ns))
 
     async def copy(self, src: str, dst: str, *, exclusive: bool = False) -> FileInfo:
         """A new file at ``dst`` with ``src``'s content, without moving a byte.

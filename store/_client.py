@@ -88,10 +88,27 @@ class Client:
         return _loop.run(self.aio.du(path))
 
     def put(
-        self, path: str, data: Buffer, *, exclusive: bool = False, replication: int | None = None
+        self,
+        path: str,
+        data: Buffer,
+        *,
+        exclusive: bool = False,
+        replication: int | None = None,
+        permissions: int = 0,
     ) -> FileInfo:
-        """Store ``data`` at ``path`` in one commit, without copying it."""
-        return _loop.run(self.aio.put(path, data, exclusive=exclusive, replication=replication))
+        """Store ``data`` at ``path`` in one commit, without copying it (``permissions``:
+        mode bits; 0 keeps those of the file replaced)."""
+        return _loop.run(
+            self.aio.put(
+                path, data, exclusive=exclusive, replication=replication, permissions=permissions
+            )
+        )
+
+    def set_attributes(
+        self, path: str, *, mode: int | None = None, mtime_ns: int | None = None
+    ) -> FileInfo:
+        """Change mode bits and/or modification time in place (``chmod``, ``touch``)."""
+        return _loop.run(self.aio.set_attributes(path, mode=mode, mtime_ns=mtime_ns))
 
     def copy(self, src: str, dst: str, *, exclusive: bool = False) -> FileInfo:
         """A new file at ``dst`` sharing ``src``'s chunks: metadata only, whatever the size."""

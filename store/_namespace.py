@@ -53,6 +53,7 @@ from ._types import (
     Rename,
     ReportBad,
     Request,
+    SetAttributes,
     Stat,
     Usage,
 )
@@ -62,6 +63,8 @@ Placer = Callable[[ChunkRef, int, tuple[str, ...]], tuple[str, ...]]
 """(chunk, replication, nodes to avoid) -> the nodes to store it on."""
 ROOT = Inode(ROOT_INODE, "directory", 0, 0o755, 0, 1, 1)
 DIR_MODE = 0o755
+PERMISSION_BITS = 0o7777
+"""What a new version keeps of the mode of the one it replaces (not a symlink's type bits)."""
 FILE_MODE = 0o644
 
 
@@ -106,6 +109,7 @@ class Namespace:
             MakeDir: lambda r: self.mkdir(r.path, r.parents, r.exist_ok),
             Remove: lambda r: self.remove(r.path, r.recursive),
             Rename: lambda r: self.rename(r.src, r.dst, r.replace, r.replace_tree),
+            SetAttributes: lambda r: self.set_attributes(r.path, r.mode, r.mtime_ns),
             GetLayout: lambda r: self.layout(r.path),
             Prepare: lambda r: self.prepare(r.chunks, r.replication, r.avoid),
             Commit: lambda r: self.commit(r.files),
@@ -307,6 +311,21 @@ class Namespace:
 
     # -- the write path -------------------------------------------------------
 
+    def set_attributes(self, path: str, mode: int | None, mtime_ns: int | None) -> FileInfo:
+        """Change mode bits and/or modification time in place."""
+        parts = _paths.split(path)
+        clean = _paths.join_parts(parts)
+        if not parts:
+            raise InvalidArgument("the root's attributes cannot change", clean)
+        with self.repo.write() as tx:
+            node = self._resolve(tx, parts, clean)
+            changed = tx.set_attributes(
+                node.id,
+                node.mode if mode is None else mode,
+                node.mtime_ns if mtime_ns is None else mtime_ns,
+            )
+        return _info(clean, changed)
+
     def prepare(
         self, chunks: tuple[ChunkRef, ...], replication: int, avoid: tuple[str, ...] = ()
     ) -> list[Placement]:
@@ -372,7 +391,8 @@ class Namespace:
             raise IsADirectory("a directory has this name", clean)
         generation = 1 if old is None else old.generation + 1
         copies = self._replication(commit.replication)
-        node = tx.create("file", size, FILE_MODE, time.time_ns(), generation, copies)
+        mode = commit.permissions or (FILE_MODE if old is None else old.mode & PERMISSION_BITS)
+        node = tx.create("file", size, mode, time.time_ns(), generation, copies)
         tx.set_extents(node.id, commit.extents)
         if old is not None:
             tx.unlink(parent.id, parts[-1])

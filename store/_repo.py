@@ -66,6 +66,9 @@ class Tx(Protocol):
     ) -> Inode:
         """A new inode, not yet linked anywhere."""
 
+    def set_attributes(self, inode: int, mode: int, mtime_ns: int) -> Inode:
+        """Set an inode's mode bits and modification time; the updated inode."""
+
     def link(self, parent: int, name: str, inode: int) -> None:
         """Add an entry; the name must be free."""
 

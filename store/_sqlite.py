@@ -148,6 +148,14 @@ class SQLiteTx:
         assert cur.lastrowid is not None
         return Inode(cur.lastrowid, kind, size, mode, mtime_ns, generation, replication)
 
+    def set_attributes(self, inode: int, mode: int, mtime_ns: int) -> Inode:
+        self._db.execute(
+            "UPDATE inodes SET mode = ?, mtime_ns = ? WHERE id = ?", (mode, mtime_ns, inode)
+        )
+        found = self.get(inode)
+        assert found is not None
+        return found
+
     def link(self, parent: int, name: str, inode: int) -> None:
         self._db.execute(
             "INSERT INTO entries (parent, name, inode) VALUES (?, ?, ?)", (parent, name, inode)

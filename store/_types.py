@@ -38,7 +38,7 @@ class FileInfo(msgspec.Struct, frozen=True):
     replication: int = 1
     """Copies kept of each chunk of the file."""
     mode: int = 0o644
-    """Permission bits."""
+    """Permission bits (with ``stat.S_IFLNK`` for a symbolic link made through a mount)."""
 
     @property
     def name(self) -> str:
@@ -159,6 +159,8 @@ class FileCommit(msgspec.Struct, frozen=True):
     """``"create"`` fails if the path exists at commit time."""
     replication: int = 0
     """Copies to keep of each chunk; 0 for the store's default."""
+    permissions: int = 0
+    """Mode bits of the new version; 0 keeps those of the version it replaces (0o644 if none)."""
 
 
 class ChunkProblem(msgspec.Struct, frozen=True):
@@ -247,6 +249,17 @@ class Rename(Request[FileInfo], frozen=True):
     replace: bool = True
     replace_tree: bool = False
     """Replace a non-empty directory too, deleting its tree in the same transaction."""
+
+
+class SetAttributes(Request[FileInfo], frozen=True):
+    """Change a file's or directory's mode bits or modification time in place."""
+
+    response = FileInfo
+    path: str
+    mode: int | None = None
+    """New mode bits; ``None`` keeps them."""
+    mtime_ns: int | None = None
+    """New modification time; ``None`` keeps it."""
 
 
 class GetLayout(Request[FileLayout], frozen=True):

@@ -55,9 +55,11 @@ class Upload:
         mode: WriteMode,
         replication: int,
         max_inflight: int,
+        permissions: int = 0,
     ) -> None:
         self._meta, self._chunks, self._hasher = meta, chunks, hasher
         self.path, self._mode, self._replication = path, mode, replication
+        self._permissions = permissions
         self._slots = asyncio.Semaphore(max_inflight)
         self._tasks: list[asyncio.Task[tuple[ChunkRef, StoredChunk | None]]] = []
         self._failure: Exception | None = None
@@ -167,7 +169,12 @@ class Upload:
             if new is not None:
                 stored[ref.id] = new
         self._finished = FileCommit(
-            self.path, tuple(extents), tuple(stored.values()), self._mode, self._replication
+            self.path,
+            tuple(extents),
+            tuple(stored.values()),
+            self._mode,
+            self._replication,
+            self._permissions,
         )
         return self._finished
 

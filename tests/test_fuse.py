@@ -205,3 +205,51 @@ def test_bad_names_get_errors_and_the_mount_lives_on(here: Path) -> None:
         (here / "missing" / "f").write_bytes(b"x")
     (here / "ok").write_bytes(b"fine")
     assert (here / "ok").read_bytes() == b"fine"
+
+
+def test_chmod_utime_and_chown_to_the_owner(here: Path, direct: Client) -> None:
+    path = here / "f"
+    path.write_bytes(b"x")
+    os.chmod(path, 0o600)
+    os.utime(path, ns=(5_000_000_000, 7_000_000_000))
+    st = path.stat()
+    assert (st.st_mode & 0o7777, st.st_mtime_ns) == (0o600, 7_000_000_000)
+    assert direct.stat(f"/{here.name}/f").mode == 0o600
+    path.write_bytes(b"new content keeps the mode")
+    assert path.stat().st_mode & 0o7777 == 0o600
+    os.chown(path, os.getuid(), os.getgid())
+    (here / "d").mkdir(mode=0o700)
+    assert (here / "d").stat().st_mode & 0o7777 == 0o700
+    fd = os.open(here / "script", os.O_CREAT | os.O_WRONLY, 0o751)
+    os.write(fd, b"#!/bin/sh\n")
+    os.close(fd)
+    assert (here / "script").stat().st_mode & 0o7777 == 0o751 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_symlinks(here: Path) -> None:
+    (here / "target").write_bytes(b"pointed at")
+    os.symlink("target", here / "link")
+    assert os.readlink(here / "link") == "target"
+    assert (here / "link").is_symlink()
+    assert (here / "link").read_bytes() == b"pointed at"
+    assert (here / "link").lstat().st_size == len("target")
+    os.rename(here / "link", here / "moved")
+    assert os.readlink(here / "moved") == "target"
+    with pytest.raises(FileExistsError):
+        os.symlink("elsewhere", here / "moved")
+    os.unlink(here / "moved")
+    assert (here / "target").exists()
+
+
+def test_a_read_only_mount_refuses_changes(store_url: str, tmp_path: Path) -> None:
+    with mounted(store_url, tmp_path, read_only=True) as point:
+        with pytest.raises(OSError, match="Read-only") as failed:
+            (point / f"ro-{uuid.uuid4().hex[:6]}").write_bytes(b"x")
+        assert failed.value.errno == errno.EROFS
+        assert os.listdir(point) is not None

@@ -388,3 +388,26 @@ def test_rename_replace_tree_swaps_a_whole_directory(client: Client) -> None:
     with pytest.raises(FileExistsError):
         client.rename("/old", "/taken", replace=False)
     assert client.get("/taken/x") == b""
+
+
+def test_set_attributes_changes_mode_and_mtime_in_place(client: Client) -> None:
+    client.put("/attr/f", b"data")
+    client.mkdir("/attr/d")
+    info = client.set_attributes("/attr/f", mode=0o600, mtime_ns=1_000_000_000)
+    assert (info.mode, info.mtime_ns) == (0o600, 1_000_000_000)
+    assert client.stat("/attr/f").mode == 0o600
+    assert client.get("/attr/f") == b"data"
+    assert client.set_attributes("/attr/d", mode=0o700).mode == 0o700
+    assert client.stat("/attr/d").is_dir
+    with pytest.raises(NotFound):
+        client.set_attributes("/attr/missing", mode=0o600)
+    with pytest.raises(InvalidArgument):
+        client.set_attributes("/", mode=0o700)
+
+
+def test_a_new_version_keeps_the_mode_unless_told(client: Client) -> None:
+    assert client.put("/perm/f", b"one").mode == 0o644
+    client.set_attributes("/perm/f", mode=0o750)
+    assert client.put("/perm/f", b"two").mode == 0o750
+    assert client.put("/perm/f", b"three", permissions=0o600).mode == 0o600
+    assert client.put("/perm/g", b"new", permissions=0o700).mode == 0o700
