@@ -80,6 +80,8 @@ class _Open:
     """The committed version its read handles opened (what an unlinked file still is)."""
     permissions: int = 0
     """Mode bits for its next commit (0: keep the committed version's)."""
+    failed: int = 0
+    """The errno of a write that failed: the content is torn, and is never committed."""
     mtime_ns: int = field(default_factory=time.time_ns)
     lock: trio.Lock = field(default_factory=trio.Lock)
     """Held while the spool is committed: its mapping must not change meanwhile."""
@@ -453,7 +455,11 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         async with handle.file.lock:
             # A page-cache write of at most 128 KiB: cheaper here than a thread hop.
-            written = spool.write(off, buf)
+            try:
+                written = spool.write(off, buf)
+            except OSError as exc:
+                handle.file.failed = exc.errno or errno.EIO
+                raise
         handle.file.mtime_ns = time.time_ns()
         return written
 
@@ -483,6 +489,8 @@ class Operations(pyfuse3.Operations):
         spool = file.spool
         if spool is None or file.unlinked or not (spool.dirty or file.created):
             return
+        if file.failed:  # the committed version stays what it was
+            raise pyfuse3.FUSEError(file.failed)
         path = self._path(inode)
         async with file.lock:
             spool.dirty = False
@@ -499,7 +507,12 @@ class Operations(pyfuse3.Operations):
         file.handles -= 1
         try:
             # A truncate by path may change the spool while we commit: go again.
-            while file.handles == 0 and not file.unlinked and file.spool and file.spool.dirty:
+            while (
+                file.handles == 0
+                and not (file.failed or file.unlinked)
+                and file.spool
+                and file.spool.dirty
+            ):
                 await self._commit(inode, file)
         finally:
             if file.handles == 0:  # nobody opened the file meanwhile

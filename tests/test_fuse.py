@@ -253,3 +253,19 @@ def test_a_read_only_mount_refuses_changes(store_url: str, tmp_path: Path) -> No
             (point / f"ro-{uuid.uuid4().hex[:6]}").write_bytes(b"x")
         assert failed.value.errno == errno.EROFS
         assert os.listdir(point) is not None
+
+
+def test_a_full_spool_fails_the_write_and_loses_nothing(store_url: str, tmp_path: Path) -> None:
+    name = f"spool-{uuid.uuid4().hex[:6]}"
+    with connect(store_url) as client:
+        client.put(f"/{name}", b"committed before")
+        with mounted(store_url, tmp_path, spool_limit=1 << 20) as point:
+            with pytest.raises(OSError, match="No space") as failed, open(point / name, "wb") as f:
+                for _ in range(4):
+                    f.write(os.urandom(512 * 1024))
+            assert failed.value.errno == errno.ENOSPC
+            assert client.get(f"/{name}") == b"committed before"
+            (point / f"{name}-small").write_bytes(b"fits")  # the spool was given back
+            assert client.get(f"/{name}-small") == b"fits"
+        client.rm(f"/{name}")
+        client.rm(f"/{name}-small")
