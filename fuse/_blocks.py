@@ -1,11 +1,12 @@
 """Read-ahead for one open file: large blocks fetched off the loop, small reads served from them.
 
-The kernel asks for 128 KiB at a time. A trip to a worker thread and through
-the store client per request would cost more than the copy, so a handle reads
-``BLOCK`` bytes at once in a worker thread and answers the kernel's requests
-from memory on the loop. A reader going forward gets the next blocks fetched
-while it reads this one. Memory is bounded: ``KEPT`` blocks per open file,
-reused in turn.
+The kernel asks for 128 KiB to 1 MiB at a time. A trip to a worker thread and
+through the store client per request would cost more than the copy, so a
+handle reads a block (the store's chunk size: whole chunks go straight into
+our buffer, without the store's own staging copy) in a worker thread and
+answers the kernel's requests from memory on the loop. A reader going forward
+gets the next blocks fetched while it reads this one. Memory is bounded:
+``KEPT`` blocks per open file, reused in turn.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from collections.abc import Callable
 
 import trio
 
-BLOCK = 4 << 20
-"""Bytes fetched at a time."""
 AHEAD = 2
 """Blocks fetched ahead of a reader going forward."""
 KEPT = AHEAD + 2
+MAX_REQUEST = 1 << 20
+"""The most the kernel can take in one read reply (libfuse's 256 pages). Linux 6.18
+opens each file with a READ asking for the whole file, then refuses any reply to
+it and reads again in pages; serving it whole would fetch the whole file first."""
 """Blocks held per open file."""
 
 Fetch = Callable[[int, memoryview], int]
@@ -39,40 +42,46 @@ class _Block:
 class Blocks:
     """The blocks of one open file version of ``size`` bytes."""
 
-    def __init__(self, fetch: Fetch, size: int, nursery: trio.Nursery) -> None:
+    def __init__(self, fetch: Fetch, size: int, block: int, nursery: trio.Nursery) -> None:
         self._fetch, self._size, self._nursery = fetch, size, nursery
+        self._block = block
         self._blocks: OrderedDict[int, _Block] = OrderedDict()
         self._spare: list[mmap.mmap] = []
         self._lock = threading.Lock()  # one fetch at a time on the file object
         self._next = 0  # where a reader going forward asks next
 
-    async def read(self, offset: int, size: int) -> bytes:
-        """Up to ``size`` bytes from ``offset`` (fewer only at the end of the file)."""
-        end = min(offset + size, self._size)
+    async def read(self, offset: int, size: int) -> bytes | memoryview:
+        """Up to ``size`` bytes from ``offset`` (fewer only at the end of the file).
+
+        A read within one block is a view of the block, not a copy: pyfuse3
+        hands it to the kernel before the loop runs anything else, so the
+        block cannot be refilled under it.
+        """
+        end = min(offset + min(size, MAX_REQUEST), self._size)
         if offset >= end:
             return b""
         forward = offset == self._next
         self._next = end
-        pieces = []
+        pieces: list[memoryview] = []
         pos = offset
         while pos < end:
-            index = pos // BLOCK
+            index = pos // self._block
             block = self._get(index)
             if forward:
                 for ahead in range(index + 1, index + 1 + AHEAD):
-                    if ahead * BLOCK < self._size:
+                    if ahead * self._block < self._size:
                         self._get(ahead)
             await block.ready.wait()
             if block.error is not None:
                 self._blocks.pop(index, None)
                 raise block.error
-            lo = pos - index * BLOCK
-            hi = min(block.length, end - index * BLOCK)
-            pieces.append(block.buffer[lo:hi])
-            pos = index * BLOCK + hi
+            lo = pos - index * self._block
+            hi = min(block.length, end - index * self._block)
+            pieces.append(memoryview(block.buffer)[lo:hi])
+            pos = index * self._block + hi
             if hi <= lo:
                 break  # the file is shorter than it said
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)  # joined: a copy
 
     def close(self) -> None:
         """Let go of the buffers (fetches still running finish into their own)."""
@@ -88,7 +97,7 @@ class Blocks:
             _, old = self._blocks.popitem(last=False)
             if old.ready.is_set():
                 self._spare.append(old.buffer)
-        block = _Block(self._spare.pop() if self._spare else mmap.mmap(-1, BLOCK))
+        block = _Block(self._spare.pop() if self._spare else mmap.mmap(-1, self._block))
         self._blocks[index] = block
         self._nursery.start_soon(self._load, index, block)
         return block
@@ -102,11 +111,11 @@ class Blocks:
             block.ready.set()
 
     def _fill(self, index: int, buffer: mmap.mmap) -> int:
-        length = min(BLOCK, self._size - index * BLOCK)
+        length = min(self._block, self._size - index * self._block)
         with self._lock, memoryview(buffer) as view:
             done = 0
             while done < length:
-                n = self._fetch(index * BLOCK + done, view[done:length])
+                n = self._fetch(index * self._block + done, view[done:length])
                 if n <= 0:
                     break
                 done += n

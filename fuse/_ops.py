@@ -23,7 +23,7 @@ import stat
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 import pyfuse3
 import trio
@@ -444,8 +444,10 @@ class Operations(pyfuse3.Operations):
         if handle.blocks is None:
             assert self.nursery is not None
             reader = handle.reader
-            handle.blocks = Blocks(_positional(reader), reader.info.size, self.nursery)
-        return await handle.blocks.read(off, size)
+            size, block = reader.info.size, self.client.chunk_size
+            handle.blocks = Blocks(_positional(reader), size, block, self.nursery)
+        # pyfuse3 replies from any buffer; the stub says bytes.
+        return cast(bytes, await handle.blocks.read(off, size))
 
     @answers_errno
     async def write(self, fh: int, off: int, buf: bytes) -> int:
