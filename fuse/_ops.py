@@ -33,12 +33,15 @@ from graben.store import Client, FileInfo, ReadFile
 from ._blocks import Blocks
 from ._inodes import ROOT, InodeTable, is_unlinked
 from ._spool import Spool, SpoolFile
+from ._stream import Stream
 
 log = logging.getLogger("graben.fuse")
 P = ParamSpec("P")
 R = TypeVar("R")
 SYMLINK = stat.S_IFLNK | 0o777
 """The mode a symbolic link is stored with (its content is the target)."""
+FILE_MODE = 0o644
+"""What a new file gets unless told otherwise (the store's default too)."""
 NAME_MAX = 255
 """Longest name, in bytes, as on every Linux filesystem."""
 BLKSIZE = 1 << 20
@@ -82,6 +85,8 @@ class _Open:
     """Mode bits for its next commit (0: keep the committed version's)."""
     failed: int = 0
     """The errno of a write that failed: the content is torn, and is never committed."""
+    stream: Stream | None = None
+    """The upload following its writes while they go front to back."""
     mtime_ns: int = field(default_factory=time.time_ns)
     lock: trio.Lock = field(default_factory=trio.Lock)
     """Held while the spool is committed: its mapping must not change meanwhile."""
@@ -233,6 +238,7 @@ class Operations(pyfuse3.Operations):
         try:
             spool = await self._spooled(inode, file, keep=size > 0)
             async with file.lock:
+                await self._unstream(file)
                 spool.truncate(size)
             file.mtime_ns = time.time_ns()
             if commit:
@@ -373,6 +379,8 @@ class Operations(pyfuse3.Operations):
         try:
             if writing:
                 await self._spooled(inode, file, keep=not flags & os.O_TRUNC)
+                if flags & os.O_TRUNC:
+                    self._stream(inode, file)
             elif flags & os.O_TRUNC:
                 await self._truncate(inode, 0, commit=True)
             if file.spool is None and not file.created:
@@ -430,6 +438,7 @@ class Operations(pyfuse3.Operations):
         file.created = file.spool is None
         file.permissions = mode & 0o7777
         await self._spooled(inode, file, keep=False)
+        self._stream(inode, file)
         fh = self._new_fh()
         self._handles[fh] = _Handle(inode, file)
         return pyfuse3.FileInfo(fh=fh), self._attrs(inode, None, file)
@@ -455,13 +464,19 @@ class Operations(pyfuse3.Operations):
         spool = handle.file.spool
         if spool is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        async with handle.file.lock:
-            # A page-cache write of at most 128 KiB: cheaper here than a thread hop.
+        file = handle.file
+        async with file.lock:
+            if file.stream is not None and not file.stream.follows(off, spool):
+                await self._unstream(file)
+            # A page-cache write of at most 1 MiB: cheaper here than a thread hop.
             try:
                 written = spool.write(off, buf)
             except OSError as exc:
-                handle.file.failed = exc.errno or errno.EIO
+                file.failed = exc.errno or errno.EIO
                 raise
+            if file.stream is not None:
+                assert self.nursery is not None
+                file.stream.advance(spool, self.nursery)
         handle.file.mtime_ns = time.time_ns()
         return written
 
@@ -496,13 +511,29 @@ class Operations(pyfuse3.Operations):
         path = self._path(inode)
         async with file.lock:
             spool.dirty = False
+            stream, file.stream = file.stream, None
             try:
-                await self._call(_put_spooled, self.client, path, spool, file.permissions)
+                if stream is None or not await stream.finish(spool):
+                    await self._call(_put_spooled, self.client, path, spool, file.permissions)
+                elif file.permissions not in (0, FILE_MODE):  # a stream commits 0o644
+                    await self._call(self.client.set_attributes, path, mode=file.permissions)
                 file.permissions = 0
             except BaseException:
                 spool.dirty = True
                 raise
         file.created = False
+
+    def _stream(self, inode: int, file: _Open) -> None:
+        """Upload a new or truncated file while it is written."""
+        if file.spool is not None and file.spool.size == 0:
+            file.stream = Stream(self.client, self._path(inode), self.client.chunk_size)
+
+    @staticmethod
+    async def _unstream(file: _Open) -> None:
+        """Drop the file's stream (its content will be committed from the spool)."""
+        stream, file.stream = file.stream, None
+        if stream is not None:
+            await stream.abandon()
 
     async def _closed(self, inode: int, file: _Open) -> None:
         """One handle fewer; the last one commits what is left and drops the spool."""
@@ -518,6 +549,7 @@ class Operations(pyfuse3.Operations):
                 await self._commit(inode, file)
         finally:
             if file.handles == 0:  # nobody opened the file meanwhile
+                await self._unstream(file)
                 if self._open.get(inode) is file:
                     del self._open[inode]
                 if file.spool is not None:

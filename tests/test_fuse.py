@@ -269,3 +269,35 @@ def test_a_full_spool_fails_the_write_and_loses_nothing(store_url: str, tmp_path
             assert client.get(f"/{name}-small") == b"fits"
         client.rm(f"/{name}")
         client.rm(f"/{name}-small")
+
+
+def test_a_big_file_written_front_to_back_then_patched(here: Path, direct: Client) -> None:
+    # Front to back, the upload runs while the file is written; a write
+    # behind the end, a truncate or fsync midway must still give exact bytes.
+    head, tail = os.urandom(40 << 20), os.urandom(3 << 20)
+    with open(here / "patched", "wb") as f:
+        f.write(head)
+        f.seek(1000)
+        f.write(b"patch")
+        f.seek(0, os.SEEK_END)
+        f.write(tail)
+    expected = head[:1000] + b"patch" + head[1005:] + tail
+    assert direct.get(f"/{here.name}/patched") == expected
+    with open(here / "cut", "wb") as f:
+        f.write(head)
+        f.truncate(5 << 20)
+        f.seek(0, os.SEEK_END)
+        f.write(tail)
+    assert direct.get(f"/{here.name}/cut") == head[: 5 << 20] + tail
+    with open(here / "synced", "wb") as f:
+        f.write(head)
+        f.flush()
+        os.fsync(f.fileno())
+        assert direct.get(f"/{here.name}/synced") == head
+        f.write(tail)
+    assert (here / "synced").read_bytes() == head + tail
+    fd = os.open(here / "private", os.O_CREAT | os.O_WRONLY, 0o600)
+    os.write(fd, head)
+    os.close(fd)
+    assert direct.stat(f"/{here.name}/private").mode == 0o600 & ~_umask()
+    assert direct.get(f"/{here.name}/private") == head

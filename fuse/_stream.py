@@ -1,0 +1,91 @@
+"""Upload while the application writes: a new file written front to back.
+
+Staging a file whole and uploading it at close costs the upload's time again
+after the last write. Most big files (``torch.save``, ``cp``, ``dd``) are
+written front to back into a new or truncated file, so their bytes can go to
+the store while later ones are still arriving: each time a chunk's worth more
+is in the spool, a worker thread feeds it to a store ``WriteFile``; the close
+only sends the tail and commits. The spool still takes every byte, so a
+writer that seeks back, truncates or fails simply drops the stream, and the
+file is committed from the spool as usual.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import trio
+
+from graben.store import Client, WriteFile
+
+from ._spool import SpoolFile
+
+
+class Stream:
+    """A store upload following one spool file's sequential writes."""
+
+    def __init__(self, client: Client, path: str, step: int) -> None:
+        self._client, self._path, self._step = client, path, step
+        self._file: WriteFile | None = None
+        self.sent = 0
+        """Bytes of the spool fed to the upload."""
+        self._idle = trio.Event()
+        self._idle.set()
+        self.failed: BaseException | None = None
+
+    def follows(self, offset: int, spool: SpoolFile) -> bool:
+        """Whether a write at ``offset`` keeps the file sequential."""
+        return self.failed is None and offset == spool.size
+
+    def advance(self, spool: SpoolFile, nursery: trio.Nursery) -> None:
+        """Feed whole steps written since the last feed, in the background."""
+        upto = spool.size - spool.size % self._step
+        if self._idle.is_set() and upto > self.sent and self.failed is None:
+            self._idle = trio.Event()
+            nursery.start_soon(self._feed, spool, upto)
+
+    async def finish(self, spool: SpoolFile) -> bool:
+        """Send the rest and commit; ``False`` if the stream failed (commit the spool then)."""
+        await self._idle.wait()
+        if self.failed is None:
+            try:
+                await trio.to_thread.run_sync(self._send, spool, spool.size)
+                if self._file is None:
+                    self._file = await trio.to_thread.run_sync(self._open)
+                await trio.to_thread.run_sync(self._file.close)
+                return True
+            except Exception as exc:
+                self.failed = exc
+        await self.abandon()
+        return False
+
+    async def abandon(self) -> None:
+        """Drop the upload: nothing of it becomes visible."""
+        await self._idle.wait()
+        if self._file is not None:
+            file, self._file = self._file, None
+            await trio.to_thread.run_sync(file.abort)
+
+    async def _feed(self, spool: SpoolFile, upto: int) -> None:
+        try:
+            await trio.to_thread.run_sync(self._send, spool, upto)
+        except Exception as exc:  # the commit falls back to the spool
+            self.failed = exc
+        finally:
+            self._idle.set()
+
+    def _open(self) -> WriteFile:
+        return self._client.open(self._path, "wb")
+
+    def _send(self, spool: SpoolFile, upto: int) -> None:
+        if upto <= self.sent:
+            return
+        if self._file is None:
+            self._file = self._open()
+        # ``sent`` is a whole number of steps, so a valid mapping offset.
+        with (
+            mmap.mmap(spool.fd, upto - self.sent, prot=mmap.PROT_READ, offset=self.sent) as region,
+            memoryview(region) as view,
+        ):
+            self._file.write(view)
+        self.sent = upto
