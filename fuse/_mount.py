@@ -3,7 +3,7 @@
 ``mount`` in the background starts the daemon as a new process (its own
 session, so the shell that started it can go) and returns once the daemon
 says the mount is ready, or with the daemon's error. A mount point whose
-daemon died (``ENOTCONN``) is unmounted first, so a crash never blocks the
+daemon died (``ENOTCONN``, or ``ECONNABORTED``) is unmounted first, so a crash never blocks the
 next mount.
 """
 
@@ -32,6 +32,8 @@ from ._spool import Spool
 log = logging.getLogger("graben.fuse")
 READY_TIMEOUT_S = 30.0
 """How long ``mount`` waits for the daemon to say the mount is ready."""
+DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED)
+"""What a mount whose daemon is gone answers (Linux 6.18 says ``ECONNABORTED``)."""
 READ_AHEAD_KB = 4096
 """The mount's kernel read-ahead (see ``_widen_read_ahead``)."""
 INIT_SETTLE_S = 0.2
@@ -85,7 +87,7 @@ def clean_stale(target: Path) -> bool:
     try:
         os.stat(target)
     except OSError as exc:
-        if exc.errno != errno.ENOTCONN:
+        if exc.errno not in DEAD_MOUNT:
             return False
         log.warning("%s: its daemon is gone; unmounting it", target)
         unmount(target, lazy=True)
