@@ -45,13 +45,12 @@ class Stream:
             nursery.start_soon(self._feed, spool, upto)
 
     async def finish(self, spool: SpoolFile) -> bool:
-        """Send the rest and commit; ``False`` if the stream failed (commit the spool then)."""
+        """Send the rest and commit; ``False`` if the stream failed or never started (a file
+        under one chunk: one ``put`` of the spool costs fewer round trips)."""
         await self._idle.wait()
-        if self.failed is None:
+        if self.failed is None and self._file is not None:
             try:
                 await trio.to_thread.run_sync(self._send, spool, spool.size)
-                if self._file is None:
-                    self._file = await trio.to_thread.run_sync(self._open)
                 await trio.to_thread.run_sync(self._file.close)
                 return True
             except Exception as exc:
