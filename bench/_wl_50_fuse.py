@@ -20,7 +20,6 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
-import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -73,42 +72,25 @@ def _mounted(root: Path) -> Iterator[Mounted]:
     shutil.rmtree(root, ignore_errors=True)
     store, point = root / "store", root / "mnt"
     point.mkdir(parents=True)
-    pid = mount(str(store), point, MountOptions(spool_dir=root / "spool"))
-    assert pid is not None
+    mount(str(store), point, MountOptions(spool_dir=root / "spool"))
     try:
         yield Mounted(store, point)
     finally:
-        _unmount(point, pid)
+        _unmount(point)
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _unmount(point: Path, pid: int) -> None:
-    from graben.fuse import unmount
+def _unmount(point: Path) -> None:
+    """Unmount, retrying while the mount is busy; returns once the daemon is gone."""
+    from graben.fuse import MountError, unmount
 
     for _ in range(50):
         try:
             unmount(point)
-            break
-        except OSError:  # busy for a moment after the last close
+            return
+        except MountError:  # busy for a moment after the last close
             time.sleep(0.1)
-    else:
-        unmount(point, lazy=True)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _running(pid):
-        time.sleep(0.05)
-    if _running(pid):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    except ChildProcessError:  # not ours to reap: it is gone once kill(0) fails
-        return True
+    unmount(point, lazy=True)
 
 
 def _rate(name: str, system: str, size: int, seconds: float, baseline: str) -> Result:

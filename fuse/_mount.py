@@ -38,8 +38,10 @@ READ_AHEAD_KB = 4096
 """The mount's kernel read-ahead (see ``_widen_read_ahead``)."""
 INIT_SETTLE_S = 0.2
 """Time for the kernel to take the FUSE INIT reply once the session runs."""
-_daemons: dict[int, subprocess.Popen[bytes]] = {}
-"""Daemons this process started, kept so they can be reaped when they end."""
+_daemons: dict[str, subprocess.Popen[bytes]] = {}
+"""Daemons this process started, by mount point: ``unmount`` waits for them to end."""
+DAEMON_EXIT_S = 10.0
+"""How long ``unmount`` waits for the daemon to finish before killing it."""
 
 
 class MountError(GrabenError, OSError):
@@ -73,13 +75,24 @@ def mount(
 
 
 def unmount(mountpoint: str | os.PathLike[str], *, lazy: bool = False) -> None:
-    """Unmount (``fusermount3 -u``); ``lazy`` detaches a mount still in use."""
-    command = ["fusermount3", "-u", *(["-z"] if lazy else []), os.fspath(mountpoint)]
+    """Unmount (``fusermount3 -u``); ``lazy`` detaches a mount still in use.
+
+    If this process started the mount's daemon, return once the daemon is gone.
+    """
+    target = os.fspath(Path(mountpoint).absolute())
+    command = ["fusermount3", "-u", *(["-z"] if lazy else []), target]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
-    _reap()
     if done.returncode != 0:
         why = done.stderr.strip() or f"fusermount3 failed ({done.returncode})"
-        raise MountError(why, os.fspath(mountpoint))
+        raise MountError(why, target)
+    process = _daemons.pop(target, None)
+    if process is not None:
+        try:
+            process.wait(DAEMON_EXIT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("%s: the daemon did not stop; killing it", target)
+            process.kill()
+            process.wait()
 
 
 def clean_stale(target: Path) -> bool:
@@ -195,15 +208,8 @@ def _start_daemon(url: str, target: Path, options: MountOptions) -> int:
         process.wait()
         why = f"the mount daemon did not start; see {log_file}:\n{_tail(log_file)}"
         raise MountError(why, str(target))
-    _reap()
-    _daemons[process.pid] = process
+    _daemons[os.fspath(target)] = process
     return process.pid
-
-
-def _reap() -> None:
-    for pid, process in list(_daemons.items()):
-        if process.poll() is not None:
-            del _daemons[pid]
 
 
 def _wait_ready(read: int, process: subprocess.Popen[bytes]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -253,3 +254,25 @@ def test_fsspec_workloads_measure_the_client_and_s3fs_beside_graben(tmp_path: Pa
     for name in ("fsspec-pipe", "fsspec-cat"):
         assert {(name, "graben fsspec"), (name, "graben client"), (name, "s3fs -> moto")} <= systems
     assert all(r["value"] > 0 and r["baseline"] == "graben client" for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
+def test_fuse_workloads_measure_the_mount_beside_the_client(tmp_path: Path) -> None:
+    """A tiny run of the FUSE workloads: real mounts, every system reported, none left."""
+    scratch = tmp_path / "scratch"
+    args = ["bench", "fuse-*", "--size-mib", "8", "--quick", "--dir", str(scratch)]
+    args += ["--json", str(tmp_path / "r.json")]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.stdout", io.StringIO())
+        assert main(args) == 0
+    rows = json.loads((tmp_path / "r.json").read_text())["results"]
+    systems = {(r["workload"], r["system"]) for r in rows}
+    for name in ("fuse-write", "fuse-read", "fuse-read-warm"):
+        for block in (1, 4):
+            assert (name, f"FUSE mount, {block} MiB calls") in systems
+            assert (name, f"direct client, {block} MiB calls") in systems
+    assert ("fuse-small", "FUSE create+write+close") in systems
+    assert all(r["value"] > 0 for r in rows)
+    with open("/proc/self/mountinfo") as table:
+        assert str(tmp_path) not in table.read()
