@@ -148,6 +148,7 @@ def test_fio_random_writes_verify(here: Path) -> None:
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            "--verify_state_save=0",
             "--output-format=terse",
         ],
         capture_output=True,
