@@ -316,6 +316,9 @@ class Operations(pyfuse3.Operations):
         await self._commit_below(old)
         replace = not flags & pyfuse3.RENAME_NOREPLACE
         await self._call(self.client.rename, old, new, replace=replace)
+        replaced = self.inodes.peek(new)
+        if replaced is not None and replaced != self.inodes.peek(old) and replaced in self._open:
+            self._open[replaced].unlinked = True  # its handles keep what they had
         self.inodes.moved(old, new)
 
     async def _commit_below(self, top: str) -> None:
@@ -378,7 +381,11 @@ class Operations(pyfuse3.Operations):
         handle = _Handle(inode, file)
         try:
             if writing:
-                await self._spooled(inode, file, keep=not flags & os.O_TRUNC)
+                spool = await self._spooled(inode, file, keep=not flags & os.O_TRUNC)
+                if flags & os.O_TRUNC and spool.size:  # another handle had it spooled
+                    async with file.lock:
+                        await self._unstream(file)
+                        spool.truncate(0)
                 if flags & os.O_TRUNC:
                     self._stream(inode, file)
             elif flags & os.O_TRUNC:

@@ -301,3 +301,18 @@ def test_a_big_file_written_front_to_back_then_patched(here: Path, direct: Clien
     os.close(fd)
     assert direct.stat(f"/{here.name}/private").mode == 0o600 & ~_umask()
     assert direct.get(f"/{here.name}/private") == head
+
+
+def test_truncating_open_of_a_file_open_elsewhere_and_renaming_over_it(here: Path) -> None:
+    with open(here / "f", "wb") as first:
+        first.write(b"first writer's bytes")
+        first.flush()
+        with open(here / "f", "wb") as second:
+            second.write(b"second")
+    assert (here / "f").read_bytes() == b"second"
+    (here / "new").write_bytes(b"replacement")
+    with open(here / "f", "r+b") as held:
+        held.write(b"S")
+        os.rename(here / "new", here / "f")
+    # The held handle's file was replaced: its write does not come back over the new one.
+    assert (here / "f").read_bytes() == b"replacement"
