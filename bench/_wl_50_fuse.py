@@ -67,7 +67,7 @@ def _mounted(root: Path) -> Iterator[Mounted]:
     """A fresh embedded store under ``root``, mounted; unmounted (daemon gone) on exit."""
     if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
         raise Skip("the FUSE workloads need /dev/fuse and fusermount3")
-    from graben.fuse import MountOptions, mount
+    from graben.fuse import MountOptions, mount, unmount
 
     shutil.rmtree(root, ignore_errors=True)
     store, point = root / "store", root / "mnt"
@@ -76,21 +76,8 @@ def _mounted(root: Path) -> Iterator[Mounted]:
     try:
         yield Mounted(store, point)
     finally:
-        _unmount(point)
+        unmount(point, busy_wait=5)
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _unmount(point: Path) -> None:
-    """Unmount, retrying while the mount is busy; returns once the daemon is gone."""
-    from graben.fuse import MountError, unmount
-
-    for _ in range(50):
-        try:
-            unmount(point)
-            return
-        except MountError:  # busy for a moment after the last close
-            time.sleep(0.1)
-    unmount(point, lazy=True)
 
 
 def _rate(name: str, system: str, size: int, seconds: float, baseline: str) -> Result:

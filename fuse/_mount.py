@@ -74,17 +74,23 @@ def mount(
     return _start_daemon(url, target, options)
 
 
-def unmount(mountpoint: str | os.PathLike[str], *, lazy: bool = False) -> None:
+def unmount(
+    mountpoint: str | os.PathLike[str], *, lazy: bool = False, busy_wait: float = 0
+) -> None:
     """Unmount (``fusermount3 -u``); ``lazy`` detaches a mount still in use.
 
-    If this process started the mount's daemon, return once the daemon is gone.
+    A mount busy for a moment (a file closed just now) is tried again for up
+    to ``busy_wait`` seconds. If this process started the mount's daemon,
+    return once the daemon is gone.
     """
     target = os.fspath(Path(mountpoint).absolute())
     command = ["fusermount3", "-u", *(["-z"] if lazy else []), target]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        why = done.stderr.strip() or f"fusermount3 failed ({done.returncode})"
-        raise MountError(why, target)
+    deadline = time.monotonic() + busy_wait
+    while (done := subprocess.run(command, capture_output=True, text=True, check=False)).returncode:
+        if time.monotonic() >= deadline or "busy" not in done.stderr:
+            why = done.stderr.strip() or f"fusermount3 failed ({done.returncode})"
+            raise MountError(why, target)
+        time.sleep(0.1)
     process = _daemons.pop(target, None)
     if process is not None:
         try:

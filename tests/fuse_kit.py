@@ -5,13 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from graben.fuse import MountError, MountOptions, mount, unmount
+from graben.fuse import MountOptions, mount, unmount
 
 NO_FUSE = not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None
 needs_fuse = pytest.mark.skipif(NO_FUSE, reason="needs /dev/fuse and fusermount3")
@@ -31,15 +30,8 @@ def mounted(url: str, where: Path, **options: object) -> Iterator[Path]:
 
 
 def unmount_and_wait(point: Path, pid: int) -> None:
-    """Unmount (retrying while busy); ``unmount`` returns once the daemon is gone."""
-    for _ in range(50):
-        try:
-            unmount(point)
-            break
-        except MountError:  # busy for a moment after the last close
-            time.sleep(0.1)
-    else:
-        unmount(point, lazy=True)
+    """Unmount (waiting out a busy moment); ``unmount`` returns once the daemon is gone."""
+    unmount(point, busy_wait=5)
     with contextlib.suppress(ProcessLookupError):  # never leave a daemon behind
         os.kill(pid, 0)
         raise AssertionError(f"the daemon {pid} outlived its mount")

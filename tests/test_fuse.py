@@ -8,7 +8,6 @@ import errno
 import os
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,36 +17,6 @@ from graben.store import Client, NotFound, connect
 
 pytestmark = needs_fuse
 RENAME_NOREPLACE = 1
-
-
-@pytest.fixture(scope="module", params=["embedded", "cluster"])
-def store_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    if request.param == "embedded":
-        return str(tmp_path_factory.mktemp("fuse-store"))
-    url: str = request.getfixturevalue("cluster_url")
-    return url
-
-
-@pytest.fixture(scope="module")
-def mount_point(store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with mounted(store_url, tmp_path_factory.mktemp("fuse")) as point:
-        yield point
-
-
-@pytest.fixture(scope="module")
-def direct(store_url: str) -> Iterator[Client]:
-    """The same store through the client, to check what the mount did."""
-    with connect(store_url) as client:
-        yield client
-
-
-@pytest.fixture
-def here(mount_point: Path, direct: Client) -> Iterator[Path]:
-    """A fresh directory in the mount for one test."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    (mount_point / name).mkdir()
-    yield mount_point / name
-    direct.rm(f"/{name}", recursive=True)
 
 
 def test_a_written_file_reads_back_and_is_in_the_store(here: Path, direct: Client) -> None:

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import fsspec
@@ -29,43 +28,15 @@ from fsspec.tests.abstract import (
     AbstractPipeTests,
     AbstractPutTests,
 )
-from fuse_kit import mounted, needs_fuse, unmount_and_wait
+from fuse_kit import needs_fuse, unmount_and_wait
 
 from graben.fuse import MountOptions, mount
-from graben.store import Client, connect
+from graben.store import Client
 
 pytestmark = [
     needs_fuse,
     pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
 ]
-
-
-@pytest.fixture(scope="module", params=["embedded", "cluster"])
-def store_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    if request.param == "embedded":
-        return str(tmp_path_factory.mktemp("stock-store"))
-    url: str = request.getfixturevalue("cluster_url")
-    return url
-
-
-@pytest.fixture(scope="module")
-def mount_point(store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with mounted(store_url, tmp_path_factory.mktemp("stock")) as point:
-        yield point
-
-
-@pytest.fixture(scope="module")
-def direct(store_url: str) -> Iterator[Client]:
-    with connect(store_url) as client:
-        yield client
-
-
-@pytest.fixture
-def here(mount_point: Path) -> Iterator[Path]:
-    path = mount_point / f"s-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    yield path
-    shutil.rmtree(path)
 
 
 # -- fsspec's own suite, with its LocalFileSystem inside the mount ------------------
