@@ -30,8 +30,9 @@ from ._options import MountOptions
 from ._spool import Spool
 
 log = logging.getLogger("graben.fuse")
-READY_TIMEOUT_S = 30.0
-"""How long ``mount`` waits for the daemon to say the mount is ready."""
+READY_TIMEOUT_S = 60.0
+"""How long ``mount`` waits for the daemon to say the mount is ready (longer than a
+client keeps trying an unreachable store, so that the daemon's own error is logged)."""
 DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED)
 """What a mount whose daemon is gone answers (Linux 6.18 says ``ECONNABORTED``)."""
 READ_AHEAD_KB = 4096
@@ -65,9 +66,9 @@ def mount(
     target = Path(mountpoint).absolute()
     clean_stale(target)
     if os.path.ismount(target):
-        raise MountError(f"already mounted: {target}", str(target))
+        raise MountError("already mounted", str(target))
     if not target.is_dir():
-        raise MountError(f"not a directory: {target}", str(target))
+        raise MountError("the mount point must be a directory", str(target))
     if foreground:
         serve(url, target, options)
         return None
@@ -118,6 +119,7 @@ def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = 
     """Run the mount in this process until it is unmounted or signalled."""
     client = connect(url)
     try:
+        client.stat("/")  # an unreachable store fails the mount, not every call after it
         ops = Operations(
             client,
             Spool(options.spool_dir, options.spool_limit),

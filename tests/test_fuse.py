@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from fuse_kit import mounted, needs_fuse
 
+from graben.fuse import MountError, MountOptions, mount
 from graben.store import Client, NotFound, connect
 
 pytestmark = needs_fuse
@@ -285,3 +286,15 @@ def test_truncating_open_of_a_file_open_elsewhere_and_renaming_over_it(here: Pat
         os.rename(here / "new", here / "f")
     # The held handle's file was replaced: its write does not come back over the new one.
     assert (here / "f").read_bytes() == b"replacement"
+
+
+def test_a_mount_that_cannot_start_says_why_and_leaves_nothing_mounted(tmp_path: Path) -> None:
+    not_a_store = tmp_path / "file"
+    not_a_store.write_bytes(b"not a directory")
+    (tmp_path / "mnt").mkdir()
+    with pytest.raises(MountError, match="did not start") as failed:
+        mount(str(not_a_store), tmp_path / "mnt", MountOptions(spool_dir=tmp_path / "spool"))
+    assert "must be a directory" in str(failed.value)  # the daemon's own error, from its log
+    assert not os.path.ismount(tmp_path / "mnt")
+    with pytest.raises(MountError, match="must be a directory"):
+        mount(str(tmp_path), tmp_path / "missing")
