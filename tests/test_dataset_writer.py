@@ -1,0 +1,125 @@
+"""write_dataset: shards plus a manifest, on a local path, a graben cluster and S3 (moto)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import socket
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import crc32c
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from graben.dataloader import Manifest, read_manifest, write_dataset
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def s3_options() -> Iterator[dict[str, Any]]:
+    """moto's real S3 server on loopback, with a bucket; the fsspec options to reach it."""
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    options = {
+        "key": "test",
+        "secret": "test",
+        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "eu-west-1"},
+        "skip_instance_cache": True,
+    }
+    fsspec.filesystem("s3", **options).mkdir("data")
+    try:
+        yield options
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["local", "graben", "s3"])
+def where(request: pytest.FixtureRequest, tmp_path: Any) -> tuple[str, dict[str, Any] | None]:
+    """A dataset URL on each kind of storage, and its fsspec options."""
+    if request.param == "local":
+        return str(tmp_path / "ds"), None
+    if request.param == "graben":
+        url: str = request.getfixturevalue("cluster_url")
+        return f"{url}/datasets/{tmp_path.name}", None
+    return f"s3://data/{tmp_path.name}", request.getfixturevalue("s3_options")
+
+
+def _shard_bytes(url: str, options: dict[str, Any] | None, name: str) -> bytes:
+    fs, root = fsspec.core.url_to_fs(url, **(options or {}))
+    data: bytes = fs.cat_file(f"{root}/{name}")
+    return data
+
+
+def _check_shards(url: str, options: dict[str, Any] | None, manifest: Manifest) -> list[bytes]:
+    """Every shard is there with the size and crc32c the manifest says."""
+    found = []
+    for shard in manifest.shards:
+        data = _shard_bytes(url, options, shard.name)
+        assert (len(data), crc32c.crc32c(data)) == (shard.size, shard.crc32c)
+        found.append(data)
+    return found
+
+
+def test_a_table_becomes_parquet_shards_in_row_groups(where: tuple[str, Any]) -> None:
+    url, options = where
+    table = pa.table({"id": list(range(2500)), "text": [f"row {i}" for i in range(2500)]})
+    manifest = write_dataset(
+        url, table, rows_per_shard=1000, rows_per_group=300, storage_options=options
+    )
+    assert read_manifest(url, storage_options=options) == manifest
+    assert (manifest.kind, manifest.columns, manifest.samples) == ("parquet", ("id", "text"), 2500)
+    assert [s.samples for s in manifest.shards] == [1000, 1000, 500]
+    assert manifest.shards[0].groups == (300, 300, 300, 100)
+    shards = _check_shards(url, options, manifest)
+    back = pa.concat_tables(pq.read_table(io.BytesIO(data)) for data in shards)
+    assert back.equals(table)
+
+
+def test_dict_rows_and_bytes_samples(tmp_path: Any) -> None:
+    rows = [{"x": i, "y": float(i) / 2} for i in range(25)]
+    manifest = write_dataset(str(tmp_path / "rows"), iter(rows), rows_per_shard=10)
+    assert [s.samples for s in manifest.shards] == [10, 10, 5]
+    shards = _check_shards(str(tmp_path / "rows"), None, manifest)
+    assert pa.concat_tables(pq.read_table(io.BytesIO(d)) for d in shards).to_pylist() == rows
+
+    samples = [bytes([i]) * i for i in range(30)]  # the empty sample too
+    manifest = write_dataset(str(tmp_path / "blobs"), samples, rows_per_shard=8)
+    assert (manifest.kind, manifest.samples, len(manifest.shards)) == ("records", 30, 4)
+    back = []
+    for data in _check_shards(str(tmp_path / "blobs"), None, manifest):
+        pos = 0
+        while pos < len(data):
+            (length,) = struct.unpack_from("<Q", data, pos)
+            back.append(data[pos + 8 : pos + 8 + length])
+            pos += 8 + length
+    assert back == samples
+
+
+def test_bad_input_is_refused_before_anything_is_written(tmp_path: Any) -> None:
+    with pytest.raises(ValueError, match="no samples"):
+        write_dataset(str(tmp_path / "empty"), [])
+    with pytest.raises(TypeError, match="dicts or bytes"):
+        write_dataset(str(tmp_path / "ints"), [1, 2, 3])
+    with pytest.raises(ValueError, match="rows_per_shard"):
+        write_dataset(str(tmp_path / "zero"), [b"x"], rows_per_shard=0)
+    assert not (tmp_path / "empty").exists()
+    with pytest.raises(FileNotFoundError):
+        read_manifest(str(tmp_path / "empty"))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a graben dataset manifest"):
+        read_manifest(str(tmp_path / "bad"))
