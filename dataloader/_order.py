@@ -1,0 +1,81 @@
+"""Which sample each rank and worker reads, and in what order: a pure core.
+
+One epoch's global order depends only on ``(seed, epoch)`` and the manifest:
+the shards are shuffled, then the samples within each shard. Position ``p``
+of the epoch goes to rank ``p % world_size``, so after every rank has read
+``k`` samples the first ``k * world_size`` positions are done, whatever the
+world size; a job resumed on another world size carries on from there with
+nothing read twice and nothing skipped. Every rank reads the same number of
+samples: the order is padded by wrapping round to its start, or cut (the
+user's choice), so no rank waits for a batch that never comes. Within a rank,
+DataLoader workers take turns by ``worker_batch`` samples, the way the
+DataLoader collects their batches, so the rank still sees its order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One epoch's order for a whole job."""
+
+    counts: Sequence[int]
+    """Samples in each shard, in manifest order."""
+    seed: int
+    epoch: int
+    shuffle: bool = True
+
+    def global_order(self) -> np.ndarray:
+        """Every sample of the epoch once, as ``(shard, row)`` pairs in reading order."""
+        rng = np.random.default_rng([self.seed, self.epoch])
+        shards = np.arange(len(self.counts))
+        if self.shuffle:
+            rng.shuffle(shards)
+        pieces = []
+        for shard in shards:
+            rows = np.arange(self.counts[shard])
+            if self.shuffle:
+                rng.shuffle(rows)
+            pieces.append(np.stack([np.full_like(rows, shard), rows], axis=1))
+        if not pieces:
+            return np.zeros((0, 2), dtype=np.int64)
+        return np.concatenate(pieces).astype(np.int64)
+
+    def per_rank(self, world_size: int, *, start: int = 0, drop_last: bool = False) -> int:
+        """Samples each rank reads this epoch from position ``start`` (the same for every rank)."""
+        left = max(0, sum(self.counts) - start)
+        return left // world_size if drop_last else -(-left // world_size)
+
+    def positions(
+        self,
+        rank: int,
+        world_size: int,
+        *,
+        start: int = 0,
+        drop_last: bool = False,
+        worker: int = 0,
+        workers: int = 1,
+        worker_batch: int = 1,
+    ) -> np.ndarray:
+        """Global positions this rank's ``worker`` reads, from position ``start`` on.
+
+        ``start`` is how far the job as a whole had got (what ``consumed``
+        says). Position ``start + j`` goes to rank ``j % world_size``;
+        positions past the end wrap round (padding).
+        """
+        if not 0 <= rank < world_size or not 0 <= worker < workers:
+            raise ValueError(f"rank {rank} of {world_size}, worker {worker} of {workers}")
+        count = self.per_rank(world_size, start=start, drop_last=drop_last)
+        mine = start + rank + world_size * np.arange(count, dtype=np.int64)
+        turns = (np.arange(count) // worker_batch) % workers
+        return mine[turns == worker] % max(1, sum(self.counts))
+
+
+def consumed(start: int, per_rank_read: int, world_size: int) -> int:
+    """How far the job has got once every rank has read ``per_rank_read`` samples from ``start``."""
+    return start + per_rank_read * world_size
