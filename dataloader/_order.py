@@ -37,7 +37,7 @@ class Plan:
         if self.shuffle:
             rng.shuffle(shards)
         pieces = []
-        for shard in shards:
+        for shard in shards.tolist():
             rows = np.arange(self.counts[shard])
             if self.shuffle:
                 rng.shuffle(rows)
