@@ -73,7 +73,8 @@ class Plan:
         count = self.per_rank(world_size, start=start, drop_last=drop_last)
         mine = start + rank + world_size * np.arange(count, dtype=np.int64)
         turns = (np.arange(count) // worker_batch) % workers
-        return mine[turns == worker] % max(1, sum(self.counts))
+        picked: np.ndarray = mine[turns == worker] % max(1, sum(self.counts))
+        return picked
 
 
 def consumed(start: int, per_rank_read: int, world_size: int) -> int:
