@@ -3,10 +3,22 @@
 ``write_dataset(url, data)`` packs a pyarrow Table, dict rows or bytes samples
 into Parquet or record shards and a ``manifest.json`` that lists them (one
 read at start-up instead of a listing); ``read_manifest(url)`` reads it back.
-The caching reader (``CachedDataset``) is still to come.
+``CachedDataset(url)`` reads it as a torch ``IterableDataset`` through a
+node-local cache: every sample once per epoch across ranks and workers, in an
+order fixed by ``(seed, epoch)``, resumable mid-epoch on any world size.
 """
 
+from ._cache import CacheStats, NodeCache
+from ._dataset import CachedDataset
 from ._manifest import Manifest, Shard
 from ._writer import read_manifest, write_dataset
 
-__all__ = ["Manifest", "Shard", "read_manifest", "write_dataset"]
+__all__ = [
+    "CacheStats",
+    "CachedDataset",
+    "Manifest",
+    "NodeCache",
+    "Shard",
+    "read_manifest",
+    "write_dataset",
+]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,3 +124,47 @@ def here(mount_point: Path, direct: Client) -> Iterator[Path]:
     (mount_point / name).mkdir()
     yield mount_point / name
     direct.rm(f"/{name}", recursive=True)
+
+
+# -- datasets: a URL on each kind of storage ------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="session")
+def s3_options() -> Iterator[dict[str, Any]]:
+    """moto's real S3 server on loopback, with a bucket; the fsspec options to reach it."""
+    import fsspec
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    options = {
+        "key": "test",
+        "secret": "test",
+        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "eu-west-1"},
+        "skip_instance_cache": True,
+    }
+    fsspec.filesystem("s3", **options).mkdir("data")
+    try:
+        yield options
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["local", "graben", "s3"])
+def where(request: pytest.FixtureRequest, tmp_path: Any) -> tuple[str, dict[str, Any] | None]:
+    """A dataset URL on each kind of storage, and its fsspec options."""
+    if request.param == "local":
+        return str(tmp_path / "ds"), None
+    if request.param == "graben":
+        url: str = request.getfixturevalue("cluster_url")
+        return f"{url}/datasets/{tmp_path.name}", None
+    return f"s3://data/{tmp_path.name}", request.getfixturevalue("s3_options")

@@ -1,0 +1,173 @@
+"""CachedDataset: every sample once per epoch, one global order, resume, the node cache."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from graben.dataloader import CachedDataset, NodeCache, read_manifest, write_dataset
+
+N = 203  # not a multiple of any world size: padding is exercised
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = str(tmp_path_factory.mktemp("ds") / "rows")
+    write_dataset(url, pa.table({"id": list(range(N))}), rows_per_shard=20, rows_per_group=7)
+    return url
+
+
+def _ids(samples: list[Any]) -> list[int]:
+    return [int(s["id"]) for s in samples]
+
+
+def _epoch(url: str, cache: Path, world: int, workers: int, **kw: Any) -> list[list[int]]:
+    """Each simulated rank's samples, in the order its DataLoader yields them."""
+    out = []
+    for rank in range(world):
+        ds = CachedDataset(url, cache_dir=cache, rank=rank, world_size=world, seed=5, **kw)
+        ds.worker_batch = 4
+        loader = DataLoader(ds, batch_size=4, num_workers=workers, collate_fn=lambda b: b)
+        out.append([i for batch in loader for i in _ids(batch)])
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_every_sample_once_per_epoch_in_one_order(
+    dataset: str, tmp_path: Path, world: int, workers: int
+) -> None:
+    ranks = _epoch(dataset, tmp_path / "cache", world, workers)
+    assert len({len(r) for r in ranks}) == 1  # equal per rank: no DDP hang
+    merged = [ranks[j % world][j // world] for j in range(len(ranks[0]) * world)]
+    assert set(merged) == set(range(N)) and len(merged) - N < world  # padding only wraps
+    single = _epoch(dataset, tmp_path / "cache", 1, 0)[0]
+    assert merged[:N] == single  # the same global order for every split
+
+
+def test_drop_last_cuts_instead_of_padding(dataset: str, tmp_path: Path) -> None:
+    ranks = _epoch(dataset, tmp_path / "cache", 4, 0, drop_last=True)
+    assert [len(r) for r in ranks] == [N // 4] * 4
+    assert len({i for r in ranks for i in r}) == N // 4 * 4
+
+
+def test_epochs_differ_and_shuffle_off_reads_in_order(dataset: str, tmp_path: Path) -> None:
+    ds = CachedDataset(dataset, cache_dir=tmp_path, seed=1)
+    first = _ids(list(ds))
+    ds.set_epoch(1)
+    assert sorted(_ids(list(ds))) == sorted(first) and _ids(list(ds)) != first
+    plain = CachedDataset(dataset, cache_dir=tmp_path, shuffle=False)
+    assert _ids(list(plain)) == list(range(N))
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 2), (4, 2), (2, 3), (1, 4)])
+def test_resume_mid_epoch_on_any_world_size(
+    dataset: str, tmp_path: Path, before: int, after: int
+) -> None:
+    full = _ids(list(CachedDataset(dataset, cache_dir=tmp_path, seed=9)))
+    seen: list[int] = []
+    states = []
+    for rank in range(before):  # each rank reads 10 samples, then the job stops
+        ds = CachedDataset(dataset, cache_dir=tmp_path, seed=9, rank=rank, world_size=before)
+        it = iter(ds)
+        seen.append([_ids([next(it)])[0] for _ in range(10)])  # type: ignore[arg-type]
+        states.append(ds.state_dict())
+    assert len({s["position"] for s in states}) == 1
+    done = [seen[j % before][j // before] for j in range(10 * before)]  # type: ignore[index]
+    rest_by_rank = []
+    for rank in range(after):
+        ds = CachedDataset(dataset, cache_dir=tmp_path, seed=9, rank=rank, world_size=after)
+        ds.load_state_dict(states[0])
+        rest_by_rank.append(_ids(list(ds)))
+    assert len({len(r) for r in rest_by_rank}) == 1
+    rest = [rest_by_rank[j % after][j // after] for j in range(len(rest_by_rank[0]) * after)]
+    assert done + rest[: N - len(done)] == full  # nothing repeated, nothing skipped
+
+
+def test_bytes_samples(tmp_path: Path) -> None:
+    samples = [os.urandom(i) for i in range(50)]
+    write_dataset(str(tmp_path / "blobs"), samples, rows_per_shard=16)
+    ds = CachedDataset(str(tmp_path / "blobs"), cache_dir=tmp_path / "c", shuffle=False)
+    assert list(ds) == samples
+
+
+def test_the_cache_fetches_once_and_refetches_a_damaged_shard(dataset: str, tmp_path: Path) -> None:
+    ds = CachedDataset(dataset, cache_dir=tmp_path, shuffle=False)
+    list(ds)
+    manifest = read_manifest(dataset)
+    shards = len(manifest.shards)
+    assert ds.stats["cache_fills"] == shards and ds.stats["bytes_fetched"] == manifest.size
+    again = CachedDataset(dataset, cache_dir=tmp_path, shuffle=False)
+    assert _ids(list(again)) == list(range(N))
+    assert again.stats["cache_fills"] == 0 and again.stats["cache_hits"] >= shards
+    victim = next(p for p in tmp_path.iterdir() if p.name.endswith("shard-00003.parquet"))
+    victim.write_bytes(b"\0" * victim.stat().st_size)  # damaged on disk
+    third = CachedDataset(dataset, cache_dir=tmp_path, shuffle=False)
+    assert _ids(list(third)) == list(range(N))
+    assert third.stats["refetched"] == 1 and third.stats["cache_fills"] == 1
+
+
+def _read_all(url: str, cache: str, limit: int, seed: int) -> None:
+    ds = CachedDataset(url, cache_dir=cache, cache_limit=limit, seed=seed)
+    assert len(list(ds)) == N
+
+
+def test_four_processes_share_a_cache_within_its_limit(dataset: str, tmp_path: Path) -> None:
+    sizes = [s.size for s in read_manifest(dataset).shards]
+    limit = 3 * max(sizes)
+    cache = NodeCache(tmp_path, limit)
+    context = multiprocessing.get_context("spawn")
+    procs = [
+        context.Process(target=_read_all, args=(dataset, str(tmp_path), limit, s)) for s in range(4)
+    ]
+    for p in procs:
+        p.start()
+    peak = 0
+    while any(p.is_alive() for p in procs):
+        peak = max(peak, cache.used())
+        time.sleep(0.005)
+    assert [p.exitcode for p in procs] == [0] * 4
+    assert 0 < peak <= limit and cache.used() <= limit
+
+
+def _fill_forever(url: str, cache: str) -> None:
+    import graben.dataloader._cache as c
+
+    original = c.NodeCache._store
+
+    def slow(self: Any, key: str, data: bytes) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)  # die holding the shard's lock, mid-fill
+
+    c.NodeCache._store = slow  # type: ignore[method-assign]
+    _ = original
+    list(CachedDataset(url, cache_dir=cache, shuffle=False))
+
+
+def test_a_process_killed_mid_fill_does_not_block_the_next(dataset: str, tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    victim = context.Process(target=_fill_forever, args=(dataset, str(tmp_path)))
+    victim.start()
+    victim.join(60)
+    assert victim.exitcode == -signal.SIGKILL
+    ds = CachedDataset(dataset, cache_dir=tmp_path, shuffle=False)
+    assert _ids(list(ds)) == list(range(N))  # no stale lock held it up
+
+
+_ = torch
+
+
+def test_reading_from_a_cluster_and_from_s3(where: tuple[str, Any], tmp_path: Path) -> None:
+    url, options = where
+    write_dataset(url, [{"id": i} for i in range(57)], rows_per_shard=10, storage_options=options)
+    ds = CachedDataset(url, cache_dir=tmp_path / "cache", storage_options=options, seed=3)
+    assert sorted(_ids(list(ds))) == list(range(57))
+    assert ds.stats["bytes_fetched"] == read_manifest(url, options).size
