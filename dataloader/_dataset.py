@@ -214,4 +214,3 @@ def _records(data: bytes) -> list[Sample]:
         samples.append(bytes(view[pos + 8 : pos + 8 + length]))
         pos += 8 + length
     return samples
-
