@@ -122,6 +122,11 @@ class CachedDataset(IterableDataset[Sample]):
             raise ValueError(f"state is for seed {state['seed']}, this dataset has {self.seed}")
         self.epoch, self.start, self.yielded = state["epoch"], state["position"], 0
 
+    def warm(self) -> None:
+        """Fill the node cache with every shard (as far as the limit allows)."""
+        for index in range(len(self.manifest.shards)):
+            self._warm(index)
+
     @property
     def stats(self) -> dict[str, float]:
         """Cache hits and fills, bytes fetched, seconds waited (this process)."""

@@ -171,3 +171,25 @@ def test_reading_from_a_cluster_and_from_s3(where: tuple[str, Any], tmp_path: Pa
     ds = CachedDataset(url, cache_dir=tmp_path / "cache", storage_options=options, seed=3)
     assert sorted(_ids(list(ds))) == list(range(57))
     assert ds.stats["bytes_fetched"] == read_manifest(url, options).size
+
+
+def test_the_dataset_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from graben.store._cli import main
+
+    (tmp_path / "files").mkdir()
+    for i in range(5):
+        (tmp_path / "files" / f"{i}.bin").write_bytes(b"%d" % i * (i + 1))
+    url, cache = str(tmp_path / "ds"), str(tmp_path / "cache")
+    assert main(["dataset", "write", str(tmp_path / "files"), url, "--rows-per-shard", "2"]) == 0
+    assert main(["dataset", "inspect", url]) == 0
+    assert "records, 5 samples, 3 shards" in capsys.readouterr().out
+    assert main(["dataset", "warm", url, "--cache-dir", cache]) == 0
+    assert '"cache_fills": 3' in capsys.readouterr().out
+    assert main(["dataset", "cache", "--cache-dir", cache]) == 0
+    assert "3 shards" in capsys.readouterr().out
+    ds = CachedDataset(url, cache_dir=cache, shuffle=False)
+    assert list(ds) == [b"%d" % i * (i + 1) for i in range(5)]
+    assert ds.stats["cache_fills"] == 0  # warm filled it
+    assert main(["dataset", "cache", "--cache-dir", cache, "--clear"]) == 0
+    assert main(["dataset", "inspect", str(tmp_path / "missing")]) == 1
+    assert "No such file" in capsys.readouterr().err
