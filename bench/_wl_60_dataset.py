@@ -1,0 +1,129 @@
+"""The dataset door: one epoch of a Parquet dataset, cold and warm, beside pyarrow.
+
+The dataset: rows of an id and a 4 KiB binary column, ``ctx.size / 4``
+bytes of them (a quarter of the sequential size: every row becomes a Python
+dict), in shards of 2,000 rows, uncompressed. ``dataset-epoch`` counts samples
+per second (x 4 KiB for bytes per second), for:
+
+- pyarrow reading the same shards from local disk (``pq.read_table`` +
+  ``to_pylist`` per shard: the same conversion the reader does), the baseline;
+- ``CachedDataset`` epoch 1 from a 3-node cluster and from moto's S3, each
+  with an empty node cache (cold), and epoch 2 from the cluster (warm cache).
+
+Mosaic Streaming, the issue's other peer, is not measured yet (see README).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+from ._context import Context
+from ._registry import Result, workload
+from ._wl_20_cluster import local_cluster
+from ._wl_30_fsspec import moto_s3
+
+ROW = 4096
+SHARD = 2000
+PYARROW = "pyarrow, local Parquet"
+
+
+@dataclass(frozen=True, slots=True)
+class Datasets:
+    """The same dataset in three places."""
+
+    local: Path
+    cluster: str
+    s3: str
+    s3_options: dict[str, Any]
+    rows: int
+    size: int
+
+
+@contextmanager
+def _datasets(ctx: Context) -> Iterator[Datasets]:
+    """A fixture: the dataset written locally, to the cluster and to moto's S3."""
+    import pyarrow as pa
+
+    from graben.dataloader import write_dataset
+
+    url, s3 = ctx.fixture(local_cluster), ctx.fixture(moto_s3)
+    rows = max(SHARD, ctx.size // 4 // ROW)
+    seed = os.urandom(ROW * 64)
+    payload = [seed[(i % 64) * ROW : (i % 64 + 1) * ROW] + i.to_bytes(8) for i in range(rows)]
+    table = pa.table({"id": list(range(rows)), "data": payload})
+    local = ctx.shared / "dataset-local"
+    options = {
+        "key": s3.key,
+        "secret": s3.secret,
+        "client_kwargs": s3.client_kwargs,
+        "skip_instance_cache": True,
+    }
+    places = [(str(local), None), (f"{url}/bench/dataset", None), ("s3://bench/dataset", options)]
+    with ctx.step("writing the dataset (local, cluster, s3)", 3) as advance:
+        for where, storage in places:
+            manifest = write_dataset(
+                where, table, rows_per_shard=SHARD, compression=None, storage_options=storage
+            )
+            advance(1)
+    try:
+        yield Datasets(local, places[1][0], places[2][0], options, rows, manifest.size)
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
+def _pyarrow_epoch(ds: Datasets) -> int:
+    import pyarrow.parquet as pq
+
+    count = 0
+    for shard in sorted(ds.local.glob("*.parquet")):
+        count += len(pq.read_table(shard).to_pylist())
+    return count
+
+
+def _cached_epoch(
+    url: str, cache: Path, options: dict[str, Any] | None, epochs: int
+) -> tuple[int, float]:
+    from graben.dataloader import CachedDataset
+
+    dataset = CachedDataset(url, cache_dir=cache, storage_options=options, seed=0)
+    seconds, count = 0.0, 0
+    for epoch in range(epochs):
+        dataset.set_epoch(epoch)
+        start = perf_counter()
+        count = sum(1 for _ in dataset)
+        seconds = perf_counter() - start  # the last epoch's
+    return count, seconds
+
+
+@workload("dataset-epoch", "a Parquet dataset's epoch: CachedDataset cold/warm vs pyarrow local")
+def dataset_epoch(ctx: Context) -> list[Result]:
+    """Samples per second of each system."""
+    ds = ctx.fixture(_datasets)
+    timings: dict[str, tuple[int, float]] = {}
+    with ctx.step(f"dataset-epoch: {PYARROW}", 1):
+        start = perf_counter()
+        rows = _pyarrow_epoch(ds)
+        timings[PYARROW] = (rows, perf_counter() - start)
+    cases = [
+        ("CachedDataset epoch 1 (cold) from the cluster", ds.cluster, None, 1),
+        ("CachedDataset epoch 1 (cold) from moto S3", ds.s3, ds.s3_options, 1),
+        ("CachedDataset epoch 2 (warm cache)", ds.cluster, None, 2),
+    ]
+    for system, url, options, epochs in cases:
+        cache = ctx.scratch / f"cache-{len(timings)}"
+        with ctx.step(f"dataset-epoch: {system}", 1):
+            timings[system] = _cached_epoch(url, cache, options, epochs)
+        shutil.rmtree(cache, ignore_errors=True)
+    results = []
+    for system, (count, seconds) in timings.items():
+        if count != ds.rows:
+            raise RuntimeError(f"{system} read {count} samples, not {ds.rows}")
+        results.append(Result("dataset-epoch", system, count / seconds, "samples/s", PYARROW))
+    return results
