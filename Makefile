@@ -7,9 +7,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SYSTEM_PACKAGES := libfuse3-dev fuse3 pkg-config fio
 
-.PHONY: run test lint system-deps install clean
+.PHONY: run test lint system-deps install peers clean
 
-run: install
+run: install peers
 	$(BIN)/graben bench --quick
 
 test: install lint
@@ -40,5 +40,17 @@ system-deps:
 		|| echo "warning: could not install $(SYSTEM_PACKAGES)"; \
 	else echo "as root, run: apt-get install -y $(SYSTEM_PACKAGES)"; fi
 
+# The bench's Mosaic Streaming peer needs torch 2.14.1 and torchvision (not the
+# project's torch), so it gets a venv of its own; without it the bench leaves
+# that one row out, so a failure here only warns.
+PEERS := .venv-peers
+PEER_PACKAGES := torch==2.14.1 torchvision==0.29.1 pyarrow==26.0.1 'xxhash<4' zstd \
+	python-snappy Brotli catalogue 'transformers<5' pillow
+peers: $(PEERS)/.installed
+$(PEERS)/.installed:
+	@($(PYTHON) -m venv $(PEERS) && $(PEERS)/bin/pip install -q $(PEER_PACKAGES) \
+		&& $(PEERS)/bin/pip install -q --no-deps mosaicml-streaming==0.13.0 && touch $@) \
+		>$(VENV)/peers.log 2>&1 || echo "warning: no Mosaic Streaming peer (see $(VENV)/peers.log)"
+
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .hypothesis .bench-tmp
+	rm -rf $(VENV) $(PEERS) build *.egg-info .mypy_cache .ruff_cache .hypothesis .bench-tmp

@@ -6,17 +6,23 @@ dict), in shards of 2,000 rows, uncompressed. ``dataset-epoch`` counts samples
 per second (x 4 KiB for bytes per second), for:
 
 - pyarrow reading the same shards from local disk (``pq.read_table`` +
-  ``to_pylist`` per shard: the same conversion the reader does), the baseline;
+  ``to_pylist`` per shard, each sample taken in a Python loop: the same
+  conversion and consumption as the reader's), the baseline;
 - ``CachedDataset`` epoch 1 from a 3-node cluster and from moto's S3, each
   with an empty node cache (cold), and epoch 2 from the cluster (warm cache).
 
-Mosaic Streaming, the issue's other peer, is not measured yet (see README).
+- Mosaic Streaming (``StreamingDataset``, default settings, shuffled) reading
+  the same rows converted to its MDS format on local disk: it runs in its
+  own virtual environment (``make peers``: it needs another torch) through
+  ``_mosaic_job.py``; without that environment the row is left out.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +38,9 @@ from ._wl_30_fsspec import moto_s3
 ROW = 4096
 SHARD = 2000
 PYARROW = "pyarrow, local Parquet"
+MOSAIC = "Mosaic Streaming, local MDS"
+MOSAIC_PYTHON = Path(".venv-peers/bin/python")
+"""The peer environment ``make peers`` creates (``$GRABEN_MOSAIC_PYTHON`` overrides)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +92,8 @@ def _pyarrow_epoch(ds: Datasets) -> int:
 
     count = 0
     for shard in sorted(ds.local.glob("*.parquet")):
-        count += len(pq.read_table(shard).to_pylist())
+        for _ in pq.read_table(shard).to_pylist():  # a consumer takes each sample, as below
+            count += 1
     return count
 
 
@@ -121,9 +131,32 @@ def dataset_epoch(ctx: Context) -> list[Result]:
         with ctx.step(f"dataset-epoch: {system}", 1):
             timings[system] = _cached_epoch(url, cache, options, epochs)
         shutil.rmtree(cache, ignore_errors=True)
+    mosaic = _mosaic_epoch(ctx, ds)
+    if mosaic is not None:
+        timings[MOSAIC] = mosaic
     results = []
     for system, (count, seconds) in timings.items():
         if count != ds.rows:
             raise RuntimeError(f"{system} read {count} samples, not {ds.rows}")
         results.append(Result("dataset-epoch", system, count / seconds, "samples/s", PYARROW))
     return results
+
+
+def _mosaic_epoch(ctx: Context, ds: Datasets) -> tuple[int, float] | None:
+    python = Path(os.environ.get("GRABEN_MOSAIC_PYTHON", MOSAIC_PYTHON))
+    if not python.exists():
+        ctx.console.print(f"dataset-epoch: no Mosaic Streaming at {python} (make peers); left out")
+        return None
+    job = Path(__file__).with_name("_mosaic_job.py")
+    with ctx.step(f"dataset-epoch: {MOSAIC}", 1):
+        done = subprocess.run(
+            [str(python), str(job), str(ds.local), str(ctx.scratch / "mds")],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            check=False,
+        )
+    if done.returncode != 0:
+        raise RuntimeError(f"the Mosaic Streaming job failed: {done.stderr[-2000:]}")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return int(report["samples"]), float(report["seconds"])
