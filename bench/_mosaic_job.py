@@ -30,7 +30,8 @@ def main(parquet: Path, mds: Path) -> None:
             for row in pq.read_table(shard).to_pylist():
                 out.write(row)
     clean_stale_shared_memory()
-    dataset = StreamingDataset(local=str(mds), shuffle=True, shuffle_seed=0, batch_size=1)
+    # batch_size only shapes its partition: 256 ran 4x faster here than 1.
+    dataset = StreamingDataset(local=str(mds), shuffle=True, shuffle_seed=0, batch_size=256)
     start = time.perf_counter()
     samples = sum(1 for _ in dataset)
     seconds = time.perf_counter() - start

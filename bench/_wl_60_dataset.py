@@ -11,7 +11,7 @@ per second (x 4 KiB for bytes per second), for:
 - ``CachedDataset`` epoch 1 from a 3-node cluster and from moto's S3, each
   with an empty node cache (cold), and epoch 2 from the cluster (warm cache).
 
-- Mosaic Streaming (``StreamingDataset``, default settings, shuffled) reading
+- Mosaic Streaming (``StreamingDataset``, shuffled, ``batch_size=256``) reading
   the same rows converted to its MDS format on local disk: it runs in its
   own virtual environment (``make peers``: it needs another torch) through
   ``_mosaic_job.py``; without that environment the row is left out.
