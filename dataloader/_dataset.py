@@ -75,6 +75,7 @@ class CachedDataset(IterableDataset[Sample]):
         self.waited = 0.0
         """Seconds spent waiting for shards."""
         self._cache: NodeCache | None = None
+        self._source: tuple[Any, str] | None = None
 
     # -- torch ----------------------------------------------------------------------
 
@@ -98,6 +99,7 @@ class CachedDataset(IterableDataset[Sample]):
         )
         pairs = order[positions] if len(positions) else np.zeros((0, 2), dtype=np.int64)
         self._node_cache()  # made here, not raced for by the prefetch threads
+        self._fetch_source()
         threads = max(1, self.prefetch)
         with ThreadPoolExecutor(threads, thread_name_prefix="graben-prefetch") as pool:
             yield from self._samples(pairs, pool)
@@ -166,8 +168,13 @@ class CachedDataset(IterableDataset[Sample]):
             self._cache = NodeCache(self.cache_dir, self.cache_limit)
         return self._cache
 
+    def _fetch_source(self) -> tuple[Any, str]:
+        if self._source is None:  # once per process: an s3fs or graben client is not cheap
+            self._source = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        return self._source
+
     def _fetch(self, shard: Shard) -> bytes:
-        fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        fs, root = self._fetch_source()
         data: bytes = fs.cat_file(f"{root}/{shard.name}")
         return data
 
@@ -186,6 +193,7 @@ class CachedDataset(IterableDataset[Sample]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_cache"] = None  # each worker opens its own (the directory is shared)
+        state["_source"] = None
         return state
 
 

@@ -21,10 +21,6 @@ import trio
 AHEAD = 2
 """Blocks fetched ahead of a reader going forward."""
 KEPT = AHEAD + 2
-MAX_REQUEST = 1 << 20
-"""The most the kernel can take in one read reply (libfuse's 256 pages). Linux 6.18
-opens each file with a READ asking for the whole file, then refuses any reply to
-it and reads again in pages; serving it whole would fetch the whole file first."""
 """Blocks held per open file."""
 
 Fetch = Callable[[int, memoryview], int]
@@ -57,7 +53,7 @@ class Blocks:
         hands it to the kernel before the loop runs anything else, so the
         block cannot be refilled under it.
         """
-        end = min(offset + min(size, MAX_REQUEST), self._size)
+        end = min(offset + size, self._size)
         if offset >= end:
             return b""
         forward = offset == self._next

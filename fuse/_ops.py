@@ -460,8 +460,8 @@ class Operations(pyfuse3.Operations):
         if handle.blocks is None:
             assert self.nursery is not None
             reader = handle.reader
-            size, block = reader.info.size, self.client.chunk_size
-            handle.blocks = Blocks(_positional(reader), size, block, self.nursery)
+            length, block = reader.info.size, self.client.chunk_size
+            handle.blocks = Blocks(_positional(reader), length, block, self.nursery)
         # pyfuse3 replies from any buffer; the stub says bytes.
         return cast(bytes, await handle.blocks.read(off, size))
 
