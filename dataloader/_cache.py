@@ -93,8 +93,13 @@ class NodeCache:
         self.read(dataset, shard, fetch)
 
     def used(self) -> int:
-        """Bytes held: cached shards and reserved fills."""
-        return sum(size for _, size, _ in self._files())
+        """Bytes held: cached shards and reserved fills.
+
+        Counted under the directory's lock, which fills also take to rename
+        into place: a scan racing a rename would see one file twice.
+        """
+        with self._locked(self.root / LOCKS / ".dir"):
+            return sum(size for _, size, _ in self._files())
 
     def clear(self) -> int:
         """Remove every cached shard not being filled; the bytes freed."""
@@ -131,7 +136,8 @@ class NodeCache:
         try:
             with open(temp, "r+b") as f:
                 f.write(data)
-            os.replace(temp, self.root / key)
+            with self._locked(self.root / LOCKS / ".dir"):  # see ``used``
+                os.replace(temp, self.root / key)
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
