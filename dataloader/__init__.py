@@ -5,20 +5,25 @@ into Parquet or record shards and a ``manifest.json`` that lists them (one
 read at start-up instead of a listing); ``read_manifest(url)`` reads it back.
 ``CachedDataset(url)`` reads it as a torch ``IterableDataset`` through a
 node-local cache: every sample once per epoch across ranks and workers, in an
-order fixed by ``(seed, epoch)``, resumable mid-epoch on any world size.
+order fixed by ``(seed, epoch)``, resumable mid-epoch on any world size;
+``CachedLoader`` is the DataLoader that knows how far the loop got.
+``index_files(url)`` makes files already in place a dataset, one sample a file.
 """
 
 from ._cache import CacheStats, NodeCache
 from ._dataset import CachedDataset
+from ._loader import CachedLoader
 from ._manifest import Manifest, Shard
-from ._writer import read_manifest, write_dataset
+from ._writer import index_files, read_manifest, write_dataset
 
 __all__ = [
     "CacheStats",
     "CachedDataset",
+    "CachedLoader",
     "Manifest",
     "NodeCache",
     "Shard",
+    "index_files",
     "read_manifest",
     "write_dataset",
 ]

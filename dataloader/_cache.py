@@ -5,10 +5,14 @@ shard's lock file, which the kernel drops if the process dies, so a crash
 never leaves a lock that blocks the next run. A fill reserves its bytes
 first (a temporary of the shard's full size, made under the directory's
 lock, so that every process counts it), evicting the least recently used
-shards to make room; the cache never holds more than its limit. A fill is
-checked against the manifest's crc32c before it is renamed into place, and
-a cached shard is checked again when it is read: a damaged copy is dropped
-and fetched again. Temporaries of dead processes are removed.
+shards to make room; the cache never holds more than its limit. The fill
+streams the shard in ranged pieces through one buffer's worth of memory,
+checks it against the manifest's crc32c and renames it into place; a cached
+shard is checked again when it is opened, and a damaged copy is dropped and
+fetched again. Readers get the shard as a read-only memory map: its pages
+live once in the kernel's page cache, shared by every process and worker on
+the node, and stay valid if the file is evicted meanwhile. Temporaries of
+dead processes are removed.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import mmap
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,6 +32,11 @@ from ._manifest import Shard
 
 LOCKS = ".locks"
 TEMP = ".fill-"
+PIECE = 8 << 20
+"""Bytes a fill fetches at a time: one request's worth, the memory a fill holds."""
+
+Fetch = Callable[[int, int], bytes]
+"""``fetch(start, end)``: that range of a shard, from its source."""
 
 
 @dataclass
@@ -56,41 +66,40 @@ class NodeCache:
 
     def key(self, dataset: str, shard: Shard) -> str:
         """A file name for ``shard`` of the dataset at URL ``dataset`` (and its content)."""
-        digest = hashlib.blake2b(f"{dataset}\0{shard.crc32c}".encode(), digest_size=8).hexdigest()
-        return f"{digest}-{shard.name}"
+        ident = f"{dataset}\0{shard.name}\0{shard.crc32c}".encode()
+        digest = hashlib.blake2b(ident, digest_size=8).hexdigest()
+        return f"{digest}-{shard.name.replace('/', '_')}"
 
-    def read(self, dataset: str, shard: Shard, fetch: Callable[[], bytes]) -> bytes:
-        """The shard's bytes, from the cache, fetched (once per node) if absent or damaged."""
+    def open(self, dataset: str, shard: Shard, fetch: Fetch) -> memoryview:
+        """The shard's bytes, mapped from the cache, fetched (once per node) if absent or damaged.
+
+        ``fetch(start, end)`` returns that range of the shard from its source.
+        """
         key = self.key(dataset, shard)
-        data = self._cached(key, shard)
-        if data is not None:
-            self.stats.hits += 1
-            return data
-        with self._locked(self.root / LOCKS / key):
-            data = self._cached(key, shard)  # another process may have filled it meanwhile
-            if data is not None:
-                self.stats.hits += 1
-                return data
-            data = fetch()
-            if len(data) != shard.size or crc32c.crc32c(data) != shard.crc32c:
-                raise OSError(f"shard {shard.name} does not match its manifest (size or crc32c)")
-            self._store(key, data)
-            self.stats.fills += 1
-            self.stats.bytes_fetched += len(data)
-            return data
+        view = self._cached(key, shard)
+        if view is None:
+            with self._locked(self.root / LOCKS / key):
+                view = self._cached(key, shard)  # another process may have filled it meanwhile
+                if view is None:
+                    view = self._fill(key, shard, fetch)
+                    self.stats.fills += 1
+                    self.stats.bytes_fetched += shard.size
+                    return view
+        self.stats.hits += 1
+        return view
 
-    def warm(self, dataset: str, shard: Shard, fetch: Callable[[], bytes]) -> None:
+    def warm(self, dataset: str, shard: Shard, fetch: Fetch) -> None:
         """Make sure the shard is cached (prefetch), without keeping its bytes.
 
         A copy of the right size counts as there: its checksum is checked when
-        it is read, and checking it here as well would read every shard twice.
+        it is opened, and checking it here as well would read every shard twice.
         """
         try:
             if (self.root / self.key(dataset, shard)).stat().st_size == shard.size:
                 return
         except FileNotFoundError:
             pass
-        self.read(dataset, shard, fetch)
+        self.open(dataset, shard, fetch).release()
 
     def used(self) -> int:
         """Bytes held: cached shards and reserved fills.
@@ -113,31 +122,40 @@ class NodeCache:
 
     # -- internals -----------------------------------------------------------------
 
-    def _cached(self, key: str, shard: Shard) -> bytes | None:
+    def _cached(self, key: str, shard: Shard) -> memoryview | None:
         path = self.root / key
         try:
-            data = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
-        if len(data) == shard.size and crc32c.crc32c(data) == shard.crc32c:
-            with contextlib.suppress(FileNotFoundError):  # evicted since: we have the bytes
+        try:
+            view = _mapped(fd, shard.size) if os.fstat(fd).st_size == shard.size else None
+        finally:
+            os.close(fd)
+        if view is not None and crc32c.crc32c(view) == shard.crc32c:
+            with contextlib.suppress(FileNotFoundError):  # evicted since: the map stays valid
                 os.utime(path)  # recently used: evicted last
-            return data
+            return view
         path.unlink(missing_ok=True)  # damaged: fetch it again
         self.stats.refetched += 1
         return None
 
-    def _store(self, key: str, data: bytes) -> None:
+    def _fill(self, key: str, shard: Shard, fetch: Fetch) -> memoryview:
         temp = self.root / f"{TEMP}{os.getpid()}-{key}"
         with self._locked(self.root / LOCKS / ".dir"):
-            self._make_room(len(data))
+            self._make_room(shard.size)
             with open(temp, "wb") as f:  # the reservation: others count it from now on
-                f.truncate(len(data))
+                f.truncate(shard.size)
         try:
-            with open(temp, "r+b") as f:
-                f.write(data)
+            fd = os.open(temp, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                _copy(fetch, fd, shard)
+                view = _mapped(fd, shard.size)  # survives the rename, and an eviction after it
+            finally:
+                os.close(fd)
             with self._locked(self.root / LOCKS / ".dir"):  # see ``used``
                 os.replace(temp, self.root / key)
+            return view
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
@@ -180,6 +198,29 @@ class NodeCache:
             yield
         finally:
             os.close(fd)
+
+
+def _copy(fetch: Fetch, fd: int, shard: Shard) -> None:
+    """Fetch the shard piece by piece into ``fd``, checking its size and crc32c."""
+    pos, crc = 0, 0
+    while pos < shard.size:
+        piece = memoryview(fetch(pos, min(shard.size, pos + PIECE)))
+        if not piece.nbytes:
+            break  # the source is shorter than the manifest says
+        crc = crc32c.crc32c(piece, crc)
+        while piece.nbytes:
+            written = os.pwrite(fd, piece, pos)
+            piece, pos = piece[written:], pos + written
+        del piece  # not held while the next is fetched
+    if pos != shard.size or crc != shard.crc32c:
+        raise OSError(f"shard {shard.name} does not match its manifest (size or crc32c)")
+
+
+def _mapped(fd: int, size: int) -> memoryview:
+    """A read-only view of the file's first ``size`` bytes (the page cache's, not a copy)."""
+    if size == 0:
+        return memoryview(b"")
+    return memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ))
 
 
 def _alive(temp_name: str) -> bool:

@@ -1,4 +1,4 @@
-"""``graben dataset write|inspect|warm|cache``: datasets from the command line.
+"""``graben dataset write|index|inspect|warm|cache``: datasets from the command line.
 
 pyarrow and torch are imported only when a ``dataset`` command runs.
 """
@@ -34,6 +34,10 @@ def add_dataset(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     write.add_argument("--rows-per-shard", type=int, default=10_000, metavar="N")
     write.add_argument("--rows-per-group", type=int, default=None, metavar="N")
     write.set_defaults(run=_guarded(_write))
+
+    index = commands.add_parser("index", help="make the files at a URL a dataset, as they are")
+    index.add_argument("url", help=_URL_HELP)
+    index.set_defaults(run=_guarded(_index))
 
     inspect = commands.add_parser("inspect", help="what a dataset's manifest says")
     inspect.add_argument("url", help=_URL_HELP)
@@ -91,6 +95,14 @@ def _write(args: argparse.Namespace) -> int:
         args.url, data, rows_per_shard=args.rows_per_shard, rows_per_group=args.rows_per_group
     )
     print(f"{manifest.samples} samples in {len(manifest.shards)} shards at {args.url}")
+    return 0
+
+
+def _index(args: argparse.Namespace) -> int:
+    from ._writer import index_files
+
+    manifest = index_files(args.url)
+    print(f"{manifest.samples} files ({manifest.size} bytes) indexed at {args.url}")
     return 0
 
 

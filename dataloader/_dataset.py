@@ -1,20 +1,25 @@
 """``CachedDataset``: a torch ``IterableDataset`` over a sharded dataset at any URL.
 
 Start-up reads the manifest, one object. Each rank and DataLoader worker
-reads its positions of the epoch's order (``_order``), loading one shard at a
-time through the node cache (``_cache``) while background threads fill the
-cache with the next ``prefetch`` shards it will need; only the shard being
-read is held in memory. ``state_dict`` says how far the job has got;
-``load_state_dict`` carries on from there, on any world size.
+reads its positions of the epoch's order (``_order``) one group at a time
+(a Parquet row group, a run of records) from shards mapped from the node
+cache (``_cache``), and decodes only the rows it takes. Background threads
+fill the cache with the next ``prefetch`` shards the rank will need, each
+shard by one of the rank's workers, so a rank has at most ``prefetch`` fills
+in flight whatever its number of workers; a fill streams through one
+``PIECE`` of memory into the cache, and the shards' bytes are the page
+cache's, shared by every worker. ``state_dict`` says how far the job has
+got; ``load_state_dict`` carries on from there, on any world size.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +30,7 @@ import pyarrow.parquet as pq
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._cache import NodeCache
+from ._cache import Fetch, NodeCache
 from ._manifest import Manifest, Shard
 from ._order import Plan
 from ._writer import RECORD_LENGTH, read_manifest
@@ -86,23 +91,17 @@ class CachedDataset(IterableDataset[Sample]):
     def __iter__(self) -> Iterator[Sample]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        plan = self._plan()
-        order = plan.global_order()
-        positions = plan.positions(
-            self.rank,
-            self.world_size,
-            start=self.start,
-            drop_last=self.drop_last,
-            worker=worker,
-            workers=workers,
-            worker_batch=self.worker_batch,
-        )
-        pairs = order[positions] if len(positions) else np.zeros((0, 2), dtype=np.int64)
+        self.yielded = 0  # an iteration reads from ``start`` again
+        order = self._plan().global_order()
+        picked = order[self._positions(worker, workers)]
+        rank_shards = _stretches(order[self._positions(0, 1), 0])
         self._node_cache()  # made here, not raced for by the prefetch threads
         self._fetch_source()
-        threads = max(1, self.prefetch)
-        with ThreadPoolExecutor(threads, thread_name_prefix="graben-prefetch") as pool:
-            yield from self._samples(pairs, pool)
+        prefetch = _Prefetch(self, rank_shards, worker, workers)
+        try:
+            yield from self._samples(picked, prefetch)
+        finally:
+            prefetch.close()
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning (its order differs from every other's)."""
@@ -110,7 +109,8 @@ class CachedDataset(IterableDataset[Sample]):
 
     def state_dict(self, samples_seen: int | None = None) -> dict[str, int]:
         """Where the job is: ``samples_seen`` is what this rank consumed this epoch
-        (default: what this process yielded, right with ``num_workers=0``)."""
+        (default: what this process yielded, or what a ``CachedLoader`` handed
+        to the loop; a plain DataLoader with workers needs ``samples_seen``)."""
         seen = self.yielded if samples_seen is None else samples_seen
         return {
             "epoch": self.epoch,
@@ -144,24 +144,35 @@ class CachedDataset(IterableDataset[Sample]):
     # -- reading --------------------------------------------------------------------
 
     def _plan(self) -> Plan:
-        counts = [s.samples for s in self.manifest.shards]
-        return Plan(counts, self.seed, self.epoch, self.shuffle)
+        groups = [s.group_sizes() for s in self.manifest.shards]
+        return Plan(groups, self.seed, self.epoch, self.shuffle)
 
-    def _samples(self, pairs: np.ndarray, pool: ThreadPoolExecutor) -> Iterator[Sample]:
-        runs = _runs(pairs[:, 0].tolist()) if len(pairs) else []
-        upcoming = [shard for shard, _, _ in runs]
-        warming: dict[int, Future[None]] = {}
-        for index, (shard, lo, hi) in enumerate(runs):
-            for ahead in dict.fromkeys(upcoming[index + 1 : index + 1 + self.prefetch]):
-                if ahead not in warming:
-                    warming[ahead] = pool.submit(self._warm, ahead)
-            started = time.perf_counter()
-            rows = self._load(shard)
-            self.waited += time.perf_counter() - started
-            for row in pairs[lo:hi, 1].tolist():
+    def _positions(self, worker: int, workers: int) -> np.ndarray:
+        """The global positions ``worker`` of ``workers`` reads for this rank."""
+        return self._plan().positions(
+            self.rank,
+            self.world_size,
+            start=self.start,
+            drop_last=self.drop_last,
+            worker=worker,
+            workers=workers,
+            worker_batch=self.worker_batch,
+        )
+
+    def _samples(self, picked: np.ndarray, prefetch: _Prefetch) -> Iterator[Sample]:
+        shard_of, reader = -1, None
+        for shard, group, lo, hi in _runs(picked):
+            if shard != shard_of:
+                prefetch.reached(shard)
+                reader = None  # unmapped before the next is mapped
+                started = time.perf_counter()
+                reader = self._reader(shard)
+                self.waited += time.perf_counter() - started
+                shard_of = shard
+            assert reader is not None
+            for sample in reader.samples(group, picked[lo:hi, 1]):
                 self.yielded += 1
-                yield rows[row]
-            warming.pop(shard, None)
+                yield sample
 
     def _node_cache(self) -> NodeCache:
         if self._cache is None:
@@ -173,22 +184,25 @@ class CachedDataset(IterableDataset[Sample]):
             self._source = fsspec.core.url_to_fs(self.url, **self.storage_options)
         return self._source
 
-    def _fetch(self, shard: Shard) -> bytes:
+    def _fetch(self, shard: Shard) -> Fetch:
         fs, root = self._fetch_source()
-        data: bytes = fs.cat_file(f"{root}/{shard.name}")
-        return data
+
+        def fetch(start: int, end: int) -> bytes:
+            data: bytes = fs.cat_file(
+                f"{root}/{shard.name}", start=start, end=end
+            )  # s3fs: keywords
+            return data
+
+        return fetch
 
     def _warm(self, index: int) -> None:
         shard = self.manifest.shards[index]
-        self._node_cache().warm(self.url, shard, lambda: self._fetch(shard))
+        self._node_cache().warm(self.url, shard, self._fetch(shard))
 
-    def _load(self, index: int) -> list[Sample]:
+    def _reader(self, index: int) -> _ShardReader:
         shard = self.manifest.shards[index]
-        data = self._node_cache().read(self.url, shard, lambda: self._fetch(shard))
-        if self.manifest.kind == "parquet":
-            rows: list[Sample] = pq.read_table(pa.BufferReader(data)).to_pylist()
-            return rows
-        return _records(data)
+        view = self._node_cache().open(self.url, shard, self._fetch(shard))
+        return _READERS[self.manifest.kind](shard, view)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -208,22 +222,108 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     return rank or 0, world_size or 1
 
 
-def _runs(shards: list[int]) -> list[tuple[int, int, int]]:
-    """``(shard, start, end)`` for each stretch of consecutive samples from one shard."""
-    runs: list[tuple[int, int, int]] = []
-    for i, shard in enumerate(shards):
-        if runs and runs[-1][0] == shard and runs[-1][2] == i:
-            runs[-1] = (shard, runs[-1][1], i + 1)
-        else:
-            runs.append((shard, i, i + 1))
-    return runs
+def _stretches(shards: np.ndarray) -> list[int]:
+    """The shards in order, each stretch of one shard once."""
+    if not len(shards):
+        return []
+    starts = np.flatnonzero(np.diff(shards, prepend=shards[0] - 1))
+    return [int(s) for s in shards[starts]]
 
 
-def _records(data: bytes) -> list[Sample]:
-    samples: list[Sample] = []
-    view, pos = memoryview(data), 0
-    while pos < len(data):
-        (length,) = RECORD_LENGTH.unpack_from(view, pos)
-        samples.append(bytes(view[pos + 8 : pos + 8 + length]))
+def _runs(picked: np.ndarray) -> Iterator[tuple[int, int, int, int]]:
+    """``(shard, group, start, end)`` for each stretch of ``picked`` in one group."""
+    if not len(picked):
+        return
+    units = picked[:, 0] * (1 << 32) + picked[:, 2]
+    bounds = [*np.flatnonzero(np.diff(units, prepend=units[0] - 1)).tolist(), len(picked)]
+    for lo, hi in itertools.pairwise(bounds):
+        yield int(picked[lo, 0]), int(picked[lo, 2]), lo, hi
+
+
+class _Prefetch:
+    """Warms the rank's next ``prefetch`` shards, the ones this worker is due to."""
+
+    def __init__(self, dataset: CachedDataset, shards: list[int], worker: int, workers: int):
+        self.dataset, self.shards, self.worker, self.workers = dataset, shards, worker, workers
+        self.at = 0
+        self.started: set[int] = set()
+        threads = max(1, -(-dataset.prefetch // workers))
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="graben-prefetch")
+
+    def reached(self, shard: int) -> None:
+        """The worker is at ``shard``: warm the ones after it in the rank's order."""
+        while self.at < len(self.shards) and self.shards[self.at] != shard:
+            self.at += 1
+        ahead = range(self.at + 1, min(len(self.shards), self.at + 1 + self.dataset.prefetch))
+        for index in ahead:
+            upcoming = self.shards[index]
+            if index % self.workers == self.worker and upcoming not in self.started:
+                self.started.add(upcoming)
+                self.pool.submit(self.dataset._warm, upcoming)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _ShardReader:
+    """One mapped shard's samples, a group at a time."""
+
+    def __init__(self, shard: Shard, view: memoryview) -> None:
+        self.shard, self.view = shard, view
+        sizes = shard.group_sizes()
+        self.starts = [0, *itertools.accumulate(sizes)]
+
+    def samples(self, group: int, rows: np.ndarray) -> Iterator[Sample]:
+        """The samples at ``rows`` (counted from the shard's start), all in ``group``."""
+        raise NotImplementedError
+
+
+class _ParquetReader(_ShardReader):
+    def __init__(self, shard: Shard, view: memoryview) -> None:
+        super().__init__(shard, view)
+        self.file = pq.ParquetFile(pa.BufferReader(pa.py_buffer(view)))
+
+    def samples(self, group: int, rows: np.ndarray) -> Iterator[Sample]:
+        # docstring inherited
+        table = self.file.read_row_group(group)  # decoded: this group only
+        taken: list[Sample] = table.take(pa.array(rows - self.starts[group])).to_pylist()
+        return iter(taken)
+
+
+class _RecordReader(_ShardReader):
+    def __init__(self, shard: Shard, view: memoryview) -> None:
+        super().__init__(shard, view)
+        self.offsets = _record_offsets(view, shard.samples)
+
+    def samples(self, group: int, rows: np.ndarray) -> Iterator[Sample]:
+        # docstring inherited
+        view, offsets = self.view, self.offsets
+        for row in rows.tolist():
+            yield bytes(view[offsets[row] : offsets[row + 1] - 8])
+
+
+class _FileReader(_ShardReader):
+    def samples(self, group: int, rows: np.ndarray) -> Iterator[Sample]:
+        # docstring inherited
+        for _ in range(len(rows)):
+            yield bytes(self.view)
+
+
+_READERS: dict[str, type[_ShardReader]] = {
+    "parquet": _ParquetReader,
+    "records": _RecordReader,
+    "files": _FileReader,
+}
+
+
+def _record_offsets(view: memoryview, samples: int) -> list[int]:
+    """Where each record's sample starts, and past the last one's end (+ 8)."""
+    offsets, pos = [], 8
+    for _ in range(samples):
+        offsets.append(pos)
+        (length,) = RECORD_LENGTH.unpack_from(view, pos - 8)
         pos += 8 + length
-    return samples
+    if pos - 8 != len(view):
+        raise OSError(f"record shard of {len(view)} bytes ends at {pos - 8}")
+    offsets.append(pos)
+    return offsets

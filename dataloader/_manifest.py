@@ -1,8 +1,9 @@
 """A dataset's manifest: the one object a reader fetches to know every shard.
 
 ``manifest.json`` at the dataset's root lists each shard's file name, sample
-count, size and crc32c (and, for Parquet, the rows of each row group, the
-unit of reading), so that start-up is one small read: no listing of the
+count, size and crc32c, and the samples in each of its groups (Parquet row
+groups, runs of records: the unit a reader decodes and shuffles within), so
+that start-up is one small read: no listing of the
 bucket, no per-shard request. It is written last, so a dataset is visible
 only once all of its shards are.
 """
@@ -17,8 +18,9 @@ MANIFEST = "manifest.json"
 """The manifest's name under the dataset's root."""
 VERSION = 1
 
-Kind = Literal["parquet", "records"]
-"""``parquet``: rows, in row groups; ``records``: bytes samples, each after its length."""
+Kind = Literal["parquet", "records", "files"]
+"""``parquet``: rows, in row groups; ``records``: bytes samples, each after its
+length; ``files``: one bytes sample a file, the files as they were."""
 
 
 class Shard(msgspec.Struct, frozen=True):
@@ -33,7 +35,11 @@ class Shard(msgspec.Struct, frozen=True):
     crc32c: int
     """crc32c of the whole file, checked when a copy lands in a cache."""
     groups: tuple[int, ...] = ()
-    """Rows in each Parquet row group, in order (empty for records)."""
+    """Samples in each group, in order (empty: the whole shard is one group)."""
+
+    def group_sizes(self) -> tuple[int, ...]:
+        """Samples in each group, in order."""
+        return self.groups or (self.samples,)
 
 
 class Manifest(msgspec.Struct, frozen=True):

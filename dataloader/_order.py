@@ -1,13 +1,15 @@
 """Which sample each rank and worker reads, and in what order: a pure core.
 
 One epoch's global order depends only on ``(seed, epoch)`` and the manifest:
-the shards are shuffled, then the samples within each shard. Position ``p``
-of the epoch goes to rank ``p % world_size``, so after every rank has read
-``k`` samples the first ``k * world_size`` positions are done, whatever the
-world size; a job resumed on another world size carries on from there with
-nothing read twice and nothing skipped. Every rank reads the same number of
-samples: the order is padded by wrapping round to its start, or cut (the
-user's choice), so no rank waits for a batch that never comes. Within a rank,
+the shards are shuffled, then the groups within each shard (Parquet row
+groups, runs of records: the unit a reader decodes), then the samples within
+each group, so a reader holds one group at a time. Position ``p`` of the
+epoch goes to rank ``p % world_size``, so after every rank has read ``k``
+samples the first ``k * world_size`` positions are done, whatever the world
+size; a job resumed on another world size carries on from there with nothing
+read twice and nothing skipped. Every rank reads the same number of samples:
+the order is padded by wrapping round to its start, or cut (the user's
+choice), so no rank waits for a batch that never comes. Within a rank,
 DataLoader workers take turns by ``worker_batch`` samples, the way the
 DataLoader collects their batches, so the rank still sees its order.
 """
@@ -24,31 +26,37 @@ import numpy as np
 class Plan:
     """One epoch's order for a whole job."""
 
-    counts: Sequence[int]
-    """Samples in each shard, in manifest order."""
+    groups: Sequence[Sequence[int]]
+    """Samples in each group of each shard, in manifest order."""
     seed: int
     epoch: int
     shuffle: bool = True
 
+    @property
+    def total(self) -> int:
+        """Samples in the dataset."""
+        return sum(sum(g) for g in self.groups)
+
     def global_order(self) -> np.ndarray:
-        """Every sample of the epoch once, as ``(shard, row)`` pairs in reading order."""
+        """Every sample of the epoch once, as ``(shard, row, group)`` triples in reading order.
+
+        ``row`` counts from the shard's start, ``group`` is the row's group in its shard.
+        """
         rng = np.random.default_rng([self.seed, self.epoch])
-        shards = np.arange(len(self.counts))
-        if self.shuffle:
-            rng.shuffle(shards)
         pieces = []
-        for shard in shards.tolist():
-            rows = np.arange(self.counts[shard])
-            if self.shuffle:
-                rng.shuffle(rows)
-            pieces.append(np.stack([np.full_like(rows, shard), rows], axis=1))
+        for shard in self._shuffled(rng, len(self.groups)):
+            sizes = self.groups[shard]
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            for group in self._shuffled(rng, len(sizes)):
+                rows = starts[group] + self._shuffled(rng, sizes[group])
+                pieces.append(_triples(shard, rows, group))
         if not pieces:
-            return np.zeros((0, 2), dtype=np.int64)
-        return np.concatenate(pieces).astype(np.int64)
+            return np.zeros((0, 3), dtype=np.int64)
+        return np.concatenate(pieces)
 
     def per_rank(self, world_size: int, *, start: int = 0, drop_last: bool = False) -> int:
         """Samples each rank reads this epoch from position ``start`` (the same for every rank)."""
-        left = max(0, sum(self.counts) - start)
+        left = max(0, self.total - start)
         return left // world_size if drop_last else -(-left // world_size)
 
     def positions(
@@ -73,8 +81,17 @@ class Plan:
         count = self.per_rank(world_size, start=start, drop_last=drop_last)
         mine = start + rank + world_size * np.arange(count, dtype=np.int64)
         turns = (np.arange(count) // worker_batch) % workers
-        picked: np.ndarray = mine[turns == worker] % max(1, sum(self.counts))
+        picked: np.ndarray = mine[turns == worker] % max(1, self.total)
         return picked
+
+    def _shuffled(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.permutation(n) if self.shuffle else np.arange(n)
+
+
+def _triples(shard: int, rows: np.ndarray, group: int) -> np.ndarray:
+    out = np.empty((len(rows), 3), dtype=np.int64)
+    out[:, 0], out[:, 1], out[:, 2] = shard, rows, group
+    return out
 
 
 def consumed(start: int, per_rank_read: int, world_size: int) -> int:

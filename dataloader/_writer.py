@@ -3,8 +3,9 @@
 Rows (a pyarrow ``Table``, or dicts) become Parquet shards of
 ``rows_per_shard`` rows in row groups of ``rows_per_group``; bytes samples
 become record shards, each sample after its length (8 bytes, little
-endian). Every shard is built in memory, checksummed and written with one
-call; the manifest goes last.
+endian), in groups of ``rows_per_group`` records. Every shard is built in
+memory, checksummed and written with one call; the manifest goes last.
+``index_files`` makes files already in place a dataset, one sample a file.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def write_dataset(
             groups = _groups(payload)
             name, samples = f"shard-{index:05d}.parquet", batch.num_rows
         else:
-            payload, groups = _records(batch), ()
+            payload, groups = _records(batch), _runs(len(batch), group)
             name, samples = f"shard-{index:05d}.records", len(batch)
         fs.pipe_file(f"{root}/{name}", payload)
         shards.append(Shard(name, samples, len(payload), crc32c.crc32c(payload), groups))
@@ -99,6 +100,11 @@ def _groups(payload: bytes) -> tuple[int, ...]:
     return tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
 
 
+def _runs(samples: int, group: int) -> tuple[int, ...]:
+    """Samples in each group of ``group`` consecutive records."""
+    return tuple(min(group, samples - i) for i in range(0, samples, group))
+
+
 def _records(samples: list[Sample]) -> bytes:
     out = io.BytesIO()
     for sample in samples:
@@ -113,3 +119,25 @@ def read_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Ma
     fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
     where = f"{root}/{MANIFEST}"
     return decode(fs.cat_file(where), where)
+
+
+def index_files(url: str, *, storage_options: dict[str, Any] | None = None) -> Manifest:
+    """Make every file under ``url`` a sample of a dataset there, in place: writes the manifest.
+
+    Each file is read once, for its crc32c; nothing is copied. Names starting
+    with ``.`` and an earlier manifest are left out. Returns the manifest.
+    """
+    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    root = root.rstrip("/")
+    shards = []
+    for path in sorted(fs.find(root)):
+        name = path[len(root) + 1 :]
+        if name == MANIFEST or any(part.startswith(".") for part in name.split("/")):
+            continue
+        data = fs.cat_file(path)
+        shards.append(Shard(name, 1, len(data), crc32c.crc32c(data)))
+    if not shards:
+        raise ValueError(f"index_files: no files under {url}")
+    manifest = Manifest("files", tuple(shards))
+    fs.pipe_file(f"{root}/{MANIFEST}", encode(manifest))
+    return manifest

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from graben.dataloader._order import Plan, consumed
 
-COUNTS = st.lists(st.integers(0, 40), min_size=1, max_size=8)
+GROUPS = st.lists(st.lists(st.integers(0, 15), min_size=1, max_size=4), min_size=1, max_size=8)
+"""Samples in each group of each shard."""
 
 
 def _read(plan: Plan, world: int, workers: int, batch: int, start: int = 0) -> list[list[int]]:
@@ -37,13 +38,13 @@ def _stream(
     return [int(p) for p in split]
 
 
-@given(COUNTS, st.integers(0, 99), WORLDS, WORKERS, st.integers(1, 5))
+@given(GROUPS, st.integers(0, 99), WORLDS, WORKERS, st.integers(1, 5))
 @settings(max_examples=200, deadline=None)
 def test_every_sample_once_in_one_global_order(
-    counts: list[int], seed: int, world: int, workers: int, batch: int
+    groups: list[list[int]], seed: int, world: int, workers: int, batch: int
 ) -> None:
-    plan = Plan(counts, seed=seed, epoch=3)
-    total = sum(counts)
+    plan = Plan(groups, seed=seed, epoch=3)
+    total = plan.total
     ranks = _read(plan, world, workers, batch)
     assert len({len(r) for r in ranks}) == 1  # every rank reads as many
     interleaved = [ranks[j % world][j // world] for j in range(len(ranks[0]) * world)]
@@ -53,21 +54,35 @@ def test_every_sample_once_in_one_global_order(
 
 
 def test_the_order_depends_on_seed_and_epoch_only() -> None:
-    a = Plan([5, 7, 3], seed=1, epoch=0).global_order()
-    assert np.array_equal(a, Plan([5, 7, 3], seed=1, epoch=0).global_order())
-    assert not np.array_equal(a, Plan([5, 7, 3], seed=1, epoch=1).global_order())
-    assert sorted(map(tuple, a)) == [(s, r) for s, n in enumerate([5, 7, 3]) for r in range(n)]
-    plain = Plan([2, 2], seed=1, epoch=0, shuffle=False).global_order()
-    assert plain.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    groups = [[2, 3], [7], [1, 1, 1]]
+    a = Plan(groups, seed=1, epoch=0).global_order()
+    assert np.array_equal(a, Plan(groups, seed=1, epoch=0).global_order())
+    assert not np.array_equal(a, Plan(groups, seed=1, epoch=1).global_order())
+    everything = [(0, 0, 0), (0, 1, 0), (0, 2, 1), (0, 3, 1), (0, 4, 1)]
+    everything += [(1, r, 0) for r in range(7)] + [(2, r, r) for r in range(3)]
+    assert sorted(map(tuple, a.tolist())) == everything
+    plain = Plan([[1, 1], [2]], seed=1, epoch=0, shuffle=False).global_order()
+    assert plain.tolist() == [[0, 0, 0], [0, 1, 1], [1, 0, 0], [1, 1, 0]]
 
 
-@given(COUNTS, st.sampled_from([1, 2, 3, 4]), st.sampled_from([1, 2, 3, 4]), st.data())
+@given(GROUPS, st.integers(0, 99))
+@settings(max_examples=100, deadline=None)
+def test_a_group_is_read_whole_before_the_next(groups: list[list[int]], seed: int) -> None:
+    order = Plan(groups, seed=seed, epoch=0).global_order()
+    units = [(s, g) for s, _, g in order.tolist()]
+    runs = [u for i, u in enumerate(units) if i == 0 or units[i - 1] != u]
+    assert len(runs) == len(set(runs))  # each group in one stretch: one decode per reader
+    shards = [s for i, (s, _) in enumerate(runs) if i == 0 or runs[i - 1][0] != s]
+    assert len(shards) == len(set(shards))  # each shard in one stretch: one fetch
+
+
+@given(GROUPS, st.sampled_from([1, 2, 3, 4]), st.sampled_from([1, 2, 3, 4]), st.data())
 @settings(max_examples=200, deadline=None)
 def test_resuming_on_another_world_size_neither_repeats_nor_skips(
-    counts: list[int], before: int, after: int, data: st.DataObject
+    groups: list[list[int]], before: int, after: int, data: st.DataObject
 ) -> None:
-    plan = Plan(counts, seed=7, epoch=0)
-    total = sum(counts)
+    plan = Plan(groups, seed=7, epoch=0)
+    total = plan.total
     first = _read(plan, before, 1, 1)
     k = data.draw(st.integers(0, len(first[0])))
     seen = [p for j in range(k * before) for p in [first[j % before][j // before]]]

@@ -12,9 +12,16 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import torch
-from torch.utils.data import DataLoader
 
-from graben.dataloader import CachedDataset, NodeCache, read_manifest, write_dataset
+from graben.dataloader import (
+    CachedDataset,
+    CachedLoader,
+    NodeCache,
+    index_files,
+    read_manifest,
+    write_dataset,
+)
+from graben.dataloader._cache import PIECE
 
 N = 203  # not a multiple of any world size: padding is exercised
 
@@ -30,13 +37,20 @@ def _ids(samples: list[Any]) -> list[int]:
     return [int(s["id"]) for s in samples]
 
 
+def _blobs(ds: CachedDataset) -> list[bytes]:
+    return [s for s in ds if isinstance(s, bytes)]
+
+
+def _listed(batch: list[Any]) -> list[Any]:
+    return batch
+
+
 def _epoch(url: str, cache: Path, world: int, workers: int, **kw: Any) -> list[list[int]]:
     """Each simulated rank's samples, in the order its DataLoader yields them."""
     out = []
     for rank in range(world):
         ds = CachedDataset(url, cache_dir=cache, rank=rank, world_size=world, seed=5, **kw)
-        ds.worker_batch = 4
-        loader = DataLoader(ds, batch_size=4, num_workers=workers, collate_fn=lambda b: b)
+        loader = CachedLoader(ds, batch_size=4, num_workers=workers, collate_fn=_listed)
         out.append([i for batch in loader for i in _ids(batch)])
     return out
 
@@ -93,11 +107,93 @@ def test_resume_mid_epoch_on_any_world_size(
     assert done + rest[: N - len(done)] == full  # nothing repeated, nothing skipped
 
 
-def test_bytes_samples(tmp_path: Path) -> None:
+def test_a_loader_with_workers_resumes_where_the_loop_was(dataset: str, tmp_path: Path) -> None:
+    full = _ids(list(CachedDataset(dataset, cache_dir=tmp_path, seed=4)))
+    taken, states = [], []
+    for rank in range(2):  # 2 ranks x 2 workers take 3 batches of 4, then the job stops
+        ds = CachedDataset(dataset, cache_dir=tmp_path, seed=4, rank=rank, world_size=2)
+        loader = CachedLoader(ds, batch_size=4, num_workers=2, collate_fn=_listed)
+        batches = iter(loader)
+        taken.append([i for _ in range(3) for i in _ids(next(batches))])
+        states.append(loader.state_dict())  # the workers have read further than the loop
+        del batches
+    assert states[0] == states[1] == {"epoch": 0, "position": 24, "seed": 4}
+    done = [taken[j % 2][j // 2] for j in range(24)]
+    rest_by_rank = []
+    for rank in range(3):  # resumed on 3 ranks, 1 worker each
+        ds = CachedDataset(dataset, cache_dir=tmp_path, seed=4, rank=rank, world_size=3)
+        loader = CachedLoader(ds, batch_size=5, num_workers=1, collate_fn=_listed)
+        loader.load_state_dict(states[0])
+        rest_by_rank.append([i for batch in loader for i in _ids(batch)])
+        assert loader.state_dict()["position"] >= N
+    rest = [rest_by_rank[j % 3][j // 3] for j in range(len(rest_by_rank[0]) * 3)]
+    assert done + rest[: N - 24] == full
+
+
+def test_a_loader_refuses_what_would_break_resume(dataset: str, tmp_path: Path) -> None:
+    ds = CachedDataset(dataset, cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="persistent"):
+        CachedLoader(ds, batch_size=2, num_workers=1, persistent_workers=True)
+    with pytest.raises(ValueError, match="in order"):
+        CachedLoader(ds, batch_size=2, num_workers=1, in_order=False)
+
+
+def _peak_memory(url: str, cache: str) -> tuple[int, int, int]:
+    """Read an epoch; the peak of Python's and of pyarrow's allocations, and the samples."""
+    import tracemalloc
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = pa.BufferOutputStream()  # pyarrow's lazy imports (pandas...) before the count starts
+    pq.write_table(pa.table({"x": [b"x"]}), out)
+    group = pq.ParquetFile(pa.BufferReader(out.getvalue())).read_row_group(0)
+    group.take(np.zeros(1, np.int64)).to_pylist()
+    tracemalloc.start()
+    count = sum(1 for _ in CachedDataset(url, cache_dir=cache, prefetch=2))
+    return tracemalloc.get_traced_memory()[1], pa.default_memory_pool().max_memory(), count
+
+
+def test_a_reader_holds_one_group_not_its_shards(tmp_path: Path) -> None:
+    rows = 2048  # 2 shards of 16 MiB, in row groups of 512 KiB
+    table = pa.table({"id": list(range(rows)), "data": [os.urandom(16384) for _ in range(rows)]})
+    url = str(tmp_path / "big")
+    manifest = write_dataset(url, table, rows_per_shard=1024, rows_per_group=32, compression=None)
+    assert min(s.size for s in manifest.shards) > 16 << 20
+    with multiprocessing.get_context("spawn").Pool(1) as pool:  # a fresh arrow memory pool
+        python_peak, arrow_peak, count = pool.apply(_peak_memory, (url, str(tmp_path / "c")))
+    assert count == rows
+    assert arrow_peak < 4 << 20  # a decoded row group or two, not a 16 MiB shard
+    assert python_peak < 2 * PIECE + (4 << 20)  # 2 fills' pieces (prefetch=2) and a group's rows
+
+
+def test_bytes_samples_are_read_by_groups_of_records(tmp_path: Path) -> None:
     samples = [os.urandom(i) for i in range(50)]
-    write_dataset(str(tmp_path / "blobs"), samples, rows_per_shard=16)
+    manifest = write_dataset(str(tmp_path / "blobs"), samples, rows_per_shard=16, rows_per_group=5)
+    assert manifest.shards[0].groups == (5, 5, 5, 1)
     ds = CachedDataset(str(tmp_path / "blobs"), cache_dir=tmp_path / "c", shuffle=False)
     assert list(ds) == samples
+    shuffled = _blobs(CachedDataset(str(tmp_path / "blobs"), cache_dir=tmp_path / "c", seed=2))
+    assert sorted(shuffled) == sorted(samples) and shuffled != samples
+
+
+def test_files_in_place_one_sample_a_file(where: tuple[str, Any], tmp_path: Path) -> None:
+    import fsspec
+
+    url, options = where
+    fs, root = fsspec.core.url_to_fs(url, **(options or {}))
+    fs.makedirs(f"{root}/img", exist_ok=True)
+    files = {f"img/{i:03d}.jpg": os.urandom(100 + i) for i in range(12)}
+    files["img/empty.jpg"] = b""
+    for name, data in files.items():
+        fs.pipe_file(f"{root}/{name}", data)
+    manifest = index_files(url, storage_options=options)
+    assert (manifest.kind, manifest.samples) == ("files", 13)
+    assert read_manifest(url, options) == manifest
+    ds = CachedDataset(url, cache_dir=tmp_path / "c", storage_options=options, seed=1)
+    assert sorted(_blobs(ds)) == sorted(files.values())
+    assert ds.stats["bytes_fetched"] == sum(map(len, files.values()))
 
 
 def test_the_cache_fetches_once_and_refetches_a_damaged_shard(dataset: str, tmp_path: Path) -> None:
@@ -142,13 +238,10 @@ def test_four_processes_share_a_cache_within_its_limit(dataset: str, tmp_path: P
 def _fill_forever(url: str, cache: str) -> None:
     import graben.dataloader._cache as c
 
-    original = c.NodeCache._store
-
-    def slow(self: Any, key: str, data: bytes) -> None:
+    def die(*args: Any) -> None:
         os.kill(os.getpid(), signal.SIGKILL)  # die holding the shard's lock, mid-fill
 
-    c.NodeCache._store = slow  # type: ignore[method-assign]
-    _ = original
+    c._copy = die  # type: ignore[assignment]
     list(CachedDataset(url, cache_dir=cache, shuffle=False))
 
 
@@ -191,5 +284,9 @@ def test_the_dataset_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert list(ds) == [b"%d" % i * (i + 1) for i in range(5)]
     assert ds.stats["cache_fills"] == 0  # warm filled it
     assert main(["dataset", "cache", "--cache-dir", cache, "--clear"]) == 0
+    assert main(["dataset", "index", str(tmp_path / "files")]) == 0
+    assert "5 files (15 bytes) indexed" in capsys.readouterr().out
+    plain = CachedDataset(str(tmp_path / "files"), cache_dir=cache, shuffle=False)
+    assert list(plain) == [b"%d" % i * (i + 1) for i in range(5)]
     assert main(["dataset", "inspect", str(tmp_path / "missing")]) == 1
     assert "No such file" in capsys.readouterr().err

@@ -1,0 +1,55 @@
+"""``CachedLoader``: a DataLoader over a ``CachedDataset`` that knows where the loop is.
+
+With DataLoader workers, each worker reads its copy of the dataset ahead of
+the training loop (``prefetch_factor`` batches each), so no copy knows what
+the loop has taken. The loader counts the batches it hands to the loop and
+tells the dataset in the loop's process, whose ``state_dict`` then says how
+far the job got, whatever the number of workers. It also makes the workers
+take turns by ``batch_size`` samples, the way the DataLoader collects their
+batches, so the rank reads its part of the global order in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from ._dataset import CachedDataset
+
+
+class CachedLoader(DataLoader[Any]):
+    """``DataLoader(dataset, batch_size, **kwargs)`` with ``state_dict``/``load_state_dict``.
+
+    Refuses what would break resume: ``persistent_workers`` (the workers
+    would keep an old epoch and position) and ``in_order=False`` (batches
+    would reach the loop out of the order counted).
+    """
+
+    def __init__(self, dataset: CachedDataset, batch_size: int = 1, **kwargs: Any) -> None:
+        if kwargs.get("persistent_workers"):
+            raise ValueError("CachedLoader: persistent workers would keep an old epoch or position")
+        if kwargs.get("in_order") is False:
+            raise ValueError("CachedLoader: batches must reach the loop in order (in_order=True)")
+        if not isinstance(dataset, CachedDataset):
+            raise TypeError(f"CachedLoader reads a CachedDataset, not {type(dataset).__name__}")
+        dataset.worker_batch = batch_size
+        super().__init__(dataset, batch_size=batch_size, **kwargs)
+        self.cached = dataset
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        dataset, size = self.cached, self.batch_size or 1
+        total = len(dataset)
+        dataset.yielded = 0
+        for taken, batch in enumerate(super().__iter__(), start=1):
+            dataset.yielded = min(taken * size, total)  # what the loop has, not the workers
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the job is: the epoch and how far through it every rank's loop has got."""
+        return self.cached.state_dict(samples_seen=self.cached.yielded)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Carry on from ``state`` (saved with any world size and number of workers)."""
+        self.cached.load_state_dict(state)
