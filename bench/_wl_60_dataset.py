@@ -3,7 +3,7 @@
 The dataset: rows of an id and a 4 KiB binary column, ``ctx.size / 4``
 bytes of them (a quarter of the sequential size: every row becomes a Python
 dict), in shards of 2,000 rows, uncompressed. ``dataset-epoch`` counts samples
-per second (x 4 KiB for bytes per second), for:
+per second, and again in GB/s of the shards' bytes, for:
 
 - pyarrow reading the same shards from local disk (``pq.read_table`` +
   ``to_pylist`` per shard, each sample taken in a Python loop: the same
@@ -39,6 +39,8 @@ ROW = 4096
 SHARD = 2000
 PYARROW = "pyarrow, local Parquet"
 MOSAIC = "Mosaic Streaming, local MDS"
+GBS = ", in bytes"
+"""The same figures again in GB/s of the dataset's shards (their bytes over the epoch's time)."""
 MOSAIC_PYTHON = Path(".venv-peers/bin/python")
 """The peer environment ``make peers`` creates (``$GRABEN_MOSAIC_PYTHON`` overrides)."""
 
@@ -134,12 +136,14 @@ def dataset_epoch(ctx: Context) -> list[Result]:
     mosaic = _mosaic_epoch(ctx, ds)
     if mosaic is not None:
         timings[MOSAIC] = mosaic
-    results = []
+    results, in_bytes = [], []
     for system, (count, seconds) in timings.items():
         if count != ds.rows:
             raise RuntimeError(f"{system} read {count} samples, not {ds.rows}")
         results.append(Result("dataset-epoch", system, count / seconds, "samples/s", PYARROW))
-    return results
+        gbs = ds.size / seconds / 1e9
+        in_bytes.append(Result("dataset-epoch", f"{system}{GBS}", gbs, "GB/s", f"{PYARROW}{GBS}"))
+    return results + in_bytes
 
 
 def _mosaic_epoch(ctx: Context, ds: Datasets) -> tuple[int, float] | None:
