@@ -34,7 +34,7 @@ class CachedLoader(DataLoader[Any]):
             raise ValueError("CachedLoader: batches must reach the loop in order (in_order=True)")
         if not isinstance(dataset, CachedDataset):
             raise TypeError(f"CachedLoader reads a CachedDataset, not {type(dataset).__name__}")
-        dataset.worker_batch = batch_size
+        dataset.worker_batch = batch_size or 1  # None: no batching, a sample at a time
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         self.cached = dataset
 
