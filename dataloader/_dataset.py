@@ -15,6 +15,8 @@ got; ``load_state_dict`` carries on from there, on any world size.
 from __future__ import annotations
 
 import itertools
+import multiprocessing
+import multiprocessing.context
 import os
 import tempfile
 import time
@@ -36,6 +38,8 @@ from ._order import Plan
 from ._writer import RECORD_LENGTH, read_manifest
 
 Sample = dict[str, Any] | bytes
+STATS = ("cache_hits", "cache_fills", "bytes_fetched", "refetched", "seconds_waited")
+"""What ``CachedDataset.stats`` counts."""
 
 
 class CachedDataset(IterableDataset[Sample]):
@@ -79,6 +83,9 @@ class CachedDataset(IterableDataset[Sample]):
         """Samples this process yielded since ``start`` (with no workers: the rank's)."""
         self.waited = 0.0
         """Seconds spent waiting for shards."""
+        self.tally: Any = None
+        """Where DataLoader workers add their stats: a shared array a ``CachedLoader`` sets."""
+        self._published = [0.0] * len(STATS)
         self._cache: NodeCache | None = None
         self._source: tuple[Any, str] | None = None
 
@@ -102,6 +109,7 @@ class CachedDataset(IterableDataset[Sample]):
             yield from self._samples(picked, prefetch)
         finally:
             prefetch.close()
+            self._publish()
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning (its order differs from every other's)."""
@@ -131,15 +139,14 @@ class CachedDataset(IterableDataset[Sample]):
 
     @property
     def stats(self) -> dict[str, float]:
-        """Cache hits and fills, bytes fetched, seconds waited (this process)."""
-        cache = self._node_cache().stats
-        return {
-            "cache_hits": cache.hits,
-            "cache_fills": cache.fills,
-            "bytes_fetched": cache.bytes_fetched,
-            "refetched": cache.refetched,
-            "seconds_waited": self.waited,
-        }
+        """Cache hits and fills, bytes fetched, shards refetched, seconds waited for shards.
+
+        This process's, and with a ``CachedLoader`` its workers' as well.
+        """
+        counts = self._counts()
+        if self.tally is not None and get_worker_info() is None:
+            counts = [mine + theirs for mine, theirs in zip(counts, self.tally[:], strict=True)]
+        return dict(zip(STATS, counts, strict=True))
 
     # -- reading --------------------------------------------------------------------
 
@@ -169,10 +176,25 @@ class CachedDataset(IterableDataset[Sample]):
                 reader = self._reader(shard)
                 self.waited += time.perf_counter() - started
                 shard_of = shard
+                self._publish()
             assert reader is not None
             for sample in reader.samples(group, picked[lo:hi, 1]):
                 self.yielded += 1
                 yield sample
+
+    def _counts(self) -> list[float]:
+        cache = self._node_cache().stats
+        return [cache.hits, cache.fills, cache.bytes_fetched, cache.refetched, self.waited]
+
+    def _publish(self) -> None:
+        """Add what this worker did since it last said to the loader's tally."""
+        if self.tally is None or get_worker_info() is None:
+            return
+        now = self._counts()
+        with self.tally.get_lock():
+            for i, (value, said) in enumerate(zip(now, self._published, strict=True)):
+                self.tally[i] += value - said
+        self._published = now
 
     def _node_cache(self) -> NodeCache:
         if self._cache is None:
@@ -208,6 +230,8 @@ class CachedDataset(IterableDataset[Sample]):
         state = self.__dict__.copy()
         state["_cache"] = None  # each worker opens its own (the directory is shared)
         state["_source"] = None
+        if multiprocessing.context.get_spawning_popen() is None:
+            state["tally"] = None  # shared memory goes only to processes being started
         return state
 
 

@@ -6,17 +6,19 @@ the loop has taken. The loader counts the batches it hands to the loop and
 tells the dataset in the loop's process, whose ``state_dict`` then says how
 far the job got, whatever the number of workers. It also makes the workers
 take turns by ``batch_size`` samples, the way the DataLoader collects their
-batches, so the rank reads its part of the global order in order.
+batches, so the rank reads its part of the global order in order, and
+gives the workers a shared array to add their cache statistics to.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader
 
-from ._dataset import CachedDataset
+from ._dataset import STATS, CachedDataset
 
 
 class CachedLoader(DataLoader[Any]):
@@ -37,6 +39,9 @@ class CachedLoader(DataLoader[Any]):
         dataset.worker_batch = batch_size or 1  # None: no batching, a sample at a time
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         self.cached = dataset
+        if self.num_workers and dataset.tally is None:  # workers add their stats here
+            context = self.multiprocessing_context or multiprocessing.get_context()
+            dataset.tally = context.Array("d", len(STATS))
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         dataset, size = self.cached, self.batch_size or 1

@@ -130,6 +130,17 @@ def test_a_loader_with_workers_resumes_where_the_loop_was(dataset: str, tmp_path
     assert done + rest[: N - 24] == full
 
 
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_loader_sums_its_workers_stats(dataset: str, tmp_path: Path, start: str) -> None:
+    ds = CachedDataset(dataset, cache_dir=tmp_path, seed=2)
+    loader = CachedLoader(ds, batch_size=8, num_workers=2, multiprocessing_context=start)
+    assert sum(len(batch["id"]) for batch in loader) == N
+    manifest = read_manifest(dataset)
+    stats = ds.stats  # the workers' fills and waits, seen from the loop's process
+    assert stats["cache_fills"] == len(manifest.shards)
+    assert stats["bytes_fetched"] == manifest.size and stats["seconds_waited"] > 0
+
+
 def test_a_loader_refuses_what_would_break_resume(dataset: str, tmp_path: Path) -> None:
     ds = CachedDataset(dataset, cache_dir=tmp_path)
     with pytest.raises(ValueError, match="persistent"):
