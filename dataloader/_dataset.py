@@ -83,8 +83,7 @@ class CachedDataset(IterableDataset[Sample]):
         """Samples this process yielded since ``start`` (with no workers: the rank's)."""
         self.waited = 0.0
         """Seconds spent waiting for shards."""
-        self.tally: Any = None
-        """Where DataLoader workers add their stats: a shared array a ``CachedLoader`` sets."""
+        self._tally: Any = None  # a CachedLoader's shared array: its workers add their stats
         self._published = [0.0] * len(STATS)
         self._cache: NodeCache | None = None
         self._source: tuple[Any, str] | None = None
@@ -144,8 +143,8 @@ class CachedDataset(IterableDataset[Sample]):
         This process's, and with a ``CachedLoader`` its workers' as well.
         """
         counts = self._counts()
-        if self.tally is not None and get_worker_info() is None:
-            counts = [mine + theirs for mine, theirs in zip(counts, self.tally[:], strict=True)]
+        if self._tally is not None and get_worker_info() is None:
+            counts = [mine + theirs for mine, theirs in zip(counts, self._tally[:], strict=True)]
         return dict(zip(STATS, counts, strict=True))
 
     # -- reading --------------------------------------------------------------------
@@ -188,12 +187,12 @@ class CachedDataset(IterableDataset[Sample]):
 
     def _publish(self) -> None:
         """Add what this worker did since it last said to the loader's tally."""
-        if self.tally is None or get_worker_info() is None:
+        if self._tally is None or get_worker_info() is None:
             return
         now = self._counts()
-        with self.tally.get_lock():
+        with self._tally.get_lock():
             for i, (value, said) in enumerate(zip(now, self._published, strict=True)):
-                self.tally[i] += value - said
+                self._tally[i] += value - said
         self._published = now
 
     def _node_cache(self) -> NodeCache:
@@ -210,9 +209,8 @@ class CachedDataset(IterableDataset[Sample]):
         fs, root = self._fetch_source()
 
         def fetch(start: int, end: int) -> bytes:
-            data: bytes = fs.cat_file(
-                f"{root}/{shard.name}", start=start, end=end
-            )  # s3fs: keywords
+            # by keyword: s3fs's third positional parameter is a version id
+            data: bytes = fs.cat_file(f"{root}/{shard.name}", start=start, end=end)
             return data
 
         return fetch
@@ -231,7 +229,7 @@ class CachedDataset(IterableDataset[Sample]):
         state["_cache"] = None  # each worker opens its own (the directory is shared)
         state["_source"] = None
         if multiprocessing.context.get_spawning_popen() is None:
-            state["tally"] = None  # shared memory goes only to processes being started
+            state["_tally"] = None  # shared memory goes only to processes being started
         return state
 
 
@@ -317,13 +315,14 @@ class _ParquetReader(_ShardReader):
 class _RecordReader(_ShardReader):
     def __init__(self, shard: Shard, view: memoryview) -> None:
         super().__init__(shard, view)
-        self.offsets = _record_offsets(view, shard.samples)
+        self.spans = _record_spans(view, shard.samples)
 
     def samples(self, group: int, rows: np.ndarray) -> Iterator[Sample]:
         # docstring inherited
-        view, offsets = self.view, self.offsets
+        view, spans = self.view, self.spans
         for row in rows.tolist():
-            yield bytes(view[offsets[row] : offsets[row + 1] - 8])
+            start, end = spans[row]
+            yield bytes(view[start:end])
 
 
 class _FileReader(_ShardReader):
@@ -340,14 +339,13 @@ _READERS: dict[str, type[_ShardReader]] = {
 }
 
 
-def _record_offsets(view: memoryview, samples: int) -> list[int]:
-    """Where each record's sample starts, and past the last one's end (+ 8)."""
-    offsets, pos = [], 8
+def _record_spans(view: memoryview, samples: int) -> list[tuple[int, int]]:
+    """Where each record's sample starts and ends."""
+    spans, pos = [], 0
     for _ in range(samples):
-        offsets.append(pos)
-        (length,) = RECORD_LENGTH.unpack_from(view, pos - 8)
+        (length,) = RECORD_LENGTH.unpack_from(view, pos)
+        spans.append((pos + 8, pos + 8 + length))
         pos += 8 + length
-    if pos - 8 != len(view):
-        raise OSError(f"record shard of {len(view)} bytes ends at {pos - 8}")
-    offsets.append(pos)
-    return offsets
+    if pos != len(view):
+        raise OSError(f"a record shard of {len(view)} bytes ends its records at {pos}")
+    return spans

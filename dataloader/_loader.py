@@ -39,9 +39,9 @@ class CachedLoader(DataLoader[Any]):
         dataset.worker_batch = batch_size or 1  # None: no batching, a sample at a time
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         self.cached = dataset
-        if self.num_workers and dataset.tally is None:  # workers add their stats here
+        if self.num_workers and dataset._tally is None:  # workers add their stats here
             context = self.multiprocessing_context or multiprocessing.get_context()
-            dataset.tally = context.Array("d", len(STATS))
+            dataset._tally = context.Array("d", len(STATS))
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         dataset, size = self.cached, self.batch_size or 1
