@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import mmap
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ import crc32c
 
 from ._manifest import Shard
 
+DEFAULT_DIR = Path(tempfile.gettempdir()) / "graben-dataset-cache"
+"""Where the node cache is when no ``cache_dir`` is given."""
 LOCKS = ".locks"
 TEMP = ".fill-"
 PIECE = 8 << 20
@@ -107,12 +110,12 @@ class NodeCache:
         Counted under the directory's lock, which fills also take to rename
         into place: a scan racing a rename would see one file twice.
         """
-        with self._locked(self.root / LOCKS / ".dir"):
+        with self._directory_locked():
             return sum(size for _, size, _ in self._files())
 
     def clear(self) -> int:
         """Remove every cached shard not being filled; the bytes freed."""
-        with self._locked(self.root / LOCKS / ".dir"):
+        with self._directory_locked():
             freed = 0
             for path, size, _ in self._files():
                 if not path.name.startswith(TEMP):
@@ -142,23 +145,32 @@ class NodeCache:
 
     def _fill(self, key: str, shard: Shard, fetch: Fetch) -> memoryview:
         temp = self.root / f"{TEMP}{os.getpid()}-{key}"
-        with self._locked(self.root / LOCKS / ".dir"):
-            self._make_room(shard.size)
-            with open(temp, "wb") as f:  # the reservation: others count it from now on
-                f.truncate(shard.size)
+        fd = self._reserve(temp, shard.size)
         try:
-            fd = os.open(temp, os.O_RDWR | os.O_CLOEXEC)
             try:
                 _copy(fetch, fd, shard)
                 view = _mapped(fd, shard.size)  # survives the rename, and an eviction after it
             finally:
                 os.close(fd)
-            with self._locked(self.root / LOCKS / ".dir"):  # see ``used``
+            with self._directory_locked():  # see ``used``
                 os.replace(temp, self.root / key)
             return view
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
+
+    def _reserve(self, temp: Path, size: int) -> int:
+        """``temp``, ``size`` bytes long and open for writing: others count it from now on."""
+        with self._directory_locked():
+            self._make_room(size)
+            fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                os.ftruncate(fd, size)
+            except BaseException:
+                os.close(fd)
+                temp.unlink(missing_ok=True)
+                raise
+            return fd
 
     def _make_room(self, need: int) -> None:
         if self.limit is None:
@@ -188,6 +200,10 @@ class NodeCache:
             with contextlib.suppress(FileNotFoundError):
                 st = entry.stat()
                 yield Path(entry.path), st.st_size, st.st_mtime
+
+    def _directory_locked(self) -> contextlib.AbstractContextManager[None]:
+        """The lock that reservations, renames into place and scans of the directory take."""
+        return self._locked(self.root / LOCKS / ".dir")
 
     @staticmethod
     @contextlib.contextmanager

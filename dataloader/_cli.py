@@ -9,14 +9,14 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from graben.store import InvalidArgument
 
+from ._cache import DEFAULT_DIR
+
 _URL_HELP = "a dataset URL: graben://host:port/path, s3://bucket/path, file:// or a local path"
-_DEFAULT_CACHE = Path(tempfile.gettempdir()) / "graben-dataset-cache"
 
 
 def add_dataset(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,7 +56,7 @@ def add_dataset(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _cache_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cache-dir", type=Path, default=_DEFAULT_CACHE)
+    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_DIR)
     parser.add_argument("--cache-limit", type=int, default=None, metavar="BYTES")
 
 

@@ -18,7 +18,6 @@ import itertools
 import multiprocessing
 import multiprocessing.context
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,7 @@ import pyarrow.parquet as pq
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._cache import Fetch, NodeCache
+from ._cache import DEFAULT_DIR, Fetch, NodeCache
 from ._manifest import Manifest, Shard
 from ._order import Plan
 from ._writer import RECORD_LENGTH, read_manifest
@@ -71,7 +70,7 @@ class CachedDataset(IterableDataset[Sample]):
         super().__init__()
         self.url, self.storage_options = url.rstrip("/"), storage_options or {}
         self.manifest: Manifest = read_manifest(self.url, self.storage_options)
-        self.cache_dir = Path(cache_dir or Path(tempfile.gettempdir()) / "graben-dataset-cache")
+        self.cache_dir = Path(cache_dir or DEFAULT_DIR)
         self.cache_limit = cache_limit
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.rank, self.world_size = _rank_and_world(rank, world_size)

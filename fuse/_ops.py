@@ -382,11 +382,11 @@ class Operations(pyfuse3.Operations):
         try:
             if writing:
                 spool = await self._spooled(inode, file, keep=not flags & os.O_TRUNC)
-                if flags & os.O_TRUNC and spool.size:  # another handle had it spooled
-                    async with file.lock:
-                        await self._unstream(file)
-                        spool.truncate(0)
                 if flags & os.O_TRUNC:
+                    if spool.size:  # another handle had it spooled
+                        async with file.lock:
+                            await self._unstream(file)
+                            spool.truncate(0)
                     self._stream(inode, file)
             elif flags & os.O_TRUNC:
                 await self._truncate(inode, 0, commit=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import uuid
@@ -129,20 +128,14 @@ def here(mount_point: Path, direct: Client) -> Iterator[Path]:
 # -- datasets: a URL on each kind of storage ------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="session")
 def s3_options() -> Iterator[dict[str, Any]]:
     """moto's real S3 server on loopback, with a bucket; the fsspec options to reach it."""
     import fsspec
     from moto.server import ThreadedMotoServer
+    from ranks_kit import free_port
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)

@@ -241,15 +241,20 @@ def test_reads_write_their_own_file_when_write_did_not_run(tmp_path: Path) -> No
     }
 
 
+def _quiet_run(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+    """``graben bench *args`` in ``tmp_path / "scratch"``, its table swallowed; its JSON rows."""
+    out = tmp_path / "r.json"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.stdout", io.StringIO())
+        assert main(["bench", *args, "--dir", str(tmp_path / "scratch"), "--json", str(out)]) == 0
+    rows: list[dict[str, Any]] = json.loads(out.read_text())["results"]
+    return rows
+
+
 @pytest.mark.slow
 def test_fsspec_workloads_measure_the_client_and_s3fs_beside_graben(tmp_path: Path) -> None:
     """A tiny run of the fsspec workloads: real cluster, real moto server, every system reported."""
-    args = ["bench", "fsspec-*", "--size-mib", "3", "--dir", str(tmp_path / "scratch")]
-    args += ["--json", str(tmp_path / "r.json")]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("sys.stdout", io.StringIO())
-        assert main(args) == 0
-    rows = json.loads((tmp_path / "r.json").read_text())["results"]
+    rows = _quiet_run(tmp_path, "fsspec-*", "--size-mib", "3")
     systems = {(r["workload"], r["system"]) for r in rows}
     for name in ("fsspec-pipe", "fsspec-cat"):
         assert {(name, "graben fsspec"), (name, "graben client"), (name, "s3fs -> moto")} <= systems
@@ -260,13 +265,7 @@ def test_fsspec_workloads_measure_the_client_and_s3fs_beside_graben(tmp_path: Pa
 @pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
 def test_fuse_workloads_measure_the_mount_beside_the_client(tmp_path: Path) -> None:
     """A tiny run of the FUSE workloads: real mounts, every system reported, none left."""
-    scratch = tmp_path / "scratch"
-    args = ["bench", "fuse-*", "--size-mib", "8", "--quick", "--dir", str(scratch)]
-    args += ["--json", str(tmp_path / "r.json")]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("sys.stdout", io.StringIO())
-        assert main(args) == 0
-    rows = json.loads((tmp_path / "r.json").read_text())["results"]
+    rows = _quiet_run(tmp_path, "fuse-*", "--size-mib", "8", "--quick")
     systems = {(r["workload"], r["system"]) for r in rows}
     for name in ("fuse-write", "fuse-read", "fuse-read-warm"):
         for block in (1, 4):
