@@ -275,3 +275,20 @@ def test_fuse_workloads_measure_the_mount_beside_the_client(tmp_path: Path) -> N
     assert all(r["value"] > 0 for r in rows)
     with open("/proc/self/mountinfo") as table:
         assert str(tmp_path) not in table.read()
+
+
+@pytest.mark.slow
+def test_the_dataset_workload_measures_cold_and_warm_beside_pyarrow(tmp_path: Path) -> None:
+    """A tiny run of dataset-epoch: a real cluster and moto, both units, every system reported."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRABEN_MOSAIC_PYTHON", str(tmp_path / "no-peer"))  # its row is left out
+        rows = _quiet_run(tmp_path, "dataset-epoch", "--size-mib", "8", "--quick")
+    systems = {(r["system"], r["unit"]) for r in rows}
+    for system in (
+        "pyarrow, local Parquet",
+        "CachedDataset epoch 1 (cold) from the cluster",
+        "CachedDataset epoch 1 (cold) from moto S3",
+        "CachedDataset epoch 2 (warm cache)",
+    ):
+        assert {(system, "samples/s"), (f"{system}, in bytes", "GB/s")} <= systems
+    assert all(r["value"] > 0 and r["workload"] == "dataset-epoch" for r in rows)
