@@ -46,7 +46,8 @@ def moto_s3(_ctx: Context) -> Iterator[Any]:
             client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "eu-west-1"},
             skip_instance_cache=True,
         )
-        fs.mkdir("bench")
+        # moto keeps its buckets per process, not per server: an earlier one may have made it
+        fs.makedirs("bench", exist_ok=True)
         yield fs
     finally:
         server.stop()
