@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from ._auth import client_token, load_secret, new_secret
 from ._errors import InvalidArgument, Unavailable
+from ._rpc import DEFAULT_IDLE_TIMEOUT
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 READY_TIMEOUT_S = 30.0
@@ -49,6 +50,15 @@ def _secret_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _idle_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT,
+        help="seconds before a connection that sends nothing is dropped",
+    )
+
+
 def add_meta(sub: Subparsers) -> None:
     """``graben meta serve``."""
     meta = sub.add_parser("meta", help="Run the metadata service.")
@@ -64,6 +74,7 @@ def add_meta(sub: Subparsers) -> None:
     serve.add_argument(
         "--repair-interval", type=float, default=5.0, help="seconds between repair rounds"
     )
+    _idle_arg(serve)
     _secret_arg(serve)
     serve.set_defaults(run=_meta_serve)
 
@@ -81,6 +92,7 @@ def add_node(sub: Subparsers) -> None:
     serve.add_argument(
         "--scrub-interval", type=float, default=3600.0, help="seconds between scrubs of all chunks"
     )
+    _idle_arg(serve)
     _secret_arg(serve)
     serve.set_defaults(run=_node_serve)
 
@@ -189,6 +201,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
             replication=args.replication,
             heartbeat_timeout=args.heartbeat_timeout,
             repair_interval=args.repair_interval,
+            idle_timeout=args.idle_timeout,
         )
         server = await service.start(*args.listen)
         return f"{args.listen[0]}:{server.port}", service.close
@@ -208,6 +221,7 @@ def _node_serve(args: argparse.Namespace) -> int:
             meta=args.meta,
             secret=secret,
             scrub_interval=args.scrub_interval,
+            idle_timeout=args.idle_timeout,
         )
         await node.start(*args.listen)
         return node.address, node.close

@@ -30,7 +30,7 @@ from ._namespace import Namespace
 from ._placement import place
 from ._remote import Grants, RemoteChunks
 from ._repo import Repository
-from ._rpc import Answer, Server, every, stop
+from ._rpc import DEFAULT_IDLE_TIMEOUT, Answer, Server, every, stop
 from ._types import (
     Capability,
     ChunkRef,
@@ -68,6 +68,7 @@ class MetaService:
         heartbeat_timeout: float = 10.0,
         repair_interval: float = 5.0,
         threads: int = 8,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ) -> None:
         self.namespace = Namespace(
             repo, self._place, default_replication=replication, heartbeat_timeout=heartbeat_timeout
@@ -76,6 +77,7 @@ class MetaService:
         self._nodes: tuple[float, list[NodeState]] = (0.0, [])
         self.server: Server | None = None
         self.repair_interval = repair_interval
+        self.idle_timeout = idle_timeout
         checker = ThreadPoolExecutor(2, thread_name_prefix="graben-repair")
         self._secret = secret
         self._group = Batcher(partial(self._run, self.namespace.commit_group), size=len)
@@ -90,7 +92,9 @@ class MetaService:
 
     async def start(self, host: str, port: int) -> Server:
         """Listen for clients; repair in the background."""
-        self.server = await Server.start({"meta": self._meta}, host, port)
+        self.server = await Server.start(
+            {"meta": self._meta}, host, port, admit=self._admit, idle_timeout=self.idle_timeout
+        )
         self._repairing = every(self.repair_interval, self.repair_once, "repair")
         return self.server
 
@@ -171,6 +175,10 @@ class MetaService:
             except GrabenError as exc:
                 log.warning("repair could not read %s from %s: %s", chunk.id, node, exc)
         return False
+
+    def _admit(self, call: Call, length: int) -> None:
+        """Only a client holding the token may make the service hold a large request."""
+        _auth.check_token(self._secret, call.token)
 
     async def _meta(self, call: Call, payload: memoryview | None) -> Answer:
         _auth.check_token(self._secret, call.token)

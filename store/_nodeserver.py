@@ -29,11 +29,20 @@ from typing import Any
 from . import _auth
 from ._buffers import BufferPool
 from ._chunkstore import GROUP_SYNC_MAX, LocalChunkStore
-from ._config import DEFAULT_CHUNK_SIZE
+from ._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
 from ._errors import GrabenError, ProtocolError
 from ._group import Batcher
 from ._remote import Pool
-from ._rpc import Answer, Connection, Handler, PayloadSink, Server, every, stop
+from ._rpc import (
+    DEFAULT_IDLE_TIMEOUT,
+    Answer,
+    Connection,
+    Handler,
+    PayloadSink,
+    Server,
+    every,
+    stop,
+)
 from ._types import (
     Capability,
     ChunkCall,
@@ -71,6 +80,7 @@ class DataNode:
         secret: bytes,
         io_threads: int = 4,
         scrub_interval: float = 3600.0,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ):
         root.mkdir(parents=True, exist_ok=True)
         self.root, self.rack, self.meta = root, rack, meta
@@ -86,6 +96,7 @@ class DataNode:
         self._beating: asyncio.Task[None] | None = None
         self._scrubbing: asyncio.Task[None] | None = None
         self.scrub_interval = scrub_interval
+        self.idle_timeout = idle_timeout
         self._meta_conn: Connection | None = None
         self._peers = Pool()  # other data nodes, for chain replication
         self._small: Batcher[tuple[ChunkRef, memoryview], None] = Batcher(
@@ -102,7 +113,9 @@ class DataNode:
             "chunk.delete": self._delete,
         }
         sinks: dict[str, PayloadSink] = {"chunk.write": self._sink, "chunk.write_many": self._sink}
-        self.server = await Server.start(handlers, host, port, sinks)
+        self.server = await Server.start(
+            handlers, host, port, sinks, admit=self._admit, idle_timeout=self.idle_timeout
+        )
         self.address = f"{host}:{self.server.port}"
         self._beating = every(HEARTBEAT_S, self._heartbeat, "heartbeat", at_once=True)
         self._scrubbing = every(self.scrub_interval, self.scrub_once, "scrub")
@@ -121,6 +134,25 @@ class DataNode:
         return await asyncio.get_running_loop().run_in_executor(self._io, partial(fn, *args))
 
     # -- handlers -------------------------------------------------------------
+
+    def _admit(self, call: Call, length: int) -> None:
+        """Before a payload arrives: its capabilities must allow it, and it must be
+        exactly the chunk bytes they name (so nobody makes the node hold more)."""
+        now = time.time()
+        if call.op == "chunk.write":
+            request: ChunkCall = decode(call.body, ChunkCall)
+            _auth.check(self._secret, request.cap, request.chunk.id, "write", now)
+            lengths = [request.chunk.length]
+        elif call.op == "chunk.write_many":
+            calls = decode(call.body, list[ChunkCall])
+            for c in calls:  # signed by the service; each chunk's op is checked as it is stored
+                _auth.check(self._secret, c.cap, c.chunk.id, c.cap.op, now)
+            lengths = [c.chunk.length for c in calls]
+        else:
+            _auth.check_token(self._secret, call.token)
+            return
+        if sum(lengths) != length or any(n > MAX_CHUNK_SIZE for n in lengths):
+            raise ProtocolError(f"{call.op}: a payload of {length} bytes for chunks of {lengths}")
 
     def _sink(self, call: Call, length: int) -> memoryview:
         buffer = self.pool.get(length)

@@ -26,7 +26,7 @@ from typing import TypeVar
 from ._errors import GrabenError, IntegrityError, PermissionDenied, Unavailable
 from ._group import Batcher, Batchers
 from ._hashing import crc32c
-from ._rpc import Connection
+from ._rpc import CLIENT_IDLE_S, Connection
 from ._types import (
     Capability,
     ChunkCall,
@@ -141,11 +141,13 @@ class Pool:
 
     async def get(self, address: str) -> Connection:
         conn = self._connections.get(address)
-        if conn is not None and not conn.closed:
+        if conn is not None and _usable(conn):
             return conn
         async with self._lock:
             conn = self._connections.get(address)
-            if conn is None or conn.closed:
+            if conn is None or not _usable(conn):
+                if conn is not None:
+                    await conn.close()
                 host, _, port = address.rpartition(":")
                 conn = await Connection.open(host, int(port))
                 self._connections[address] = conn
@@ -155,6 +157,12 @@ class Pool:
         for conn in self._connections.values():
             await conn.close()
         self._connections.clear()
+
+
+def _usable(conn: Connection) -> bool:
+    """Open, and not idle so long that its server may be about to drop it: a
+    mutation sent just as a server closes would be lost without a trace."""
+    return not conn.closed and conn.idle_s < CLIENT_IDLE_S
 
 
 class RemoteMeta:

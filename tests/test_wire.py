@@ -46,11 +46,13 @@ async def slow(call: Call, payload: memoryview | None) -> Answer:
 
 
 HANDLERS = {"echo": echo, "missing": fail_not_found, "crash": crash, "slow": slow}
+SINKS = {"echo": lambda call, n: memoryview(bytearray(n))}
+"""Only ``echo`` takes a payload."""
 
 
 def with_server(test: Callable[[Server], Awaitable[None]]) -> None:
     async def main() -> None:
-        server = await Server.start(HANDLERS)
+        server = await Server.start(HANDLERS, sinks=SINKS)
         try:
             await test(server)
         finally:
@@ -141,7 +143,7 @@ def test_garbage_drops_that_connection_only(garbage: bytes) -> None:
 
 def test_dropped_connection_fails_calls_in_flight_with_unavailable() -> None:
     async def main() -> None:
-        server = await Server.start(HANDLERS)
+        server = await Server.start(HANDLERS, sinks=SINKS)
         conn = await Connection.open("127.0.0.1", server.port)
         pending = asyncio.ensure_future(conn.call("slow", encode(5.0)))
         await asyncio.sleep(0.1)
