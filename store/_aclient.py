@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Literal
 
-from . import _paths
+from . import _pages, _paths
 from ._afiles import AsyncFileOpener
 from ._buffers import BufferPool
 from ._config import Options, cluster_token, resolve
@@ -39,9 +39,7 @@ from ._types import (
     FileInfo,
     FsckReport,
     GetHealth,
-    GetLayout,
     Health,
-    ListDir,
     MakeDir,
     Remove,
     Rename,
@@ -147,7 +145,7 @@ class AsyncClient:
 
     async def ls(self, path: str = "/") -> list[FileInfo]:
         """Entries of a directory sorted by name (a file lists as itself)."""
-        return await self.meta.request(ListDir(_paths.normalize(path)))
+        return await _pages.listing(self.meta, _paths.normalize(path))
 
     async def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> FileInfo:
         """Create a directory (``pathlib`` semantics)."""
@@ -297,7 +295,7 @@ class AsyncClient:
 
     async def reader(self, path: str) -> Reader:
         """A ``Reader`` of the file's current version (``NotFound``, ``IsADirectory``)."""
-        layout = await self.meta.request(GetLayout(_paths.normalize(path)))
+        layout = await _pages.layout(self.meta, _paths.normalize(path))
         return Reader(self.chunks, self.pool, layout, self.options.read_ahead, self._report)
 
     async def upload(
@@ -342,7 +340,7 @@ class AsyncClient:
         size); later writes to either path leave the other alone. Missing
         parents of ``dst`` are created; ``exclusive`` refuses an existing one.
         """
-        layout = await self.meta.request(GetLayout(_paths.normalize(src)))
+        layout = await _pages.layout(self.meta, _paths.normalize(src))
         mode: WriteMode = "create" if exclusive else "overwrite"
         commit = FileCommit(
             _paths.normalize(dst), layout.extents, (), mode, layout.info.replication

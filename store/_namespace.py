@@ -28,7 +28,10 @@ from ._errors import (
 )
 from ._repo import ROOT_INODE, Inode, Repository, Tx
 from ._types import (
+    LAYOUT_PAGE,
+    LIST_PAGE,
     LOCAL_NODE,
+    MAX_PAGE,
     ChunkRef,
     ChunkRefs,
     ChunkUsers,
@@ -44,6 +47,7 @@ from ._types import (
     Health,
     Heartbeat,
     ListDir,
+    Listing,
     ListNodes,
     MakeDir,
     NodeState,
@@ -105,12 +109,12 @@ class Namespace:
         """Copies reported bad and not yet deleted: (chunk, node, reason)."""
         self._handlers: dict[type[Any], Callable[[Any], Any]] = {
             Stat: lambda r: self.stat(r.path),
-            ListDir: lambda r: self.listdir(r.path),
+            ListDir: lambda r: self.listdir(r.path, r.after, r.limit, r.directory),
             MakeDir: lambda r: self.mkdir(r.path, r.parents, r.exist_ok),
             Remove: lambda r: self.remove(r.path, r.recursive),
             Rename: lambda r: self.rename(r.src, r.dst, r.replace, r.replace_tree),
             SetAttributes: lambda r: self.set_attributes(r.path, r.mode, r.mtime_ns),
-            GetLayout: lambda r: self.layout(r.path),
+            GetLayout: lambda r: self.layout(r.path, r.start, r.limit, r.inode),
             Prepare: lambda r: self.prepare(r.chunks, r.replication, r.avoid),
             Commit: lambda r: self.commit(r.files),
             Usage: lambda r: self.usage(r.path),
@@ -173,27 +177,45 @@ class Namespace:
         with self.repo.read() as tx:
             return _info(_paths.join_parts(parts), self._resolve(tx, parts, path))
 
-    def listdir(self, path: str) -> list[FileInfo]:
-        """A directory's entries sorted by name; a file lists as itself."""
+    def listdir(self, path: str, after: str = "", limit: int = 0, directory: int = 0) -> Listing:
+        """A page of a directory's entries sorted by name; a file lists as itself.
+
+        ``directory`` (an inode from an earlier page) lists that directory
+        whatever its path is now; ``NotFound`` if it is gone.
+        """
         parts = _paths.split(path)
         base = _paths.join_parts(parts)
+        limit = _page(limit, LIST_PAGE)
         with self.repo.read() as tx:
-            node = self._resolve(tx, parts, path)
+            node = tx.get(directory) if directory else self._resolve(tx, parts, path)
+            if node is None or (directory and node.kind != "directory"):
+                raise NotFound("the directory was removed while being listed", base)
             if node.kind == "file":
-                return [_info(base, node)]
-            prefix = base.rstrip("/")
-            return [_info(f"{prefix}/{name}", child) for name, child in tx.children(node.id)]
+                return Listing([_info(base, node)])
+            page = tx.children_page(node.id, after, limit + 1)
+        prefix = base.rstrip("/")
+        entries = [_info(f"{prefix}/{name}", child) for name, child in page[:limit]]
+        return Listing(entries, node.id, len(page) > limit)
 
-    def layout(self, path: str) -> FileLayout:
-        """A file's attributes, extents and replicas."""
+    def layout(self, path: str, start: int = 0, limit: int = 0, inode: int = 0) -> FileLayout:
+        """A page of a file's extents from offset ``start``, with attributes and replicas.
+
+        ``inode`` (from an earlier page) pins the version: ``NotFound`` if it
+        was replaced meanwhile.
+        """
         parts = _paths.split(path)
+        clean = _paths.join_parts(parts)
+        limit = _page(limit, LAYOUT_PAGE)
         with self.repo.read() as tx:
-            node = self._resolve(tx, parts, path)
+            node = tx.get(inode) if inode else self._resolve(tx, parts, path)
+            if node is None:
+                raise NotFound("the file was replaced while being opened", clean)
             if node.kind == "directory":
-                raise IsADirectory("is a directory", _paths.join_parts(parts))
-            extents = tx.extents(node.id)
-            replicas = tx.replicas({x.chunk.id for x in extents})
-        return FileLayout(_info(_paths.join_parts(parts), node), tuple(extents), replicas)
+                raise IsADirectory("is a directory", clean)
+            extents = tx.extents_page(node.id, start, limit + 1)
+            replicas = tx.replicas({x.chunk.id for x in extents[:limit]})
+        more = len(extents) > limit
+        return FileLayout(_info(clean, node), tuple(extents[:limit]), replicas, more=more)
 
     def known(self, chunks: Iterable[str]) -> set[str]:
         """Which of these chunk ids the chunk layer tracks."""
@@ -456,6 +478,13 @@ class Namespace:
         """Forget chunks no file has used for ``grace_s`` seconds; their copies may go."""
         with self.repo.write() as tx:
             return tx.forget_unreferenced(time.time_ns() - int(grace_s * 1e9))
+
+
+def _page(asked: int, default: int) -> int:
+    """Entries in one page: what was asked, within reason."""
+    if asked < 0:
+        raise InvalidArgument(f"a page size must not be negative, not {asked}")
+    return min(asked or default, MAX_PAGE)
 
 
 def _check_extents(extents: tuple[Extent, ...], path: str) -> int:

@@ -58,6 +58,9 @@ class Tx(Protocol):
     def children(self, parent: int) -> list[tuple[str, Inode]]:
         """Entries of a directory, sorted by name."""
 
+    def children_page(self, parent: int, after: str, limit: int) -> list[tuple[str, Inode]]:
+        """At most ``limit`` entries of a directory named after ``after``, sorted by name."""
+
     def has_children(self, parent: int) -> bool:
         """Whether a directory has any entry."""
 
@@ -80,6 +83,9 @@ class Tx(Protocol):
 
     def extents(self, inode: int) -> list[Extent]:
         """A file's extents in file order."""
+
+    def extents_page(self, inode: int, start: int, limit: int) -> list[Extent]:
+        """At most ``limit`` extents of a file in order, the first covering offset ``start``."""
 
     def set_extents(self, inode: int, extents: Iterable[Extent]) -> None:
         """Attach extents to a new file inode, taking a reference on each chunk."""

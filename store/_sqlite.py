@@ -133,6 +133,15 @@ class SQLiteTx:
         )
         return [(row[0], Inode(*row[1:])) for row in rows]
 
+    def children_page(self, parent: int, after: str, limit: int) -> list[tuple[str, Inode]]:
+        rows = self._db.execute(
+            f"SELECT e.name, {', '.join('i.' + c for c in _INODE_COLUMNS.split(', '))} "
+            "FROM entries e JOIN inodes i ON i.id = e.inode "
+            "WHERE e.parent = ? AND e.name > ? ORDER BY e.name LIMIT ?",
+            (parent, after, limit),
+        )
+        return [(row[0], Inode(*row[1:])) for row in rows]
+
     def has_children(self, parent: int) -> bool:
         row = self._db.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1", (parent,))
         return row.fetchone() is not None
@@ -179,6 +188,21 @@ class SQLiteTx:
             "FROM extents x JOIN chunks c ON c.id = x.chunk "
             "WHERE x.inode = ? ORDER BY x.offset",
             (inode,),
+        )
+        return [
+            Extent(offset, length, ChunkRef(chunk, clen, crc), chunk_offset)
+            for offset, length, chunk, clen, crc, chunk_offset in rows
+        ]
+
+    def extents_page(self, inode: int, start: int, limit: int) -> list[Extent]:
+        # The extent covering ``start`` begins at the greatest offset <= start.
+        rows = self._db.execute(
+            "SELECT x.offset, x.length, c.id, c.length, c.crc32c, x.chunk_offset "
+            "FROM extents x JOIN chunks c ON c.id = x.chunk "
+            "WHERE x.inode = ?1 AND x.offset >= COALESCE("
+            "(SELECT MAX(offset) FROM extents WHERE inode = ?1 AND offset <= ?2), 0) "
+            "ORDER BY x.offset LIMIT ?3",
+            (inode, start, limit),
         )
         return [
             Extent(offset, length, ChunkRef(chunk, clen, crc), chunk_offset)

@@ -19,6 +19,15 @@ WriteMode = Literal["overwrite", "create"]
 LOCAL_NODE = "local"
 """The one node id of an embedded store."""
 
+# Pages: no reply lists more than this, so no directory or file is too large.
+LIST_PAGE = 1000
+"""Directory entries in one ``ListDir`` reply unless fewer are asked for."""
+LAYOUT_PAGE = 256
+"""Extents in one ``GetLayout`` reply unless fewer are asked for (with replicas
+and grants, ~100 KiB at three copies)."""
+MAX_PAGE = 10_000
+"""Most entries one reply carries, whatever is asked."""
+
 
 class FileInfo(msgspec.Struct, frozen=True):
     """What ``stat`` says of a file or directory."""
@@ -144,6 +153,8 @@ class FileLayout(msgspec.Struct, frozen=True):
     """Chunk id -> nodes holding it."""
     grants: dict[str, Capability] = msgspec.field(default_factory=dict)
     """Chunk id -> a cluster's permission to read it (empty for an embedded store)."""
+    more: bool = False
+    """Whether extents after these remain (a page of a ``GetLayout``)."""
 
 
 class FileCommit(msgspec.Struct, frozen=True):
@@ -216,11 +227,32 @@ class Stat(Request[FileInfo], frozen=True):
     path: str
 
 
-class ListDir(Request[list[FileInfo]], frozen=True):
-    """Entries of a directory (or the file itself), sorted by name."""
+class Listing(msgspec.Struct, frozen=True):
+    """One page of a directory's entries (see ``ListDir``)."""
 
-    response = list[FileInfo]
+    entries: list[FileInfo]
+    """Entries sorted by name (a file lists as itself)."""
+    directory: int = 0
+    """Inode of the directory listed, for the next page (0 for a file)."""
+    more: bool = False
+    """Whether entries after the last one remain."""
+
+
+class ListDir(Request[Listing], frozen=True):
+    """A page of a directory's entries (or the file itself), sorted by name.
+
+    The first page names the path; later pages name the directory's inode and
+    the last name seen, so a directory renamed meanwhile is still listed whole.
+    """
+
+    response = Listing
     path: str
+    after: str = ""
+    """Only names after this one."""
+    limit: int = 0
+    """At most this many entries (0: the service's page size)."""
+    directory: int = 0
+    """Go on listing this directory inode (later pages)."""
 
 
 class MakeDir(Request[FileInfo], frozen=True):
@@ -263,10 +295,20 @@ class SetAttributes(Request[FileInfo], frozen=True):
 
 
 class GetLayout(Request[FileLayout], frozen=True):
-    """Where a file's bytes are."""
+    """Where a file's bytes are: a page of its extents, from file offset ``start``.
+
+    Later pages name the version's inode, so they describe the same version
+    as the first; ``NotFound`` if it was replaced meanwhile.
+    """
 
     response = FileLayout
     path: str
+    start: int = 0
+    """First file offset wanted (a page's extents start at or before it)."""
+    limit: int = 0
+    """At most this many extents (0: the service's page size)."""
+    inode: int = 0
+    """The version the first page described (later pages)."""
 
 
 class Prepare(Request[list[Placement]], frozen=True):
