@@ -46,6 +46,8 @@ DEFAULT_TIMEOUT = 60.0
 CONNECT_TIMEOUT = 10.0
 DEFAULT_BUDGET = 1 << 30
 """Bytes of request payloads (and large headers) a server holds at once."""
+HEADER_BUDGET = 64 << 20
+"""Bytes of receive buffers grown for large headers a server holds at once."""
 MAX_BULK = 64 << 20
 """Largest request body a server takes (as a bulk payload)."""
 DEFAULT_IDLE_TIMEOUT = 300.0
@@ -241,6 +243,9 @@ class Server:
     admit: Admit | None = None
     """Checks a call before its payload is received (raises to refuse it)."""
     budget: MemoryBudget = field(default_factory=lambda: MemoryBudget(DEFAULT_BUDGET))
+    """Request payloads in flight (authenticated peers only)."""
+    headers: MemoryBudget = field(default_factory=lambda: MemoryBudget(HEADER_BUDGET))
+    """Receive buffers grown past their base for large headers (anyone may ask)."""
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     server: asyncio.Server | None = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -260,7 +265,7 @@ class Server:
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ) -> Server:
         """Listen on ``host:port`` (0: any free port; see ``port``)."""
-        server = cls(handlers, sinks or {}, admit, MemoryBudget(budget), idle_timeout)
+        server = cls(handlers, sinks or {}, admit, MemoryBudget(budget), idle_timeout=idle_timeout)
         loop = asyncio.get_running_loop()
         server.server = await loop.create_server(server._protocol, host, port)
         server._sweeping = every(min(5.0, idle_timeout / 4), server._sweep, "idle sweep")
@@ -327,7 +332,7 @@ class _Session:
             self._on_frame,
             self._lost,
             inbox=SERVER_INBOX,
-            budget=server.budget,
+            budget=server.headers,
             on_refused=self._on_refused,
         )
         self._receiving = 0  # budget held for the payload arriving now

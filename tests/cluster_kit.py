@@ -22,12 +22,15 @@ class LocalCluster:
         timeout: float = 10.0,
         repair: float = 5.0,
         scrub: float = 3600.0,
+        meta_args: tuple[str, ...] = (),
+        node_args: tuple[str, ...] = (),
     ):
-        self.root, self.scrub = root, scrub
+        self.root, self.scrub, self._node_args = root, scrub, node_args
         engine = f"sqlite:///{root / 'meta.db'}"
         self._meta_args = (
             *("meta", "serve", "--engine", engine, "--replication", str(replication)),
             *("--heartbeat-timeout", str(timeout), "--repair-interval", str(repair)),
+            *meta_args,
         )
         self.meta, self.meta_address = _spawn(*self._meta_args)
         self.url = f"graben://{self.meta_address}"
@@ -55,6 +58,7 @@ class LocalCluster:
             *("node", "serve", "--data", str(self.root / f"node{i}")),
             *("--meta", self.meta_address, "--rack", f"rack{i}"),
             *("--scrub-interval", str(self.scrub)),
+            *self._node_args,
         )
         if i < len(self.nodes):
             self.nodes[i], self.addresses[i] = proc, address

@@ -124,6 +124,7 @@ def test_timeout_then_the_connection_still_works() -> None:
         PREFIX.pack(MAGIC, 10, 1 << 40),  # payload over the limit
         PREFIX.pack(MAGIC, 5, 0) + b"\xff\xff\xff\xff\xff",  # undecodable header
         frame_prefix(Reply(1), 0),  # a reply sent to a server
+        PREFIX.pack(MAGIC, 200_001, 0) + b"\x91" * 200_000 + b"\xc0",  # nested 200k deep
     ],
 )
 def test_garbage_drops_that_connection_only(garbage: bytes) -> None:
@@ -137,6 +138,29 @@ def test_garbage_drops_that_connection_only(garbage: bytes) -> None:
         body, _ = await good.call("echo", encode("fine"))
         assert decode(body, str) == "fine"
         await good.close()
+
+    with_server(test)
+
+
+def test_a_payload_no_op_takes_is_refused_unread_and_the_connection_goes_on() -> None:
+    async def test(server: Server) -> None:
+        conn = await Connection.open("127.0.0.1", server.port)
+        with pytest.raises(InvalidArgument, match="takes no payload"):
+            await conn.call("missing", payload=memoryview(os.urandom(1 << 20)))
+        body, _ = await conn.call("echo", encode("after"))
+        assert decode(body, str) == "after"
+        await conn.close()
+
+    with_server(test)
+
+
+def test_a_body_larger_than_a_header_travels_as_a_bulk_payload_both_ways() -> None:
+    async def test(server: Server) -> None:
+        conn = await Connection.open("127.0.0.1", server.port)
+        big = {f"key{i}": "v" * 100 for i in range(30_000)}  # ~3.5 MB of msgpack
+        body, _ = await conn.call("echo", encode(big))
+        assert decode(body, dict) == big
+        await conn.close()
 
     with_server(test)
 
