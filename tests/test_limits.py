@@ -190,6 +190,28 @@ def test_a_directory_of_twelve_thousand_entries_lists(
         assert [e.name for e in c.ls(f"/wide-{pages}")] == _names(12_000)
 
 
+def test_twelve_thousand_entries_list_through_fsspec_the_cli_and_the_mount(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    _fill(cluster.url, "/wide-doors", 12_000)
+    want = _names(12_000)
+    fs, path = fsspec.core.url_to_fs(f"{cluster.url}/wide-doors")
+    found = fs.ls(path, detail=False)
+    assert sorted(p.rpartition("/")[2] for p in found) == want
+    cli = subprocess.run(
+        [sys.executable, "-m", "graben.store._cli", "ls", f"{cluster.url}/wide-doors"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert [line.rpartition("/")[2] for line in cli.stdout.split()] == want
+    if os.path.exists("/dev/fuse"):
+        with mounted(cluster.url, tmp_path) as point:
+            assert sorted(os.listdir(point / "wide-doors")) == want
+
+
 def test_a_directory_listed_while_renamed_is_listed_whole(
     cluster: LocalCluster, small_pages: None
 ) -> None:
@@ -222,8 +244,8 @@ def test_a_directory_of_a_hundred_thousand_entries_lists_everywhere(
     want = _names(100_000)
     with connect(cluster.url) as c:
         assert [e.name for e in c.ls("/huge")] == want
-    fs = fsspec.filesystem("graben")
-    found = fs.ls(f"{cluster.url}/huge", detail=False)
+    fs, path = fsspec.core.url_to_fs(f"{cluster.url}/huge")
+    found = fs.ls(path, detail=False)
     assert sorted(p.rpartition("/")[2] for p in found) == want
     cli = subprocess.run(
         [sys.executable, "-m", "graben.store._cli", "ls", f"{cluster.url}/huge"],
