@@ -231,18 +231,22 @@ class DataNode:
 
     async def _read(self, call: Call, payload: memoryview | None) -> Answer:
         chunk = self._allowed(call, "read").chunk
+        assert self.server is not None
+        budget = self.server.budget  # replies being read and sent count too
+        await budget.hold(chunk.length)
         buffer = self.pool.get(chunk.length)
         view = memoryview(buffer)[: chunk.length]
-        try:
-            await self._run(self.store.read, chunk, view)
-        except BaseException:
-            view.release()
-            self.pool.put(buffer)
-            raise
 
         def release() -> None:
             view.release()
             self.pool.put(buffer)
+            budget.give(chunk.length)
+
+        try:
+            await self._run(self.store.read, chunk, view)
+        except BaseException:
+            release()
+            raise
 
         return Answer(payload=view, release=release)
 

@@ -33,6 +33,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Final, cast
 
 import msgspec
@@ -148,12 +149,25 @@ class MemoryBudget:
         self.used += n
         return True
 
+    async def hold(self, n: int) -> None:
+        """Take ``n`` bytes, waiting for room (for memory a handler allocates)."""
+        while True:
+            room: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            if self.take(n, partial(_settle, room)):
+                return
+            await room
+
     def give(self, n: int) -> None:
         """Return bytes taken; wakes the connections waiting for room."""
         self.used -= n
         waiting, self._waiting = self._waiting, deque()
         for retry in waiting:
             retry()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
