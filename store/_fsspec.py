@@ -79,27 +79,24 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def _store_of(self, values: list[Any]) -> GrabenFileSystem:
         """The filesystem of the one store that ``values`` (paths, lists, dict keys) name."""
-        found: dict[int, tuple[str, GrabenFileSystem]] = {}
+        named: dict[Target, str] = {}  # each store named, and how it was first named
         for base in _bases(values):
-            fs = self._store_named(base)
-            found.setdefault(id(fs), (_label(base) if base else fs._label(), fs))
-        if len(found) > 1:
-            (first, _), (second, _) = list(found.values())[:2]
+            target = self._target if base is None or base == self._base else _resolve(base)
+            named.setdefault(target, self._label() if base is None else _label(base))
+        if len(named) > 1:  # decided before any connection to either store
+            first, second = list(named.values())[:2]
             raise InvalidArgument(
                 f"one call names two stores, {first} and {second}: a call reaches one store "
                 "(to copy between stores, read from one and write to the other)"
             )
-        return next(iter(found.values()))[1] if found else self
+        target = next(iter(named), self._target)
+        return self if target == self._target else self._other(target, named[target])
 
-    def _store_named(self, base: str | None) -> GrabenFileSystem:
-        if base is None or base == self._base:
-            return self
-        target = _resolve(base)
-        if target == self._target:
-            return self
+    def _other(self, target: Target, label: str) -> GrabenFileSystem:
+        """Another store's filesystem (fsspec's instance cache keeps one per store)."""
         if self._intrans:
             raise InvalidArgument(
-                f"a transaction covers one store ({self._label()}), and {base} is another"
+                f"a transaction covers one store ({self._label()}), and {label} is another"
             )
         shared = {k: v for k, v in self.storage_options.items() if k not in _NOT_SHARED}
         fs: GrabenFileSystem = type(self)(url=_url_of(target), **shared)

@@ -18,6 +18,7 @@ from pathlib import Path
 import fsspec
 import pandas as pd
 import pytest
+from ranks_kit import free_port
 
 from graben.store import Client, GrabenFileSystem, InvalidArgument, NotFound, connect
 from graben.store._cli_cluster import local_cluster
@@ -80,13 +81,18 @@ def stores(
     try:
         yield Stores(prefixes, clients, root)
     finally:
-        for fs in list(GrabenFileSystem._cache.values()):
-            fs.client.close()
-        GrabenFileSystem.clear_instance_cache()
+        _forget_filesystems()
         for client in clients.values():
             if client.exists(root):
                 client.rm(root, recursive=True)
             client.close()
+
+
+def _forget_filesystems() -> None:
+    """Close and drop every cached filesystem, as a fresh process would start with none."""
+    for fs in list(GrabenFileSystem._cache.values()):
+        fs.client.close()
+    GrabenFileSystem.clear_instance_cache()
 
 
 # (made for, URL names): a cluster's filesystem given the other cluster's URL or
@@ -315,7 +321,7 @@ def test_glob_results_reopen_on_the_store_the_pattern_named(
     pattern = stores.url(named, "/pq/*.parquet")
     found = stores.fs(made).glob(pattern)
     assert found == [stores.url(named, f"/pq/part-{i}.parquet") for i in range(3)]
-    GrabenFileSystem.clear_instance_cache()  # a fresh process would start with none
+    _forget_filesystems()
     for name in found:
         with fsspec.open(name, "rb") as f:  # fsspec.open on the name as it came back
             assert pd.read_parquet(f)["store"].unique().tolist() == ["truth"]
@@ -337,7 +343,7 @@ def test_hugging_face_style_resolution_reads_the_named_store(stores: Stores, nam
         for name, info in fs.glob(pattern, detail=True).items()
         if info["type"] == "file"
     ]
-    GrabenFileSystem.clear_instance_cache()
+    _forget_filesystems()
     frame = pd.concat(pd.read_parquet(name) for name in files)
     assert len(frame) == 12
     assert frame["store"].unique().tolist() == ["truth"]
@@ -374,10 +380,10 @@ def test_plain_names_unstrip_to_their_own_store(stores: Stores) -> None:
     fs = stores.fs("B")
     found = fs.glob(f"{stores.root}/pq/*.parquet")  # a plain pattern: plain names
     assert found == [f"{stores.root}/pq/part-{i}.parquet" for i in range(3)]
-    GrabenFileSystem.clear_instance_cache()
-    for name in found:
-        url = fs.unstrip_protocol(name)
-        assert url == stores.url("B", name[len(stores.root) :])
+    urls = [fs.unstrip_protocol(name) for name in found]
+    assert urls == [stores.url("B", name[len(stores.root) :]) for name in found]
+    _forget_filesystems()
+    for url in urls:
         assert pd.read_parquet(url)["store"].unique().tolist() == ["truth"]
 
 
@@ -439,6 +445,14 @@ def test_a_copy_or_move_between_two_stores_fails_and_changes_nothing(
     assert stores.read(src_store, "/f") == TRUTH
     for store in ("A", "B", "home"):
         assert stores.read(store, "/g") is None
+
+
+def test_a_copy_to_a_store_that_is_down_is_refused_as_two_stores(stores: Stores) -> None:
+    nowhere = f"graben://127.0.0.1:{free_port()}"  # nothing listens there
+    stores.seed("A", "/f", TRUTH)
+    with pytest.raises(InvalidArgument, match="two stores"):
+        stores.fs("A").cp_file(stores.url("A", "/f"), f"{nowhere}{stores.root}/g")
+    assert stores.read("A", "/g") is None
 
 
 def test_a_transaction_refuses_another_stores_url(stores: Stores) -> None:
