@@ -7,10 +7,12 @@ what they asked for.
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import sys
 import threading
+import unicodedata
 from collections.abc import Iterable
 from datetime import datetime
 from types import TracebackType
@@ -34,6 +36,10 @@ LARGE = 64 << 20
 """Work smaller than this finishes before a progress bar would help."""
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_ESCAPES = {"\a": "a", "\b": "b", "\t": "t", "\n": "n", "\v": "v", "\f": "f", "\r": "r"}
+# Not control characters, but they break a line (U+2028, U+2029) or reorder what a
+# terminal shows of it (the bidirectional overrides), so a name shows them escaped too.
+_UNSHOWABLE = frozenset("\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 # --- values as text -----------------------------------------------------------
@@ -55,6 +61,44 @@ def size_text(size: int, human: bool) -> str:
 def when(mtime_ns: int) -> str:
     """A timestamp in local time, to the second (as ``ls -l`` shows it)."""
     return datetime.fromtimestamp(mtime_ns / 1e9).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def shown(name: str) -> str:
+    """A store name or path as one line of output.
+
+    Plain names, spaces inside included, show as they are. A name with a
+    control character (a newline, an escape), spaces at either end, or a
+    single quote shows quoted the way GNU ``ls`` quotes for a terminal
+    (``--quoting-style=shell-escape``): ``'a'$'\\n''b'``, which a shell reads
+    back as the name. So one entry is always one line, and a line holds a
+    ``'`` only if it was quoted.
+    """
+    if not _needs_quotes(name):
+        return name
+    if "'" in name and not any(_unshowable(c) or c in '"$`\\' for c in name):
+        return f'"{name}"'  # GNU's lighter form for a quote that needs nothing more
+    return "".join(_quoted(run, odd) for odd, run in itertools.groupby(name, _unshowable))
+
+
+def _needs_quotes(name: str) -> bool:
+    edges = name[:1].isspace() or name[-1:].isspace()
+    return edges or "'" in name or any(map(_unshowable, name))
+
+
+def _unshowable(c: str) -> bool:
+    return unicodedata.category(c) == "Cc" or c in _UNSHOWABLE
+
+
+def _quoted(run: Iterable[str], unshowable: bool) -> str:
+    if not unshowable:
+        return "'" + "".join(run).replace("'", "'\\''") + "'"
+    return "$'" + "".join(_escape(c) for c in run) + "'"
+
+
+def _escape(c: str) -> str:
+    if c in _ESCAPES:
+        return "\\" + _ESCAPES[c]
+    return "".join(f"\\{byte:03o}" for byte in c.encode())
 
 
 def mode_text(info: FileInfo) -> str:
@@ -83,14 +127,14 @@ def _entry_name(info: FileInfo, listed: str) -> str:
     # A file listed by its own path shows that path (as ``ls FILE`` does);
     # entries of a directory show their names, directories with a slash.
     if info.path == listed:
-        return info.path
-    return f"{info.name}/" if info.is_dir else info.name
+        return shown(info.path)
+    return f"{shown(info.name)}/" if info.is_dir else shown(info.name)
 
 
 def stat_lines(info: FileInfo) -> list[str]:
     """``stat`` output: one ``field  value`` line per attribute."""
     rows = [
-        ("path", info.path),
+        ("path", shown(info.path)),
         ("kind", info.kind),
         ("size", f"{info.size} ({human_size(info.size)})"),
         ("modified", when(info.mtime_ns)),
@@ -105,7 +149,7 @@ def stat_lines(info: FileInfo) -> list[str]:
 def du_line(path: str, files: int, size: int, *, human: bool) -> str:
     """``du`` output: bytes, files, path (``du -s`` puts the size first too)."""
     noun = "file" if files == 1 else "files"
-    return f"{size_text(size, human)}  {files} {noun}  {path}"
+    return f"{size_text(size, human)}  {files} {noun}  {shown(path)}"
 
 
 def fsck_lines(report: FsckReport) -> list[str]:
@@ -118,7 +162,7 @@ def fsck_lines(report: FsckReport) -> list[str]:
 
 
 def _problem_lines(problem: ChunkProblem) -> list[str]:
-    files = ", ".join(problem.paths) if problem.paths else "(no file)"
+    files = ", ".join(map(shown, problem.paths)) if problem.paths else "(no file)"
     lines = [f"{problem.kind:<8} {problem.chunk}", f"    at    {problem.where}"]
     lines.append(f"    files {files}")
     if problem.detail:

@@ -4,7 +4,14 @@
 names it on the default store (``$GRABEN_URL``, else the embedded store at
 ``$GRABEN_HOME``). Registered with fsspec by the ``fsspec.specs`` entry point.
 
-Paths inside the filesystem are the store's own: absolute, ``/a/b``. What
+Paths inside the filesystem are the store's own: absolute, ``/a/b``. A full
+URL names its store wherever it is passed: every method that takes a store
+path sends a URL naming another store to that store's filesystem (one
+instance per store, from fsspec's instance cache), and refuses a call that
+names two stores. Names come back in the form they were asked in: listing
+``graben://host:port/d`` answers ``graben://host:port/d/...``, which any
+fresh ``fsspec.open`` reads from the same store; listing ``/d`` answers
+``/d/...``, which ``unstrip_protocol`` turns into such a URL. What
 fsspec would do slowly is done by the store: ranged reads, uploads in chunk
 sized parts, copies that share chunks instead of moving bytes, atomic
 renames, and transactions that publish every file in one commit.
@@ -13,8 +20,11 @@ renames, and transactions that publish every file in one commit.
 from __future__ import annotations
 
 import datetime
+import functools
+import inspect
 import os
 import posixpath
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 from fsspec import AbstractFileSystem
@@ -25,7 +35,7 @@ from fsspec.utils import isfilelike, stringify_path
 from . import _loop
 from ._buffers import pump, transfer_buffer
 from ._client import Client, connect
-from ._config import Options
+from ._config import Options, Target, resolve
 from ._errors import InvalidArgument, IsADirectory, NotFound
 from ._files import ReadFile, WriteFile
 from ._types import Buffer, FileInfo, WriteMode
@@ -35,6 +45,10 @@ PROTOCOL = "graben"
 _PREFIX = f"{PROTOCOL}://"
 _OPTIONS = frozenset(Options.__dataclass_fields__)
 _MODES: dict[str, WriteMode] = {"wb": "overwrite", "xb": "create"}
+_STORE_PATHS = frozenset({"path", "path1", "path2", "rpath", "paths", "fn", "root"})
+"""Parameters of fsspec's methods that hold store paths (``lpath`` is a local one)."""
+_NOT_SHARED = frozenset({"url", "token"})
+"""Options a filesystem does not pass on to another store's: its address and its credential."""
 
 
 class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
@@ -57,6 +71,40 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
         self.url = url
         self.client: Client = connect(url, **known)
         """The store client underneath."""
+        self._target = resolve(url)
+        # what this store's URLs start with; None for an embedded store (it has none of its own)
+        self._base = _url_of(self._target) if self._target.address else None
+
+    # -- which store a path names -------------------------------------------------
+
+    def _store_of(self, values: list[Any]) -> GrabenFileSystem:
+        """The filesystem of the one store that ``values`` (paths, lists, dict keys) name."""
+        named: dict[Target, str] = {}  # each store named, and how it was first named
+        for base in _bases(values):
+            target = self._target if base is None or base == self._base else _resolve(base)
+            named.setdefault(target, self._label() if base is None else _label(base))
+        if len(named) > 1:  # decided before any connection to either store
+            first, second = list(named.values())[:2]
+            raise InvalidArgument(
+                f"one call names two stores, {first} and {second}: a call reaches one store "
+                "(to copy between stores, read from one and write to the other)"
+            )
+        target = next(iter(named), self._target)
+        return self if target == self._target else self._other(target, named[target])
+
+    def _other(self, target: Target, label: str) -> GrabenFileSystem:
+        """Another store's filesystem (fsspec's instance cache keeps one per store)."""
+        if self._intrans:
+            raise InvalidArgument(
+                f"a transaction covers one store ({self._label()}), and {label} is another"
+            )
+        shared = {k: v for k, v in self.storage_options.items() if k not in _NOT_SHARED}
+        fs: GrabenFileSystem = type(self)(url=_url_of(target), **shared)
+        return fs
+
+    def _label(self) -> str:
+        """This store, as an error message names it."""
+        return self._base or str(self._target.embedded)
 
     # -- URLs -------------------------------------------------------------------
 
@@ -81,20 +129,86 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
                 return {"url": _PREFIX + netloc}
         return {}
 
-    def unstrip_protocol(self, name: str) -> str:
-        base = self.url if self.url and self.url.startswith(_PREFIX) else _PREFIX
-        return f"{base}{self._strip_protocol(name)}"
+    @classmethod
+    def _parent(cls, path: Any) -> Any:
+        base, _ = _split(stringify_path(path))
+        parent = super()._parent(path)
+        return parent if base is None else base + parent
 
-    # -- listing and attributes ---------------------------------------------------
+    def unstrip_protocol(self, name: str) -> str:
+        """The URL of a name: a URL as it is; a store path on this filesystem's store."""
+        if name.startswith(_PREFIX):
+            return name
+        return f"{self._own_prefix()}{self._strip_protocol(name)}"
+
+    def _own_prefix(self) -> str:
+        if self._base is not None:
+            return self._base
+        if self._target == resolve(None):
+            return _PREFIX  # graben:///a/b: the default store
+        raise InvalidArgument(
+            f"the embedded store at {self._target.embedded} has no graben:// URL "
+            "(graben:///... names the default store, $GRABEN_HOME): use its plain "
+            "paths on this filesystem, or make it the default store"
+        )
+
+    # -- listing and attributes: names in the form asked ------------------------------
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
-        return _entry(self.client.stat(self._strip_protocol(path)))
+        return _entry(self.client.stat(self._strip_protocol(path)), _split(path)[0])
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        base = _split(path)[0]
         entries = self.client.ls(self._strip_protocol(path))
         if detail:
-            return [_entry(e) for e in entries]
-        return [e.path for e in entries]
+            return [_entry(e, base) for e in entries]
+        return [_named(base, e.path) for e in entries]
+
+    def find(
+        self,
+        path: str,
+        maxdepth: int | None = None,
+        withdirs: bool = False,
+        detail: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        base, local = _split(path)
+        found = super().find(local, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
+        return _all_named(base, found)
+
+    def glob(self, path: str, maxdepth: int | None = None, **kwargs: Any) -> Any:
+        base, local = _split(path)  # the local part keeps a trailing slash: glob reads it
+        return _all_named(base, super().glob(local, maxdepth=maxdepth, **kwargs))
+
+    def walk(
+        self, path: str, maxdepth: int | None = None, topdown: bool = True, **kwargs: Any
+    ) -> Iterator[tuple[str, Any, Any]]:
+        base, local = _split(path)
+        for root, dirs, files in super().walk(local, maxdepth, topdown, **kwargs):
+            if base is not None and isinstance(dirs, dict):
+                # in place: a topdown caller prunes the walk by editing ``dirs``
+                for info in (*dirs.values(), *files.values()):
+                    info["name"] = base + info["name"]
+            yield _named(base, root), dirs, files
+
+    def expand_path(
+        self, path: Any, recursive: bool = False, maxdepth: int | None = None, **kwargs: Any
+    ) -> list[str]:
+        paths = [path] if isinstance(path, str | os.PathLike) else list(path)
+        split = [_split(stringify_path(p)) for p in paths]
+        bases = {base for base, _ in split}
+        base = bases.pop() if len(bases) == 1 else None  # mixed forms: plain names
+        local = [p for _, p in split]
+        return [_named(base, p) for p in super().expand_path(local, recursive, maxdepth, **kwargs)]
+
+    def cat(
+        self, path: Any, recursive: bool = False, on_error: str = "raise", **kwargs: Any
+    ) -> Any:
+        if not isinstance(path, str):  # a list: expand_path keeps each name's form
+            return super().cat(path, recursive=recursive, on_error=on_error, **kwargs)
+        base, local = _split(path)
+        out = super().cat(local, recursive=recursive, on_error=on_error, **kwargs)
+        return _all_named(base, out) if isinstance(out, dict) else out
 
     def exists(self, path: str, **kwargs: Any) -> bool:
         try:
@@ -307,14 +421,50 @@ class GrabenTransaction(Transaction):  # type: ignore[misc]
 GrabenFileSystem.transaction_type = GrabenTransaction
 
 
+def _route_every_store_path(cls: type[GrabenFileSystem]) -> None:
+    """Wrap every method of ``cls`` (its own and fsspec's) that takes a store path.
+
+    Enumerated, not listed, so a method a newer fsspec adds is covered too.
+    """
+    for name in dir(cls):
+        member = inspect.getattr_static(cls, name)
+        if name.startswith("__") or not inspect.isfunction(member):
+            continue  # static and class methods take no instance to route from
+        parameters = list(inspect.signature(member).parameters)[1:]
+        where = {p: i for i, p in enumerate(parameters) if p in _STORE_PATHS}
+        if where:
+            setattr(cls, name, _routed(name, member, where))
+
+
+def _routed(name: str, method: Callable[..., Any], where: dict[str, int]) -> Callable[..., Any]:
+    """``method``, sent to the filesystem of the store its path arguments name."""
+
+    @functools.wraps(method)
+    def call(self: GrabenFileSystem, *args: Any, **kwargs: Any) -> Any:
+        given = [
+            kwargs[p] if p in kwargs else args[i]
+            for p, i in where.items()
+            if p in kwargs or i < len(args)
+        ]
+        fs = self._store_of(given)
+        if fs is self:
+            return method(self, *args, **kwargs)
+        return getattr(fs, name)(*args, **kwargs)
+
+    return call
+
+
+_route_every_store_path(GrabenFileSystem)
+
+
 def _discard(files: list[WriteFile]) -> None:
     for f in files:
         f.discard()
 
 
-def _entry(info: FileInfo) -> dict[str, Any]:
+def _entry(info: FileInfo, base: str | None = None) -> dict[str, Any]:
     return {
-        "name": info.path,
+        "name": _named(base, info.path),
         "size": info.size,
         "type": info.kind,
         "mtime": info.mtime_ns / 1e9,
@@ -327,3 +477,66 @@ def _entry(info: FileInfo) -> dict[str, Any]:
 
 def _has_magic(path: str) -> bool:
     return any(c in path for c in "*?[")
+
+
+# -- URLs and the names that answer them --------------------------------------------------
+
+
+def _split(path: str) -> tuple[str | None, str]:
+    """``graben://h:p/a/b`` -> ``("graben://h:p", "/a/b")``; ``graben:///a`` ->
+    ``("graben://", "/a")``; a store path -> ``(None, path)``."""
+    if not path.startswith(_PREFIX):
+        return None, path
+    slash = path.find("/", len(_PREFIX))
+    if slash < 0:
+        return path, "/"
+    return path[:slash], path[slash:]
+
+
+def _bases(values: list[Any]) -> Iterator[str | None]:
+    """The URL base of every path in ``values`` (``None`` for a store path)."""
+    for value in values:
+        if isinstance(value, str | os.PathLike):
+            yield _split(stringify_path(value))[0]
+        elif isinstance(value, list | tuple | set | dict):  # a dict: pipe's {path: data}
+            yield from _bases(list(value))
+
+
+def _named(base: str | None, name: str) -> str:
+    return name if base is None else base + name
+
+
+def _all_named(base: str | None, found: Any) -> Any:
+    """find's or glob's answer (names, or names to entries) with each name under ``base``."""
+    if base is None:
+        return found
+    if isinstance(found, dict):
+        return {base + k: _renamed(v, base) for k, v in found.items()}
+    return [base + name for name in found]
+
+
+def _renamed(value: Any, base: str) -> Any:
+    if isinstance(value, dict) and "name" in value:
+        return {**value, "name": base + value["name"]}
+    return value  # cat's data, or the error it met
+
+
+def _label(base: str) -> str:
+    return "graben:/// (the default store)" if base == _PREFIX else base
+
+
+def _resolve(base: str) -> Target:
+    try:
+        return resolve(base)
+    except InvalidArgument:
+        raise
+    except ValueError as exc:  # urllib's word on a port that is not a number
+        raise InvalidArgument(f"not a store URL: {base!r} ({exc})") from None
+
+
+def _url_of(target: Target) -> str:
+    """A URL ``connect`` takes for ``target``: ``graben://host:port``, or the directory."""
+    if target.address is None:
+        return str(target.embedded)
+    host, port = target.address
+    return f"{_PREFIX}[{host}]:{port}" if ":" in host else f"{_PREFIX}{host}:{port}"

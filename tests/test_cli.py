@@ -312,6 +312,65 @@ def test_du_counts_files_and_bytes(graben: Graben) -> None:
     assert graben("du", "/d/a").text == "1000  1 file  /d/a\n"
 
 
+# Names a line cannot show as they are, and how each prints: quoted as GNU ls quotes
+# for a terminal (--quoting-style=shell-escape), so that one entry is one line and a
+# shell reads the quoted form back as the name. Plain names, spaces inside included,
+# print unchanged.
+ODD_NAMES = {
+    "a\nb": r"'a'$'\n''b'",
+    "two\n\nlines": r"'two'$'\n\n''lines'",
+    " lead": r"' lead'",
+    "trail ": r"'trail '",
+    "tab\there": r"'tab'$'\t''here'",
+    "cr\r": r"'cr'$'\r'",
+    "esc\x1b[31mred": r"'esc'$'\033''[31mred'",
+    "sep\u2028arator": r"'sep'$'\342\200\250''arator'",
+    "it's": '"it\'s"',
+    "q'\nz": r"'q'\'''$'\n''z'",
+    "plain name": "plain name",
+    "plain": "plain",
+}
+
+
+def _put_names(graben: Graben, root: str, names: list[str]) -> None:
+    for name in names:
+        assert graben("put", "-", f"{root}/{name}", stdin=b"x").code == 0
+
+
+def test_ls_prints_each_entry_on_one_line_quoting_odd_names(graben: Graben) -> None:
+    _put_names(graben, "/d", list(ODD_NAMES))
+    graben("mkdir", "/d/sub\ndir")
+    lines = graben("ls", "/d").text.splitlines()
+    assert sorted(lines) == sorted([*ODD_NAMES.values(), r"'sub'$'\n''dir'/"])
+    long = graben("ls", "-l", "/d").text.splitlines()
+    assert len(long) == len(ODD_NAMES) + 1
+    assert sorted(line.split("  ", 3)[3] for line in long) == sorted(lines)
+    assert graben("ls", "/d/a\nb").text == "'/d/a'$'\\n''b'\n"  # a file listed by its path
+    entries = graben("ls", "/d", "--json").json()  # JSON has escapes of its own: names as they are
+    paths = sorted(e["path"] for e in entries)
+    assert paths == sorted(f"/d/{name}" for name in [*ODD_NAMES, "sub\ndir"])
+
+
+def test_quoted_names_read_back_through_a_shell(graben: Graben) -> None:
+    odd = [name for name, shown in ODD_NAMES.items() if name != shown]
+    _put_names(graben, "/d", odd)
+    shown = graben("ls", "/d").text.splitlines()
+    assert len(shown) == len(odd)
+    for line in shown:
+        back = subprocess.run(
+            ["bash", "-c", f"printf %s {line}"], capture_output=True, check=True, timeout=30
+        )
+        assert back.stdout.decode() in odd, line
+
+
+def test_stat_and_du_show_an_odd_path_on_one_line(graben: Graben) -> None:
+    graben("put", "-", "/d/a\nb", stdin=b"x" * 10)
+    stat = graben("stat", "/d/a\nb").text.splitlines()
+    assert stat[0] == r"path         '/d/a'$'\n''b'"
+    assert len(stat) == 8
+    assert graben("du", "/d/a\nb").text == "10  1 file  '/d/a'$'\\n''b'\n"
+
+
 # --- mkdir / rm / mv ------------------------------------------------------------------
 
 
@@ -399,6 +458,17 @@ def test_fsck_finds_a_corrupt_chunk_and_exits_1(graben: Graben, tmp_path: Path) 
     assert [(p["kind"], p["chunk"], p["paths"]) for p in data["problems"]] == [
         ("corrupt", bad.name, ["/ckpt/w"])
     ]
+
+
+def test_fsck_shows_an_odd_file_name_on_one_line(graben: Graben) -> None:
+    graben("put", "-", "/ckpt/w\nx", stdin=b"w" * 10_000)
+    (chunk,) = chunk_files(graben.store)
+    flip_byte(chunk, 5)
+
+    result = graben("fsck")
+    assert result.code == 1
+    assert "    files '/ckpt/w'$'\\n''x'\n" in result.text
+    assert len(result.text.splitlines()) == 6  # checked, corrupt, at, files, why, verdict
 
 
 def test_fsck_finds_a_missing_chunk(graben: Graben) -> None:
