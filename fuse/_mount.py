@@ -25,6 +25,7 @@ import trio
 
 from graben.store import GrabenError, connect
 
+from ._openers import mount_device
 from ._ops import Operations
 from ._options import MountOptions
 from ._spool import Spool
@@ -133,11 +134,12 @@ def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = 
             fuse_options.add("allow_other")
         pyfuse3.init(ops, os.fspath(target), fuse_options)
         try:
+            ops.device = _device(target)
             if ready_fd is not None:
                 os.write(ready_fd, b"1")
                 os.close(ready_fd)
             log.info("mounted %s on %s", url, target)
-            trio.run(_main, ops, target)
+            trio.run(_main, ops)
         finally:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", target)
@@ -145,34 +147,41 @@ def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = 
         client.close()
 
 
-async def _widen_read_ahead(target: Path) -> None:
+def _device(target: Path) -> str | None:
+    """The mount's device, read from ``/proc``: the daemon must not touch its own mount."""
+    try:
+        return mount_device(os.fspath(target))
+    except OSError as exc:
+        log.info("could not tell the device of %s (%s)", target, exc)
+        return None
+
+
+async def _widen_read_ahead(device: str | None) -> None:
     """Let the kernel read ahead 4 MiB, in 1 MiB requests, instead of 128 KiB ones.
 
     The kernel's default for a FUSE mount is 128 KiB; each request costs a
     round trip through the daemon, and 1 MiB ones double a sequential
     read's throughput here. Set once the kernel has taken our INIT reply
-    (which sets it too). Needs root (the knob is in sysfs); the device is
-    found in ``/proc/self/mountinfo``: the daemon must not touch its own mount.
+    (which sets it too). Needs root (the knob is in sysfs).
     """
     await trio.sleep(INIT_SETTLE_S)
-    await trio.to_thread.run_sync(_set_read_ahead, target)
+    if device is not None:
+        await trio.to_thread.run_sync(_set_read_ahead, device)
 
 
-def _set_read_ahead(target: Path) -> None:
+def _set_read_ahead(device: str) -> None:
     try:
-        with open("/proc/self/mountinfo") as table:
-            device = next(line.split()[2] for line in table if line.split()[4] == os.fspath(target))
         with open(f"/sys/class/bdi/{device}/read_ahead_kb", "w") as knob:
             knob.write(str(READ_AHEAD_KB))
-    except (OSError, StopIteration) as exc:
-        log.info("kept the kernel's read-ahead for %s (%s)", target, exc)
+    except OSError as exc:
+        log.info("kept the kernel's read-ahead for the mount (%s)", exc)
 
 
-async def _main(ops: Operations, target: Path) -> None:
+async def _main(ops: Operations) -> None:
     async with trio.open_nursery() as nursery:
         ops.nursery = nursery
         nursery.start_soon(_stop_on_signal)
-        nursery.start_soon(_widen_read_ahead, target)
+        nursery.start_soon(_widen_read_ahead, ops.device)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
 

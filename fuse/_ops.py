@@ -7,10 +7,14 @@ carry theirs); anything unexpected is logged and answered with ``EIO``, so no
 exception reaches the loop.
 
 Semantics: close-to-open, as NFS and JuiceFS give. A file opened for writing
-is staged whole in the spool and committed, as one new version, on flush,
-fsync or close; other clients see the new version from their next open.
-Renames, mkdir, rmdir and unlink go straight to the store (one transaction
-each). An unlinked file stays readable through the handles open on it.
+is staged whole in the spool and committed, as one new version, when the
+process that opened it closes it (or exits), on fsync, or when its last
+descriptor goes; other clients see the new version from their next open.
+Another process closing its copy of the descriptor (a subprocess at exec, a
+forked child) commits nothing, and a writer that dies of a signal leaves the
+version it last committed (see ``_openers``). Renames, mkdir, rmdir and
+unlink go straight to the store (one transaction each). An unlinked file
+stays readable through the handles open on it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from graben.store import Client, FileInfo, ReadFile
 
 from ._blocks import Blocks
 from ._inodes import ROOT, InodeTable, is_unlinked
+from ._openers import Fate, Opener, fate, opener
 from ._spool import Spool, SpoolFile
 from ._stream import Stream
 
@@ -85,6 +90,9 @@ class _Open:
     """Mode bits for its next commit (0: keep the committed version's)."""
     failed: int = 0
     """The errno of a write that failed: the content is torn, and is never committed."""
+    abandoned: bool = False
+    """A writer died of a signal since the last commit, and nothing was written after it:
+    the content is torn, and is dropped at the last close."""
     stream: Stream | None = None
     """The upload following its writes while they go front to back."""
     mtime_ns: int = field(default_factory=time.time_ns)
@@ -98,6 +106,9 @@ class _Handle:
     file: _Open
     reader: ReadFile | None = None
     blocks: Blocks | None = None
+    writing: bool = False
+    opener: Opener | None = None
+    """The process that opened it for writing, until its close (or death) was seen."""
 
 
 class Operations(pyfuse3.Operations):
@@ -119,8 +130,12 @@ class Operations(pyfuse3.Operations):
         self._next_fh = 1
         self._versions: dict[int, tuple[int, int]] = {}
         self._uid, self._gid = os.getuid(), os.getgid()
+        self._releases: dict[int, list[trio.Event]] = {}
+        """Releases under way, by inode: each is set once its commit is done."""
         self.nursery: trio.Nursery | None = None
         """Where background reads run; set by the mount before serving."""
+        self.device: str | None = None
+        """The mount's ``major:minor`` (tells its files from others' in ``/proc``)."""
 
     # -- helpers ---------------------------------------------------------------
 
@@ -166,6 +181,24 @@ class Operations(pyfuse3.Operations):
         attrs.st_uid, attrs.st_gid = self._uid, self._gid
         return attrs
 
+    async def _settled(self, inode: int | None) -> None:
+        """Wait for the releases under way on ``inode`` to commit.
+
+        The kernel sends RELEASE without waiting for it, but queues it before
+        ``close`` returns, and each request's handler runs up to its first
+        ``await`` before the next request is read: so a release that started
+        before a request is waited for here, and a file closed just now is seen
+        committed (close-to-open) by any process that asks after the close.
+        """
+        for done in list(self._releases.get(inode, ())) if inode is not None else ():
+            await done.wait()
+
+    async def _all_settled(self) -> None:
+        """Wait for every release under way (a rename or listing may involve any file)."""
+        for releases in list(self._releases.values()):
+            for done in list(releases):
+                await done.wait()
+
     async def _stat(self, inode: int, path: str) -> pyfuse3.EntryAttributes:
         file = self._open.get(inode)
         if file is not None and (file.created or file.unlinked):
@@ -179,6 +212,7 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
+        await self._settled(self.inodes.peek(path))
         inode = self.inodes.peek(path)
         attrs = await self._stat(inode, path) if inode is not None else None
         if attrs is None:
@@ -193,6 +227,7 @@ class Operations(pyfuse3.Operations):
 
     @answers_errno
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        await self._settled(inode)
         file = self._open.get(inode)
         if file is not None and file.unlinked:
             return self._attrs(inode, file.info, file)
@@ -207,6 +242,7 @@ class Operations(pyfuse3.Operations):
         fh: int | None,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
+        await self._settled(inode)
         if fields.update_uid and attr.st_uid != self._uid:
             raise pyfuse3.FUSEError(errno.EPERM)  # every file is the mounting user's
         if fields.update_gid and attr.st_gid != self._gid:
@@ -235,6 +271,7 @@ class Operations(pyfuse3.Operations):
         """Cut or extend a file; ``commit`` publishes it now (else its last close does)."""
         file = self._open.setdefault(inode, _Open())
         file.handles += 1
+        file.abandoned = False  # changed by a live process: it is its content now
         try:
             spool = await self._spooled(inode, file, keep=size > 0)
             async with file.lock:
@@ -277,6 +314,7 @@ class Operations(pyfuse3.Operations):
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._writable()
         path = self._child(parent_inode, name)
+        await self._all_settled()
         if not (await self._call(self.client.stat, path)).is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         await self._call(self.client.rm, path)
@@ -286,6 +324,7 @@ class Operations(pyfuse3.Operations):
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._writable()
         path = self._child(parent_inode, name)
+        await self._settled(self.inodes.peek(path))
         inode = self.inodes.peek(path)
         file = self._open.get(inode) if inode is not None else None
         if file is not None and file.created:
@@ -313,6 +352,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EINVAL)
         old = self._child(parent_inode_old, name_old)
         new = self._child(parent_inode_new, name_new)
+        await self._all_settled()
         await self._commit_below(old)
         replace = not flags & pyfuse3.RENAME_NOREPLACE
         await self._call(self.client.rename, old, new, replace=replace)
@@ -335,6 +375,7 @@ class Operations(pyfuse3.Operations):
 
     @answers_errno
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        await self._all_settled()
         path = self._path(inode)
         entries: list[tuple[str, str, FileInfo | None]] = [
             (info.name, info.path, info) for info in await self._call(self.client.ls, path)
@@ -375,10 +416,12 @@ class Operations(pyfuse3.Operations):
         writing = flags & (os.O_WRONLY | os.O_RDWR) != 0
         if writing or flags & os.O_TRUNC:
             self._writable()
+        await self._settled(inode)
         path = self._path(inode)
         file = self._open.setdefault(inode, _Open())
         file.handles += 1
-        handle = _Handle(inode, file)
+        # Two small /proc reads: cheaper here than a thread hop.
+        handle = _Handle(inode, file, writing=writing, opener=opener(ctx.pid) if writing else None)
         try:
             if writing:
                 spool = await self._spooled(inode, file, keep=not flags & os.O_TRUNC)
@@ -439,6 +482,7 @@ class Operations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         self._writable()
         path = self._child(parent_inode, name)
+        await self._settled(self.inodes.peek(path))
         inode = self.inodes.lookup(path)
         file = self._open.setdefault(inode, _Open())
         file.handles += 1
@@ -447,7 +491,7 @@ class Operations(pyfuse3.Operations):
         await self._spooled(inode, file, keep=False)
         self._stream(inode, file)
         fh = self._new_fh()
-        self._handles[fh] = _Handle(inode, file)
+        self._handles[fh] = _Handle(inode, file, writing=True, opener=opener(ctx.pid))
         return pyfuse3.FileInfo(fh=fh), self._attrs(inode, None, file)
 
     @answers_errno
@@ -484,34 +528,70 @@ class Operations(pyfuse3.Operations):
             if file.stream is not None:
                 assert self.nursery is not None
                 file.stream.advance(spool, self.nursery)
-        handle.file.mtime_ns = time.time_ns()
+        file.mtime_ns = time.time_ns()
+        file.abandoned = False  # written by a live process: it is its content now
         return written
 
     @answers_errno
     async def flush(self, fh: int) -> None:
+        """A descriptor was closed, by the opener or by any process holding a copy.
+
+        Commit only if the process that opened the handle let it go: a copy
+        closed elsewhere (a subprocess at exec, a forked child) must not
+        publish a file its writer is still writing. A writer dying of a
+        signal leaves its torn content to be dropped.
+        """
         handle = self._handles[fh]
-        await self._commit(handle.inode, handle.file)
+        file = handle.file
+        if not handle.writing:
+            return
+        if file.failed:  # tell the writer's close (the content will not be committed)
+            raise pyfuse3.FUSEError(file.failed)
+        if handle.opener is None:  # let go already, or unknown: the last release commits
+            return
+        seen = await self._call(fate, handle.opener, handle.inode, self.device)
+        if seen is Fate.KILLED:
+            log.warning("%s: its writer died of a signal; dropping its changes", self._name(fh))
+            handle.opener, file.abandoned = None, True
+        elif seen is Fate.CLOSED:
+            handle.opener = None
+            await self._commit(handle.inode, file)
+
+    def _name(self, fh: int) -> str:
+        try:
+            return self.inodes.path(self._handles[fh].inode)
+        except KeyError:
+            return f"inode {self._handles[fh].inode}"
 
     @answers_errno
     async def fsync(self, fh: int, datasync: bool) -> None:
         handle = self._handles[fh]
+        handle.file.abandoned = False  # asked for by a live process
         await self._commit(handle.inode, handle.file)
 
     @answers_errno
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
+        # Before the first await: see ``_settled``.
+        done = trio.Event()
+        self._releases.setdefault(handle.inode, []).append(done)
         if handle.blocks is not None:
             handle.blocks.close()
         try:
             await self._closed(handle.inode, handle.file)
         finally:
+            done.set()
+            releases = self._releases[handle.inode]
+            releases.remove(done)
+            if not releases:
+                del self._releases[handle.inode]
             if handle.reader is not None:
                 await self._call(handle.reader.close)
 
     async def _commit(self, inode: int, file: _Open) -> None:
         """Publish the spooled content as the file's new version, if it changed."""
         spool = file.spool
-        if spool is None or file.unlinked or not (spool.dirty or file.created):
+        if spool is None or file.unlinked or file.abandoned or not (spool.dirty or file.created):
             return
         if file.failed:  # the committed version stays what it was
             raise pyfuse3.FUSEError(file.failed)
@@ -549,7 +629,7 @@ class Operations(pyfuse3.Operations):
             # A truncate by path may change the spool while we commit: go again.
             while (
                 file.handles == 0
-                and not (file.failed or file.unlinked)
+                and not (file.failed or file.unlinked or file.abandoned)
                 and file.spool
                 and file.spool.dirty
             ):
