@@ -15,6 +15,7 @@ import logging
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -118,15 +119,11 @@ def clean_stale(target: Path) -> bool:
 
 def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = None) -> None:
     """Run the mount in this process until it is unmounted or signalled."""
+    spool = Spool(private_directory(options.spool_dir), options.spool_limit)
     client = connect(url)
     try:
         client.stat("/")  # an unreachable store fails the mount, not every call after it
-        ops = Operations(
-            client,
-            Spool(options.spool_dir, options.spool_limit),
-            read_only=options.read_only,
-            timeout=options.timeout,
-        )
+        ops = Operations(client, spool, read_only=options.read_only, timeout=options.timeout)
         fuse_options = set(pyfuse3.default_options) | {"fsname=graben", "subtype=graben"}
         if options.read_only:
             fuse_options.add("ro")
@@ -145,6 +142,68 @@ def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = 
             log.info("unmounted %s", target)
     finally:
         client.close()
+        spool.close()
+
+
+def private_directory(path: Path) -> int:
+    """An open descriptor of the directory ``path``, made (0700) if it is missing.
+
+    Anyone who may write in the spool could plant a symbolic link where the
+    mount writes (its log) and have it write over their target with our
+    rights. So the directory must be ours, not a link, and closed to group
+    and others; the descriptor is then used, not the path, which another
+    user could swap afterwards.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise MountError(f"the spool must be a directory: {_what(path, exc)}", str(path)) from exc
+    why = _not_private(os.fstat(fd))
+    if why:
+        os.close(fd)
+        raise MountError(f"the spool directory {why}; give the mount another one", str(path))
+    return fd
+
+
+def _what(path: Path, exc: OSError) -> str:
+    """What stopped ``path`` from opening (a link is refused, never followed)."""
+    return "it is a symbolic link (never followed)" if path.is_symlink() else str(exc.strerror)
+
+
+def _not_private(st: os.stat_result) -> str:
+    """Why a directory is no private one ("" if it is)."""
+    if st.st_uid != os.geteuid():
+        return f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"is writable by others (mode {stat.S_IMODE(st.st_mode):o}: chmod go-w it)"
+    return ""
+
+
+def _open_log(options: MountOptions) -> tuple[int, Path]:
+    """The daemon's log, opened to append, never through a link; and its path."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+    if options.log_file is None:
+        spool = private_directory(options.spool_dir)
+        try:
+            fd = os.open("mount.log", flags, 0o600, dir_fd=spool)
+        finally:
+            os.close(spool)
+        return fd, options.spool_dir / "mount.log"
+    path = options.log_file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise MountError(f"cannot open the log: {_what(path, exc)}", str(path)) from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+        os.close(fd)  # a hard link could be another file's inode under the log's name
+        why = "the log must be a plain file of yours (no device, no hard link)"
+        raise MountError(why, str(path))
+    return fd, path
 
 
 def _device(target: Path) -> str | None:
@@ -194,8 +253,8 @@ async def _stop_on_signal() -> None:
 
 
 def _start_daemon(url: str, target: Path, options: MountOptions) -> int:
-    log_file = options.log_file or options.spool_dir / "mount.log"
-    log_file.parent.mkdir(parents=True, exist_ok=True)
+    os.close(private_directory(options.spool_dir))  # its own error, before the daemon's
+    log_out, log_file = _open_log(options)
     read, write = os.pipe()
     command = [
         sys.executable,
@@ -205,7 +264,7 @@ def _start_daemon(url: str, target: Path, options: MountOptions) -> int:
         "--ready-fd",
         str(write),
     ]
-    with open(log_file, "ab") as log_out:
+    try:
         process = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
@@ -214,6 +273,8 @@ def _start_daemon(url: str, target: Path, options: MountOptions) -> int:
             pass_fds=(write,),
             start_new_session=True,
         )
+    finally:
+        os.close(log_out)
     os.close(write)
     try:
         ready = _wait_ready(read, process)

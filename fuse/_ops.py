@@ -551,17 +551,12 @@ class Operations(pyfuse3.Operations):
             return
         seen = await self._call(fate, handle.opener, handle.inode, self.device)
         if seen is Fate.KILLED:
-            log.warning("%s: its writer died of a signal; dropping its changes", self._name(fh))
+            path = self.inodes.path(handle.inode)
+            log.warning("%s: its writer died of a signal; its changes are dropped", path)
             handle.opener, file.abandoned = None, True
         elif seen is Fate.CLOSED:
             handle.opener = None
             await self._commit(handle.inode, file)
-
-    def _name(self, fh: int) -> str:
-        try:
-            return self.inodes.path(self._handles[fh].inode)
-        except KeyError:
-            return f"inode {self._handles[fh].inode}"
 
     @answers_errno
     async def fsync(self, fh: int, datasync: bool) -> None:

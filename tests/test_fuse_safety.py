@@ -11,14 +11,18 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from fuse_kit import needs_fuse
+from fuse_kit import needs_fuse, unmount_and_wait
 
+from graben.fuse import MountError, MountOptions, mount
 from graben.store import Client
 
 pytestmark = needs_fuse
@@ -162,3 +166,119 @@ def test_shells_and_processes_that_exit_without_closing_publish(
         subprocess.run(["sh", "-c", command], cwd=here, check=True)
         assert direct.get(f"/{here.name}/f") == b"hi\n"
         assert (here / "f").read_bytes() == b"hi\n"
+
+
+# -- the spool and the log: in a directory only the user can change -------------
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="plants files as another user")
+
+
+@pytest.fixture
+def sticky(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A world-writable sticky directory (a /tmp of our own), made the temporary directory."""
+    where = tmp_path / "tmp"
+    where.mkdir()
+    where.chmod(0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(where))
+    return where
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """A file only its owner may read or write, that no mount must ever touch."""
+    path = tmp_path / "victim"
+    path.write_bytes(b"secret\n")
+    path.chmod(0o600)
+    return path
+
+
+def _plant(directory: Path, target: Path, mode: int = 0o755) -> None:
+    """Another user's directory holding a ``mount.log`` that links to ``target``."""
+    directory.mkdir(mode=mode)
+    directory.chmod(mode)
+    os.symlink(target, directory / "mount.log")
+    os.lchown(directory / "mount.log", NOBODY, NOBODY)
+    os.chown(directory, NOBODY, NOBODY)
+
+
+@contextlib.contextmanager
+def _refused(point: Path, match: str, **options: Any) -> Iterator[None]:
+    """Expect the mount at ``point`` to be refused (and unmount it if it was not)."""
+    point.mkdir(exist_ok=True)
+    try:
+        with pytest.raises(MountError, match=match):
+            pid = mount(str(point.parent / "store"), point, MountOptions(**options))
+            unmount_and_wait(point, pid)  # the test has failed: leave nothing mounted
+        yield
+    finally:
+        assert not os.path.ismount(point)
+
+
+def test_the_default_spool_is_the_users_own_private_directory(sticky: Path, tmp_path: Path) -> None:
+    point = tmp_path / "mnt"
+    point.mkdir()
+    pid = mount(str(tmp_path / "store"), point)
+    try:
+        (point / "f").write_bytes(b"x")
+    finally:
+        unmount_and_wait(point, pid)
+    spools = [p for p in sticky.iterdir() if p.is_dir()]
+    assert len(spools) == 1 and str(os.getuid()) in spools[0].name
+    st = spools[0].lstat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (os.geteuid(), 0o700)
+    log = (spools[0] / "mount.log").lstat()
+    assert (log.st_uid, stat.S_IMODE(log.st_mode)) == (os.geteuid(), 0o600)
+
+
+@needs_root
+def test_a_spool_planted_by_another_user_is_refused(
+    sticky: Path, victim: Path, tmp_path: Path
+) -> None:
+    # Whatever name the default takes, another user got there first.
+    for name in ("graben-spool", f"graben-{os.getuid()}"):
+        _plant(sticky / name, victim)
+    with _refused(tmp_path / "mnt", "belongs to uid 65534"):
+        pass
+    assert victim.read_bytes() == b"secret\n"
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+
+
+@needs_root
+def test_a_spool_that_is_a_symbolic_link_is_refused(
+    sticky: Path, victim: Path, tmp_path: Path
+) -> None:
+    ours = tmp_path / "ours"  # the link leads to a directory we own, with the trap inside
+    ours.mkdir(mode=0o700)
+    os.symlink(victim, ours / "mount.log")
+    for name in ("graben-spool", f"graben-{os.getuid()}"):
+        os.symlink(ours, sticky / name)
+        os.lchown(sticky / name, NOBODY, NOBODY)
+    with _refused(tmp_path / "mnt", "symbolic link"):
+        pass
+    assert victim.read_bytes() == b"secret\n"
+
+
+@needs_root
+def test_a_log_file_that_is_a_link_is_not_followed(
+    sticky: Path, victim: Path, tmp_path: Path
+) -> None:
+    log = sticky / "mount.log"
+    os.symlink(victim, log)
+    os.lchown(log, NOBODY, NOBODY)
+    with _refused(tmp_path / "mnt", "symbolic link", log_file=log):
+        pass
+    os.unlink(log)
+    os.link(victim, log)  # a hard link: the victim's own inode under the log's name
+    with _refused(tmp_path / "mnt", "link", log_file=log):
+        pass
+    assert victim.read_bytes() == b"secret\n"
+
+
+def test_a_spool_others_may_write_in_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with _refused(tmp_path / "mnt", "writable by others", spool_dir=shared):
+        pass
+    assert list(shared.iterdir()) == []
