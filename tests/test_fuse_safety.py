@@ -148,6 +148,45 @@ def test_a_forked_child_that_writes_after_its_parent_closed_publishes_at_its_exi
         assert direct.get(f"/{here.name}/f") == b"parent." + b"child." * 1_000_000
 
 
+# The writer writes, forks a child that keeps the descriptor, and waits to be
+# killed; the child, once the writer is gone, writes to the file or not, then
+# closes it. argv: path, "write" or "idle".
+ORPHAN = r"""
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)
+os.write(fd, b"torn.")
+writer = os.getpid()
+if os.fork() == 0:
+    while os.getppid() == writer:
+        time.sleep(0.01)
+    if sys.argv[2] == "write":
+        os.write(fd, b"child.")
+    os.close(fd)
+    print("done", flush=True)
+    os._exit(0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize(("child", "expected"), [("idle", OLD), ("write", b"torn.child.")])
+def test_a_killed_writers_child_publishes_only_what_it_wrote_to(
+    here: Path, direct: Client, child: str, expected: bytes
+) -> None:
+    path = here / "f"
+    path.write_bytes(OLD)
+    with subprocess.Popen(
+        [sys.executable, "-c", ORPHAN, str(path), child], stdout=subprocess.PIPE, text=True
+    ) as writer:
+        assert writer.stdout is not None
+        assert writer.stdout.readline() == "ready\n"
+        writer.kill()
+        assert writer.stdout.readline() == "done\n"  # the child closed the file
+        writer.communicate()
+    assert path.read_bytes() == expected
+    assert direct.get(f"/{here.name}/f") == expected
+
+
 @pytest.mark.parametrize(
     "command",
     [
