@@ -37,6 +37,7 @@ from graben.store import Client, FileInfo, ReadFile
 from ._blocks import Blocks
 from ._inodes import ROOT, InodeTable, is_unlinked
 from ._openers import Fate, Opener, fate, opener
+from ._releases import Releases
 from ._spool import Spool, SpoolFile
 from ._stream import Stream
 
@@ -130,8 +131,7 @@ class Operations(pyfuse3.Operations):
         self._next_fh = 1
         self._versions: dict[int, tuple[int, int]] = {}
         self._uid, self._gid = os.getuid(), os.getgid()
-        self._releases: dict[int, list[trio.Event]] = {}
-        """Releases under way, by inode: each is set once its commit is done."""
+        self._releases = Releases()
         self.nursery: trio.Nursery | None = None
         """Where background reads run; set by the mount before serving."""
         self.device: str | None = None
@@ -181,24 +181,6 @@ class Operations(pyfuse3.Operations):
         attrs.st_uid, attrs.st_gid = self._uid, self._gid
         return attrs
 
-    async def _settled(self, inode: int | None) -> None:
-        """Wait for the releases under way on ``inode`` to commit.
-
-        The kernel sends RELEASE without waiting for it, but queues it before
-        ``close`` returns, and each request's handler runs up to its first
-        ``await`` before the next request is read: so a release that started
-        before a request is waited for here, and a file closed just now is seen
-        committed (close-to-open) by any process that asks after the close.
-        """
-        for done in list(self._releases.get(inode, ())) if inode is not None else ():
-            await done.wait()
-
-    async def _all_settled(self) -> None:
-        """Wait for every release under way (a rename or listing may involve any file)."""
-        for releases in list(self._releases.values()):
-            for done in list(releases):
-                await done.wait()
-
     async def _stat(self, inode: int, path: str) -> pyfuse3.EntryAttributes:
         file = self._open.get(inode)
         if file is not None and (file.created or file.unlinked):
@@ -212,7 +194,7 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
-        await self._settled(self.inodes.peek(path))
+        await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.peek(path)
         attrs = await self._stat(inode, path) if inode is not None else None
         if attrs is None:
@@ -227,7 +209,7 @@ class Operations(pyfuse3.Operations):
 
     @answers_errno
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        await self._settled(inode)
+        await self._releases.settled(inode)
         file = self._open.get(inode)
         if file is not None and file.unlinked:
             return self._attrs(inode, file.info, file)
@@ -242,7 +224,7 @@ class Operations(pyfuse3.Operations):
         fh: int | None,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
-        await self._settled(inode)
+        await self._releases.settled(inode)
         if fields.update_uid and attr.st_uid != self._uid:
             raise pyfuse3.FUSEError(errno.EPERM)  # every file is the mounting user's
         if fields.update_gid and attr.st_gid != self._gid:
@@ -314,7 +296,7 @@ class Operations(pyfuse3.Operations):
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._writable()
         path = self._child(parent_inode, name)
-        await self._all_settled()
+        await self._releases.all_settled()
         if not (await self._call(self.client.stat, path)).is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         await self._call(self.client.rm, path)
@@ -324,7 +306,7 @@ class Operations(pyfuse3.Operations):
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._writable()
         path = self._child(parent_inode, name)
-        await self._settled(self.inodes.peek(path))
+        await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.peek(path)
         file = self._open.get(inode) if inode is not None else None
         if file is not None and file.created:
@@ -352,7 +334,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EINVAL)
         old = self._child(parent_inode_old, name_old)
         new = self._child(parent_inode_new, name_new)
-        await self._all_settled()
+        await self._releases.all_settled()
         await self._commit_below(old)
         replace = not flags & pyfuse3.RENAME_NOREPLACE
         await self._call(self.client.rename, old, new, replace=replace)
@@ -375,7 +357,7 @@ class Operations(pyfuse3.Operations):
 
     @answers_errno
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        await self._all_settled()
+        await self._releases.all_settled()
         path = self._path(inode)
         entries: list[tuple[str, str, FileInfo | None]] = [
             (info.name, info.path, info) for info in await self._call(self.client.ls, path)
@@ -416,7 +398,7 @@ class Operations(pyfuse3.Operations):
         writing = flags & (os.O_WRONLY | os.O_RDWR) != 0
         if writing or flags & os.O_TRUNC:
             self._writable()
-        await self._settled(inode)
+        await self._releases.settled(inode)
         path = self._path(inode)
         file = self._open.setdefault(inode, _Open())
         file.handles += 1
@@ -482,7 +464,7 @@ class Operations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         self._writable()
         path = self._child(parent_inode, name)
-        await self._settled(self.inodes.peek(path))
+        await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.lookup(path)
         file = self._open.setdefault(inode, _Open())
         file.handles += 1
@@ -567,19 +549,12 @@ class Operations(pyfuse3.Operations):
     @answers_errno
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
-        # Before the first await: see ``_settled``.
-        done = trio.Event()
-        self._releases.setdefault(handle.inode, []).append(done)
         if handle.blocks is not None:
             handle.blocks.close()
         try:
-            await self._closed(handle.inode, handle.file)
+            with self._releases.running(handle.inode):  # before any await: see ``_releases``
+                await self._closed(handle.inode, handle.file)
         finally:
-            done.set()
-            releases = self._releases[handle.inode]
-            releases.remove(done)
-            if not releases:
-                del self._releases[handle.inode]
             if handle.reader is not None:
                 await self._call(handle.reader.close)
 
