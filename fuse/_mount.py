@@ -182,15 +182,11 @@ def _not_private(st: os.stat_result) -> str:
     return ""
 
 
-def _open_log(options: MountOptions) -> tuple[int, Path]:
+def _open_log(options: MountOptions, spool: int) -> tuple[int, Path]:
     """The daemon's log, opened to append, never through a link; and its path."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
     if options.log_file is None:
-        spool = private_directory(options.spool_dir)
-        try:
-            fd = os.open("mount.log", flags, 0o600, dir_fd=spool)
-        finally:
-            os.close(spool)
+        fd = os.open("mount.log", flags, 0o600, dir_fd=spool)
         return fd, options.spool_dir / "mount.log"
     path = options.log_file
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -253,8 +249,11 @@ async def _stop_on_signal() -> None:
 
 
 def _start_daemon(url: str, target: Path, options: MountOptions) -> int:
-    os.close(private_directory(options.spool_dir))  # its own error, before the daemon's
-    log_out, log_file = _open_log(options)
+    spool = private_directory(options.spool_dir)  # its own error, before the daemon's
+    try:
+        log_out, log_file = _open_log(options, spool)
+    finally:
+        os.close(spool)
     read, write = os.pipe()
     command = [
         sys.executable,
