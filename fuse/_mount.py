@@ -120,8 +120,7 @@ def clean_stale(target: Path) -> bool:
 def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = None) -> None:
     """Run the mount in this process until it is unmounted or signalled."""
     spool = Spool(private_directory(options.spool_dir), options.spool_limit)
-    client = connect(url)
-    try:
+    with contextlib.closing(spool), connect(url) as client:
         client.stat("/")  # an unreachable store fails the mount, not every call after it
         ops = Operations(client, spool, read_only=options.read_only, timeout=options.timeout)
         fuse_options = set(pyfuse3.default_options) | {"fsname=graben", "subtype=graben"}
@@ -140,9 +139,6 @@ def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = 
         finally:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", target)
-    finally:
-        client.close()
-        spool.close()
 
 
 def private_directory(path: Path) -> int:
