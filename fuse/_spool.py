@@ -10,13 +10,13 @@ over fails with ``ENOSPC`` and changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import mmap
 import os
 import secrets
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 COPY_BLOCK = 8 << 20
 """Bytes copied at a time when a file's committed content is spooled."""
@@ -100,14 +100,23 @@ class SpoolFile:
                     raise OSError(errno.EIO, "the file changed length while it was spooled")
                 done += n
 
-    @contextmanager
+    @contextlib.contextmanager
     def mapped(self) -> Iterator[memoryview]:
         """The content as one memoryview, without copying it."""
         if self.size == 0:
             yield memoryview(b"")
             return
-        with mmap.mmap(self.fd, self.size) as region, memoryview(region) as view:
+        region = mmap.mmap(self.fd, self.size)
+        view = memoryview(region)
+        try:
             yield view
+        finally:
+            # The store may hold a slice of it a moment past its put (an upload
+            # task not yet collected): then the mapping goes with the slice. The
+            # put is done; failing the commit over it would make close() say EIO.
+            with contextlib.suppress(BufferError):
+                view.release()
+                region.close()
 
     def close(self) -> None:
         """Drop the content and give its bytes back to the spool."""
