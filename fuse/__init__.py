@@ -2,7 +2,8 @@
 
 ``mount(url, mountpoint)`` mounts a store (embedded directory or cluster) with
 close-to-open semantics: a file opened for writing is staged locally and
-committed as one new version on flush, fsync or close; renames are atomic.
+committed as one new version when its writer closes it, on fsync, or at its
+last close (a writer killed mid-write leaves the old version); renames are atomic.
 ``unmount(mountpoint)`` takes it down again.
 """
 

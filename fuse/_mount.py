@@ -15,6 +15,7 @@ import logging
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ import trio
 
 from graben.store import GrabenError, connect
 
+from ._openers import mount_device
 from ._ops import Operations
 from ._options import MountOptions
 from ._spool import Spool
@@ -117,15 +119,10 @@ def clean_stale(target: Path) -> bool:
 
 def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = None) -> None:
     """Run the mount in this process until it is unmounted or signalled."""
-    client = connect(url)
-    try:
+    spool = Spool(private_directory(options.spool_dir), options.spool_limit)
+    with contextlib.closing(spool), connect(url) as client:
         client.stat("/")  # an unreachable store fails the mount, not every call after it
-        ops = Operations(
-            client,
-            Spool(options.spool_dir, options.spool_limit),
-            read_only=options.read_only,
-            timeout=options.timeout,
-        )
+        ops = Operations(client, spool, read_only=options.read_only, timeout=options.timeout)
         fuse_options = set(pyfuse3.default_options) | {"fsname=graben", "subtype=graben"}
         if options.read_only:
             fuse_options.add("ro")
@@ -133,46 +130,109 @@ def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = 
             fuse_options.add("allow_other")
         pyfuse3.init(ops, os.fspath(target), fuse_options)
         try:
+            ops.device = _device(target)
             if ready_fd is not None:
                 os.write(ready_fd, b"1")
                 os.close(ready_fd)
             log.info("mounted %s on %s", url, target)
-            trio.run(_main, ops, target)
+            trio.run(_main, ops)
         finally:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", target)
-    finally:
-        client.close()
 
 
-async def _widen_read_ahead(target: Path) -> None:
+def private_directory(path: Path) -> int:
+    """An open descriptor of the directory ``path``, made (0700) if it is missing.
+
+    Anyone who may write in the spool could plant a symbolic link where the
+    mount writes (its log) and have it write over their target with our
+    rights. So the directory must be ours, not a link, and closed to group
+    and others; the descriptor is then used, not the path, which another
+    user could swap afterwards.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise MountError(f"the spool must be a directory: {_what(path, exc)}", str(path)) from exc
+    why = _not_private(os.fstat(fd))
+    if why:
+        os.close(fd)
+        raise MountError(f"the spool directory {why}; give the mount another one", str(path))
+    return fd
+
+
+def _what(path: Path, exc: OSError) -> str:
+    """What stopped ``path`` from opening (a link is refused, never followed)."""
+    return "it is a symbolic link (never followed)" if path.is_symlink() else str(exc.strerror)
+
+
+def _not_private(st: os.stat_result) -> str:
+    """Why a directory is no private one ("" if it is)."""
+    if st.st_uid != os.geteuid():
+        return f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"is writable by others (mode {stat.S_IMODE(st.st_mode):o}: chmod go-w it)"
+    return ""
+
+
+def _open_log(options: MountOptions, spool: int) -> tuple[int, Path]:
+    """The daemon's log, opened to append, never through a link; and its path."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+    if options.log_file is None:
+        fd = os.open("mount.log", flags, 0o600, dir_fd=spool)
+        return fd, options.spool_dir / "mount.log"
+    path = options.log_file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise MountError(f"cannot open the log: {_what(path, exc)}", str(path)) from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+        os.close(fd)  # a hard link could be another file's inode under the log's name
+        why = "the log must be a plain file of yours (no device, no hard link)"
+        raise MountError(why, str(path))
+    return fd, path
+
+
+def _device(target: Path) -> str | None:
+    """The mount's device, read from ``/proc``: the daemon must not touch its own mount."""
+    try:
+        return mount_device(os.fspath(target))
+    except OSError as exc:
+        log.info("could not tell the device of %s (%s)", target, exc)
+        return None
+
+
+async def _widen_read_ahead(device: str | None) -> None:
     """Let the kernel read ahead 4 MiB, in 1 MiB requests, instead of 128 KiB ones.
 
     The kernel's default for a FUSE mount is 128 KiB; each request costs a
     round trip through the daemon, and 1 MiB ones double a sequential
     read's throughput here. Set once the kernel has taken our INIT reply
-    (which sets it too). Needs root (the knob is in sysfs); the device is
-    found in ``/proc/self/mountinfo``: the daemon must not touch its own mount.
+    (which sets it too). Needs root (the knob is in sysfs).
     """
     await trio.sleep(INIT_SETTLE_S)
-    await trio.to_thread.run_sync(_set_read_ahead, target)
+    if device is not None:
+        await trio.to_thread.run_sync(_set_read_ahead, device)
 
 
-def _set_read_ahead(target: Path) -> None:
+def _set_read_ahead(device: str) -> None:
     try:
-        with open("/proc/self/mountinfo") as table:
-            device = next(line.split()[2] for line in table if line.split()[4] == os.fspath(target))
         with open(f"/sys/class/bdi/{device}/read_ahead_kb", "w") as knob:
             knob.write(str(READ_AHEAD_KB))
-    except (OSError, StopIteration) as exc:
-        log.info("kept the kernel's read-ahead for %s (%s)", target, exc)
+    except OSError as exc:
+        log.info("kept the kernel's read-ahead for the mount (%s)", exc)
 
 
-async def _main(ops: Operations, target: Path) -> None:
+async def _main(ops: Operations) -> None:
     async with trio.open_nursery() as nursery:
         ops.nursery = nursery
         nursery.start_soon(_stop_on_signal)
-        nursery.start_soon(_widen_read_ahead, target)
+        nursery.start_soon(_widen_read_ahead, ops.device)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
 
@@ -185,8 +245,11 @@ async def _stop_on_signal() -> None:
 
 
 def _start_daemon(url: str, target: Path, options: MountOptions) -> int:
-    log_file = options.log_file or options.spool_dir / "mount.log"
-    log_file.parent.mkdir(parents=True, exist_ok=True)
+    spool = private_directory(options.spool_dir)  # its own error, before the daemon's
+    try:
+        log_out, log_file = _open_log(options, spool)
+    finally:
+        os.close(spool)
     read, write = os.pipe()
     command = [
         sys.executable,
@@ -196,7 +259,7 @@ def _start_daemon(url: str, target: Path, options: MountOptions) -> int:
         "--ready-fd",
         str(write),
     ]
-    with open(log_file, "ab") as log_out:
+    try:
         process = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
@@ -205,6 +268,8 @@ def _start_daemon(url: str, target: Path, options: MountOptions) -> int:
             pass_fds=(write,),
             start_new_session=True,
         )
+    finally:
+        os.close(log_out)
     os.close(write)
     try:
         ready = _wait_ready(read, process)

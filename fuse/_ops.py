@@ -7,10 +7,14 @@ carry theirs); anything unexpected is logged and answered with ``EIO``, so no
 exception reaches the loop.
 
 Semantics: close-to-open, as NFS and JuiceFS give. A file opened for writing
-is staged whole in the spool and committed, as one new version, on flush,
-fsync or close; other clients see the new version from their next open.
-Renames, mkdir, rmdir and unlink go straight to the store (one transaction
-each). An unlinked file stays readable through the handles open on it.
+is staged whole in the spool and committed, as one new version, when the
+process that opened it closes it (or exits), on fsync, or when its last
+descriptor goes; other clients see the new version from their next open.
+Another process closing its copy of the descriptor (a subprocess at exec, a
+forked child) commits nothing, and a writer that dies of a signal leaves the
+version it last committed (see ``_openers``). Renames, mkdir, rmdir and
+unlink go straight to the store (one transaction each). An unlinked file
+stays readable through the handles open on it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from graben.store import Client, FileInfo, ReadFile
 
 from ._blocks import Blocks
 from ._inodes import ROOT, InodeTable, is_unlinked
+from ._openers import Fate, Opener, fate, opener
+from ._releases import Releases
 from ._spool import Spool, SpoolFile
 from ._stream import Stream
 
@@ -85,6 +91,9 @@ class _Open:
     """Mode bits for its next commit (0: keep the committed version's)."""
     failed: int = 0
     """The errno of a write that failed: the content is torn, and is never committed."""
+    abandoned: bool = False
+    """A writer died of a signal since the last commit, and nothing was written after it:
+    the content is torn, and is dropped at the last close."""
     stream: Stream | None = None
     """The upload following its writes while they go front to back."""
     mtime_ns: int = field(default_factory=time.time_ns)
@@ -98,6 +107,9 @@ class _Handle:
     file: _Open
     reader: ReadFile | None = None
     blocks: Blocks | None = None
+    writing: bool = False
+    opener: Opener | None = None
+    """The process that opened it for writing, until its close (or death) was seen."""
 
 
 class Operations(pyfuse3.Operations):
@@ -119,8 +131,11 @@ class Operations(pyfuse3.Operations):
         self._next_fh = 1
         self._versions: dict[int, tuple[int, int]] = {}
         self._uid, self._gid = os.getuid(), os.getgid()
+        self._releases = Releases()
         self.nursery: trio.Nursery | None = None
         """Where background reads run; set by the mount before serving."""
+        self.device: str | None = None
+        """The mount's ``major:minor`` (tells its files from others' in ``/proc``)."""
 
     # -- helpers ---------------------------------------------------------------
 
@@ -179,6 +194,7 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
+        await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.peek(path)
         attrs = await self._stat(inode, path) if inode is not None else None
         if attrs is None:
@@ -193,6 +209,7 @@ class Operations(pyfuse3.Operations):
 
     @answers_errno
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        await self._releases.settled(inode)
         file = self._open.get(inode)
         if file is not None and file.unlinked:
             return self._attrs(inode, file.info, file)
@@ -207,6 +224,7 @@ class Operations(pyfuse3.Operations):
         fh: int | None,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
+        await self._releases.settled(inode)
         if fields.update_uid and attr.st_uid != self._uid:
             raise pyfuse3.FUSEError(errno.EPERM)  # every file is the mounting user's
         if fields.update_gid and attr.st_gid != self._gid:
@@ -235,6 +253,7 @@ class Operations(pyfuse3.Operations):
         """Cut or extend a file; ``commit`` publishes it now (else its last close does)."""
         file = self._open.setdefault(inode, _Open())
         file.handles += 1
+        file.abandoned = False  # changed by a live process: it is its content now
         try:
             spool = await self._spooled(inode, file, keep=size > 0)
             async with file.lock:
@@ -277,6 +296,7 @@ class Operations(pyfuse3.Operations):
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._writable()
         path = self._child(parent_inode, name)
+        await self._releases.all_settled()
         if not (await self._call(self.client.stat, path)).is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         await self._call(self.client.rm, path)
@@ -286,6 +306,7 @@ class Operations(pyfuse3.Operations):
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._writable()
         path = self._child(parent_inode, name)
+        await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.peek(path)
         file = self._open.get(inode) if inode is not None else None
         if file is not None and file.created:
@@ -313,6 +334,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EINVAL)
         old = self._child(parent_inode_old, name_old)
         new = self._child(parent_inode_new, name_new)
+        await self._releases.all_settled()
         await self._commit_below(old)
         replace = not flags & pyfuse3.RENAME_NOREPLACE
         await self._call(self.client.rename, old, new, replace=replace)
@@ -335,6 +357,7 @@ class Operations(pyfuse3.Operations):
 
     @answers_errno
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        await self._releases.all_settled()
         path = self._path(inode)
         entries: list[tuple[str, str, FileInfo | None]] = [
             (info.name, info.path, info) for info in await self._call(self.client.ls, path)
@@ -375,10 +398,12 @@ class Operations(pyfuse3.Operations):
         writing = flags & (os.O_WRONLY | os.O_RDWR) != 0
         if writing or flags & os.O_TRUNC:
             self._writable()
+        await self._releases.settled(inode)
         path = self._path(inode)
         file = self._open.setdefault(inode, _Open())
         file.handles += 1
-        handle = _Handle(inode, file)
+        # Two small /proc reads: cheaper here than a thread hop.
+        handle = _Handle(inode, file, writing=writing, opener=opener(ctx.pid) if writing else None)
         try:
             if writing:
                 spool = await self._spooled(inode, file, keep=not flags & os.O_TRUNC)
@@ -439,6 +464,7 @@ class Operations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         self._writable()
         path = self._child(parent_inode, name)
+        await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.lookup(path)
         file = self._open.setdefault(inode, _Open())
         file.handles += 1
@@ -447,7 +473,7 @@ class Operations(pyfuse3.Operations):
         await self._spooled(inode, file, keep=False)
         self._stream(inode, file)
         fh = self._new_fh()
-        self._handles[fh] = _Handle(inode, file)
+        self._handles[fh] = _Handle(inode, file, writing=True, opener=opener(ctx.pid))
         return pyfuse3.FileInfo(fh=fh), self._attrs(inode, None, file)
 
     @answers_errno
@@ -484,17 +510,40 @@ class Operations(pyfuse3.Operations):
             if file.stream is not None:
                 assert self.nursery is not None
                 file.stream.advance(spool, self.nursery)
-        handle.file.mtime_ns = time.time_ns()
+        file.mtime_ns = time.time_ns()
+        file.abandoned = False  # written by a live process: it is its content now
         return written
 
     @answers_errno
     async def flush(self, fh: int) -> None:
+        """A descriptor was closed, by the opener or by any process holding a copy.
+
+        Commit only if the process that opened the handle let it go: a copy
+        closed elsewhere (a subprocess at exec, a forked child) must not
+        publish a file its writer is still writing. A writer dying of a
+        signal leaves its torn content to be dropped.
+        """
         handle = self._handles[fh]
-        await self._commit(handle.inode, handle.file)
+        file = handle.file
+        if not handle.writing:
+            return
+        if file.failed:  # tell the writer's close (the content will not be committed)
+            raise pyfuse3.FUSEError(file.failed)
+        if handle.opener is None:  # let go already, or unknown: the last release commits
+            return
+        seen = await self._call(fate, handle.opener, handle.inode, self.device)
+        if seen is Fate.KILLED:
+            path = self.inodes.path(handle.inode)
+            log.warning("%s: its writer died of a signal; its changes are dropped", path)
+            handle.opener, file.abandoned = None, True
+        elif seen is Fate.CLOSED:
+            handle.opener = None
+            await self._commit(handle.inode, file)
 
     @answers_errno
     async def fsync(self, fh: int, datasync: bool) -> None:
         handle = self._handles[fh]
+        handle.file.abandoned = False  # asked for by a live process
         await self._commit(handle.inode, handle.file)
 
     @answers_errno
@@ -503,7 +552,8 @@ class Operations(pyfuse3.Operations):
         if handle.blocks is not None:
             handle.blocks.close()
         try:
-            await self._closed(handle.inode, handle.file)
+            with self._releases.running(handle.inode):  # before any await: see ``_releases``
+                await self._closed(handle.inode, handle.file)
         finally:
             if handle.reader is not None:
                 await self._call(handle.reader.close)
@@ -511,7 +561,7 @@ class Operations(pyfuse3.Operations):
     async def _commit(self, inode: int, file: _Open) -> None:
         """Publish the spooled content as the file's new version, if it changed."""
         spool = file.spool
-        if spool is None or file.unlinked or not (spool.dirty or file.created):
+        if spool is None or file.unlinked or file.abandoned or not (spool.dirty or file.created):
             return
         if file.failed:  # the committed version stays what it was
             raise pyfuse3.FUSEError(file.failed)
@@ -549,7 +599,7 @@ class Operations(pyfuse3.Operations):
             # A truncate by path may change the spool while we commit: go again.
             while (
                 file.handles == 0
-                and not (file.failed or file.unlinked)
+                and not (file.failed or file.unlinked or file.abandoned)
                 and file.spool
                 and file.spool.dirty
             ):

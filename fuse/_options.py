@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+def _spool_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"graben-{os.getuid()}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -13,8 +18,9 @@ class MountOptions:
 
     read_only: bool = False
     """Refuse every change (``EROFS``)."""
-    spool_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "graben-spool")
-    """Where files open for writing are staged until they are committed."""
+    spool_dir: Path = field(default_factory=_spool_dir)
+    """Where files open for writing are staged until they are committed: a directory
+    only this user may write in (made 0700 if missing; default ``$TMPDIR/graben-<uid>``)."""
     spool_limit: int = 16 << 30
     """Bytes the spool may hold; a write past it fails with ``ENOSPC``."""
     timeout: float = 1.0

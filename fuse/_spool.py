@@ -3,21 +3,20 @@
 The store's files are immutable once committed, while POSIX files take writes
 anywhere, at any time. So a file opened for writing is staged whole in a spool
 file on local disk (its old content copied in first unless it is truncated),
-takes reads and writes there, and is committed to the store, in one put, on
-flush, fsync or close. The spool has a byte limit: a write that would take it
+takes reads and writes there, and is committed to the store, in one put,
+when it is closed or fsynced (see ``_ops``). The spool has a byte limit: a write that would take it
 over fails with ``ENOSPC`` and changes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import mmap
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 COPY_BLOCK = 8 << 20
 """Bytes copied at a time when a file's committed content is spooled."""
@@ -26,16 +25,29 @@ COPY_BLOCK = 8 << 20
 class Spool:
     """A directory of spool files, and the bytes they may hold together."""
 
-    def __init__(self, directory: Path, limit: int) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, directory: int, limit: int) -> None:
+        """``directory``: an open descriptor of it (checked private; the spool closes it)."""
         self.directory, self.limit = directory, limit
         self.used = 0
 
     def new(self) -> SpoolFile:
-        """An empty spool file (unlinked at once: nothing is left behind if we die)."""
-        fd, name = tempfile.mkstemp(dir=self.directory, prefix="spool-")
-        os.unlink(name)
+        """An empty spool file, with no name: nothing is left behind if we die."""
+        try:
+            fd = os.open(".", os.O_TMPFILE | os.O_RDWR, 0o600, dir_fd=self.directory)
+        except OSError as exc:  # a filesystem without O_TMPFILE: a new name, unlinked at once
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+            name = f"spool-{secrets.token_hex(8)}"
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            fd = os.open(name, flags, 0o600, dir_fd=self.directory)
+            os.unlink(name, dir_fd=self.directory)
         return SpoolFile(self, fd)
+
+    def close(self) -> None:
+        """Let go of the directory."""
+        if self.directory >= 0:
+            os.close(self.directory)
+            self.directory = -1
 
     def _grow(self, old: int, new: int) -> None:
         if new > old and self.used + new - old > self.limit:
@@ -88,14 +100,23 @@ class SpoolFile:
                     raise OSError(errno.EIO, "the file changed length while it was spooled")
                 done += n
 
-    @contextmanager
+    @contextlib.contextmanager
     def mapped(self) -> Iterator[memoryview]:
         """The content as one memoryview, without copying it."""
         if self.size == 0:
             yield memoryview(b"")
             return
-        with mmap.mmap(self.fd, self.size) as region, memoryview(region) as view:
+        region = mmap.mmap(self.fd, self.size)
+        view = memoryview(region)
+        try:
             yield view
+        finally:
+            # The store may hold a slice of it a moment past its put (an upload
+            # task not yet collected): then the mapping goes with the slice. The
+            # put is done; failing the commit over it would make close() say EIO.
+            with contextlib.suppress(BufferError):
+                view.release()
+                region.close()
 
     def close(self) -> None:
         """Drop the content and give its bytes back to the spool."""
