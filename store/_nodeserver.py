@@ -314,6 +314,14 @@ class DataNode:
             await self._run(write_private, self.root / "store-id", joined.store_id + "\n")
             self.store_id = joined.store_id
             log.info("data node %s joined store %s", self.id, self.store_id)
+        elif joined.store_id != self.store_id:  # a service that did not check: serve it nothing
+            log.error(
+                "the metadata service at %s:%s serves store %s; this node belongs to store %s "
+                "and refuses its capabilities and listings",
+                *self.meta,
+                joined.store_id,
+                self.store_id,
+            )
 
     # -- scrubbing --------------------------------------------------------------
 

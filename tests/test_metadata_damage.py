@@ -131,6 +131,28 @@ def test_a_flipped_file_size_is_an_integrity_error_not_an_index_error(tmp_path: 
     _collect_refuses(root)
 
 
+def test_a_row_that_does_not_decode_is_an_integrity_error(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    contents = _store(root, files=2)
+    # One file inode's kind: "file" -> "fime", neither a file nor a directory.
+    _flip(root / "meta.db", "inodes", b"file", 2, 0x01)
+    conn = sqlite3.connect(root / "meta.db")
+    (bad,) = conn.execute(
+        "SELECT '/d/' || e.name FROM entries e JOIN inodes i ON i.id = e.inode "
+        "WHERE i.kind = 'fime'"
+    ).fetchone()
+    conn.close()
+    (good,) = set(contents) - {bad}
+    with connect(root) as client:
+        with pytest.raises(IntegrityError, match="does not decode"):
+            client.stat(bad)
+        with pytest.raises(IntegrityError, match="does not decode"):
+            client.get(bad)
+        assert client.get(good) == contents[good]
+    assert any("does not decode" in d for d in _metadata_problems(root))
+    _collect_refuses(root)
+
+
 def test_an_entry_naming_a_missing_inode_is_found_by_fsck(tmp_path: Path) -> None:
     root = tmp_path / "s"
     _store(root)
