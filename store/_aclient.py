@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
@@ -17,22 +16,17 @@ from ._config import Options, cluster_token, resolve
 from ._embedded import open_store
 from ._errors import (
     AlreadyExists,
-    IntegrityError,
     InvalidArgument,
     IsADirectory,
     NotFound,
 )
+from ._fsck import Fsck
 from ._hashing import crc32c, crc32c_combine
 from ._reader import Reader, Report
 from ._remote import open_cluster
 from ._transport import ChunkTransport, MetaTransport
 from ._types import (
     Buffer,
-    ChunkProblem,
-    ChunkRef,
-    ChunkRefs,
-    ChunkUsers,
-    Collectable,
     Commit,
     Extent,
     FileCommit,
@@ -380,64 +374,34 @@ class AsyncClient:
 
     # -- integrity ------------------------------------------------------------
 
-    async def fsck(self, *, collect: bool = False, progress: Progress | None = None) -> FsckReport:
-        """Re-read every chunk copy, check its crc32c, and find orphans.
+    async def fsck(
+        self,
+        *,
+        collect: bool = False,
+        grace: float | None = None,
+        force: bool = False,
+        progress: Progress | None = None,
+    ) -> FsckReport:
+        """Re-read every chunk copy (crc32c and blake3), cross-check the metadata, and
+        find orphan chunk files and writers' leftover temporaries.
 
-        With ``collect``, delete orphan copies and chunks no file has used for
-        ``Options.gc_grace_s`` seconds.
+        With ``collect``, delete orphan copies, chunks no file has used and
+        temporaries, all older than ``grace`` seconds (default
+        ``Options.gc_grace_s``). Collection refuses, deleting nothing, when the
+        metadata is inconsistent or names far fewer chunks than the nodes hold
+        (a wrong or emptied metadata database); ``force`` overrides that.
         """
-        refs = await self.meta.request(ChunkRefs())
-        problems: list[ChunkProblem] = []
-        slots = asyncio.Semaphore(self.options.io_threads)
-
-        async def check(chunk: ChunkRef, node: str) -> None:
-            async with slots:
-                buffer = self.pool.get(chunk.length)
-                try:
-                    with memoryview(buffer) as view:
-                        await self.chunks.read(node, chunk, view[: chunk.length])
-                except (IntegrityError, NotFound) as exc:
-                    kind: Literal["missing", "corrupt"] = (
-                        "missing" if isinstance(exc, NotFound) else "corrupt"
-                    )
-                    if self._report is not None:  # a cluster repairs what fsck finds
-                        await self._report(chunk.id, node, exc.message)
-                    users: list[str] = await self.meta.request(ChunkUsers(chunk.id))
-                    where = f"{node}:{self.chunks.describe(node, chunk.id)}"
-                    problems.append(ChunkProblem(kind, chunk.id, where, tuple(users), exc.message))
-                finally:
-                    self.pool.put(buffer)
-                if progress:
-                    progress(chunk.length)
-
-        await asyncio.gather(*(check(c, n) for c, nodes in refs for n in nodes))
-        known = {c.id for c, _ in refs}
-        orphans = await self._orphans(known)
-        problems.extend(orphans)
-        collected = await self._collect(orphans) if collect else 0
-        return FsckReport(
-            len(refs), sum(c.length * len(n) for c, n in refs), tuple(problems), collected
+        run = Fsck(
+            self.meta,
+            self.chunks,
+            self.pool,
+            self._hasher,
+            io_threads=self.options.io_threads,
+            report=self._report,
+            progress=progress,
         )
-
-    async def _orphans(self, known: set[str]) -> list[ChunkProblem]:
-        found = []
-        for node in await self.chunks.nodes():
-            for chunk_id, _mtime in await self.chunks.inventory(node):
-                if chunk_id not in known:
-                    where = f"{node}:{self.chunks.describe(node, chunk_id)}"
-                    detail = "no metadata names this chunk file"
-                    found.append(ChunkProblem("orphan", chunk_id, where, (), detail))
-        return found
-
-    async def _collect(self, orphans: list[ChunkProblem]) -> int:
-        grace = self.options.gc_grace_s
-        cutoff = time.time() - grace
-        forgotten = await self.meta.request(Collectable(grace))
-        doomed = [(p.where.partition(":")[0], p.chunk) for p in orphans]
-        nodes = await self.chunks.nodes()
-        doomed += [(node, chunk) for chunk in forgotten for node in nodes]
-        gone = await asyncio.gather(*(self.chunks.delete(n, c, cutoff) for n, c in doomed))
-        return sum(gone)
+        grace = self.options.gc_grace_s if grace is None else grace
+        return await run.run(collect=collect, grace=grace, force=force)
 
 
 def _part_crc(span: tuple[int, int] | int, extents: Sequence[Extent]) -> int:

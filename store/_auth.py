@@ -99,8 +99,11 @@ def check_token(secret: bytes, token: str) -> None:
         raise PermissionDenied(_BAD_TOKEN)
 
 
-def grant(secret: bytes, chunk: str, op: Op, ttl_s: float, now: float) -> Capability:
-    """A capability for ``op`` on ``chunk``, valid from ``now`` for ``ttl_s`` seconds."""
+def grant(
+    secret: bytes, chunk: str, op: Op, ttl_s: float, now: float, *, store: str = ""
+) -> Capability:
+    """A capability for ``op`` on ``chunk``, valid from ``now`` for ``ttl_s`` seconds,
+    bound to the store with id ``store``."""
     if op not in OPS:
         raise InvalidArgument(f"op must be one of {', '.join(OPS)}, not {op!r}")
     if not (math.isfinite(ttl_s) and ttl_s > 0):
@@ -110,16 +113,21 @@ def grant(secret: bytes, chunk: str, op: Op, ttl_s: float, now: float) -> Capabi
     expires = float(now + ttl_s)
     if not math.isfinite(expires):
         raise InvalidArgument(f"now must be finite unix seconds, not {now!r}")
-    return Capability(chunk, op, expires, _capability_mac(_key(secret), chunk, op, expires))
+    mac = _capability_mac(_key(secret), chunk, op, expires, store)
+    return Capability(chunk, op, expires, mac, store)
 
 
-def check(secret: bytes, cap: Capability, chunk: str, op: str, now: float) -> None:
-    """Raise ``PermissionDenied`` unless ``cap`` allows ``op`` on ``chunk`` at ``now``.
+def check(
+    secret: bytes, cap: Capability, chunk: str, op: str, now: float, *, store: str | None = None
+) -> None:
+    """Raise ``PermissionDenied`` unless ``cap`` allows ``op`` on ``chunk`` at ``now``
+    (and, when ``store`` is given, was granted for that store).
 
     The MAC is checked first, so nothing of a forged capability is trusted,
     and a tampered field reads as "forged" whatever else is wrong with it.
     """
-    if not _same(cap.mac, _capability_mac(_key(secret), cap.chunk, cap.op, cap.expires)):
+    mac = _capability_mac(_key(secret), cap.chunk, cap.op, cap.expires, cap.store)
+    if not _same(cap.mac, mac):
         raise PermissionDenied("capability is forged or corrupt (bad mac)")
     # Written as "not before" so a NaN ``now`` fails closed.
     if not now < cap.expires:
@@ -128,15 +136,26 @@ def check(secret: bytes, cap: Capability, chunk: str, op: str, now: float) -> No
         raise PermissionDenied(f"capability is for another chunk ({cap.chunk!r}, not {chunk!r})")
     if cap.op != op:
         raise PermissionDenied(f"capability is for another op ({cap.op!r}, not {op!r})")
+    if store is not None and cap.store != store:
+        raise PermissionDenied(
+            f"capability is for another store ({cap.store or 'none'!r}, not {store!r}): "
+            "this data node belongs to another cluster's metadata"
+        )
 
 
-def _capability_message(chunk: str, op: str, expires: float) -> bytes:
-    """What a capability's MAC covers: a msgpack array, so no field can run into the next."""
-    return msgspec.msgpack.encode((_CAPABILITY_LABEL, chunk, op, float(expires)))
+def _capability_message(chunk: str, op: str, expires: float, store: str = "") -> bytes:
+    """What a capability's MAC covers: a msgpack array, so no field can run into the next.
+
+    A store id, when there is one, is a fifth element: arrays of different
+    lengths never encode alike, so an unbound capability keeps its old MAC.
+    """
+    fields: tuple[object, ...] = (_CAPABILITY_LABEL, chunk, op, float(expires))
+    return msgspec.msgpack.encode((*fields, store) if store else fields)
 
 
-def _capability_mac(key: bytes, chunk: str, op: str, expires: float) -> str:
-    return hmac.new(key, _capability_message(chunk, op, expires), hashlib.sha256).hexdigest()
+def _capability_mac(key: bytes, chunk: str, op: str, expires: float, store: str = "") -> str:
+    message = _capability_message(chunk, op, expires, store)
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
 def _key(secret: bytes) -> bytes:

@@ -4,7 +4,10 @@ Layout: ``ROOT/ab/cd/<id>`` (two fan-out levels of the hex id), temporaries in
 ``ROOT/tmp``. A write lands in a temporary, is fsynced, renamed into place and
 its directory fsynced, so a chunk file either holds all of its bytes or does
 not exist. crc32c is checked on write (before anything touches the disk) and
-on every read. All methods block: callers run them in worker threads.
+on every read. Chunks are content-addressed: a write whose bytes do not hash
+(blake3) to the chunk's id is refused, so a chunk file, once there, can only
+ever be replaced by the same bytes. Files are the owner's alone (0600, 0700
+directories). All methods block: callers run them in worker threads.
 
 ``write_group`` stores many small chunks with one ``syncfs`` instead of two
 fsyncs each (group commit for the disk; Ceph's FileStore did the same): on
@@ -31,6 +34,8 @@ from ._types import ChunkRef
 
 _HEX = frozenset("0123456789abcdef")
 CORES = os.cpu_count() or 1
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 STALE_TEMPORARY_S = 3600.0
 """Age after which a temporary chunk file is a dead writer's leftover."""
 MIN_READ_PIECE = 1 << 20
@@ -51,7 +56,8 @@ class LocalChunkStore:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self._tmp = self.root / "tmp"
-        self._tmp.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(DIR_MODE, parents=True, exist_ok=True)
+        self._tmp.mkdir(DIR_MODE, exist_ok=True)
         # A writer killed mid-chunk leaves its temporary behind; live writers'
         # temporaries are seconds old.
         self.clean_temporaries(time.time() - STALE_TEMPORARY_S)
@@ -91,13 +97,18 @@ class LocalChunkStore:
         final = self.path(chunk.id)
         if data.nbytes != chunk.length or crc32c(data) != chunk.crc32c:
             raise IntegrityError("chunk bytes do not match their crc32c; not stored", chunk.id)
+        if content_id(data) != chunk.id:
+            raise IntegrityError(
+                "chunk bytes do not hash (blake3) to the chunk's id; not stored", chunk.id
+            )
         tmp = self._tmp / f"{chunk.id}.{os.getpid()}.{secrets.token_hex(4)}"
         try:
             self._write_file(tmp, data, durable)
             try:
                 os.rename(tmp, final)
             except FileNotFoundError:
-                final.parent.mkdir(parents=True, exist_ok=True)
+                final.parent.parent.mkdir(DIR_MODE, exist_ok=True)
+                final.parent.mkdir(DIR_MODE, exist_ok=True)
                 if durable:
                     _fsync_dir(final.parent.parent)
                     _fsync_dir(self.root)
@@ -110,7 +121,7 @@ class LocalChunkStore:
 
     @staticmethod
     def _write_file(path: Path, data: memoryview, durable: bool) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
         try:
             done = 0
             while done < data.nbytes:
@@ -215,13 +226,41 @@ class LocalChunkStore:
         finally:
             os.close(fd)
 
-    def inventory(self) -> Iterator[tuple[str, float]]:
-        """Every chunk file's id and mtime (including ones no metadata names)."""
-        for top in _subdirs(self.root):
-            for mid in _subdirs(top):
-                for entry in os.scandir(mid):
-                    if _is_chunk_id(entry.name):
-                        yield entry.name, entry.stat().st_mtime
+    def inventory(self, after: str = "", limit: int | None = None) -> list[tuple[str, float]]:
+        """Chunk files' ids and mtimes (including ones no metadata names), in id order:
+        up to ``limit`` of them with ids after ``after``.
+
+        The fan-out directories are walked in sorted order from the cursor's, so
+        each page costs about what it returns.
+        """
+        found: list[tuple[str, float]] = []
+        for top in _subdirs(self.root, after[:2]):
+            for mid in _subdirs(top, after[2:4] if top.name == after[:2] else ""):
+                for name in sorted(n for n in os.listdir(mid) if n > after and _is_chunk_id(n)):
+                    with contextlib.suppress(FileNotFoundError):  # collected meanwhile
+                        found.append((name, os.stat(mid / name).st_mtime))
+                    if len(found) == limit:
+                        return found
+        return found
+
+    def temporaries(
+        self, after: str = "", limit: int | None = None
+    ) -> list[tuple[str, int, float]]:
+        """Files in the temporaries' directory, name order: (name, bytes, mtime); a page as
+        ``inventory`` gives one. Live writers' files are seconds old; older ones are
+        what killed writers left."""
+        found: list[tuple[str, int, float]] = []
+        for name in sorted(n for n in os.listdir(self._tmp) if n > after):
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(self._tmp / name)
+                found.append((name, st.st_size, st.st_mtime))
+            if len(found) == limit:
+                break
+        return found
+
+    def describe_temporary(self, name: str) -> str:
+        """Where a temporary lives, for reports."""
+        return str(self._tmp / name)
 
     def delete(self, chunk_id: str, older_than: float) -> bool:
         """Delete a chunk file unless it was (re)written at or after ``older_than``.
@@ -242,15 +281,16 @@ class LocalChunkStore:
         aside.unlink()
         return True
 
-    def clean_temporaries(self, older_than: float) -> int:
-        """Remove temporaries left by crashed writers."""
-        count = 0
+    def clean_temporaries(self, older_than: float) -> tuple[int, int]:
+        """Remove temporaries left by crashed writers: (how many, bytes freed)."""
+        count = size = 0
         for entry in os.scandir(self._tmp):
             with contextlib.suppress(FileNotFoundError):  # another process swept it first
-                if entry.stat().st_mtime < older_than:
+                st = entry.stat()
+                if st.st_mtime < older_than:
                     os.unlink(entry.path)
-                    count += 1
-        return count
+                    count, size = count + 1, size + st.st_size
+        return count, size
 
     def capacity(self) -> tuple[int, int]:
         """(free, total) bytes on the disk holding the chunks."""
@@ -292,10 +332,43 @@ def _read_piece(fd: int, offset: int, into: memoryview) -> int:
     return crc32c(into)
 
 
-def _subdirs(path: Path) -> Iterator[Path]:
-    for entry in os.scandir(path):
-        if len(entry.name) == 2 and entry.is_dir():
-            yield Path(entry.path)
+def write_private(path: Path, text: str) -> None:
+    """A small file, 0600, whole or not at all, durably (a data directory's ids)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def read_id(path: Path) -> str | None:
+    """An id kept in a small file, or ``None`` if there is none yet."""
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def content_id(data: memoryview) -> str:
+    """The blake3 id of a chunk's bytes, on the calling thread (the GIL is released).
+
+    One thread hashes ~9 GB/s here, blake3's own thread pool no faster (8.5):
+    an 8 MiB chunk costs ~1 ms beside its ~20 ms of durable write, and the
+    node's write throughput measured the same with and without the check.
+    """
+    return str(blake3.blake3(data).hexdigest())
+
+
+def _subdirs(path: Path, start: str = "") -> Iterator[Path]:
+    """Fan-out directories below ``path`` in name order, from the one named ``start`` on."""
+    names = sorted(e.name for e in os.scandir(path) if len(e.name) == 2 and e.is_dir())
+    for name in names:
+        if name >= start:
+            yield path / name
 
 
 def _fsync_dir(path: Path) -> None:

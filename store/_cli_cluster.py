@@ -4,7 +4,9 @@ Each server prints one line, ``listening on HOST:PORT``, once it accepts
 connections (port 0 picks a free one), then runs until SIGINT or SIGTERM.
 ``cluster up`` starts a metadata service and N data nodes as child
 processes, prints the cluster's URL on stdout once every node has
-heartbeated, and stops them all on Ctrl-C.
+heartbeated, and stops them all on Ctrl-C. ``meta serve`` creates a new
+store only with ``--init``; ``cluster up`` gives it on the first start in a
+root, and refuses a root whose ``meta.db`` is gone while its nodes remain.
 
 Every server needs the cluster secret: ``--secret-file``, else
 ``$GRABEN_SECRET`` / ``$GRABEN_SECRET_FILE``. ``cluster up`` makes one in its
@@ -23,12 +25,15 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import urlsplit
 
 from ._auth import client_token, load_secret, new_secret
-from ._errors import InvalidArgument, Unavailable
+from ._errors import IntegrityError, InvalidArgument, NotFound, Unavailable
 from ._rpc import DEFAULT_IDLE_TIMEOUT
+
+if TYPE_CHECKING:
+    from ._sqlite import SQLiteRepository
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 READY_TIMEOUT_S = 30.0
@@ -66,6 +71,12 @@ def add_meta(sub: Subparsers) -> None:
         "serve", help="Serve the namespace of an engine to clients and data nodes."
     )
     serve.add_argument("--engine", required=True, help="sqlite:///path/to/meta.db")
+    serve.add_argument(
+        "--init",
+        action="store_true",
+        help="create a new, empty store if the engine has none (without it, a missing or "
+        "empty database is an error: a mistyped path must not pass for a new store)",
+    )
     serve.add_argument("--listen", type=_address, default=("127.0.0.1", 0), help="HOST:PORT")
     serve.add_argument("--replication", type=int, default=3, help="default copies per chunk")
     serve.add_argument(
@@ -139,6 +150,7 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(msgspec.json.encode(health).decode())
         return 0
+    print(f"store {health.store_id}")
     print(f"{'node':12} {'address':21} {'rack':10} {'state':6} {'used':>10} {'total':>10}")
     for node in health.nodes:
         state = "up" if node.alive else "DEAD"
@@ -188,15 +200,14 @@ def _engine_path(engine: str) -> Path:
 
 def _meta_serve(args: argparse.Namespace) -> int:
     from ._metaserver import MetaService
-    from ._sqlite import SQLiteRepository
 
     path = _engine_path(args.engine)
-    path.parent.mkdir(parents=True, exist_ok=True)
     secret = load_secret(args.secret_file)
+    repo = _open_engine(path, init=args.init)
 
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
         service = MetaService(
-            SQLiteRepository(path),
+            repo,
             secret=secret,
             replication=args.replication,
             heartbeat_timeout=args.heartbeat_timeout,
@@ -207,6 +218,20 @@ def _meta_serve(args: argparse.Namespace) -> int:
         return f"{args.listen[0]}:{server.port}", service.close
 
     return _serve(start)
+
+
+def _open_engine(path: Path, *, init: bool) -> SQLiteRepository:
+    """The engine at ``path``: created only with ``init``."""
+    from ._sqlite import SQLiteRepository
+
+    if init:
+        path.parent.mkdir(0o700, parents=True, exist_ok=True)
+    try:
+        return SQLiteRepository(path, create=init)
+    except NotFound as exc:
+        raise NotFound(
+            f"{exc.message}; to create a new, empty store there, give --init", exc.path
+        ) from None
 
 
 def _node_serve(args: argparse.Namespace) -> int:
@@ -276,15 +301,17 @@ def _cluster_up(args: argparse.Namespace) -> int:
     if args.nodes < 1:
         raise InvalidArgument("a cluster needs at least one data node")
     root: Path = args.root
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(0o700, parents=True, exist_ok=True)
     replication = args.replication or min(3, args.nodes)
     secret_file: Path = (args.secret_file or make_secret_file(root / "secret")).resolve()
     secret = ("--secret-file", str(secret_file))
     procs: list[subprocess.Popen[str]] = []
+    started = time.time()
     try:
         meta, address = _spawn(
             "meta",
             "serve",
+            *_first_start(root),
             "--engine",
             f"sqlite:///{root.resolve() / 'meta.db'}",
             "--listen",
@@ -310,7 +337,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
             )
             procs.append(node)
         url = f"graben://{address}"
-        _wait_for_nodes(url, args.nodes, client_token(load_secret(secret_file)))
+        _wait_for_nodes(url, args.nodes, client_token(load_secret(secret_file)), started)
         print(url, flush=True)
         print(
             f"graben cluster: {args.nodes} data nodes, replication {replication}; Ctrl-C stops it\n"
@@ -324,6 +351,22 @@ def _cluster_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _first_start(root: Path) -> tuple[str, ...]:
+    """``("--init",)`` when the cluster in ``root`` is new; refuse a lost ``meta.db``
+    beside data nodes that already belong to a store."""
+    if (root / "meta.db").exists():
+        return ()
+    joined = sorted(str(p.parent) for p in root.glob("node*/store-id"))
+    if joined:
+        raise IntegrityError(
+            f"the metadata database is missing, but data nodes already belong to a store "
+            f"({', '.join(joined)}); refusing to start a new, empty store over their "
+            "chunks (restore meta.db)",
+            str(root / "meta.db"),
+        )
+    return ("--init",)
+
+
 def make_secret_file(path: Path) -> Path:
     """A new random secret in a 0600 file at ``path``, unless one is there already."""
     with contextlib.suppress(FileExistsError):
@@ -335,8 +378,10 @@ def make_secret_file(path: Path) -> Path:
     return path
 
 
-def _wait_for_nodes(url: str, count: int, token: str | None = None) -> None:
-    """Return once ``count`` data nodes have heartbeated to the cluster at ``url``."""
+def _wait_for_nodes(url: str, count: int, token: str | None = None, since: float = 0.0) -> None:
+    """Return once ``count`` data nodes have heartbeated to the cluster at ``url`` (at or
+    after unix time ``since``: a restarted cluster's engine still lists its nodes' old
+    addresses, alive for a while yet)."""
     from . import _loop
     from ._client import connect
     from ._types import ListNodes
@@ -345,7 +390,7 @@ def _wait_for_nodes(url: str, count: int, token: str | None = None) -> None:
     with connect(url, token=token) as client:
         while time.monotonic() < deadline:
             nodes = _loop.run(client.aio.meta.request(ListNodes()))
-            if sum(n.alive for n in nodes) >= count:
+            if sum(n.alive and n.last_seen >= since for n in nodes) >= count:
                 return
             time.sleep(0.1)
     raise Unavailable(f"the data nodes did not all report to {url} within {READY_TIMEOUT_S} s")

@@ -165,13 +165,41 @@ def add_get(sub: Subparsers) -> None:
 
 
 def add_fsck(sub: Subparsers) -> None:
-    """``graben fsck [--collect] [--json]``."""
-    summary = "Re-read and verify every chunk; exit 1 if any is missing or corrupt."
+    """``graben fsck [--collect [--grace SECONDS] [--force]] [--json]``."""
+    summary = (
+        "Re-read and verify every chunk and the metadata; "
+        "exit 1 if anything is missing, corrupt or inconsistent."
+    )
     parser = _command(sub, "fsck", summary, _fsck)
     parser.add_argument(
-        "--collect", action="store_true", help="delete orphan chunk files and long-unused chunks"
+        "--collect",
+        action="store_true",
+        help="delete orphan chunk files, long-unused chunks and writers' leftover temporaries",
+    )
+    parser.add_argument(
+        "--grace",
+        type=_seconds,
+        metavar="SECONDS",
+        default=None,
+        help="collect only what is older than this (default: the store's, an hour)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="collect even if the metadata looks wrong (inconsistent, or naming far "
+        "fewer chunks than the nodes hold)",
     )
     _json_flag(parser)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, 0 or more")
+    return value
 
 
 def _byte_range(text: str) -> tuple[int, int | None]:
@@ -311,7 +339,9 @@ def _fsck(args: argparse.Namespace) -> int:
     with _client(args.store) as client:
         allowed = out.progress_allowed(json=args.json)
         with out.Meter("fsck", None, enabled=allowed) as meter:
-            report = client.fsck(collect=args.collect, progress=meter)
+            report = client.fsck(
+                collect=args.collect, grace=args.grace, force=args.force, progress=meter
+            )
     if args.json:
         out.emit_json(out.fsck_json(report))
     else:

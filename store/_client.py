@@ -167,9 +167,18 @@ class Client:
         upload = _loop.run(self.aio.upload(path, "create" if mode == "xb" else "overwrite"))
         return WriteFile(upload, Staging(self.aio.pool))
 
-    def fsck(self, *, collect: bool = False, progress: Progress | None = None) -> FsckReport:
-        """Re-read and verify every chunk copy; report missing, corrupt and orphan chunks."""
-        return _loop.run(self.aio.fsck(collect=collect, progress=progress))
+    def fsck(
+        self,
+        *,
+        collect: bool = False,
+        grace: float | None = None,
+        force: bool = False,
+        progress: Progress | None = None,
+    ) -> FsckReport:
+        """Re-read and verify every chunk copy and the metadata; report what is missing,
+        corrupt, inconsistent or left over (see ``AsyncClient.fsck``)."""
+        run = self.aio.fsck(collect=collect, grace=grace, force=force, progress=progress)
+        return _loop.run(run)
 
 
 async def _make(url: str | os.PathLike[str] | None, options: dict[str, object]) -> AsyncClient:

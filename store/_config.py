@@ -3,7 +3,8 @@
 Precedence, highest first: arguments to ``connect``/``Options``, then the
 environment (``GRABEN_URL``, ``GRABEN_HOME``, ``GRABEN_CHUNK_SIZE``, and for a
 cluster ``GRABEN_TOKEN``, then ``GRABEN_SECRET`` / ``GRABEN_SECRET_FILE``, read
-by ``_auth.load_secret``), then the defaults below.
+by ``_auth.load_secret``), then the defaults below. Servers read
+``GRABEN_PAGE_ENTRIES`` (``page_entries``) on every page they serve.
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ from ._errors import InvalidArgument
 MiB = 1 << 20
 DEFAULT_CHUNK_SIZE = 8 * MiB
 MAX_CHUNK_SIZE = 256 * MiB
+PAGE_ENTRIES = 128
+"""Entries in one page of a list-shaped reply (fsck's chunk records, a node's inventory,
+collection). A page of chunk records with their read capabilities is ~60 KiB: far
+under the wire's header limit (1 MiB, and a receiver's 256 KiB inbox, which a header
+must fit); a store of any size is just more pages."""
+PAGE_BYTES = 64 * 1024
+"""Most bytes of text in one page whose entries hold paths (up to 4 KiB each)."""
 
 
 def _env_int(name: str, default: int) -> int:
@@ -29,6 +37,15 @@ def _env_int(name: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise InvalidArgument(f"${name} must be an integer, not {value!r}") from None
+
+
+def page_entries(asked: int = 0) -> int:
+    """Entries per page: ``asked`` if positive and smaller, else ``$GRABEN_PAGE_ENTRIES``
+    (tests lower it to cross many pages), else ``PAGE_ENTRIES``."""
+    most = _env_int("GRABEN_PAGE_ENTRIES", PAGE_ENTRIES)
+    if most < 1:
+        raise InvalidArgument(f"$GRABEN_PAGE_ENTRIES must be at least 1, not {most}")
+    return min(asked, most) if asked > 0 else most
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,7 +71,8 @@ class Options:
     own (memory: that many chunks). Measured over loopback on 2 cores it only
     cost (1.1 against 1.7 GB/s); on a real network it hides the round trips."""
     gc_grace_s: float = 3600.0
-    """Age before unreferenced chunks and orphan files may be collected."""
+    """Age before unreferenced chunks, orphan chunk files and writers' temporaries may be
+    collected (``fsck(grace=...)`` overrides it for one run)."""
     token: str | None = field(default=None, repr=False)
     """A cluster's client token; ``None`` takes ``$GRABEN_TOKEN``, else the one
     computed from the cluster secret (``$GRABEN_SECRET_FILE``). Ignored embedded."""

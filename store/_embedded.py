@@ -1,6 +1,10 @@
 """The embedded store: metadata logic and chunk store in-process on a directory.
 
-Layout of the store directory: ``meta.db`` (SQLite, WAL) and ``chunks/``.
+Layout of the store directory: ``meta.db`` (SQLite, WAL), ``chunks/`` and
+``store-id`` (the id in ``meta.db``, so another store's database is refused).
+A new or empty directory becomes a new store; a directory that holds chunk
+files but no metadata is refused, never taken for a new, empty store (its
+first collection would delete every chunk).
 Metadata requests run on one dedicated thread (one SQLite connection); chunk
 I/O on a small pool. Several processes may open the same directory at once:
 SQLite's locks keep the metadata consistent and chunk files are written
@@ -19,8 +23,9 @@ from typing import Any, TypeVar, cast
 
 import msgspec
 
-from ._chunkstore import GROUP_SYNC_MAX, LocalChunkStore
-from ._errors import NotADirectory, Unavailable, from_os_error
+from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, read_id, write_private
+from ._config import page_entries
+from ._errors import IntegrityError, NotADirectory, NotFound, Unavailable, from_os_error
 from ._group import Batcher
 from ._namespace import Namespace
 from ._sqlite import SQLiteRepository
@@ -33,7 +38,7 @@ HINT_THREADS = 4
 def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
     """Open (creating if needed) the embedded store at ``root``."""
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(DIR_MODE, parents=True, exist_ok=True)
         chunks = LocalChunkStore(root / "chunks")
     except (FileExistsError, NotADirectoryError):
         raise NotADirectory(
@@ -41,8 +46,46 @@ def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
         ) from None
     except OSError as exc:
         raise from_os_error(exc, str(root)) from exc
-    repo = SQLiteRepository(root / "meta.db")
-    return LocalMeta(Namespace(repo), chunks.capacity), LocalChunks(chunks, io_threads)
+    try:
+        repo = _open_engine(root, chunks)
+    except BaseException:
+        chunks.close()
+        raise
+    try:
+        namespace = Namespace(repo)
+        _check_identity(root, namespace)
+    except BaseException:
+        repo.close()
+        chunks.close()
+        raise
+    return LocalMeta(namespace, chunks.capacity), LocalChunks(chunks, io_threads)
+
+
+def _open_engine(root: Path, chunks: LocalChunkStore) -> SQLiteRepository:
+    """The store's engine; a new one only where there are no chunks yet."""
+    create = not chunks.inventory(limit=1)
+    try:
+        return SQLiteRepository(root / "meta.db", create=create)
+    except NotFound:
+        raise IntegrityError(
+            "this store holds chunk files but its metadata database is missing or empty; "
+            "refusing to start a new, empty store over them (restore meta.db from a backup)",
+            str(root / "meta.db"),
+        ) from None
+
+
+def _check_identity(root: Path, namespace: Namespace) -> None:
+    """Keep the engine's store id beside the chunks; refuse another store's ``meta.db``."""
+    path = root / "store-id"
+    kept = read_id(path)
+    if kept is None:
+        write_private(path, namespace.store_id + "\n")
+    elif kept != namespace.store_id:
+        raise IntegrityError(
+            f"meta.db belongs to another store ({namespace.store_id}); the chunks here "
+            f"belong to store {kept} (see {path})",
+            str(root / "meta.db"),
+        )
 
 
 class LocalMeta:
@@ -135,9 +178,23 @@ class LocalChunks:
         )
         return len(cold)
 
-    async def inventory(self, node: str) -> list[tuple[str, float]]:
-        found: list[tuple[str, float]] = await self._run(node, lambda: list(self.store.inventory()))
+    async def inventory(self, node: str, store: str, after: str = "") -> list[tuple[str, float]]:
+        found: list[tuple[str, float]] = await self._run(
+            node, self.store.inventory, after, page_entries()
+        )
         return found
+
+    async def temporaries(
+        self, node: str, store: str, after: str = ""
+    ) -> list[tuple[str, int, float]]:
+        found: list[tuple[str, int, float]] = await self._run(
+            node, self.store.temporaries, after, page_entries()
+        )
+        return found
+
+    async def clean(self, node: str, store: str, older_than: float) -> tuple[int, int]:
+        done: tuple[int, int] = await self._run(node, self.store.clean_temporaries, older_than)
+        return done
 
     async def delete(self, node: str, chunk_id: str, older_than: float) -> bool:
         gone: bool = await self._run(node, self.store.delete, chunk_id, older_than)
@@ -145,6 +202,9 @@ class LocalChunks:
 
     def describe(self, node: str, chunk_id: str) -> str:
         return str(self.store.path(chunk_id))
+
+    def describe_temporary(self, node: str, name: str) -> str:
+        return self.store.describe_temporary(name)
 
     async def close(self) -> None:
         self._pool.shutdown(wait=True)

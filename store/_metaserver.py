@@ -6,8 +6,10 @@ serve one engine. One op, ``meta``, carries every ``Request`` of
 many clients' requests proceed at once (SQLite serialises the writers).
 
 Every call must carry the cluster's client token. Placements come with write
-capabilities and layouts with read capabilities, which data nodes check with
-the shared secret alone; ``Grant`` hands out fresh ones.
+capabilities and layouts (and fsck's chunk pages) with read capabilities,
+which data nodes check with the shared secret alone; ``Grant`` hands out
+fresh ones. Every capability names the store, so a data node of another
+store refuses it. A chunk a live file uses is never granted for writing.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ._repo import Repository
 from ._rpc import DEFAULT_IDLE_TIMEOUT, Answer, Server, every, stop
 from ._types import (
     Capability,
+    ChunkPage,
     ChunkRef,
     Commit,
     CommitEach,
@@ -202,14 +205,20 @@ class MetaService:
         return self._caps(chunks, op)
 
     def _caps(self, chunks: Iterable[str], op: Op) -> list[Capability]:
-        now = time.time()
-        return [_auth.grant(self._secret, c, op, _auth.GRANT_TTL_S, now) for c in chunks]
+        now, store = time.time(), self.namespace.store_id
+        ttl = _auth.GRANT_TTL_S
+        return [_auth.grant(self._secret, c, op, ttl, now, store=store) for c in chunks]
 
     def _grant(self, request: Grant) -> list[Capability]:
-        """Runs on an engine thread: a delete is granted only for chunks no metadata names."""
+        """Runs on an engine thread: a delete is granted only for chunks no metadata names,
+        a write only for chunks no live file uses (a live chunk never changes)."""
         if request.op == "delete" and (named := self.namespace.known(request.chunks)):
             raise PermissionDenied(
                 f"chunk {min(named)} is in use or tracked; only orphan copies may be deleted"
+            )
+        if request.op == "write" and (live := self.namespace.live(request.chunks)):
+            raise PermissionDenied(
+                f"chunk {min(live)} is in use by a file; a live chunk is never written again"
             )
         return self._caps(request.chunks, request.op)
 
@@ -221,6 +230,9 @@ class MetaService:
             return [replace(p, grant=next(grants)) if p.upload else p for p in placements]
         if isinstance(result, FileLayout):
             caps = self._caps({x.chunk.id for x in result.extents}, "read")
+            return replace(result, grants={c.chunk: c for c in caps})
+        if isinstance(result, ChunkPage):
+            caps = self._caps((chunk.id for chunk, _ in result.chunks), "read")
             return replace(result, grants={c.chunk: c for c in caps})
         return result
 

@@ -8,13 +8,16 @@ handed in (embedded: the one local node).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
+from itertools import accumulate
 from typing import Any, TypeVar
 
 import msgspec
 
 from . import _paths
+from ._config import PAGE_BYTES, page_entries
 from ._errors import (
     AlreadyExists,
     DirectoryNotEmpty,
@@ -25,6 +28,7 @@ from ._errors import (
     IsADirectory,
     NotADirectory,
     NotFound,
+    PermissionDenied,
 )
 from ._repo import ROOT_INODE, Inode, Repository, Tx
 from ._types import (
@@ -32,6 +36,9 @@ from ._types import (
     LIST_PAGE,
     LOCAL_NODE,
     MAX_PAGE,
+    CheckMetadata,
+    ChunkPage,
+    ChunkProblem,
     ChunkRef,
     ChunkRefs,
     ChunkUsers,
@@ -44,8 +51,10 @@ from ._types import (
     FileLayout,
     GetHealth,
     GetLayout,
+    GetStoreId,
     Health,
     Heartbeat,
+    Joined,
     ListDir,
     Listing,
     ListNodes,
@@ -107,6 +116,9 @@ class Namespace:
         self.heartbeat_timeout = heartbeat_timeout
         self.bad: list[tuple[str, str, str]] = []
         """Copies reported bad and not yet deleted: (chunk, node, reason)."""
+        with repo.read() as tx:
+            self.store_id = tx.store_id()
+            """The store's id: data nodes and capabilities of another store are refused."""
         self._handlers: dict[type[Any], Callable[[Any], Any]] = {
             Stat: lambda r: self.stat(r.path),
             ListDir: lambda r: self.listdir(r.path, r.after, r.limit, r.directory),
@@ -118,10 +130,12 @@ class Namespace:
             Prepare: lambda r: self.prepare(r.chunks, r.replication, r.avoid),
             Commit: lambda r: self.commit(r.files),
             Usage: lambda r: self.usage(r.path),
-            ChunkRefs: lambda r: self.chunk_refs(),
-            ChunkUsers: lambda r: self.chunk_users(r.chunk),
-            Collectable: lambda r: self.collectable(r.grace_s),
-            Heartbeat: lambda r: self.heartbeat(r.node),
+            ChunkRefs: lambda r: self.chunk_refs(r.after, r.limit),
+            ChunkUsers: lambda r: self.chunk_users(r.chunk, r.after, r.limit),
+            Collectable: lambda r: self.collectable(r.grace_s, r.limit),
+            CheckMetadata: lambda r: self.check_metadata(r.limit),
+            GetStoreId: lambda r: self.store_id,
+            Heartbeat: lambda r: self.heartbeat(r.node, r.store_id),
             ReportBad: lambda r: self.report_bad(r.chunk, r.node, r.reason),
             GetHealth: lambda r: self.health(),
             ListNodes: lambda r: self.nodes(),
@@ -218,9 +232,14 @@ class Namespace:
         return FileLayout(_info(clean, node), tuple(extents[:limit]), replicas, more=more)
 
     def known(self, chunks: Iterable[str]) -> set[str]:
-        """Which of these chunk ids the chunk layer tracks."""
+        """Which of these chunk ids any metadata names (a chunk row, an extent, a replica)."""
         with self.repo.read() as tx:
-            return tx.known(chunks)
+            return tx.named(chunks)
+
+    def live(self, chunks: Iterable[str]) -> set[str]:
+        """Which of these chunk ids a file uses."""
+        with self.repo.read() as tx:
+            return set(tx.referenced(chunks))
 
     def usage(self, path: str) -> tuple[int, int]:
         """(files, bytes) at or below a path."""
@@ -424,22 +443,47 @@ class Namespace:
 
     # -- chunk bookkeeping (fsck, collection) -------------------------------------
 
-    def chunk_refs(self) -> list[tuple[ChunkRef, tuple[str, ...]]]:
-        """Every chunk the chunk layer records."""
+    def chunk_refs(self, after: str = "", limit: int = 0) -> ChunkPage:
+        """A page of the chunk layer: chunks with ids after ``after``."""
         with self.repo.read() as tx:
-            return list(tx.all_chunks())
+            chunks, last = tx.chunk_page(after, page_entries(limit))
+        return ChunkPage(chunks, last)
 
-    def chunk_users(self, chunk: str) -> list[str]:
-        """Paths of the files using a chunk."""
+    def chunk_users(self, chunk: str, after: int = 0, limit: int = 0) -> list[tuple[int, str]]:
+        """A page of the files using a chunk: ``(inode, path)``, ``""`` for an unnamed inode.
+
+        Ends early once its paths reach ``PAGE_BYTES``; an empty page is the end.
+        """
+        page: list[tuple[int, str]] = []
+        size = 0
         with self.repo.read() as tx:
-            paths = (tx.path_of(inode) for inode in tx.chunk_users(chunk))
-            return sorted(p for p in paths if p is not None)
+            for inode in tx.chunk_users(chunk, after, page_entries(limit)):
+                path = tx.path_of(inode) or ""
+                page.append((inode, path))
+                size += len(path) + 16
+                if size >= PAGE_BYTES:
+                    break
+        return page
 
-    def heartbeat(self, node: NodeState) -> int:
-        """Record that a data node is alive; returns the default replication."""
+    def check_metadata(self, limit: int = 0) -> list[ChunkProblem]:
+        """Where the engine's tables contradict each other (the first page of it, at most
+        ``PAGE_BYTES`` of text: paths may be long)."""
+        with self.repo.read() as tx:
+            found = tx.inconsistencies(page_entries(limit))
+        sizes = accumulate(len(p.detail) + sum(map(len, p.paths)) + 200 for p in found)
+        return [p for p, size in zip(found, sizes, strict=True) if size <= PAGE_BYTES] or found[:1]
+
+    def heartbeat(self, node: NodeState, store_id: str = "") -> Joined:
+        """Record that a data node is alive, unless it belongs to another store."""
+        if store_id and store_id != self.store_id:
+            raise PermissionDenied(
+                f"data node {node.id} at {node.address} belongs to store {store_id}, but "
+                f"this metadata service serves store {self.store_id}: is its --engine the "
+                "right database? The node was not let in"
+            )
         with self.repo.write() as tx:
             tx.upsert_node(msgspec.structs.replace(node, last_seen=time.time()))
-        return self.default_replication
+        return Joined(self.store_id, self.default_replication)
 
     def nodes(self) -> list[NodeState]:
         """Registered data nodes, ``alive`` if heard from within the timeout."""
@@ -467,17 +511,24 @@ class Namespace:
         with self.repo.read() as tx:
             # Embedded stores have no registry: their one node is always there.
             short = tx.degraded(alive or [LOCAL_NODE], 100_000)
-        return Health(nodes, len(short), len(self.bad), self.default_replication)
+        return Health(nodes, len(short), len(self.bad), self.default_replication, self.store_id)
 
     def add_replicas(self, chunk: str, nodes: tuple[str, ...]) -> None:
         """Record copies repair has made."""
         with self.repo.write() as tx:
             tx.add_replicas(chunk, nodes)
 
-    def collectable(self, grace_s: float) -> list[str]:
-        """Forget chunks no file has used for ``grace_s`` seconds; their copies may go."""
+    def collectable(self, grace_s: float, limit: int = 0) -> list[tuple[str, tuple[str, ...]]]:
+        """Forget a page of chunks no file has used for ``grace_s`` seconds; their ids and
+        the nodes whose copies may now go."""
+        if not grace_s >= 0:
+            raise InvalidArgument(f"the grace period must be 0 seconds or more, not {grace_s}")
+        if math.isinf(grace_s):
+            return []
+        cutoff = time.time_ns() - int(grace_s * 1e9)
         with self.repo.write() as tx:
-            return tx.forget_unreferenced(time.time_ns() - int(grace_s * 1e9))
+            gone = tx.forget_unreferenced(cutoff, page_entries(limit))
+        return [(chunk.id, nodes) for chunk, nodes in gone]
 
 
 def _page(asked: int, default: int) -> int:

@@ -1,14 +1,23 @@
 """A data node: the local chunk store served over the wire, heartbeating to the metadata service.
 
-Ops: ``chunk.write`` (payload received into a pooled buffer, crc32c checked,
-fsynced before the reply), ``chunk.read`` (read and verified, sent from a
-pooled buffer), ``chunk.inventory`` and ``chunk.delete`` (for fsck and
-collection). The node's id lives in its data directory, so a restarted node
-is the same node.
+Ops: ``chunk.write`` (payload received into a pooled buffer, crc32c and
+blake3 checked, fsynced before the reply), ``chunk.read`` (read and
+verified, sent from a pooled buffer), ``chunk.inventory``, ``chunk.delete``,
+``chunk.temporaries`` and ``chunk.clean`` (for fsck and collection; lists
+come a page at a time). The node's id lives in its data directory, so a
+restarted node is the same node.
+
+The node belongs to one store: it keeps the store's id (``store-id``, next to
+``node-id``) from its first heartbeat on, and a metadata service of another
+store refuses it (a mistyped ``--engine`` must not adopt, and then collect,
+this node's chunks). Calls name the store too: capabilities carry its id,
+listings and cleaning ask for it, and another store's are refused.
 
 Reads, writes and deletes need the metadata service's capability for that
-chunk and op, checked here with the shared secret alone; an inventory needs
-the client token. A refused call reads and writes nothing.
+chunk and op, checked here with the shared secret alone; listings and
+cleaning need the client token. A refused call reads and writes nothing.
+A write that would leave less than ``RESERVE`` free on the disk, counting the
+writes still landing, is refused with ``NoSpace``.
 """
 
 from __future__ import annotations
@@ -28,10 +37,11 @@ from typing import Any
 
 from . import _auth
 from ._buffers import BufferPool
-from ._chunkstore import GROUP_SYNC_MAX, LocalChunkStore
-from ._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
-from ._errors import GrabenError, ProtocolError
+from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, read_id, write_private
+from ._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, page_entries
+from ._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError
 from ._group import Batcher
+from ._placement import RESERVE
 from ._remote import Pool
 from ._rpc import (
     DEFAULT_IDLE_TIMEOUT,
@@ -48,6 +58,9 @@ from ._types import (
     ChunkCall,
     ChunkRef,
     Heartbeat,
+    Joined,
+    NodeClean,
+    NodeQuery,
     NodeState,
     Op,
     ReportBad,
@@ -63,9 +76,11 @@ HEARTBEAT_S = 2.0
 def node_id(root: Path) -> str:
     """The node's id, made on first start and kept in its data directory."""
     path = root / "node-id"
-    if not path.exists():
-        path.write_text(uuid.uuid4().hex + "\n")
-    return path.read_text().strip()
+    if read_id(path) is None:
+        write_private(path, uuid.uuid4().hex + "\n")
+    found = read_id(path)
+    assert found is not None
+    return found
 
 
 class DataNode:
@@ -82,9 +97,12 @@ class DataNode:
         scrub_interval: float = 3600.0,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ):
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(DIR_MODE, parents=True, exist_ok=True)
         self.root, self.rack, self.meta = root, rack, meta
         self.id = node_id(root)
+        self.store_id = read_id(root / "store-id")
+        """The store this node belongs to; ``None`` until its first heartbeat is answered."""
+        self._landing = 0  # bytes of writes accepted and not yet stored
         self._secret = secret
         self._token = _auth.client_token(secret)
         self.store = LocalChunkStore(root / "chunks")
@@ -111,6 +129,8 @@ class DataNode:
             "chunk.read": self._read,
             "chunk.inventory": self._inventory,
             "chunk.delete": self._delete,
+            "chunk.temporaries": self._temporaries,
+            "chunk.clean": self._clean,
         }
         sinks: dict[str, PayloadSink] = {"chunk.write": self._sink, "chunk.write_many": self._sink}
         self.server = await Server.start(
@@ -138,15 +158,14 @@ class DataNode:
     def _admit(self, call: Call, length: int) -> None:
         """Before a payload arrives: its capabilities must allow it, and it must be
         exactly the chunk bytes they name (so nobody makes the node hold more)."""
-        now = time.time()
         if call.op == "chunk.write":
             request: ChunkCall = decode(call.body, ChunkCall)
-            _auth.check(self._secret, request.cap, request.chunk.id, "write", now)
+            self._check(request.cap, request.chunk.id, "write")
             lengths = [request.chunk.length]
         elif call.op == "chunk.write_many":
             calls = decode(call.body, list[ChunkCall])
             for c in calls:  # signed by the service; each chunk's op is checked as it is stored
-                _auth.check(self._secret, c.cap, c.chunk.id, c.cap.op, now)
+                self._check(c.cap, c.chunk.id, c.cap.op)
             lengths = [c.chunk.length for c in calls]
         else:
             _auth.check_token(self._secret, call.token)
@@ -163,8 +182,20 @@ class DataNode:
     def _allowed(self, call: Call, op: Op) -> ChunkCall:
         """The call's chunk and what goes with it, if its capability allows the op."""
         request: ChunkCall = decode(call.body, ChunkCall)
-        _auth.check(self._secret, request.cap, request.chunk.id, op, time.time())
+        self._check(request.cap, request.chunk.id, op)
         return request
+
+    def _check(self, cap: Capability, chunk: str, op: Op) -> None:
+        """``PermissionDenied`` unless ``cap`` allows ``op`` on ``chunk`` in this node's store."""
+        _auth.check(self._secret, cap, chunk, op, time.time(), store=self.store_id)
+
+    def _check_store(self, call: Call, store: str) -> None:
+        """A listing or cleaning needs the client token, for this node's store."""
+        _auth.check_token(self._secret, call.token)
+        if self.store_id is not None and store != self.store_id:
+            raise PermissionDenied(
+                f"data node {self.id} belongs to store {self.store_id}, not to store {store}"
+            )
 
     @contextlib.contextmanager
     def _received(self, payload: memoryview | None) -> Iterator[memoryview]:
@@ -188,10 +219,32 @@ class DataNode:
         return Answer()
 
     async def _store(self, chunk: ChunkRef, data: memoryview) -> None:
-        if chunk.length <= GROUP_SYNC_MAX:
-            await self._small.submit((chunk, data))
-        else:
-            await self._run(self.store.write, chunk, data)
+        with self._reserved(chunk.length):
+            if chunk.length <= GROUP_SYNC_MAX:
+                await self._small.submit((chunk, data))
+            else:
+                await self._run(self.store.write, chunk, data)
+
+    @contextlib.contextmanager
+    def _reserved(self, length: int) -> Iterator[None]:
+        """Count ``length`` bytes as landing for the block, if the disk keeps its reserve.
+
+        Writes in flight count in full although some of their bytes already
+        show in the disk's free space: refusing a little early beats
+        overshooting the reserve when many land at once.
+        """
+        free = self.store.capacity()[0] - self._landing
+        if free - length < RESERVE:
+            raise NoSpace(
+                f"data node {self.id} at {self.address}: {max(free, 0)} bytes free (writes "
+                f"in flight counted); a {length}-byte chunk would leave less than its "
+                f"{RESERVE >> 20} MiB reserve; not stored"
+            )
+        self._landing += length
+        try:
+            yield
+        finally:
+            self._landing -= length
 
     async def _store_and_forward(self, request: ChunkCall, data: memoryview) -> None:
         """Chain replication: our copy and the rest of the chain's, at once."""
@@ -226,7 +279,7 @@ class DataNode:
         return Answer(encode([_wire_error(o) for o in outcomes]))
 
     async def _store_allowed(self, request: ChunkCall, data: memoryview) -> None:
-        _auth.check(self._secret, request.cap, request.chunk.id, "write", time.time())
+        self._check(request.cap, request.chunk.id, "write")
         await self._store(request.chunk, data)
 
     async def _read(self, call: Call, payload: memoryview | None) -> Answer:
@@ -251,38 +304,72 @@ class DataNode:
         return Answer(payload=view, release=release)
 
     async def _inventory(self, call: Call, payload: memoryview | None) -> Answer:
-        _auth.check_token(self._secret, call.token)
-        found = await self._run(lambda: list(self.store.inventory()))
+        query = decode(call.body, NodeQuery)
+        self._check_store(call, query.store)
+        found = await self._run(self.store.inventory, query.after, page_entries(query.limit))
         return Answer(encode(found))
+
+    async def _temporaries(self, call: Call, payload: memoryview | None) -> Answer:
+        query = decode(call.body, NodeQuery)
+        self._check_store(call, query.store)
+        found = await self._run(self.store.temporaries, query.after, page_entries(query.limit))
+        return Answer(encode(found))
+
+    async def _clean(self, call: Call, payload: memoryview | None) -> Answer:
+        request = decode(call.body, NodeClean)
+        self._check_store(call, request.store)
+        return Answer(encode(await self._run(self.store.clean_temporaries, request.older_than)))
 
     async def _delete(self, call: Call, payload: memoryview | None) -> Answer:
         chunk_id, older_than, cap = decode(call.body, tuple[str, float, Capability])
-        _auth.check(self._secret, cap, chunk_id, "delete", time.time())
+        self._check(cap, chunk_id, "delete")
         return Answer(encode(await self._run(self.store.delete, chunk_id, older_than)))
 
     # -- heartbeats -------------------------------------------------------------
 
-    async def _tell_meta(self, request: Request[Any]) -> None:
+    async def _tell_meta(self, request: Request[Any]) -> Any:
         if self._meta_conn is None or self._meta_conn.closed:
             self._meta_conn = await Connection.open(*self.meta)
-        await self._meta_conn.call(
+        body, _ = await self._meta_conn.call(
             "meta", encode(request), token=self._token, timeout=HEARTBEAT_S * 2
         )
+        return decode(body, request.response)
 
     async def _heartbeat(self) -> None:
         free, total = await self._run(self.store.capacity)
-        await self._tell_meta(Heartbeat(NodeState(self.id, self.address, self.rack, free, total)))
+        state = NodeState(self.id, self.address, self.rack, free, total)
+        try:
+            joined: Joined = await self._tell_meta(Heartbeat(state, self.store_id or ""))
+        except PermissionDenied as exc:  # another store's metadata, or the wrong secret
+            log.error(
+                "the metadata service at %s:%s refused this node: %s", *self.meta, exc.message
+            )
+            return
+        if self.store_id is None:
+            await self._run(write_private, self.root / "store-id", joined.store_id + "\n")
+            self.store_id = joined.store_id
+            log.info("data node %s joined store %s", self.id, self.store_id)
+        elif joined.store_id != self.store_id:  # a service that did not check: serve it nothing
+            log.error(
+                "the metadata service at %s:%s serves store %s; this node belongs to store %s "
+                "and refuses its capabilities and listings",
+                *self.meta,
+                joined.store_id,
+                self.store_id,
+            )
 
     # -- scrubbing --------------------------------------------------------------
 
     async def scrub_once(self) -> int:
         """Re-hash every chunk file against its name; report the bad ones. Returns how many."""
-        bad = 0
-        for chunk_id, _mtime in await self._run(lambda: list(self.store.inventory())):
-            if not await self._run(self.store.intact, chunk_id):
-                bad += 1
-                reason = "scrub: content does not match its name"
-                await self._tell_meta(ReportBad(chunk_id, self.id, reason))
+        bad, after = 0, ""
+        while page := await self._run(self.store.inventory, after, page_entries()):
+            for chunk_id, _mtime in page:
+                if not await self._run(self.store.intact, chunk_id):
+                    bad += 1
+                    reason = "scrub: content does not match its name"
+                    await self._tell_meta(ReportBad(chunk_id, self.id, reason))
+            after = page[-1][0]
         return bad
 
 

@@ -23,13 +23,16 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
 
+from ._config import page_entries
 from ._errors import GrabenError, IntegrityError, PermissionDenied, Unavailable
 from ._group import Batcher, Batchers
 from ._hashing import crc32c
 from ._rpc import CLIENT_IDLE_S, Connection
 from ._types import (
     Capability,
+    CheckMetadata,
     ChunkCall,
+    ChunkPage,
     ChunkRef,
     ChunkRefs,
     ChunkUsers,
@@ -39,10 +42,13 @@ from ._types import (
     FileLayout,
     GetHealth,
     GetLayout,
+    GetStoreId,
     Grant,
     Heartbeat,
     ListDir,
     ListNodes,
+    NodeClean,
+    NodeQuery,
     NodeState,
     Op,
     Placement,
@@ -68,6 +74,8 @@ RETRYABLE = frozenset(
         Usage,
         ChunkRefs,
         ChunkUsers,
+        CheckMetadata,
+        GetStoreId,
         ListNodes,
         GetHealth,
         Heartbeat,
@@ -86,6 +94,8 @@ SMALL_GROUP_BYTES = 4 << 20
 """Most bytes in one such call."""
 KEEP_GRANTS = 65536
 """Capabilities kept at most (a few hundred bytes each), the least recently added dropped."""
+GRANT_GROUP = 256
+"""Most chunks in one ``Grant`` call (a reply of ~50 KiB, far under the wire's header limit)."""
 
 
 def open_cluster(
@@ -106,11 +116,18 @@ def open_cluster(
 
 
 class Grants:
-    """Capabilities at hand, by (chunk, op); more fetched when one is missing or stale."""
+    """Capabilities at hand, by (chunk, op); more fetched when one is missing or stale.
+
+    Concurrent fetches share one ``Grant`` call (collection deletes a page of
+    chunks at once: one round trip for the page, not one per chunk).
+    """
 
     def __init__(self, fetch: GrantFetcher) -> None:
         self._fetch = fetch
         self._held: OrderedDict[tuple[str, str], Capability] = OrderedDict()
+        self._fetching: Batchers[Op, str, Capability | None] = Batchers(
+            lambda op: Batcher(partial(self._fetch_group, op), max_size=GRANT_GROUP)
+        )
 
     def add(self, caps: Iterable[Capability]) -> None:
         """Keep capabilities that came with a metadata reply."""
@@ -125,11 +142,28 @@ class Grants:
         """A capability for ``op`` on ``chunk`` valid for a while yet."""
         cap = self._held.get((chunk, op))
         if cap is None or cap.expires - time.time() < REFRESH_BEFORE_S:
-            self.add(await self._fetch((chunk,), op))
-            cap = self._held.get((chunk, op))
+            cap = await self._fetching[op].submit(chunk)
             if cap is None:
                 raise PermissionDenied(f"the metadata service granted no {op} of chunk {chunk}")
         return cap
+
+    async def _fetch_group(self, op: Op, chunks: list[str]) -> list[Capability | Exception | None]:
+        """One ``Grant`` for the group; if it is refused, each chunk's own answer."""
+        try:
+            caps = await self._fetch(tuple(dict.fromkeys(chunks)), op)
+        except PermissionDenied:
+            if len(set(chunks)) == 1:
+                raise
+            return [await self._fetch_one(chunk, op) for chunk in chunks]
+        self.add(caps)
+        return [self._held.get((chunk, op)) for chunk in chunks]
+
+    async def _fetch_one(self, chunk: str, op: Op) -> Capability | Exception | None:
+        try:
+            self.add(await self._fetch((chunk,), op))
+        except PermissionDenied as exc:
+            return exc
+        return self._held.get((chunk, op))
 
 
 class Pool:
@@ -242,7 +276,7 @@ class RemoteMeta:
         if isinstance(request, Prepare):
             placements: list[Placement] = result  # type: ignore[assignment]
             self.grants.add(p.grant for p in placements if p.grant is not None)
-        elif isinstance(result, FileLayout):
+        elif isinstance(result, FileLayout | ChunkPage):
             self.grants.add(result.grants.values())
 
     async def close(self) -> None:
@@ -402,11 +436,29 @@ class RemoteChunks:
         if len(self._spare) < self._window:
             self._spare.append(buffer)
 
-    async def inventory(self, node: str) -> list[tuple[str, float]]:
+    async def inventory(self, node: str, store: str, after: str = "") -> list[tuple[str, float]]:
         conn = await self._conn(node)
-        body, _ = await conn.call("chunk.inventory", token=self._token)
+        query = encode(NodeQuery(store, after, page_entries()))
+        body, _ = await conn.call("chunk.inventory", query, token=self._token)
         found: list[tuple[str, float]] = decode(body, list[tuple[str, float]])
         return found
+
+    async def temporaries(
+        self, node: str, store: str, after: str = ""
+    ) -> list[tuple[str, int, float]]:
+        conn = await self._conn(node)
+        query = encode(NodeQuery(store, after, page_entries()))
+        body, _ = await conn.call("chunk.temporaries", query, token=self._token)
+        found: list[tuple[str, int, float]] = decode(body, list[tuple[str, int, float]])
+        return found
+
+    async def clean(self, node: str, store: str, older_than: float) -> tuple[int, int]:
+        conn = await self._conn(node)
+        body, _ = await conn.call(
+            "chunk.clean", encode(NodeClean(store, older_than)), token=self._token
+        )
+        done: tuple[int, int] = decode(body, tuple[int, int])
+        return done
 
     async def delete(self, node: str, chunk_id: str, older_than: float) -> bool:
         conn = await self._conn(node)
@@ -418,6 +470,9 @@ class RemoteChunks:
     def describe(self, node: str, chunk_id: str) -> str:
         state = self._nodes.get(node)
         return f"{node}@{state.address if state else '?'}:{chunk_id}"
+
+    def describe_temporary(self, node: str, name: str) -> str:
+        return self.describe(node, f"tmp/{name}")
 
     async def close(self) -> None:
         for task in self._ahead.values():

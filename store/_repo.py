@@ -13,14 +13,16 @@ mutation is one ``write()`` block.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from ._types import ChunkRef, Degraded, Extent, Kind, NodeState
+from ._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState
 
 ROOT_INODE = 1
+ChunkRecord = tuple[ChunkRef, tuple[str, ...]]
+"""A chunk and the nodes holding it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,17 +104,32 @@ class Tx(Protocol):
     def replicas(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
         """Nodes holding each chunk."""
 
-    def all_chunks(self) -> Iterator[tuple[ChunkRef, tuple[str, ...]]]:
-        """Every chunk with its replicas."""
+    def named(self, ids: Iterable[str]) -> set[str]:
+        """Of these chunk ids, those any table names (chunks, extents, replicas)."""
 
-    def chunk_users(self, chunk: str) -> list[int]:
-        """Inodes whose extents use the chunk."""
+    def chunk_page(self, after: str, limit: int) -> tuple[list[ChunkRecord], str]:
+        """Up to ``limit`` chunks with ids after ``after``, in id order, with their
+        replicas; and the cursor of the next page (``""`` after the last).
+
+        Rows that do not decode are left out (``inconsistencies`` names them).
+        """
+
+    def chunk_users(self, chunk: str, after: int, limit: int) -> list[int]:
+        """Up to ``limit`` inodes after ``after`` whose extents use the chunk, in order."""
 
     def path_of(self, inode: int) -> str | None:
         """A path naming the inode, if it is linked."""
 
-    def forget_unreferenced(self, older_than_ns: int) -> list[str]:
-        """Delete chunk rows without references since before ``older_than_ns``."""
+    def forget_unreferenced(self, older_than_ns: int, limit: int) -> list[ChunkRecord]:
+        """Delete up to ``limit`` chunk rows without references since before
+        ``older_than_ns`` (and no extent naming them); they and their former replicas."""
+
+    def inconsistencies(self, limit: int) -> list[ChunkProblem]:
+        """Up to ``limit`` places where the tables contradict each other or hold
+        values that do not decode (what fsck reports as ``metadata``)."""
+
+    def store_id(self) -> str:
+        """The store's id, made with the engine."""
 
     def add_replicas(self, chunk: str, nodes: Iterable[str]) -> None:
         """Record more nodes holding a copy of a chunk."""
@@ -141,3 +158,17 @@ class Repository(Protocol):
 
     def close(self) -> None:
         """Release the engine's connections."""
+
+
+def tiling_problem(size: int, extents: Iterable[Extent]) -> str | None:
+    """What is wrong with extents that should tile ``[0, size)`` in order, or ``None``."""
+    end = 0
+    for x in extents:
+        if x.offset != end:
+            return f"extents leave a gap or overlap at offset {end} (next starts at {x.offset})"
+        if x.length <= 0 or x.chunk_offset < 0 or x.chunk_offset + x.length > x.chunk.length:
+            return f"the extent at offset {x.offset} does not fit its chunk {x.chunk.id}"
+        end += x.length
+    if end != size:
+        return f"extents cover {end} bytes but the file's size is {size}"
+    return None

@@ -6,24 +6,40 @@ deadlock upgrading a read lock) and WAL lets readers run beside them.
 Connections are per thread. The schema carries its version in
 ``PRAGMA user_version`` and is brought up to date by ``MIGRATIONS`` in one
 exclusive transaction.
+
+A database is created only when asked (``create=True``): a mistyped path or
+an emptied file must not pass for a new, empty store. The files are the
+owner's alone (0600). Rows are checked as they become values: damage in
+the file is an ``IntegrityError`` naming the inode and path, never a wrong
+answer.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
+import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ._errors import GrabenError, IntegrityError, NoSpace, Unavailable
-from ._repo import ROOT_INODE, Inode
-from ._types import ChunkRef, Degraded, Extent, Kind, NodeState
+from ._errors import GrabenError, IntegrityError, NoSpace, NotFound, Unavailable
+from ._repo import ROOT_INODE, ChunkRecord, Inode, tiling_problem
+from ._sqlite_checks import inconsistencies
+from ._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState
 
-MIGRATIONS: tuple[str, ...] = (
+
+def _identity(db: sqlite3.Connection) -> None:
+    """3: the store's id, made once, with the store (HDFS's clusterID)."""
+    db.execute("CREATE TABLE store (id TEXT NOT NULL)")
+    db.execute("INSERT INTO store (id) VALUES (?)", (uuid.uuid4().hex,))
+
+
+MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
     # 1: the three layers.
     f"""
     CREATE TABLE inodes (
@@ -77,14 +93,47 @@ MIGRATIONS: tuple[str, ...] = (
         last_seen REAL NOT NULL
     ) WITHOUT ROWID;
     """,
+    _identity,
 )
 
 _INODE_COLUMNS = "id, kind, size, mode, mtime_ns, generation, replication"
 BUSY_TIMEOUT_S = 60.0
+FILE_MODE = 0o600
+"""The database and its -wal and -shm files (SQLite gives those the database's mode)."""
+PAGE_ROWS_MAX = 100_000
+"""Rows one paged query returns at most, whatever it is asked (the wire's pages are far smaller)."""
 
 
-def _inode(row: tuple[int, Kind, int, int, int, int, int] | None) -> Inode | None:
-    return None if row is None else Inode(*row)
+def _inode(row: tuple[object, ...] | None) -> Inode | None:
+    """A row of ``inodes`` as a value; ``IntegrityError`` if it does not decode."""
+    if row is None:
+        return None
+    number, kind, *numbers = row
+    if (
+        type(number) is not int
+        or kind not in ("file", "directory")
+        or any(type(n) is not int for n in numbers)
+    ):
+        raise IntegrityError(f"metadata damaged: inode row {row!r} does not decode")
+    return Inode(number, kind, *numbers)  # type: ignore[arg-type]
+
+
+def _checked_inode(row: tuple[object, ...]) -> Inode:
+    found = _inode(row)
+    assert found is not None
+    return found
+
+
+def _chunk_ref(chunk: object, length: object, crc: object) -> ChunkRef | None:
+    """A chunk row as a value, or ``None`` if it does not decode."""
+    ok = (
+        isinstance(chunk, str)
+        and len(chunk) == 64
+        and type(length) is int
+        and length >= 0
+        and type(crc) is int
+    )
+    return ChunkRef(chunk, length, crc) if ok else None  # type: ignore[arg-type]
 
 
 class SQLiteTx:
@@ -92,6 +141,11 @@ class SQLiteTx:
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
+
+    def _damaged(self, inode: int, problem: str) -> IntegrityError:
+        """The error for a file whose rows contradict each other, naming it."""
+        where = self.path_of(inode) or f"inode {inode} (no path names it)"
+        return IntegrityError(f"metadata damaged: {problem} (inode {inode})", where)
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -131,7 +185,7 @@ class SQLiteTx:
             "WHERE e.parent = ? ORDER BY e.name",
             (parent,),
         )
-        return [(row[0], Inode(*row[1:])) for row in rows]
+        return [(row[0], _checked_inode(row[1:])) for row in rows]
 
     def children_page(self, parent: int, after: str, limit: int) -> list[tuple[str, Inode]]:
         rows = self._db.execute(
@@ -184,30 +238,51 @@ class SQLiteTx:
 
     def extents(self, inode: int) -> list[Extent]:
         rows = self._db.execute(
-            "SELECT x.offset, x.length, c.id, c.length, c.crc32c, x.chunk_offset "
-            "FROM extents x JOIN chunks c ON c.id = x.chunk "
+            "SELECT x.offset, x.length, x.chunk, c.length, c.crc32c, x.chunk_offset "
+            "FROM extents x LEFT JOIN chunks c ON c.id = x.chunk "
             "WHERE x.inode = ? ORDER BY x.offset",
             (inode,),
         )
-        return [
-            Extent(offset, length, ChunkRef(chunk, clen, crc), chunk_offset)
-            for offset, length, chunk, clen, crc, chunk_offset in rows
-        ]
+        extents = [self._extent(inode, *row) for row in rows]
+        size = self._db.execute("SELECT size FROM inodes WHERE id = ?", (inode,)).fetchone()
+        problem = tiling_problem(size[0] if size else 0, extents)
+        if problem is not None:
+            raise self._damaged(inode, f"{problem}; the file's size says {size and size[0]}")
+        return extents
+
+    def _extent(
+        self, inode: int, offset: object, length: object, chunk: object, *rest: object
+    ) -> Extent:
+        """One ``extents`` row (joined with its chunk row) as a value, or ``IntegrityError``."""
+        if not isinstance(chunk, str) or rest[0] is None:
+            raise self._damaged(
+                inode,
+                f"the extent at offset {offset} names chunk {chunk!r}, which has no chunk row",
+            )
+        ref = _chunk_ref(chunk, *rest[:2])
+        chunk_offset = rest[2]
+        if (
+            ref is None
+            or type(offset) is not int
+            or type(length) is not int
+            or type(chunk_offset) is not int
+        ):
+            raise self._damaged(inode, f"the extent at offset {offset!r} does not decode")
+        return Extent(offset, length, ref, chunk_offset)
 
     def extents_page(self, inode: int, start: int, limit: int) -> list[Extent]:
         # The extent covering ``start`` begins at the greatest offset <= start.
+        # Rows are checked one by one here; that the pages tile the file is
+        # checked by whoever gathers them (``_pages.py``).
         rows = self._db.execute(
-            "SELECT x.offset, x.length, c.id, c.length, c.crc32c, x.chunk_offset "
-            "FROM extents x JOIN chunks c ON c.id = x.chunk "
+            "SELECT x.offset, x.length, x.chunk, c.length, c.crc32c, x.chunk_offset "
+            "FROM extents x LEFT JOIN chunks c ON c.id = x.chunk "
             "WHERE x.inode = ?1 AND x.offset >= COALESCE("
             "(SELECT MAX(offset) FROM extents WHERE inode = ?1 AND offset <= ?2), 0) "
             "ORDER BY x.offset LIMIT ?3",
             (inode, start, limit),
         )
-        return [
-            Extent(offset, length, ChunkRef(chunk, clen, crc), chunk_offset)
-            for offset, length, chunk, clen, crc, chunk_offset in rows
-        ]
+        return [self._extent(inode, *row) for row in rows]
 
     def set_extents(self, inode: int, extents: Iterable[Extent]) -> None:
         extents = list(extents)
@@ -265,16 +340,41 @@ class SQLiteTx:
     def known(self, ids: Iterable[str]) -> set[str]:
         return {c for (c,) in self._in("SELECT id FROM chunks WHERE id IN ({})", ids)}
 
-    def all_chunks(self) -> Iterator[tuple[ChunkRef, tuple[str, ...]]]:
-        rows = self._db.execute(
-            "SELECT c.id, c.length, c.crc32c, group_concat(r.node) FROM chunks c "
-            "LEFT JOIN replicas r ON r.chunk = c.id GROUP BY c.id ORDER BY c.id"
-        ).fetchall()
-        for chunk, length, crc, nodes in rows:
-            yield ChunkRef(chunk, length, crc), tuple(nodes.split(",")) if nodes else ()
+    def named(self, ids: Iterable[str]) -> set[str]:
+        sql = (
+            "SELECT id FROM chunks WHERE id IN ({0}) UNION SELECT chunk FROM extents "
+            "WHERE chunk IN ({0}) UNION SELECT chunk FROM replicas WHERE chunk IN ({0})"
+        )
+        ids = list(ids)
+        found: set[str] = set()
+        for start in range(0, len(ids), 300):
+            batch = ids[start : start + 300]
+            marks = ",".join("?" * len(batch))
+            found.update(c for (c,) in self._db.execute(sql.format(marks), batch * 3))
+        return found
 
-    def chunk_users(self, chunk: str) -> list[int]:
-        rows = self._db.execute("SELECT DISTINCT inode FROM extents WHERE chunk = ?", (chunk,))
+    def chunk_page(self, after: str, limit: int) -> tuple[list[ChunkRecord], str]:
+        limit = min(limit, PAGE_ROWS_MAX)
+        rows = self._db.execute(
+            "SELECT c.id, c.length, c.crc32c, "
+            "(SELECT group_concat(r.node) FROM replicas r WHERE r.chunk = c.id) "
+            "FROM chunks c WHERE c.id > ? ORDER BY c.id LIMIT ?",
+            (after, limit),
+        ).fetchall()
+        page = []
+        for chunk, length, crc, nodes in rows:
+            ref = _chunk_ref(chunk, length, crc)
+            if ref is not None:
+                page.append((ref, tuple(str(nodes).split(",")) if nodes else ()))
+        last = rows[-1][0] if len(rows) == limit else ""
+        return page, last if isinstance(last, str) else ""
+
+    def chunk_users(self, chunk: str, after: int, limit: int) -> list[int]:
+        rows = self._db.execute(
+            "SELECT DISTINCT inode FROM extents WHERE chunk = ? AND inode > ? "
+            "ORDER BY inode LIMIT ?",
+            (chunk, after, min(limit, PAGE_ROWS_MAX)),
+        )
         return [inode for (inode,) in rows]
 
     def path_of(self, inode: int) -> str | None:
@@ -289,14 +389,27 @@ class SQLiteTx:
             names.append(name)
         return "/" + "/".join(reversed(names))
 
-    def forget_unreferenced(self, older_than_ns: int) -> list[str]:
+    def forget_unreferenced(self, older_than_ns: int, limit: int) -> list[ChunkRecord]:
+        # An extent naming the chunk means its refs count is wrong, not that it is free.
         rows = self._db.execute(
-            "DELETE FROM chunks WHERE refs = 0 AND zero_since_ns < ? RETURNING id",
-            (older_than_ns,),
+            "SELECT id, length, crc32c FROM chunks WHERE refs = 0 AND zero_since_ns < ? "
+            "AND id NOT IN (SELECT chunk FROM extents) ORDER BY id LIMIT ?",
+            (older_than_ns, min(limit, PAGE_ROWS_MAX)),
         ).fetchall()
-        gone = [chunk for (chunk,) in rows]
-        self._db.executemany("DELETE FROM replicas WHERE chunk = ?", [(c,) for c in gone])
-        return gone
+        gone = [ref for ref in (_chunk_ref(*row) for row in rows) if ref is not None]
+        held = self.replicas(ref.id for ref in gone)
+        self._db.executemany("DELETE FROM chunks WHERE id = ?", [(r.id,) for r in gone])
+        self._db.executemany("DELETE FROM replicas WHERE chunk = ?", [(r.id,) for r in gone])
+        return [(ref, held.get(ref.id, ())) for ref in gone]
+
+    def inconsistencies(self, limit: int) -> list[ChunkProblem]:
+        return inconsistencies(self._db, self.path_of, limit)
+
+    def store_id(self) -> str:
+        row = self._db.execute("SELECT id FROM store").fetchone()
+        if row is None or not isinstance(row[0], str):
+            raise IntegrityError("metadata damaged: the store's id is missing")
+        return row[0]
 
     def add_replicas(self, chunk: str, nodes: Iterable[str]) -> None:
         self._db.executemany(
@@ -367,22 +480,38 @@ def _set_wal(db: sqlite3.Connection) -> None:
 class SQLiteRepository:
     """The SQLite engine (see ``Repository`` in ``_repo.py``)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+        """Open the engine at ``path``; with ``create``, make a new store if there is none.
+
+        Without ``create``, a missing file, or one holding no schema (0 bytes,
+        say), is ``NotFound`` and is left as it was.
+        """
         self.path = str(path)
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
-        self._migrate()
+        if create:
+            _make_private(self.path)
+        else:
+            _require_schema(self.path)
+        try:
+            self._migrate()
+        except BaseException:
+            self.close()
+            raise
 
     def _connect(self) -> sqlite3.Connection:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
             try:
+                # mode=rw: never create the file behind the caller's back (it was
+                # made, or found, above); a store deleted while open stays gone.
                 db = sqlite3.connect(
-                    self.path,
+                    _uri(self.path, "rw"),
                     timeout=BUSY_TIMEOUT_S,
                     isolation_level=None,
                     check_same_thread=False,
+                    uri=True,
                 )
                 _set_wal(db)
                 db.execute("PRAGMA synchronous = FULL")
@@ -408,10 +537,17 @@ class SQLiteRepository:
                     f"understands ({len(MIGRATIONS)}); upgrade graben",
                     self.path,
                 )
-            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-                for statement in script.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+            if version == 0 and _has_tables(db):
+                raise IntegrityError(
+                    "this database holds something else, not a graben store", self.path
+                )
+            for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
+                if callable(step):
+                    step(db)
+                else:
+                    for statement in step.split(";"):
+                        if statement.strip():
+                            db.execute(statement)
                 db.execute(f"PRAGMA user_version = {number}")
 
     @contextmanager
@@ -452,6 +588,40 @@ class SQLiteRepository:
                 db.close()
             self._all.clear()
         self._local = threading.local()
+
+
+def _uri(path: str, mode: str) -> str:
+    return f"{Path(path).absolute().as_uri()}?mode={mode}"
+
+
+def _make_private(path: str) -> None:
+    """Create the database file, empty and 0600, unless it exists (SQLite would make it
+    0644, and its -wal and -shm files after it)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE))
+    except OSError as exc:
+        raise Unavailable(f"cannot create the metadata database: {exc.strerror}", path) from exc
+
+
+def _require_schema(path: str) -> None:
+    """``NotFound`` unless ``path`` is a database with a schema; reads only."""
+    missing = NotFound("no graben metadata database here (the file is missing or empty)", path)
+    if not os.path.isfile(path):
+        raise missing
+    try:
+        db = sqlite3.connect(_uri(path, "ro"), uri=True, timeout=BUSY_TIMEOUT_S)
+        try:
+            empty = db.execute("PRAGMA user_version").fetchone()[0] == 0 and not _has_tables(db)
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        raise _translate(exc, path) from exc
+    if empty:
+        raise missing
+
+
+def _has_tables(db: sqlite3.Connection) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone() is not None
 
 
 def _translate(exc: sqlite3.Error, path: str) -> GrabenError:

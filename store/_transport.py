@@ -60,14 +60,27 @@ class ChunkTransport(Protocol):
         the reader it may hint less often).
         """
 
-    async def inventory(self, node: str) -> list[tuple[str, float]]:
-        """Every chunk file on ``node`` with its mtime, for fsck and collection."""
+    async def inventory(self, node: str, store: str, after: str = "") -> list[tuple[str, float]]:
+        """A page of the chunk files on ``node`` with their mtimes, ids after ``after`` in
+        order, for fsck and collection; empty after the last. ``store``: the store's id,
+        which the node must belong to."""
+
+    async def temporaries(
+        self, node: str, store: str, after: str = ""
+    ) -> list[tuple[str, int, float]]:
+        """A page of ``node``'s writers' temporaries: (name, bytes, mtime), as ``inventory``."""
+
+    async def clean(self, node: str, store: str, older_than: float) -> tuple[int, int]:
+        """Remove ``node``'s temporaries last written before ``older_than``: (count, bytes)."""
 
     async def delete(self, node: str, chunk_id: str, older_than: float) -> bool:
         """Delete a copy not (re)written since ``older_than``; whether it went."""
 
     def describe(self, node: str, chunk_id: str) -> str:
         """Where a copy lives, for error messages."""
+
+    def describe_temporary(self, node: str, name: str) -> str:
+        """Where a temporary lives, for reports."""
 
     async def close(self) -> None:
         """Release connections and threads."""

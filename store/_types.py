@@ -92,7 +92,10 @@ class Capability(msgspec.Struct, frozen=True):
     expires: float
     """Unix seconds; valid strictly before this instant."""
     mac: str
-    """Hex HMAC-SHA256 over (chunk, op, expires) under the cluster secret."""
+    """Hex HMAC-SHA256 over (chunk, op, expires, store) under the cluster secret."""
+    store: str = ""
+    """Id of the store whose metadata service granted it; a data node of another
+    store refuses it (``""``: minted for no store in particular)."""
 
 
 class ChunkCall(msgspec.Struct, frozen=True):
@@ -174,15 +177,22 @@ class FileCommit(msgspec.Struct, frozen=True):
     """Mode bits of the new version; 0 keeps those of the version it replaces (0o644 if none)."""
 
 
+ProblemKind = Literal["missing", "corrupt", "orphan", "unreferenced", "metadata", "temporary"]
+DAMAGE: Final[frozenset[str]] = frozenset({"missing", "corrupt", "metadata"})
+"""Kinds of problem that mean data may be lost or wrong (orphans and temporaries are harmless)."""
+
+
 class ChunkProblem(msgspec.Struct, frozen=True):
     """One finding of ``fsck``."""
 
-    kind: Literal["missing", "corrupt", "orphan", "unreferenced"]
-    """What is wrong."""
+    kind: ProblemKind
+    """What is wrong: a copy ``missing`` or ``corrupt``, an ``orphan`` chunk file no
+    metadata names, metadata that contradicts itself (``metadata``), a writer's
+    leftover ``temporary`` file."""
     chunk: str
-    """The chunk id (or file name, for orphans)."""
+    """The chunk id (or file name, for orphans and temporaries; may be empty for metadata)."""
     where: str
-    """Node and location of the copy."""
+    """Node and location of the copy (the engine's table, for metadata)."""
     paths: tuple[str, ...] = ()
     """Store paths whose files use the chunk."""
     detail: str = ""
@@ -199,12 +209,13 @@ class FsckReport(msgspec.Struct, frozen=True):
     problems: tuple[ChunkProblem, ...]
     """Everything found wrong."""
     collected: int = 0
-    """Orphans deleted (with ``collect=True``)."""
+    """Chunk copies and temporaries deleted (with ``collect=True``)."""
 
     @property
     def ok(self) -> bool:
-        """Whether no chunk is missing or corrupt (orphans are harmless)."""
-        return not any(p.kind in ("missing", "corrupt") for p in self.problems)
+        """Whether nothing is missing, corrupt or inconsistent (orphans and temporaries
+        are harmless)."""
+        return not any(p.kind in DAMAGE for p in self.problems)
 
 
 # --- metadata requests -----------------------------------------------------
@@ -334,24 +345,57 @@ class Usage(Request[tuple[int, int]], frozen=True):
     path: str
 
 
-class ChunkRefs(Request[list[tuple[ChunkRef, tuple[str, ...]]]], frozen=True):
-    """Every chunk the engine knows, with its replicas, for fsck."""
+class ChunkPage(msgspec.Struct, frozen=True):
+    """One page of the chunk layer, in id order."""
 
-    response = list[tuple[ChunkRef, tuple[str, ...]]]
+    chunks: list[tuple[ChunkRef, tuple[str, ...]]]
+    """Chunks with the nodes holding them."""
+    after: str = ""
+    """Where the next page starts (``ChunkRefs(after=...)``); ``""``: this was the last."""
+    grants: dict[str, Capability] = msgspec.field(default_factory=dict)
+    """Chunk id -> a cluster's permission to read it, for fsck (empty embedded)."""
 
 
-class ChunkUsers(Request[list[str]], frozen=True):
-    """Paths of files using a chunk."""
+class ChunkRefs(Request[ChunkPage], frozen=True):
+    """A page of the chunks the engine knows, ids after ``after``, for fsck."""
 
-    response = list[str]
+    response = ChunkPage
+    after: str = ""
+    limit: int = 0
+    """Most chunks in the page; 0 (and anything larger) is the server's page size."""
+
+
+class ChunkUsers(Request[list[tuple[int, str]]], frozen=True):
+    """A page of the files using a chunk: ``(inode, path)`` for inodes after ``after``,
+    in inode order; ``path`` is ``""`` for an inode no entry names. Empty: no more."""
+
+    response = list[tuple[int, str]]
     chunk: str
+    after: int = 0
+    limit: int = 0
 
 
-class Collectable(Request[list[str]], frozen=True):
-    """Forget chunks unreferenced for longer than ``grace_s``; returns their ids."""
+class Collectable(Request[list[tuple[str, tuple[str, ...]]]], frozen=True):
+    """Forget a page of chunks unreferenced for longer than ``grace_s``; returns their
+    ids with the nodes that held them (their copies may go). Empty: none left."""
 
-    response = list[str]
+    response = list[tuple[str, tuple[str, ...]]]
     grace_s: float
+    limit: int = 0
+
+
+class CheckMetadata(Request[list[ChunkProblem]], frozen=True):
+    """Cross-check the engine's tables (entries, inodes, extents, chunks, refs);
+    the first ``limit`` inconsistencies found (0: the server's page size)."""
+
+    response = list[ChunkProblem]
+    limit: int = 0
+
+
+class GetStoreId(Request[str], frozen=True):
+    """The store's id, made when its engine was created."""
+
+    response = str
 
 
 class NodeState(msgspec.Struct, frozen=True):
@@ -373,11 +417,22 @@ class NodeState(msgspec.Struct, frozen=True):
     """Heard from within the heartbeat timeout."""
 
 
-class Heartbeat(Request[int], frozen=True):
-    """A data node says it is alive; returns the store's default replication."""
+class Joined(msgspec.Struct, frozen=True):
+    """The metadata service's answer to a heartbeat."""
 
-    response = int
+    store_id: str
+    """The store the node has joined: it keeps this id and refuses any other."""
+    replication: int
+    """The store's default copies per chunk."""
+
+
+class Heartbeat(Request[Joined], frozen=True):
+    """A data node says it is alive; refused if it belongs to another store."""
+
+    response = Joined
     node: NodeState
+    store_id: str = ""
+    """The store the node belongs to; ``""`` if it has joined none yet."""
 
 
 class ListNodes(Request[list[NodeState]], frozen=True):
@@ -417,12 +472,34 @@ class Health(msgspec.Struct, frozen=True):
     """Copies reported damaged and not yet deleted."""
     replication: int
     """The store's default copies per chunk."""
+    store_id: str = ""
+    """The store's id (every data node keeps it too)."""
 
 
 class GetHealth(Request[Health], frozen=True):
     """The store's health at a glance."""
 
     response = Health
+
+
+class NodeQuery(msgspec.Struct, frozen=True):
+    """The body of a data node's ``chunk.inventory`` and ``chunk.temporaries``: one page."""
+
+    store: str
+    """The store the caller means; a node of another store refuses."""
+    after: str = ""
+    """File names after this one, in name order."""
+    limit: int = 0
+    """Most entries; 0 (and anything larger) is the node's page size."""
+
+
+class NodeClean(msgspec.Struct, frozen=True):
+    """The body of a data node's ``chunk.clean``: remove writers' leftover temporaries."""
+
+    store: str
+    """The store the caller means; a node of another store refuses."""
+    older_than: float
+    """Unix time: temporaries last written before it go."""
 
 
 class WireError(msgspec.Struct, frozen=True):
@@ -452,9 +529,10 @@ class CommitEach(Request[list[Committed]], frozen=True):
 class Grant(Request[list[Capability]], frozen=True):
     """Fresh capabilities for ``op`` on each chunk (a cluster only).
 
-    Reads and writes are granted to any client with a valid token; deletes
-    only for chunks the metadata no longer names (orphans), so a client's
-    collection can never delete live data.
+    Reads are granted to any client with a valid token; writes only for
+    chunks no live file uses (a live chunk never changes); deletes only for
+    chunks the metadata no longer names (orphans), so a client's collection
+    can never delete live data.
     """
 
     response = list[Capability]

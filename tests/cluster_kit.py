@@ -26,13 +26,13 @@ class LocalCluster:
         node_args: tuple[str, ...] = (),
     ):
         self.root, self.scrub, self._node_args = root, scrub, node_args
-        engine = f"sqlite:///{root / 'meta.db'}"
-        self._meta_args = (
-            *("meta", "serve", "--engine", engine, "--replication", str(replication)),
+        self._started = time.time()
+        self._meta_options = (
+            *("--replication", str(replication)),
             *("--heartbeat-timeout", str(timeout), "--repair-interval", str(repair)),
             *meta_args,
         )
-        self.meta, self.meta_address = _spawn(*self._meta_args)
+        self.meta, self.meta_address = _spawn(*self._meta_args(root / "meta.db"))
         self.url = f"graben://{self.meta_address}"
         self.nodes: list[subprocess.Popen[str]] = []
         self.addresses: list[str] = []
@@ -44,19 +44,26 @@ class LocalCluster:
             self.close()  # never leave half a cluster running
             raise
 
-    def restart_meta(self, *, down_s: float = 0.0) -> None:
-        """SIGKILL the metadata service and start it again on the same port and engine."""
+    def _meta_args(self, engine: Path) -> tuple[str, ...]:
+        # --init: a new store the first time, the same one after.
+        return ("meta", "serve", "--init", "--engine", f"sqlite:///{engine}", *self._meta_options)
+
+    def restart_meta(self, *, down_s: float = 0.0, engine: Path | None = None) -> None:
+        """SIGKILL the metadata service and start it again on the same port (and engine,
+        unless another is given)."""
         self.meta.send_signal(signal.SIGKILL)
         self.meta.wait()
         if self.meta.stdout is not None:
             self.meta.stdout.close()
         time.sleep(down_s)
-        self.meta, _ = _spawn(*self._meta_args, "--listen", self.meta_address)
+        args = self._meta_args(engine or self.root / "meta.db")
+        self.meta, _ = _spawn(*args, "--listen", self.meta_address)
 
-    def start_node(self, i: int) -> None:
+    def start_node(self, i: int, *, meta: str | None = None) -> None:
+        """Start data node ``i`` (again), heartbeating to ``meta`` (default: this cluster's)."""
         proc, address = _spawn(
             *("node", "serve", "--data", str(self.root / f"node{i}")),
-            *("--meta", self.meta_address, "--rack", f"rack{i}"),
+            *("--meta", meta or self.meta_address, "--rack", f"rack{i}"),
             *("--scrub-interval", str(self.scrub)),
             *self._node_args,
         )
@@ -75,9 +82,11 @@ class LocalCluster:
     def kill(self, i: int) -> None:
         self.nodes[i].send_signal(signal.SIGKILL)
         self.nodes[i].wait()
+        if self.nodes[i].stdout is not None:
+            self.nodes[i].stdout.close()
 
     def wait_alive(self, count: int) -> None:
-        _wait_for_nodes(self.url, count)
+        _wait_for_nodes(self.url, count, since=self._started)
 
     def close(self) -> None:
         _stop([self.meta, *self.nodes])

@@ -25,6 +25,7 @@ from graben.store._types import (
     ChunkRef,
     GetLayout,
     Grant,
+    NodeQuery,
     Op,
     Prepare,
     WireError,
@@ -107,12 +108,16 @@ def test_data_nodes_read_only_with_the_right_capability(authorised: Client) -> N
     assert _read(address, chunk, cap) == data  # the capability the layout came with works
 
     now = time.time()
+    store = authorised.health().store_id
+    assert _read(address, chunk, grant(_secret(), chunk.id, "read", 60, now, store=store)) == data
     refused: dict[str, Capability] = {
+        "another store": grant(_secret(), chunk.id, "read", 60, now, store="f" * 32),
+        "no store": grant(_secret(), chunk.id, "read", 60, now),
         "bad mac": _forge(cap, mac="0" * 64),
-        "expired": grant(_secret(), chunk.id, "read", 1.0, now - 10),
-        "another chunk": grant(_secret(), "a" * 64, "read", 60, now),
-        "another op": grant(_secret(), chunk.id, "write", 60, now),
-        "another secret": grant(OTHER_SECRET, chunk.id, "read", 60, now),
+        "expired": grant(_secret(), chunk.id, "read", 1.0, now - 10, store=store),
+        "another chunk": grant(_secret(), "a" * 64, "read", 60, now, store=store),
+        "another op": grant(_secret(), chunk.id, "write", 60, now, store=store),
+        "another secret": grant(OTHER_SECRET, chunk.id, "read", 60, now, store=store),
         "stretched expiry": _forge(cap, expires=cap.expires + 3600),
     }
     for why, bad in refused.items():
@@ -125,10 +130,11 @@ def test_data_nodes_write_and_delete_only_with_the_right_capability(
     authorised: Client,
 ) -> None:
     authorised.put("/anchor", b"a", replication=1)
-    address = authorised.health().nodes[0].address
+    health = authorised.health()
+    address, store = health.nodes[0].address, health.store_id
     data = os.urandom(10_000)
     chunk = chunk_ref(data)
-    read_cap = grant(_secret(), chunk.id, "read", 60, time.time())
+    read_cap = grant(_secret(), chunk.id, "read", 60, time.time(), store=store)
 
     async def write(cap: Capability) -> None:
         await _node_call(
@@ -136,7 +142,7 @@ def test_data_nodes_write_and_delete_only_with_the_right_capability(
         )
 
     async def inventory(token: str) -> list[tuple[str, float]]:
-        body = await _node_call(address, "chunk.inventory", token=token)
+        body = await _node_call(address, "chunk.inventory", encode(NodeQuery(store)), token=token)
         found: list[tuple[str, float]] = decode(body, list[tuple[str, float]])
         return found
 
@@ -147,7 +153,7 @@ def test_data_nodes_write_and_delete_only_with_the_right_capability(
     token = client_token(_secret())
     assert chunk.id not in {c for c, _ in _loop.run(inventory(token))}  # nothing was written
 
-    _loop.run(write(grant(_secret(), chunk.id, "write", 60, time.time())))
+    _loop.run(write(grant(_secret(), chunk.id, "write", 60, time.time(), store=store)))
     assert _read(address, chunk, read_cap) == data
 
     async def delete(cap: Capability) -> bool:
@@ -159,7 +165,7 @@ def test_data_nodes_write_and_delete_only_with_the_right_capability(
         with pytest.raises(PermissionDenied):
             _loop.run(delete(bad))
     assert _read(address, chunk, read_cap) == data  # still there
-    assert _loop.run(delete(grant(_secret(), chunk.id, "delete", 60, time.time())))
+    assert _loop.run(delete(grant(_secret(), chunk.id, "delete", 60, time.time(), store=store)))
 
 
 def test_clients_are_granted_deletes_of_orphans_only(authorised: Client) -> None:
@@ -246,13 +252,14 @@ def test_cluster_up_makes_a_private_secret_that_clients_need(
 
 def test_a_grouped_write_stores_only_the_chunks_it_may(authorised: Client) -> None:
     authorised.put("/anchor", b"a", replication=1)
-    address = authorised.health().nodes[0].address
+    health = authorised.health()
+    address, store = health.nodes[0].address, health.store_id
     good, bad = os.urandom(3000), os.urandom(3000)
     ok, refused = chunk_ref(good), chunk_ref(bad)
     now = time.time()
     calls = [
-        ChunkCall(ok, grant(_secret(), ok.id, "write", 60, now)),
-        ChunkCall(refused, grant(_secret(), refused.id, "read", 60, now)),
+        ChunkCall(ok, grant(_secret(), ok.id, "write", 60, now, store=store)),
+        ChunkCall(refused, grant(_secret(), refused.id, "read", 60, now, store=store)),
     ]
 
     async def write_many() -> list[WireError | None]:
@@ -265,9 +272,9 @@ def test_a_grouped_write_stores_only_the_chunks_it_may(authorised: Client) -> No
     errors = _loop.run(write_many())
     assert errors[0] is None
     assert errors[1] is not None and errors[1].code == PermissionDenied.code
-    assert _read(address, ok, grant(_secret(), ok.id, "read", 60, now)) == good
+    assert _read(address, ok, grant(_secret(), ok.id, "read", 60, now, store=store)) == good
     with pytest.raises(FileNotFoundError):
-        _read(address, refused, grant(_secret(), refused.id, "read", 60, now))
+        _read(address, refused, grant(_secret(), refused.id, "read", 60, now, store=store))
 
 
 def test_chain_replication_stores_a_copy_on_every_node_of_the_chain(authorised: Client) -> None:
@@ -291,10 +298,11 @@ def test_chain_replication_stores_a_copy_on_every_node_of_the_chain(authorised: 
 
 def test_a_chain_whose_next_hop_is_down_fails_the_write(authorised: Client) -> None:
     authorised.put("/anchor", b"a", replication=1)
-    address = authorised.health().nodes[0].address
+    health = authorised.health()
+    address = health.nodes[0].address
     data = os.urandom(10_000)
     chunk = chunk_ref(data)
-    cap = grant(_secret(), chunk.id, "write", 60, time.time())
+    cap = grant(_secret(), chunk.id, "write", 60, time.time(), store=health.store_id)
     call = ChunkCall(chunk, cap, forward=("127.0.0.1:1",))  # nobody listens on port 1
     with pytest.raises(Unavailable):
         _loop.run(_node_call(address, "chunk.write", encode(call), payload=memoryview(data)))

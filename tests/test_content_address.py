@@ -1,0 +1,190 @@
+"""Chunks are content-addressed: bytes that do not hash to their id are never stored or trusted.
+
+The forgeries here keep the length and the crc32c of the real chunk (crc32c
+is linear, so four chosen bytes fix it), which is all a crc32c check sees.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from cluster_kit import LocalCluster
+from conftest import SMALL_CHUNK
+
+from graben.store import IntegrityError, PermissionDenied, _loop, connect
+from graben.store._auth import grant, load_secret
+from graben.store._chunkstore import LocalChunkStore
+from graben.store._hashing import chunk_ref, crc32c
+from graben.store._rpc import Connection
+from graben.store._types import ChunkCall, ChunkRef, GetLayout, Grant
+from graben.store._wire import encode
+
+
+def forge(real: bytes) -> bytes:
+    """Other bytes of the same length and crc32c as ``real``."""
+    forged = bytearray(os.urandom(len(real)))
+    base = crc32c(forged)
+    columns = []  # what flipping each bit of the last four bytes does to the crc
+    for bit in range(32):
+        forged[-4 + bit // 8] ^= 1 << (bit % 8)
+        columns.append(crc32c(forged) ^ base)
+        forged[-4 + bit // 8] ^= 1 << (bit % 8)
+    flips = _solve(columns, base ^ crc32c(real))
+    for bit in range(32):
+        if flips >> bit & 1:
+            forged[-4 + bit // 8] ^= 1 << (bit % 8)
+    assert crc32c(forged) == crc32c(real) and bytes(forged) != real
+    return bytes(forged)
+
+
+def _solve(columns: list[int], target: int) -> int:
+    """The bits ``x`` with XOR of ``columns[i]`` for each set bit ``i`` of ``x`` == ``target``."""
+    basis: dict[int, tuple[int, int]] = {}  # top bit -> (value, which bits make it)
+    for i, column in enumerate(columns):
+        value, made = column, 1 << i
+        for top in sorted(basis, reverse=True):
+            if value >> top & 1:
+                value, made = value ^ basis[top][0], made ^ basis[top][1]
+        if value:
+            basis[value.bit_length() - 1] = (value, made)
+    chosen = 0
+    for top in sorted(basis, reverse=True):
+        if target >> top & 1:
+            target ^= basis[top][0]
+            chosen ^= basis[top][1]
+    assert target == 0
+    return chosen
+
+
+def _chunk_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob("**/chunks/??/??/*") if p.is_file())
+
+
+# -- embedded ---------------------------------------------------------------------------
+
+
+def test_the_chunk_store_refuses_bytes_that_do_not_hash_to_the_id(tmp_path: Path) -> None:
+    store = LocalChunkStore(tmp_path / "chunks")
+    try:
+        real = os.urandom(100_000)
+        ref = chunk_ref(real)
+        forged = forge(real)
+        with pytest.raises(IntegrityError, match="blake3"):
+            store.write(ref, memoryview(forged))
+        assert not store.path(ref.id).exists()
+        store.write(ref, memoryview(real))
+        for write in (store.write, lambda r, d: _only(store.write_group([(r, d)]))):
+            with pytest.raises(IntegrityError, match="blake3"):
+                write(ref, memoryview(forged))
+            assert store.path(ref.id).read_bytes() == real  # never replaced
+    finally:
+        store.close()
+
+
+def _only(errors: list[IntegrityError | None]) -> None:
+    if errors[0] is not None:
+        raise errors[0]
+
+
+def test_embedded_fsck_finds_a_forged_copy(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    with connect(root, chunk_size=SMALL_CHUNK) as client:
+        data = os.urandom(3 * SMALL_CHUNK)
+        client.put("/f", data)
+        victim = _chunk_files(root)[1]
+        victim.write_bytes(forge(victim.read_bytes()))
+        report = client.fsck()
+        assert not report.ok
+        [problem] = report.problems
+        assert (problem.kind, problem.chunk, problem.paths) == ("corrupt", victim.name, ("/f",))
+        assert "blake3" in problem.detail
+
+
+# -- a cluster --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path, nodes=3)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def _write(address: str, chunk: ChunkRef, cap: object, data: bytes) -> None:
+    async def go() -> None:
+        host, _, port = address.rpartition(":")
+        conn = await Connection.open(host, int(port))
+        try:
+            body = encode(ChunkCall(chunk, cap))  # type: ignore[arg-type]
+            await conn.call("chunk.write", body, payload=memoryview(data))
+        finally:
+            await conn.close()
+
+    _loop.run(go())
+
+
+def test_a_live_chunk_is_not_writable_and_forged_bytes_are_refused(cluster: LocalCluster) -> None:
+    data = os.urandom(SMALL_CHUNK)
+    with connect(cluster.url) as client:
+        client.put("/live", data)
+        layout = _loop.run(client.aio.meta.request(GetLayout("/live")))
+        chunk = layout.extents[0].chunk
+        with pytest.raises(PermissionDenied, match="in use"):
+            _loop.run(client.aio.meta.request(Grant((chunk.id,), "write")))
+        nodes = {n.id: n.address for n in client.health().nodes}
+        store_id = client.health().store_id
+        # Someone holding the secret itself can still mint a write capability:
+        # the node checks the bytes against the id anyway.
+        cap = grant(load_secret(), chunk.id, "write", 60, time.time(), store=store_id)
+        before = {p: p.read_bytes() for p in _chunk_files(cluster.root)}
+        for node in layout.replicas[chunk.id]:
+            with pytest.raises(IntegrityError, match="blake3"):
+                _write(nodes[node], chunk, cap, forge(data))
+        assert {p: p.read_bytes() for p in _chunk_files(cluster.root)} == before
+        assert client.get("/live") == data
+
+
+def test_fsck_finds_a_forged_copy_on_a_node(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, nodes=3)
+    try:
+        data = os.urandom(SMALL_CHUNK)
+        with connect(cluster.url) as client:
+            client.put("/f", data)
+            victim = _chunk_files(cluster.root)[0]
+            victim.write_bytes(forge(data))
+            report = client.fsck()
+            assert [(p.kind, p.chunk, p.paths) for p in report.problems] == [
+                ("corrupt", victim.name, ("/f",))
+            ]
+            assert "blake3" in report.problems[0].detail
+            assert client.get("/f") == data
+    finally:
+        cluster.close()
+
+
+def test_the_scrubber_finds_a_forged_copy_and_repair_replaces_it(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, nodes=3, repair=0.5, scrub=0.5)
+    try:
+        data = os.urandom(SMALL_CHUNK)
+        with connect(cluster.url) as client:
+            client.put("/f", data)
+        victim = _chunk_files(cluster.root)[0]
+        victim.write_bytes(forge(data))
+        _eventually(lambda: victim.exists() and victim.read_bytes() == data)
+        with connect(cluster.url) as client:
+            assert not client.fsck().problems
+    finally:
+        cluster.close()
+
+
+def _eventually(check: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "did not happen in time"
+        time.sleep(0.2)
