@@ -85,6 +85,6 @@ def _check_tiles(layout: FileLayout) -> None:
     if at != layout.info.size:
         raise IntegrityError(
             f"the metadata of this file is damaged: its extents cover {at} bytes, "
-            f"not its {layout.info.size}",
+            f"not its size of {layout.info.size}",
             layout.info.path,
         )
