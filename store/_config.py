@@ -39,10 +39,10 @@ def _env_int(name: str, default: int) -> int:
         raise InvalidArgument(f"${name} must be an integer, not {value!r}") from None
 
 
-def page_entries(asked: int = 0) -> int:
+def page_entries(asked: int = 0, default: int = PAGE_ENTRIES) -> int:
     """Entries per page: ``asked`` if positive and smaller, else ``$GRABEN_PAGE_ENTRIES``
-    (tests lower it to cross many pages), else ``PAGE_ENTRIES``."""
-    most = _env_int("GRABEN_PAGE_ENTRIES", PAGE_ENTRIES)
+    (tests lower it to cross many pages), else ``default``."""
+    most = _env_int("GRABEN_PAGE_ENTRIES", default)
     if most < 1:
         raise InvalidArgument(f"$GRABEN_PAGE_ENTRIES must be at least 1, not {most}")
     return min(asked, most) if asked > 0 else most

@@ -535,7 +535,7 @@ def _page(asked: int, default: int) -> int:
     """Entries in one page: what was asked, within reason."""
     if asked < 0:
         raise InvalidArgument(f"a page size must not be negative, not {asked}")
-    return min(asked or default, MAX_PAGE)
+    return min(page_entries(asked, default), MAX_PAGE)
 
 
 def _check_extents(extents: tuple[Extent, ...], path: str) -> int:

@@ -281,3 +281,23 @@ def test_a_ten_gib_file_at_three_copies(cluster: LocalCluster) -> None:
     for _ in range(total // len(piece)):
         want.update(piece)
     assert digest.digest() == want.digest()
+
+
+def test_servers_with_their_pages_lowered_still_answer_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The test option: servers started with $GRABEN_PAGE_ENTRIES serve pages
+    # that small, whatever a client asks for.
+    monkeypatch.setenv("GRABEN_PAGE_ENTRIES", "13")
+    kit = LocalCluster(tmp_path / "paged", 3)
+    try:
+        monkeypatch.delenv("GRABEN_PAGE_ENTRIES")
+        _fill(kit.url, "/d", 1000)
+        data = _data(700 * SMALL)
+        with connect(kit.url, chunk_size=SMALL) as c:
+            assert [e.name for e in c.ls("/d")] == _names(1000)
+            c.put("/f", data)
+            assert c.get("/f") == data
+            assert c.fsck().ok
+    finally:
+        kit.close()
