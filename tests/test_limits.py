@@ -236,7 +236,7 @@ def test_a_directory_listed_while_renamed_is_listed_whole(
     assert asyncio.run(scenario()) == _names(1000)
 
 
-@pytest.mark.slow
+@pytest.mark.huge
 def test_a_directory_of_a_hundred_thousand_entries_lists_everywhere(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -262,7 +262,7 @@ def test_a_directory_of_a_hundred_thousand_entries_lists_everywhere(
             assert sorted(os.listdir(point / "huge")) == want
 
 
-@pytest.mark.slow
+@pytest.mark.huge
 def test_a_ten_gib_file_at_three_copies(cluster: LocalCluster) -> None:
     """The size the issue found unreadable, for real (about a minute here)."""
     piece = _data(64 << 20)

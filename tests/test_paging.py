@@ -117,7 +117,7 @@ def test_a_chunk_shared_by_many_files_lists_them_all(tmp_path: Path, small_pages
         )
 
 
-@pytest.mark.slow
+@pytest.mark.huge
 @pytest.mark.timeout(1200)
 def test_fsck_and_collection_of_100_000_chunks(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path, nodes=1, replication=1)
