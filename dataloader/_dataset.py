@@ -31,10 +31,12 @@ import pyarrow.parquet as pq
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
+from graben.store import IntegrityError
+
 from ._cache import DEFAULT_DIR, Fetch, NodeCache
-from ._manifest import Manifest, Shard
+from ._manifest import RECORD_LENGTH, Manifest, Shard
 from ._order import Plan
-from ._writer import RECORD_LENGTH, read_manifest
+from ._writer import read_manifest
 
 Sample = dict[str, Any] | bytes
 STATS = ("cache_hits", "cache_fills", "bytes_fetched", "refetched", "seconds_waited")
@@ -303,6 +305,14 @@ class _ParquetReader(_ShardReader):
     def __init__(self, shard: Shard, view: memoryview) -> None:
         super().__init__(shard, view)
         self.file = pq.ParquetFile(pa.BufferReader(pa.py_buffer(view)))
+        meta = self.file.metadata
+        found = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+        if (found or (0,)) != shard.group_sizes():
+            # rows are taken by the manifest's groups: a lie would read past them
+            raise IntegrityError(
+                f"shard {shard.name}: its row groups hold {found} rows,"
+                f" its manifest says {shard.group_sizes()}"
+            )
 
     def samples(self, group: int, rows: np.ndarray) -> Iterator[Sample]:
         # docstring inherited
@@ -342,9 +352,13 @@ def _record_spans(view: memoryview, samples: int) -> list[tuple[int, int]]:
     """Where each record's sample starts and ends."""
     spans, pos = [], 0
     for _ in range(samples):
+        if pos + RECORD_LENGTH.size > len(view):
+            break
         (length,) = RECORD_LENGTH.unpack_from(view, pos)
         spans.append((pos + 8, pos + 8 + length))
         pos += 8 + length
-    if pos != len(view):
-        raise OSError(f"a record shard of {len(view)} bytes ends its records at {pos}")
+    if pos != len(view) or len(spans) != samples:
+        raise IntegrityError(
+            f"a record shard of {len(view)} bytes ends its {samples} records at {pos}"
+        )
     return spans
