@@ -33,7 +33,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from graben.store import IntegrityError
 
-from ._cache import DEFAULT_DIR, Fetch, NodeCache
+from ._cache import Fetch, NodeCache, default_dir
 from ._manifest import RECORD_LENGTH, Manifest, Shard
 from ._order import Plan
 from ._writer import read_manifest
@@ -50,8 +50,9 @@ class CachedDataset(IterableDataset[Sample]):
     ``drop_last`` cuts the epoch to a multiple of the world size instead of
     padding it by wrapping round. ``worker_batch`` is the DataLoader's batch
     size (workers take turns by that many samples, so a rank sees its order).
-    The cache is ``cache_dir`` (default: ``$TMPDIR/graben-dataset-cache``),
-    shared by every process on the node, at most ``cache_limit`` bytes.
+    The cache is ``cache_dir`` (default: ``$TMPDIR/graben-<uid>/datasets``),
+    shared by every process of its user on the node, at most ``cache_limit``
+    bytes; a directory another user could write to is refused (``PermissionDenied``).
     """
 
     def __init__(
@@ -72,7 +73,7 @@ class CachedDataset(IterableDataset[Sample]):
         super().__init__()
         self.url, self.storage_options = url.rstrip("/"), storage_options or {}
         self.manifest: Manifest = read_manifest(self.url, self.storage_options)
-        self.cache_dir = Path(cache_dir or DEFAULT_DIR)
+        self.cache_dir = Path(cache_dir or default_dir())
         self.cache_limit = cache_limit
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.rank, self.world_size = _rank_and_world(rank, world_size)
