@@ -13,33 +13,58 @@ fetched again. Readers get the shard as a read-only memory map: its pages
 live once in the kernel's page cache, shared by every process and worker on
 the node, and stay valid if the file is evicted meanwhile. Temporaries of
 dead processes are removed.
+
+The directory is its user's alone: the default, ``graben-<uid>/datasets``
+under ``$TMPDIR`` (node-local disk, where a home directory is often a
+network mount), is made 0700, and any directory used must be a real
+directory, not a link, owned by the user and writable by no one else, or it
+is refused. A cache shared by several users is not offered: a cached shard
+is trusted once its crc32c matches, and a crc32c catches damage, not a
+writer who means harm. The directory is opened once and every file in it
+is reached from that handle, so a link planted on the way cannot redirect
+it; nothing in it is opened through a link: fills are made exclusively,
+0600, under random names, then renamed into place, and a link (or anything
+else graben did not make) where a shard or a lock belongs is dropped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import mmap
 import os
+import secrets
+import stat
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import crc32c
 
+from graben.store import NotADirectory, PermissionDenied
+
 from ._manifest import Shard
 
-DEFAULT_DIR = Path(tempfile.gettempdir()) / "graben-dataset-cache"
-"""Where the node cache is when no ``cache_dir`` is given."""
 LOCKS = ".locks"
 TEMP = ".fill-"
+KEY_TAIL = 200
+"""Bytes of a shard's name kept in its cache file's name (a file name holds 255)."""
+READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+"""How a cached shard is opened: never through a link, never waiting on a pipe."""
 PIECE = 8 << 20
 """Bytes a fill fetches at a time: one request's worth, the memory a fill holds."""
 
 Fetch = Callable[[int, int], bytes]
 """``fetch(start, end)``: that range of a shard, from its source."""
+
+
+def default_dir() -> Path:
+    """Where the node cache is when no ``cache_dir`` is given: ``$TMPDIR/graben-<uid>/datasets``."""
+    return Path(tempfile.gettempdir()) / f"graben-{os.geteuid()}" / "datasets"
 
 
 @dataclass
@@ -63,15 +88,26 @@ class NodeCache:
     root: Path
     limit: int | None = None
     stats: CacheStats = field(default_factory=CacheStats)
+    _dir: int = field(init=False, repr=False, compare=False)
+    """The directory, opened and checked once: every file in it is reached from here."""
+    _locks: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        (self.root / LOCKS).mkdir(parents=True, exist_ok=True)
+        self.root = Path(self.root)
+        self._dir = _open_root(self.root)
+        try:
+            self._locks = _private_dir(LOCKS, self.root / LOCKS, at=self._dir)
+        except BaseException:
+            os.close(self._dir)
+            raise
+        weakref.finalize(self, _close, self._dir, self._locks)
 
     def key(self, dataset: str, shard: Shard) -> str:
         """A file name for ``shard`` of the dataset at URL ``dataset`` (and its content)."""
         ident = f"{dataset}\0{shard.name}\0{shard.crc32c}".encode()
         digest = hashlib.blake2b(ident, digest_size=8).hexdigest()
-        return f"{digest}-{shard.name.replace('/', '_')}"
+        tail = shard.name.replace("/", "_").encode()[-KEY_TAIL:].decode(errors="ignore")
+        return f"{digest}-{tail}"
 
     def open(self, dataset: str, shard: Shard, fetch: Fetch) -> memoryview:
         """The shard's bytes, mapped from the cache, fetched (once per node) if absent or damaged.
@@ -81,7 +117,7 @@ class NodeCache:
         key = self.key(dataset, shard)
         view = self._cached(key, shard)
         if view is None:
-            with self._locked(self.root / LOCKS / key):
+            with self._locked(key):
                 view = self._cached(key, shard)  # another process may have filled it meanwhile
                 if view is None:
                     view = self._fill(key, shard, fetch)
@@ -98,7 +134,8 @@ class NodeCache:
         it is opened, and checking it here as well would read every shard twice.
         """
         try:
-            if (self.root / self.key(dataset, shard)).stat().st_size == shard.size:
+            st = os.stat(self.key(dataset, shard), dir_fd=self._dir, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_size == shard.size:
                 return
         except FileNotFoundError:
             pass
@@ -117,34 +154,43 @@ class NodeCache:
         """Remove every cached shard not being filled; the bytes freed."""
         with self._directory_locked():
             freed = 0
-            for path, size, _ in self._files():
-                if not path.name.startswith(TEMP):
-                    path.unlink(missing_ok=True)
+            for name, size, _ in self._files():
+                if not name.startswith(TEMP):
+                    self._unlink(name)
                     freed += size
             return freed
 
     # -- internals -----------------------------------------------------------------
 
     def _cached(self, key: str, shard: Shard) -> memoryview | None:
-        path = self.root / key
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        try:
-            view = _mapped(fd, shard.size) if os.fstat(fd).st_size == shard.size else None
-        finally:
-            os.close(fd)
+        view = self._mapped_copy(key, shard.size)
         if view is not None and crc32c.crc32c(view) == shard.crc32c:
             with contextlib.suppress(FileNotFoundError):  # evicted since: the map stays valid
-                os.utime(path)  # recently used: evicted last
+                os.utime(key, dir_fd=self._dir, follow_symlinks=False)  # used: evicted last
             return view
-        path.unlink(missing_ok=True)  # damaged: fetch it again
-        self.stats.refetched += 1
+        if not self._unlink(key):
+            return None  # not cached
+        self.stats.refetched += 1  # it was damaged, or not a file of ours: fetch it again
         return None
 
+    def _mapped_copy(self, key: str, size: int) -> memoryview | None:
+        """The cached file ``key`` mapped, if it is a regular file of ``size`` bytes."""
+        try:
+            fd = os.open(key, READ, dir_fd=self._dir)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return None  # a link: not followed, dropped by the caller
+            raise
+        try:
+            st = os.fstat(fd)
+            return _mapped(fd, size) if stat.S_ISREG(st.st_mode) and st.st_size == size else None
+        finally:
+            os.close(fd)
+
     def _fill(self, key: str, shard: Shard, fetch: Fetch) -> memoryview:
-        temp = self.root / f"{TEMP}{os.getpid()}-{key}"
+        temp = f"{TEMP}{os.getpid()}-{secrets.token_hex(8)}"  # no one can plant it beforehand
         fd = self._reserve(temp, shard.size)
         try:
             try:
@@ -153,22 +199,23 @@ class NodeCache:
             finally:
                 os.close(fd)
             with self._directory_locked():  # see ``used``
-                os.replace(temp, self.root / key)
+                os.replace(temp, key, src_dir_fd=self._dir, dst_dir_fd=self._dir)
             return view
         except BaseException:
-            temp.unlink(missing_ok=True)
+            self._unlink(temp)
             raise
 
-    def _reserve(self, temp: Path, size: int) -> int:
+    def _reserve(self, temp: str, size: int) -> int:
         """``temp``, ``size`` bytes long and open for writing: others count it from now on."""
         with self._directory_locked():
             self._make_room(size)
-            fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(temp, flags, 0o600, dir_fd=self._dir)
             try:
                 os.ftruncate(fd, size)
             except BaseException:
                 os.close(fd)
-                temp.unlink(missing_ok=True)
+                self._unlink(temp)
                 raise
             return fd
 
@@ -179,41 +226,66 @@ class NodeCache:
             raise OSError(f"a shard of {need} bytes cannot fit a cache limited to {self.limit}")
         files = sorted(self._files(), key=lambda f: f[2])  # least recently used first
         used = sum(size for _, size, _ in files)
-        for path, size, _ in files:
+        for name, size, _ in files:
             if used + need <= self.limit:
                 return
-            if path.name.startswith(TEMP):
+            if name.startswith(TEMP):
                 continue  # another process's fill in progress
-            path.unlink(missing_ok=True)
+            self._unlink(name)
             used -= size
             self.stats.evicted += 1
         if used + need > self.limit:
             raise OSError(f"the cache at {self.root} is full of fills in progress")
 
-    def _files(self) -> Iterator[tuple[Path, int, float]]:
-        for entry in os.scandir(self.root):
-            if entry.name == LOCKS or not entry.is_file():
-                continue
-            if entry.name.startswith(TEMP) and not _alive(entry.name):
-                Path(entry.path).unlink(missing_ok=True)  # a dead process's fill
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                st = entry.stat()
-                yield Path(entry.path), st.st_size, st.st_mtime
+    def _files(self) -> Iterator[tuple[str, int, float]]:
+        """``(name, size, mtime)`` of each file: cached shards and fills."""
+        # a handle of its own: one shared with other scans would share its position
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self._dir)
+        try:
+            for entry in os.scandir(fd):
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                if entry.name.startswith(TEMP) and not _alive(entry.name):
+                    self._unlink(entry.name)  # a dead process's fill
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.stat(follow_symlinks=False)
+                    yield entry.name, st.st_size, st.st_mtime
+        finally:
+            os.close(fd)
+
+    def _unlink(self, name: str) -> bool:
+        """Remove ``name`` (a link itself, never what it points at); whether it was there."""
+        try:
+            os.unlink(name, dir_fd=self._dir)
+        except FileNotFoundError:
+            return False
+        return True
 
     def _directory_locked(self) -> contextlib.AbstractContextManager[None]:
         """The lock that reservations, renames into place and scans of the directory take."""
-        return self._locked(self.root / LOCKS / ".dir")
+        return self._locked(".dir")
 
-    @staticmethod
     @contextlib.contextmanager
-    def _locked(path: Path) -> Iterator[None]:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    def _locked(self, name: str) -> Iterator[None]:
+        fd = self._lock_file(name)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if we die holding it
             yield
         finally:
             os.close(fd)
+
+    def _lock_file(self, name: str) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            return os.open(name, flags, 0o600, dir_fd=self._locks)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+        # A link: no process can hold a lock through it, so none is lost by removing it.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=self._locks)
+        return os.open(name, flags, 0o600, dir_fd=self._locks)
 
 
 def _copy(fetch: Fetch, fd: int, shard: Shard) -> None:
@@ -240,11 +312,73 @@ def _mapped(fd: int, size: int) -> memoryview:
 
 
 def _alive(temp_name: str) -> bool:
-    pid = int(temp_name[len(TEMP) :].split("-", 1)[0])
+    pid = temp_name[len(TEMP) :].split("-", 1)[0]
+    if not pid.isdigit() or int(pid) == 0:
+        return False  # not a fill's name: nobody's
     try:
-        os.kill(pid, 0)
+        os.kill(int(pid), 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
     return True
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _open_root(root: Path) -> int:
+    """The cache's directory, made if missing, opened and checked."""
+    if root == default_dir():  # in a directory every user may write to: ours must be private
+        os.close(_private_dir(root.parent, root.parent))
+    else:
+        root.parent.mkdir(parents=True, exist_ok=True)
+    return _private_dir(root, root)
+
+
+def _private_dir(path: str | Path, shown: Path, at: int | None = None) -> int:
+    """The directory ``path`` (relative to ``at``), made 0700 if missing, opened without
+    following a link and checked; an error names it as ``shown``."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700, dir_fd=at)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at)
+    except NotADirectoryError:  # a link, with O_DIRECTORY, fails so as well
+        if stat.S_ISLNK(os.lstat(path, dir_fd=at).st_mode):
+            raise PermissionDenied(_LINK, str(shown)) from None
+        raise NotADirectory("the dataset cache is not a directory", str(shown)) from None
+    except PermissionError as exc:
+        reason = f"the dataset cache cannot be opened ({exc.strerror})"
+        raise PermissionDenied(reason, str(shown)) from None
+    problem = _unsafe(os.fstat(fd))
+    if problem is not None:
+        os.close(fd)
+        raise PermissionDenied(problem, str(shown))
+    return fd
+
+
+_LINK = (
+    "the dataset cache is a symbolic link (whoever can change a link can point it elsewhere):"
+    " give the directory itself"
+)
+
+
+def _unsafe(st: os.stat_result) -> str | None:
+    """What lets another user plant files in the directory, or ``None``."""
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != os.geteuid():
+        return (
+            f"the dataset cache belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}):"
+            " its owner could plant files and links in it; use a directory of your own"
+        )
+    if mode & stat.S_IWOTH:
+        return f"the dataset cache is writable by others (mode {mode:o}): chmod 700 it"
+    if mode & stat.S_IWGRP:
+        return (
+            f"the dataset cache is writable by its group (mode {mode:o}), and a cache is not"
+            " shared between users (a crc32c catches damage, not a writer who means harm):"
+            " chmod 700 it"
+        )
+    return None

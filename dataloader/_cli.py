@@ -12,9 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from graben.store import InvalidArgument
-
-from ._cache import DEFAULT_DIR
+from graben.store import GrabenError, InvalidArgument
 
 _URL_HELP = "a dataset URL: graben://host:port/path, s3://bucket/path, file:// or a local path"
 
@@ -56,7 +54,13 @@ def add_dataset(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _cache_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_DIR)
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="a directory of yours that no one else can write to"
+        " (default: $TMPDIR/graben-<uid>/datasets)",
+    )
     parser.add_argument("--cache-limit", type=int, default=None, metavar="BYTES")
 
 
@@ -66,6 +70,8 @@ def _guarded(run: Any) -> Any:
     def guarded(args: argparse.Namespace) -> int:
         try:
             code: int = run(args)
+        except GrabenError:
+            raise  # already one line: ``main`` shows its message and the path
         except (OSError, ValueError, TypeError) as exc:
             raise InvalidArgument(str(exc)) from exc
         return code
@@ -131,12 +137,12 @@ def _warm(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
-    from ._cache import NodeCache
+    from ._cache import NodeCache, default_dir
 
-    cache = NodeCache(args.cache_dir, args.cache_limit)
+    cache = NodeCache(args.cache_dir or default_dir(), args.cache_limit)
     if args.clear:
-        print(f"cleared {cache.clear()} bytes from {args.cache_dir}")
+        print(f"cleared {cache.clear()} bytes from {cache.root}")
         return 0
-    files = [e for e in os.scandir(args.cache_dir) if e.is_file()]
-    print(f"{args.cache_dir}: {len(files)} shards, {cache.used()} bytes")
+    files = [e for e in os.scandir(cache.root) if e.is_file(follow_symlinks=False)]
+    print(f"{cache.root}: {len(files)} shards, {cache.used()} bytes")
     return 0

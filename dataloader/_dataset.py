@@ -31,10 +31,12 @@ import pyarrow.parquet as pq
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._cache import DEFAULT_DIR, Fetch, NodeCache
-from ._manifest import Manifest, Shard
+from graben.store import IntegrityError
+
+from ._cache import Fetch, NodeCache, default_dir
+from ._manifest import RECORD_LENGTH, Manifest, Shard
 from ._order import Plan
-from ._writer import RECORD_LENGTH, read_manifest
+from ._writer import read_manifest
 
 Sample = dict[str, Any] | bytes
 STATS = ("cache_hits", "cache_fills", "bytes_fetched", "refetched", "seconds_waited")
@@ -48,8 +50,9 @@ class CachedDataset(IterableDataset[Sample]):
     ``drop_last`` cuts the epoch to a multiple of the world size instead of
     padding it by wrapping round. ``worker_batch`` is the DataLoader's batch
     size (workers take turns by that many samples, so a rank sees its order).
-    The cache is ``cache_dir`` (default: ``$TMPDIR/graben-dataset-cache``),
-    shared by every process on the node, at most ``cache_limit`` bytes.
+    The cache is ``cache_dir`` (default: ``$TMPDIR/graben-<uid>/datasets``),
+    shared by every process of its user on the node, at most ``cache_limit``
+    bytes; a directory another user could write to is refused (``PermissionDenied``).
     """
 
     def __init__(
@@ -70,7 +73,7 @@ class CachedDataset(IterableDataset[Sample]):
         super().__init__()
         self.url, self.storage_options = url.rstrip("/"), storage_options or {}
         self.manifest: Manifest = read_manifest(self.url, self.storage_options)
-        self.cache_dir = Path(cache_dir or DEFAULT_DIR)
+        self.cache_dir = Path(cache_dir or default_dir())
         self.cache_limit = cache_limit
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.rank, self.world_size = _rank_and_world(rank, world_size)
@@ -303,6 +306,14 @@ class _ParquetReader(_ShardReader):
     def __init__(self, shard: Shard, view: memoryview) -> None:
         super().__init__(shard, view)
         self.file = pq.ParquetFile(pa.BufferReader(pa.py_buffer(view)))
+        meta = self.file.metadata
+        found = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+        if (found or (0,)) != shard.group_sizes():
+            # rows are taken by the manifest's groups: a lie would read past them
+            raise IntegrityError(
+                f"shard {shard.name}: its row groups hold {found} rows,"
+                f" its manifest says {shard.group_sizes()}"
+            )
 
     def samples(self, group: int, rows: np.ndarray) -> Iterator[Sample]:
         # docstring inherited
@@ -342,9 +353,13 @@ def _record_spans(view: memoryview, samples: int) -> list[tuple[int, int]]:
     """Where each record's sample starts and ends."""
     spans, pos = [], 0
     for _ in range(samples):
+        if pos + RECORD_LENGTH.size > len(view):
+            break
         (length,) = RECORD_LENGTH.unpack_from(view, pos)
         spans.append((pos + 8, pos + 8 + length))
         pos += 8 + length
-    if pos != len(view):
-        raise OSError(f"a record shard of {len(view)} bytes ends its records at {pos}")
+    if pos != len(view) or len(spans) != samples:
+        raise IntegrityError(
+            f"a record shard of {len(view)} bytes ends its {samples} records at {pos}"
+        )
     return spans

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,10 +20,20 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._manifest import MANIFEST, Kind, Manifest, Shard, decode, encode
+from graben.store import InvalidArgument
 
-RECORD_LENGTH = struct.Struct("<Q")
-"""What comes before each sample in a record shard."""
+from ._manifest import (
+    MANIFEST,
+    RECORD_LENGTH,
+    Kind,
+    Manifest,
+    Shard,
+    check,
+    decode,
+    encode,
+    name_problem,
+)
+
 Sample = bytes | bytearray | memoryview
 
 
@@ -63,7 +72,7 @@ def write_dataset(
             name, samples = f"shard-{index:05d}.records", len(batch)
         fs.pipe_file(f"{root}/{name}", payload)
         shards.append(Shard(name, samples, len(payload), crc32c.crc32c(payload), groups))
-    manifest = Manifest(kind, tuple(shards), columns)
+    manifest = check(Manifest(kind, tuple(shards), columns), url)  # as a reader will
     fs.pipe_file(f"{root}/{MANIFEST}", encode(manifest))
     return manifest
 
@@ -134,10 +143,12 @@ def index_files(url: str, *, storage_options: dict[str, Any] | None = None) -> M
         name = path[len(root) + 1 :]
         if name == MANIFEST or any(part.startswith(".") for part in name.split("/")):
             continue
+        if (problem := name_problem(name)) is not None:  # no reader would take the manifest
+            raise InvalidArgument(f"index_files: cannot index {path}: {problem}")
         data = fs.cat_file(path)
         shards.append(Shard(name, 1, len(data), crc32c.crc32c(data)))
     if not shards:
         raise ValueError(f"index_files: no files under {url}")
-    manifest = Manifest("files", tuple(shards))
+    manifest = check(Manifest("files", tuple(shards)), url)
     fs.pipe_file(f"{root}/{MANIFEST}", encode(manifest))
     return manifest

@@ -1,0 +1,150 @@
+"""The node cache is private to its user: no other user's directory, no link followed."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from graben.dataloader import CachedDataset, Manifest, Shard, write_dataset
+from graben.store import NotADirectory, PermissionDenied
+
+NOBODY = 65534
+"""Another local user: the one planting links."""
+SAMPLES = [b"first", b"second", b"third"]
+PRECIOUS = b"root's own file, mode 0600\n"
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making another user's directory needs root")
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> tuple[str, Manifest]:
+    url = str(tmp_path / "ds")
+    return url, write_dataset(url, SAMPLES, rows_per_shard=2)
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """A file of ours that no cache should ever write to."""
+    path = tmp_path / "victim"
+    path.write_bytes(PRECIOUS)
+    path.chmod(0o600)
+    return path
+
+
+def _untouched(victim: Path) -> None:
+    st = victim.lstat()
+    assert victim.read_bytes() == PRECIOUS
+    assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o600, os.geteuid())
+
+
+def _key(url: str, shard: Shard) -> str:
+    """The cache's name for a shard: predictable from the dataset's URL and manifest."""
+    ident = f"{url}\0{shard.name}\0{shard.crc32c}".encode()
+    return f"{hashlib.blake2b(ident, digest_size=8).hexdigest()}-{shard.name}"
+
+
+def _plant(cache: Path, url: str, manifest: Manifest, victim: Path, mode: int) -> None:
+    """Another user's cache directory, with a link to ``victim`` at every name a fill opens."""
+    (cache / ".locks").mkdir(parents=True)
+    for shard in manifest.shards:
+        key = _key(url, shard)
+        for name in (key, f".fill-{os.getpid()}-{key}", f".locks/{key}"):
+            (cache / name).symlink_to(victim)
+    for path in (cache, cache / ".locks"):
+        os.chown(path, NOBODY, NOBODY)
+        path.chmod(mode)
+
+
+def _private(path: Path, mode: int = 0o700) -> None:
+    st = path.lstat()
+    assert stat.S_ISDIR(st.st_mode) if mode == 0o700 else stat.S_ISREG(st.st_mode)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid) == (mode, os.geteuid())
+
+
+@as_root
+@pytest.mark.parametrize("mode", [0o777, 0o755])
+def test_another_users_cache_directory_is_refused(
+    dataset: tuple[str, Manifest], victim: Path, tmp_path: Path, mode: int
+) -> None:
+    url, manifest = dataset
+    cache = tmp_path / "shared"
+    _plant(cache, url, manifest, victim, mode)
+    with pytest.raises(PermissionDenied) as refused:
+        list(CachedDataset(url, cache_dir=cache))
+    assert f"uid {NOBODY}" in str(refused.value) and str(cache) in str(refused.value)
+    _untouched(victim)
+
+
+@as_root
+def test_a_default_cache_directory_planted_by_another_user_is_refused(
+    dataset: tuple[str, Manifest], victim: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, manifest = dataset
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for planted in (tmp_path / "graben-dataset-cache", tmp_path / f"graben-{os.geteuid()}"):
+        _plant(planted, url, manifest, victim, 0o777)
+    with pytest.raises(PermissionDenied, match=f"uid {NOBODY}"):
+        list(CachedDataset(url))
+    _untouched(victim)
+
+
+def test_the_default_cache_is_private_to_its_user(
+    dataset: tuple[str, Manifest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, manifest = dataset
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir(mode=0o1777)
+    ds = CachedDataset(url, shuffle=False)
+    assert list(ds) == SAMPLES
+    mine = tmp_path / "tmp" / f"graben-{os.geteuid()}"
+    assert ds.cache_dir == mine / "datasets"
+    for directory in (mine, mine / "datasets", mine / "datasets" / ".locks"):
+        _private(directory)
+    files = [p for p in (mine / "datasets").rglob("*") if p.is_file()]
+    assert len(files) == 2 * len(manifest.shards) + 1  # shards, their locks, the directory's
+    for path in files:
+        _private(path, 0o600)
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "words"),
+    [
+        (lambda p: (p.mkdir(), p.chmod(0o777)), PermissionDenied, "writable by others"),
+        (lambda p: (p.mkdir(), p.chmod(0o2770)), PermissionDenied, "writable by its group"),
+        (lambda p: p.symlink_to(p.parent), PermissionDenied, "symbolic link"),
+        (lambda p: p.write_bytes(b""), NotADirectory, "not a directory"),
+    ],
+)
+def test_an_unsafe_cache_directory_is_refused(
+    dataset: tuple[str, Manifest], tmp_path: Path, make: object, error: type, words: str
+) -> None:
+    cache = tmp_path / "cache"
+    make(cache)  # type: ignore[operator]
+    with pytest.raises(error) as refused:
+        list(CachedDataset(dataset[0], cache_dir=cache))
+    assert words in str(refused.value) and str(cache) in str(refused.value)
+
+
+def test_links_inside_the_cache_are_not_followed(
+    dataset: tuple[str, Manifest], victim: Path, tmp_path: Path
+) -> None:
+    url, manifest = dataset
+    cache = tmp_path / "cache"
+    assert list(CachedDataset(url, cache_dir=cache, shuffle=False)) == SAMPLES
+    shard = manifest.shards[0]
+    key = _key(url, shard)
+    victim.write_bytes((Path(url) / shard.name).read_bytes())  # what the link would serve
+    victim.chmod(0o600)
+    for name in (key, f".locks/{key}"):
+        (cache / name).unlink()
+        (cache / name).symlink_to(victim)
+    again = CachedDataset(url, cache_dir=cache, shuffle=False)
+    assert list(again) == SAMPLES
+    assert again.stats["cache_fills"] == 1  # the link was dropped and the shard fetched again
+    for name in (key, f".locks/{key}"):
+        _private(cache / name, 0o600)
+    assert victim.read_bytes() == (Path(url) / shard.name).read_bytes()
