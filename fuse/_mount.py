@@ -28,7 +28,7 @@ from graben.store import GrabenError, connect
 
 from ._openers import mount_device
 from ._ops import Operations
-from ._options import MountOptions
+from ._options import MountOptions, default_spool
 from ._spool import Spool
 
 log = logging.getLogger("graben.fuse")
@@ -150,17 +150,24 @@ def private_directory(path: Path) -> int:
     and others; the descriptor is then used, not the path, which another
     user could swap afterwards.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path == default_spool():  # its parent is the user's graben directory: private too
+        os.close(_private(path.parent, "the user's graben directory"))
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return _private(path, "the spool")
+
+
+def _private(path: Path, what: str) -> int:
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as exc:
-        raise MountError(f"the spool must be a directory: {_what(path, exc)}", str(path)) from exc
+        raise MountError(f"{what} must be a directory: {_what(path, exc)}", str(path)) from exc
     why = _not_private(os.fstat(fd))
     if why:
         os.close(fd)
-        raise MountError(f"the spool directory {why}; give the mount another one", str(path))
+        raise MountError(f"{what} {why}; give the mount another spool", str(path))
     return fd
 
 

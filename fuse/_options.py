@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-def _spool_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"graben-{os.getuid()}"
+def default_spool() -> Path:
+    """``$TMPDIR/graben-<uid>/spool``: the user's private graben directory (the
+    dataset cache lives beside it), both made 0700 and checked before use."""
+    return Path(tempfile.gettempdir()) / f"graben-{os.getuid()}" / "spool"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -18,9 +20,9 @@ class MountOptions:
 
     read_only: bool = False
     """Refuse every change (``EROFS``)."""
-    spool_dir: Path = field(default_factory=_spool_dir)
+    spool_dir: Path = field(default_factory=default_spool)
     """Where files open for writing are staged until they are committed: a directory
-    only this user may write in (made 0700 if missing; default ``$TMPDIR/graben-<uid>``)."""
+    only this user may write in (made 0700 if missing; default ``$TMPDIR/graben-<uid>/spool``)."""
     spool_limit: int = 16 << 30
     """Bytes the spool may hold; a write past it fails with ``ENOSPC``."""
     timeout: float = 1.0

@@ -262,11 +262,12 @@ def test_the_default_spool_is_the_users_own_private_directory(sticky: Path, tmp_
         (point / "f").write_bytes(b"x")
     finally:
         unmount_and_wait(point, pid)
-    spools = [p for p in sticky.iterdir() if p.is_dir()]
-    assert len(spools) == 1 and str(os.getuid()) in spools[0].name
-    st = spools[0].lstat()
-    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (os.geteuid(), 0o700)
-    log = (spools[0] / "mount.log").lstat()
+    bases = [p for p in sticky.iterdir() if p.is_dir()]
+    assert len(bases) == 1 and str(os.getuid()) in bases[0].name
+    for directory in (bases[0], bases[0] / "spool"):  # the user's graben directory, the spool
+        st = directory.lstat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (os.geteuid(), 0o700)
+    log = (bases[0] / "spool" / "mount.log").lstat()
     assert (log.st_uid, stat.S_IMODE(log.st_mode)) == (os.geteuid(), 0o600)
 
 
