@@ -17,11 +17,11 @@ from contextlib import contextmanager
 from time import perf_counter
 
 from graben.store import AsyncClient, Client, Unavailable, connect
-from graben.store._cli_cluster import local_cluster as running_cluster
-from graben.store._cli_cluster import make_secret_file
 from graben.store._hashing import chunk_ref
-from graben.store._remote import RemoteChunks
-from graben.store._types import Prepare
+from graben.store.cli._cluster import local_cluster as running_cluster
+from graben.store.cli._cluster import make_secret_file
+from graben.store.transport._remote import RemoteChunks
+from graben.store.transport._requests import Prepare
 
 from ._context import Context
 from ._kit import BLOCK, block_buffer, drain, gbps, random_data, write_all

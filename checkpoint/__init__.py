@@ -13,7 +13,8 @@ and each loading rank reads only the metadata of the ranks it needs.
 
 from ._manager import CheckpointInfo, CheckpointManager, Retention
 from ._planner import GrabenLoadPlanner, GrabenSavePlanner
-from ._storage import GrabenReader, GrabenWriter
+from ._reader import GrabenReader
+from ._writer import GrabenWriter
 
 __all__ = [
     "CheckpointInfo",

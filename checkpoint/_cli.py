@@ -95,7 +95,7 @@ def _export(args: argparse.Namespace) -> int:
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from ._storage import GrabenReader
+    from ._reader import GrabenReader
 
     state: dict[str, Any] = {}
     reader = GrabenReader(args.url)

@@ -28,7 +28,9 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, asy
 from graben.store import Client, FileInfo, NotFound, split_url
 
 from ._planner import GrabenLoadPlanner, GrabenSavePlanner
-from ._storage import GrabenReader, GrabenWriter, _shared_client
+from ._reader import GrabenReader
+from ._storage import shared_client
+from ._writer import GrabenWriter
 
 LATEST = "latest"
 _STEP = re.compile(r"step-(\d{12})")
@@ -96,7 +98,7 @@ class CheckpointManager:
         store, root = split_url(root_url)
         self.root_url, self.root = root_url.rstrip("/"), root.rstrip("/") or "/"
         self.retention = Retention(keep_last, keep_every, ttl)
-        self._client = client or _shared_client(store)
+        self._client = client or shared_client(store)
         self._replication, self._compression = replication, compression
         self._stager: DefaultStager | None = None
         self._pending: Future[Any] | None = None

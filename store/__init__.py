@@ -5,9 +5,6 @@ the same API for asyncio code. Every error is a ``GrabenError`` that also
 subclasses the builtin it means.
 """
 
-from ._aclient import AsyncClient
-from ._afiles import AsyncReadFile, AsyncWriteFile
-from ._client import Client, connect
 from ._config import Options, split_url
 from ._errors import (
     AlreadyExists,
@@ -25,10 +22,18 @@ from ._errors import (
     Timeout,
     Unavailable,
 )
-from ._files import ReadFile, WriteFile
-from ._fsspec import GrabenFileSystem
 from ._paths import normalize as normalize_path
 from ._types import ChunkProblem, FileInfo, FsckReport
+from .client import (
+    AsyncClient,
+    AsyncReadFile,
+    AsyncWriteFile,
+    Client,
+    ReadFile,
+    WriteFile,
+    connect,
+)
+from .fsspec import GrabenFileSystem
 
 __all__ = [
     "AlreadyExists",

@@ -1,10 +1,12 @@
-"""Client options and the environment, read in this one module.
+"""Client options and the environment, read in this one module (the cluster's
+credentials aside: they are read where they are used, in ``wire/_auth.py``).
 
 Precedence, highest first: arguments to ``connect``/``Options``, then the
 environment (``GRABEN_URL``, ``GRABEN_HOME``, ``GRABEN_CHUNK_SIZE``, and for a
 cluster ``GRABEN_TOKEN``, then ``GRABEN_SECRET`` / ``GRABEN_SECRET_FILE``, read
-by ``_auth.load_secret``), then the defaults below. Servers read
-``GRABEN_PAGE_ENTRIES`` (``page_entries``) on every page they serve.
+by ``wire/_auth.py``: ``cluster_token``, ``load_secret``), then the defaults
+below. Servers read ``GRABEN_PAGE_ENTRIES`` (``page_entries``) on every page
+they serve.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from ._auth import ENV_SECRET, ENV_SECRET_FILE, client_token, load_secret
 from ._errors import InvalidArgument
 
 MiB = 1 << 20
@@ -27,6 +28,8 @@ under the wire's header limit (1 MiB, and a receiver's 256 KiB inbox, which a he
 must fit); a store of any size is just more pages."""
 PAGE_BYTES = 64 * 1024
 """Most bytes of text in one page whose entries hold paths (up to 4 KiB each)."""
+RESERVE = 64 << 20
+"""Bytes a node keeps free beyond the chunk, so a disk stops taking chunks before it fills."""
 
 
 def _env_int(name: str, default: int) -> int:
@@ -89,20 +92,6 @@ class Options:
                 raise InvalidArgument(f"{name} must be at least 1")
         if self.read_ahead < 0:
             raise InvalidArgument("read_ahead must not be negative")
-
-
-def cluster_token(given: str | None) -> str:
-    """The token a cluster client presents (see ``Options.token``); ``""`` if none is known.
-
-    The metadata service refuses an empty token with a message saying what to set.
-    """
-    if given is not None:
-        return given
-    if token := os.environ.get("GRABEN_TOKEN"):
-        return token
-    if not (os.environ.get(ENV_SECRET) or os.environ.get(ENV_SECRET_FILE)):
-        return ""
-    return client_token(load_secret())
 
 
 def default_home() -> Path:

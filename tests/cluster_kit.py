@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from graben.store._cli_cluster import _spawn, _stop, _wait_for_nodes
+from graben.store.cli._cluster import _spawn, _stop, _wait_for_nodes
 
 
 class LocalCluster:

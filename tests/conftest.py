@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from graben.store import Client, connect
-from graben.store._cli_cluster import local_cluster, make_secret_file
+from graben.store.cli._cluster import local_cluster, make_secret_file
 
 SMALL_CHUNK = 64 * 1024
 """Chunk size for tests that want many chunks from few bytes."""

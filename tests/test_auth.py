@@ -14,7 +14,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from graben.store import InvalidArgument, NotFound, PermissionDenied
-from graben.store._auth import (
+from graben.store._types import OPS, Capability, Op
+from graben.store.wire._auth import (
     ENV_SECRET,
     ENV_SECRET_FILE,
     _capability_message,
@@ -25,7 +26,6 @@ from graben.store._auth import (
     load_secret,
     new_secret,
 )
-from graben.store._types import OPS, Capability, Op
 
 SECRET = b"0123456789abcdef-test-secret"
 OTHER = b"fedcba9876543210-other-secret"

@@ -17,7 +17,7 @@ from graben.bench import Context, Rated, Result, Skip, Workload, discover, rate,
 from graben.bench._plot import plot
 from graben.bench._runner import Settings, combine, run
 from graben.store import InvalidArgument
-from graben.store._cli import main
+from graben.store.cli._main import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RESULT_KEYS = {"workload", "system", "value", "unit", "baseline", "ratio"}

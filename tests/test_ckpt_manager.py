@@ -12,7 +12,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from graben.checkpoint import CheckpointManager, GrabenWriter
 from graben.store import connect
-from graben.store._cli import main
+from graben.store.cli._main import main
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 ROOT = "graben:///runs/a"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from graben.bench._plan_sim import ROWS, Times, graben_kind, quiet_gc, simulate_load, simulate_saves
-from graben.checkpoint import GrabenReader, _storage
+from graben.checkpoint import GrabenReader, _writer
 from graben.store import connect
 
 WORLD, TENSORS = 4096, 300
@@ -66,7 +66,7 @@ def test_4096_ranks_plan_once_then_reuse(
             _check_loads(client, capsys)
     finally:
         shutil.rmtree(store_dir, ignore_errors=True)
-        _storage._last_saves.clear()  # the coordinator's memory of 4096 ranks' results
+        _writer._last_saves.clear()  # the coordinator's memory of 4096 ranks' results
         gc.collect()
 
 

@@ -1,6 +1,6 @@
 """The store's ``graben`` subcommands, checked the way a user would check them.
 
-Most tests run the real ``graben.store._cli.main(argv)`` in-process on a
+Most tests run the real ``graben.store.cli.main(argv)`` in-process on a
 fresh embedded store under ``tmp_path``; the last ones run the installed
 ``graben`` script as a subprocess.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from graben.store import _cli, _cli_render
+from graben.store.cli import _main, _render
 
 MiB = 1 << 20
 COMMANDS = ("cat", "du", "fsck", "get", "ls", "mkdir", "mv", "put", "rm", "stat")
@@ -58,7 +58,7 @@ class Graben:
         self._monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
         argv = [cmd, "--store", str(self.store), *args] if store else [cmd, *args]
         try:
-            code = _cli.main(argv)
+            code = _main.main(argv)
         except SystemExit as exc:  # argparse: --help, usage errors
             code = int(exc.code or 0)
         captured = self._capsys.readouterr()
@@ -75,13 +75,13 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # written in parallel and a half-done one would fail every test here.
     # These tests are about the store's commands, so load only those (the
     # subprocess tests below run the real script with everything).
-    ours = [e for e in entry_points(group=_cli.GROUP) if e.value.startswith("graben.store.")]
+    ours = [e for e in entry_points(group=_main.GROUP) if e.value.startswith("graben.store.")]
 
     def store_entry_points(group: str) -> list[EntryPoint]:
-        assert group == _cli.GROUP
+        assert group == _main.GROUP
         return ours
 
-    monkeypatch.setattr(_cli, "entry_points", store_entry_points)
+    monkeypatch.setattr(_main, "entry_points", store_entry_points)
 
 
 @pytest.fixture
@@ -541,8 +541,8 @@ def test_reading_commands_do_not_create_a_store(graben: Graben, tmp_path: Path) 
 @pytest.fixture
 def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pretend stderr is a terminal and 1 MiB is a large transfer."""
-    monkeypatch.setattr(_cli_render, "stderr_is_terminal", lambda: True)
-    monkeypatch.setattr(_cli_render, "LARGE", MiB)
+    monkeypatch.setattr(_render, "stderr_is_terminal", lambda: True)
+    monkeypatch.setattr(_render, "LARGE", MiB)
 
 
 @pytest.mark.usefixtures("terminal")
@@ -569,20 +569,20 @@ def test_json_output_never_has_progress(graben: Graben) -> None:
 def test_no_progress_when_stderr_is_not_a_terminal(
     graben: Graben, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_cli_render, "LARGE", MiB)
+    monkeypatch.setattr(_render, "LARGE", MiB)
     assert graben("put", "-", "/big", stdin=os.urandom(3 * MiB)).err == ""
 
 
 def test_meter_with_unknown_total_starts_once_the_work_is_large(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_cli_render, "LARGE", 100)
+    monkeypatch.setattr(_render, "LARGE", 100)
     shown = []
-    with _cli_render.Meter("x", None, enabled=True) as meter:
+    with _render.Meter("x", None, enabled=True) as meter:
         for nbytes in (100, 1):
             meter(nbytes)
             shown.append(meter.shown)
-    with _cli_render.Meter("x", None, enabled=False) as off:
+    with _render.Meter("x", None, enabled=False) as off:
         off(1000)
         shown.append(off.shown)
     assert shown == [False, True, False]

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from cluster_kit import LocalCluster
 
-from graben.store import Client, NoSpace, Unavailable, _loop, connect
+from graben.store import Client, NoSpace, Unavailable, connect
 from graben.store._hashing import chunk_ref
-from graben.store._types import GetLayout, ListNodes
+from graben.store.client import _loop
+from graben.store.transport._requests import GetLayout, ListNodes
 
 MiB = 1 << 20
 
@@ -200,7 +201,7 @@ def test_status_shows_nodes_and_health(cluster4: LocalCluster) -> None:
             [
                 sys.executable,
                 "-m",
-                "graben.store._cli",
+                "graben.store.cli",
                 "status",
                 "--store",
                 cluster4.url,

@@ -13,24 +13,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from graben.store import Client, PermissionDenied, Unavailable, _loop, connect
-from graben.store._auth import client_token, grant, load_secret
-from graben.store._cli_cluster import local_cluster
+from graben.store import Client, PermissionDenied, Unavailable, connect
 from graben.store._hashing import chunk_ref
-from graben.store._remote import REFRESH_BEFORE_S, Grants, RemoteChunks
-from graben.store._rpc import Connection
-from graben.store._types import (
-    Capability,
-    ChunkCall,
-    ChunkRef,
-    GetLayout,
-    Grant,
-    NodeQuery,
-    Op,
-    Prepare,
-    WireError,
-)
-from graben.store._wire import NIL, decode, encode
+from graben.store._types import Capability, ChunkCall, ChunkRef, NodeQuery, Op, WireError
+from graben.store.cli._cluster import local_cluster
+from graben.store.client import _loop
+from graben.store.transport._remote import REFRESH_BEFORE_S, Grants, RemoteChunks
+from graben.store.transport._requests import GetLayout, Grant, Prepare
+from graben.store.wire._auth import client_token, grant, load_secret
+from graben.store.wire._frames import NIL, decode, encode
+from graben.store.wire._rpc import Connection
 
 OTHER_SECRET = b"not-the-cluster-secret-at-all"
 
@@ -208,7 +200,7 @@ def test_a_grant_that_never_comes_is_a_permission_error() -> None:
 
 def _graben(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "graben.store._cli", *argv],
+        [sys.executable, "-m", "graben.store.cli", *argv],
         check=False,
         capture_output=True,
         text=True,

@@ -15,13 +15,15 @@ import pytest
 from cluster_kit import LocalCluster
 from conftest import SMALL_CHUNK
 
-from graben.store import IntegrityError, PermissionDenied, _loop, connect
-from graben.store._auth import grant, load_secret
-from graben.store._chunkstore import LocalChunkStore
+from graben.store import IntegrityError, PermissionDenied, connect
 from graben.store._hashing import chunk_ref, crc32c
-from graben.store._rpc import Connection
-from graben.store._types import ChunkCall, ChunkRef, GetLayout, Grant
-from graben.store._wire import encode
+from graben.store._types import ChunkCall, ChunkRef
+from graben.store.client import _loop
+from graben.store.node._chunkstore import LocalChunkStore
+from graben.store.transport._requests import GetLayout, Grant
+from graben.store.wire._auth import grant, load_secret
+from graben.store.wire._frames import encode
+from graben.store.wire._rpc import Connection
 
 
 def forge(real: bytes) -> bytes:

@@ -278,7 +278,7 @@ def test_reading_from_a_cluster_and_from_s3(where: tuple[str, Any], tmp_path: Pa
 
 
 def test_the_dataset_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from graben.store._cli import main
+    from graben.store.cli._main import main
 
     (tmp_path / "files").mkdir()
     for i in range(5):

@@ -10,12 +10,12 @@ import msgspec
 import pytest
 
 from graben.store import AlreadyExists, AsyncClient, FileInfo, IntegrityError, connect
-from graben.store._chunkstore import LocalChunkStore
 from graben.store._group import Batcher, Batchers
 from graben.store._hashing import chunk_ref
-from graben.store._namespace import Namespace
-from graben.store._sqlite import SQLiteRepository
 from graben.store._types import FileCommit
+from graben.store.meta._namespace import Namespace
+from graben.store.meta.engines._sqlite import SQLiteRepository
+from graben.store.node._chunkstore import LocalChunkStore
 
 
 class Recorder:

@@ -17,7 +17,7 @@ from cluster_kit import LocalCluster
 
 from graben.store import connect
 from graben.store._types import Capability, ChunkCall, ChunkRef
-from graben.store._wire import MAGIC, PREFIX, Call, encode, frame_prefix
+from graben.store.wire._frames import MAGIC, PREFIX, Call, encode, frame_prefix
 
 IDLE_S = 3.0
 MiB = 1 << 20

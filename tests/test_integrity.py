@@ -111,8 +111,8 @@ def test_collection_waits_for_the_grace_period(store_dir: Path, chunk_files: Chu
 
 
 def test_writer_rejects_bytes_that_do_not_match_their_crc(store_dir: Path) -> None:
-    from graben.store._chunkstore import LocalChunkStore
     from graben.store._hashing import chunk_ref
+    from graben.store.node._chunkstore import LocalChunkStore
 
     store = LocalChunkStore(store_dir / "chunks")
     data = bytearray(os.urandom(1000))

@@ -15,15 +15,16 @@ from pathlib import Path
 import pytest
 from cluster_kit import LocalCluster
 
-from graben.store import NoSpace, _loop, connect
-from graben.store._auth import grant, load_secret
+from graben.store import NoSpace, connect
+from graben.store._config import RESERVE
 from graben.store._hashing import chunk_ref
-from graben.store._placement import RESERVE
-from graben.store._rpc import Connection
 from graben.store._types import ChunkCall
-from graben.store._wire import encode
+from graben.store.client import _loop
+from graben.store.wire._auth import grant, load_secret
+from graben.store.wire._frames import encode
+from graben.store.wire._rpc import Connection
 
-GRABEN = (sys.executable, "-m", "graben.store._cli")
+GRABEN = (sys.executable, "-m", "graben.store.cli")
 MiB = 1 << 20
 
 

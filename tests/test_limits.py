@@ -24,8 +24,10 @@ import pytest
 from cluster_kit import LocalCluster
 from fuse_kit import mounted, needs_fuse
 
-from graben.store import AsyncClient, IntegrityError, _pages, connect
-from graben.store._types import Commit, FileCommit, FileLayout, GetLayout, Request
+from graben.store import AsyncClient, IntegrityError, connect
+from graben.store._types import FileCommit, FileLayout
+from graben.store.client import _pages
+from graben.store.transport._requests import Commit, GetLayout, Request
 
 SMALL = 4096
 """Smallest chunk size: the most chunks per byte."""
@@ -199,7 +201,7 @@ def test_twelve_thousand_entries_list_through_fsspec_the_cli_and_the_mount(
     found = fs.ls(path, detail=False)
     assert sorted(p.rpartition("/")[2] for p in found) == want
     cli = subprocess.run(
-        [sys.executable, "-m", "graben.store._cli", "ls", f"{cluster.url}/wide-doors"],
+        [sys.executable, "-m", "graben.store.cli", "ls", f"{cluster.url}/wide-doors"],
         check=False,
         capture_output=True,
         text=True,
@@ -248,7 +250,7 @@ def test_a_directory_of_a_hundred_thousand_entries_lists_everywhere(
     found = fs.ls(path, detail=False)
     assert sorted(p.rpartition("/")[2] for p in found) == want
     cli = subprocess.run(
-        [sys.executable, "-m", "graben.store._cli", "ls", f"{cluster.url}/huge"],
+        [sys.executable, "-m", "graben.store.cli", "ls", f"{cluster.url}/huge"],
         check=False,
         capture_output=True,
         text=True,

@@ -10,6 +10,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import grimp
 import pytest
 
 import graben.store
@@ -21,30 +22,39 @@ SKIP_DIRS = {"tests", "build", "dist", ".venv", ".git", ".ci"}
 
 
 def package_folders() -> set[str]:
-    return {
-        p.parent.name
+    """Every package folder, nested ones too, as paths from the root (``store/wire``)."""
+    tops = [
+        p.parent
         for p in ROOT.glob("*/__init__.py")
         if p.parent.name not in SKIP_DIRS and not p.parent.name.startswith(".")
-    }
+    ]
+    return {p.parent.relative_to(ROOT).as_posix() for top in tops for p in top.rglob("__init__.py")}
+
+
+def package_name(folder: str) -> str:
+    return "graben." + folder.replace("/", ".")
 
 
 def test_every_folder_is_a_listed_package_and_vice_versa() -> None:
     setup = PYPROJECT["tool"]["setuptools"]
     listed = set(setup["packages"])
-    assert listed == {f"graben.{name}" for name in package_folders()}
-    assert setup["package-dir"] == {f"graben.{name}": name for name in package_folders()}
+    assert listed == {package_name(folder) for folder in package_folders()}
+    assert setup["package-dir"] == {package_name(folder): folder for folder in package_folders()}
 
 
 def test_no_subpackages_left_out() -> None:
-    # A nested package would need its own entry in the packages list.
-    nested = [p for name in package_folders() for p in (ROOT / name).glob("*/__init__.py")]
-    assert nested == []
+    # A folder of modules without __init__.py would be a namespace package: the
+    # editable install imports it, the wheel leaves it out.
+    packages = package_folders()
+    for folder in {f.split("/")[0] for f in packages}:
+        for module in (ROOT / folder).rglob("*.py"):
+            assert module.parent.relative_to(ROOT).as_posix() in packages, module
 
 
-@pytest.mark.parametrize("name", sorted(package_folders()))
-def test_public_names_are_exactly_all(name: str) -> None:
-    module = importlib.import_module(f"graben.{name}")
-    source = ast.parse((ROOT / name / "__init__.py").read_text())
+@pytest.mark.parametrize("folder", sorted(package_folders()))
+def test_public_names_are_exactly_all(folder: str) -> None:
+    module = importlib.import_module(package_name(folder))
+    source = ast.parse((ROOT / folder / "__init__.py").read_text())
     imported = {
         alias.asname or alias.name
         for node in source.body
@@ -57,9 +67,59 @@ def test_public_names_are_exactly_all(name: str) -> None:
 
 
 def test_modules_behind_the_door_are_private() -> None:
-    for name in package_folders():
-        for path in (ROOT / name).glob("*.py"):
+    for folder in package_folders():
+        if Path(folder).name.startswith("_"):
+            continue  # a private package: its modules are behind the parent's door
+        for path in (ROOT / folder).glob("*.py"):
             assert path.name == "__init__.py" or path.name.startswith("_"), path
+
+
+def test_the_store_top_holds_only_its_shared_modules() -> None:
+    # Everything else is in a layer's folder (docs/architecture.md).
+    assert len(list((ROOT / "store").glob("*.py"))) <= 8
+
+
+def test_no_module_over_500_lines_unless_it_says_why() -> None:
+    folders = [f for f in ROOT.iterdir() if f.is_dir() and not f.name.startswith(".")]
+    ours = [f for f in folders if f.name == "tests" or f.name not in SKIP_DIRS]
+    for path in (p for folder in ours for p in folder.rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > 500:
+            assert "500 lines" in (ast.get_docstring(ast.parse(text)) or ""), path
+
+
+def test_no_import_cycles() -> None:
+    graph = grimp.build_graph("graben", include_external_packages=False)
+    imports = {m: graph.find_modules_directly_imported_by(m) for m in graph.modules}
+    assert [c for c in _strongly_connected(imports) if len(c) > 1] == []
+
+
+def _strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components: each one of two or more modules is a cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in edges[module]:
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while not component or component[-1] != module:
+                component.append(stack.pop())
+            found.append(component)
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return found
 
 
 def test_dependency_rules_hold() -> None:

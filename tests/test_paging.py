@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 from cluster_kit import LocalCluster
 
-from graben.store import _loop, connect
-from graben.store._auth import client_token, load_secret
-from graben.store._rpc import Connection
-from graben.store._types import ChunkRefs, NodeQuery
-from graben.store._wire import decode, encode
+from graben.store import connect
+from graben.store._types import NodeQuery
+from graben.store.client import _loop
+from graben.store.transport._requests import ChunkRefs
+from graben.store.wire._auth import client_token, load_secret
+from graben.store.wire._frames import decode, encode
+from graben.store.wire._rpc import Connection
 
 PAGE = 7
 CHUNK = 4096

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from graben.store._config import RESERVE
 from graben.store._errors import InvalidArgument, NoSpace, Unavailable
-from graben.store._placement import RESERVE, place
 from graben.store._types import NodeState
+from graben.store.meta._placement import place
 
 GiB = 1 << 30
 CHUNK = 4 << 20

@@ -12,8 +12,8 @@ import pytest
 from conftest import SMALL_CHUNK
 
 from graben.store import IntegrityError, connect
-from graben.store._chunkstore import LocalChunkStore
 from graben.store._hashing import chunk_ref
+from graben.store.node._chunkstore import LocalChunkStore
 
 
 def test_chunk_sized_reads_match_at_every_alignment(store_dir: Path) -> None:

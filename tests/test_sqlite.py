@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from graben.store import GrabenError, IntegrityError, NotADirectory, connect
-from graben.store._sqlite import MIGRATIONS, SQLiteRepository
+from graben.store.meta.engines._sqlite import MIGRATIONS, SQLiteRepository
 
 
 def test_new_store_is_at_the_latest_schema_in_wal_mode(tmp_path: Path) -> None:

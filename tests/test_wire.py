@@ -13,8 +13,7 @@ import pytest
 from hypothesis import given, settings
 
 from graben.store import GrabenError, InvalidArgument, NotFound, Timeout, Unavailable
-from graben.store._rpc import Answer, Connection, Server
-from graben.store._wire import (
+from graben.store.wire._frames import (
     MAGIC,
     NIL,
     PREFIX,
@@ -26,6 +25,7 @@ from graben.store._wire import (
     encode,
     frame_prefix,
 )
+from graben.store.wire._rpc import Answer, Connection, Server
 
 
 async def echo(call: Call, payload: memoryview | None) -> Answer:
@@ -249,7 +249,7 @@ def test_nil_body_decodes_as_none() -> None:
 
 
 def test_a_periodic_task_outlives_failing_rounds() -> None:
-    from graben.store._rpc import every, stop
+    from graben.store.wire._rpc import every, stop
 
     rounds: list[int] = []
 

@@ -1,0 +1,189 @@
+"""What every FUSE handler shares: the mount's state and the helpers over it.
+
+``Base`` holds the open files (``OpenFile``: one per inode with open
+handles, its spool while it is written), the handles (``Handle``) and the
+inode table, and turns a store call into a worker-thread call (store calls
+block; pyfuse3 runs on trio). ``answers_errno`` gives the kernel an errno for
+every error. The handlers themselves are in ``_handles`` (open files) and
+``_ops`` (names, directories).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+import pyfuse3
+import trio
+
+from graben.store import Client, FileInfo, ReadFile
+
+from ._blocks import Blocks
+from ._inodes import InodeTable, is_unlinked
+from ._openers import Opener
+from ._releases import Releases
+from ._spool import Spool, SpoolFile
+from ._stream import Stream
+
+log = logging.getLogger("graben.fuse")
+P = ParamSpec("P")
+R = TypeVar("R")
+SYMLINK = stat.S_IFLNK | 0o777
+"""The mode a symbolic link is stored with (its content is the target)."""
+FILE_MODE = 0o644
+"""What a new file gets unless told otherwise (the store's default too)."""
+NAME_MAX = 255
+"""Longest name, in bytes, as on every Linux filesystem."""
+BLKSIZE = 1 << 20
+"""``st_blksize``: what ``cp`` and friends take as the I/O size to use."""
+
+
+def answers_errno(
+    handler: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """Turn every error a handler raises into a ``FUSEError`` the kernel understands."""
+
+    @functools.wraps(handler)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await handler(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as exc:
+            code = getattr(exc, "errno", None)
+            if not isinstance(code, int) or code <= 0:
+                log.exception("%s failed", handler.__name__)
+                code = errno.EIO
+            raise pyfuse3.FUSEError(code) from exc
+
+    return wrapper
+
+
+@dataclass(eq=False)
+class OpenFile:
+    """A file with open handles."""
+
+    handles: int = 0
+    spool: SpoolFile | None = None
+    """Its content while it is open for writing."""
+    created: bool = False
+    """Created here and not committed yet."""
+    unlinked: bool = False
+    info: FileInfo | None = None
+    """The committed version its read handles opened (what an unlinked file still is)."""
+    permissions: int = 0
+    """Mode bits for its next commit (0: keep the committed version's)."""
+    failed: int = 0
+    """The errno of a write that failed: the content is torn, and is never committed."""
+    abandoned: bool = False
+    """A writer died of a signal since the last commit, and nothing was written after it:
+    the content is torn, and is dropped at the last close."""
+    stream: Stream | None = None
+    """The upload following its writes while they go front to back."""
+    mtime_ns: int = field(default_factory=time.time_ns)
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    """Held while the spool is committed: its mapping must not change meanwhile."""
+
+
+@dataclass(eq=False)
+class Handle:
+    inode: int
+    file: OpenFile
+    reader: ReadFile | None = None
+    blocks: Blocks | None = None
+    writing: bool = False
+    opener: Opener | None = None
+    """The process that opened it for writing, until its close (or death) was seen."""
+
+
+class Base(pyfuse3.Operations):
+    """A mounted store's state, and the helpers every handler uses."""
+
+    def __init__(
+        self, client: Client, spool: Spool, *, read_only: bool = False, timeout: float = 1.0
+    ) -> None:
+        super().__init__()
+        self.client, self.spool = client, spool
+        self.read_only, self.timeout = read_only, timeout
+        self.inodes = InodeTable()
+        self._open: dict[int, OpenFile] = {}
+        self._handles: dict[int, Handle] = {}
+        self._listings: dict[int, list[tuple[str, str, FileInfo | None]]] = {}
+        self._next_fh = 1
+        self._versions: dict[int, tuple[int, int]] = {}
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self._releases = Releases()
+        self.nursery: trio.Nursery | None = None
+        """Where background reads run; set by the mount before serving."""
+        self.device: str | None = None
+        """The mount's ``major:minor`` (tells its files from others' in ``/proc``)."""
+
+    async def _call(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """``fn(*args, **kwargs)`` in a worker thread: store calls block."""
+        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+    def _path(self, inode: int) -> str:
+        try:
+            path = self.inodes.path(inode)
+        except KeyError:
+            raise pyfuse3.FUSEError(errno.ESTALE) from None
+        if is_unlinked(path):
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return path
+
+    def _child(self, parent: int, name: bytes) -> str:
+        if len(name) > NAME_MAX:
+            raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
+        return self.inodes.child(self._path(parent), os.fsdecode(name))
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise pyfuse3.FUSEError(errno.EROFS)
+
+    def _attrs(
+        self, inode: int, info: FileInfo | None, file: OpenFile | None
+    ) -> pyfuse3.EntryAttributes:
+        attrs = pyfuse3.EntryAttributes()
+        attrs.st_ino = inode
+        attrs.entry_timeout = attrs.attr_timeout = self.timeout
+        attrs.st_mode, attrs.st_nlink = mode_of(info, file), 1
+        if stat.S_ISDIR(attrs.st_mode):
+            attrs.st_nlink = 2
+        size = info.size if info is not None else 0
+        mtime = info.mtime_ns if info is not None else time.time_ns()
+        if file is not None and file.spool is not None:
+            size, mtime = file.spool.size, file.mtime_ns
+        attrs.st_size = size
+        attrs.st_blocks = (size + 511) // 512
+        attrs.st_blksize = BLKSIZE
+        attrs.st_atime_ns = attrs.st_ctime_ns = attrs.st_mtime_ns = mtime
+        attrs.st_uid, attrs.st_gid = self._uid, self._gid
+        return attrs
+
+    async def _stat(self, inode: int, path: str) -> pyfuse3.EntryAttributes:
+        file = self._open.get(inode)
+        if file is not None and (file.created or file.unlinked):
+            return self._attrs(inode, file.info, file)
+        return self._attrs(inode, await self._call(self.client.stat, path), file)
+
+    def _new_fh(self) -> int:
+        fh, self._next_fh = self._next_fh, self._next_fh + 1
+        return fh
+
+
+def mode_of(info: FileInfo | None, file: OpenFile | None) -> int:
+    """``st_mode``: type and permission bits."""
+    if info is not None and info.is_dir:
+        return stat.S_IFDIR | info.mode
+    if file is not None and file.permissions:
+        return stat.S_IFREG | file.permissions
+    if info is None:
+        return stat.S_IFREG | 0o644
+    return info.mode if stat.S_ISLNK(info.mode) else stat.S_IFREG | info.mode

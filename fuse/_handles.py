@@ -1,0 +1,279 @@
+"""The FUSE handlers of open files: open, create, read, write, flush, fsync, release.
+
+A file opened for writing is staged whole in the spool; the upload follows
+its writes while they go front to back (``Stream``) and the new version is
+committed when the process that opened it closes it, on fsync, or at its
+last release (see ``_ops`` for the semantics, ``_openers`` for who closed
+what). Reads go through ``Blocks``, fetched ahead in the background.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Callable
+from typing import cast
+
+import pyfuse3
+
+from graben.store import Client, ReadFile
+
+from ._base import FILE_MODE, Base, Handle, OpenFile, answers_errno, log
+from ._blocks import Blocks
+from ._openers import Fate, fate, opener
+from ._spool import SpoolFile
+from ._stream import Stream
+
+
+class FileHandles(Base):
+    """The handlers of open files (``Operations`` adds names and directories)."""
+
+    @answers_errno
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        writing = flags & (os.O_WRONLY | os.O_RDWR) != 0
+        if writing or flags & os.O_TRUNC:
+            self._writable()
+        await self._releases.settled(inode)
+        path = self._path(inode)
+        file = self._open.setdefault(inode, OpenFile())
+        file.handles += 1
+        # Two small /proc reads: cheaper here than a thread hop.
+        handle = Handle(inode, file, writing=writing, opener=opener(ctx.pid) if writing else None)
+        try:
+            if writing:
+                spool = await self._spooled(inode, file, keep=not flags & os.O_TRUNC)
+                if flags & os.O_TRUNC:
+                    if spool.size:  # another handle had it spooled
+                        async with file.lock:
+                            await self._unstream(file)
+                            spool.truncate(0)
+                    self._stream(inode, file)
+            elif flags & os.O_TRUNC:
+                await self._truncate(inode, 0, commit=True)
+            if file.spool is None and not file.created:
+                # Opened now, so the handle reads this version even if the path
+                # is overwritten or unlinked before it reads.
+                handle.reader = await self._call(self.client.open, path, "rb")
+                file.info = handle.reader.info
+        except BaseException:
+            await self._closed(inode, file)
+            raise
+        fh = self._new_fh()
+        self._handles[fh] = handle
+        return pyfuse3.FileInfo(fh=fh, keep_cache=self._keep_cache(inode, handle))
+
+    def _keep_cache(self, inode: int, handle: Handle) -> bool:
+        """Whether the kernel may keep the pages it cached for the inode at its last open."""
+        if handle.reader is None:
+            self._versions.pop(inode, None)
+            return False
+        version = (handle.reader.info.inode, handle.reader.info.generation)
+        keep = self._versions.get(inode) == version
+        self._versions[inode] = version
+        return keep
+
+    async def _spooled(self, inode: int, file: OpenFile, *, keep: bool) -> SpoolFile:
+        """The file's spool, filled with its committed content if ``keep``."""
+        if file.spool is not None:
+            return file.spool
+        spool = self.spool.new()
+        try:
+            if keep and not file.created:
+                path = self._path(inode)
+                reader = await self._call(self.client.open, path, "rb")
+                try:
+                    await self._call(spool.fill, reader, reader.info.size)
+                finally:
+                    await self._call(reader.close)
+            else:
+                spool.dirty = True  # truncated: the empty file is a change
+        except BaseException:
+            spool.close()
+            raise
+        file.spool = spool
+        return spool
+
+    @answers_errno
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        self._writable()
+        path = self._child(parent_inode, name)
+        await self._releases.settled(self.inodes.peek(path))
+        inode = self.inodes.lookup(path)
+        file = self._open.setdefault(inode, OpenFile())
+        file.handles += 1
+        file.created = file.spool is None
+        file.permissions = mode & 0o7777
+        await self._spooled(inode, file, keep=False)
+        self._stream(inode, file)
+        fh = self._new_fh()
+        self._handles[fh] = Handle(inode, file, writing=True, opener=opener(ctx.pid))
+        return pyfuse3.FileInfo(fh=fh), self._attrs(inode, None, file)
+
+    @answers_errno
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        handle = self._handles[fh]
+        if handle.file.spool is not None:
+            return handle.file.spool.read(off, size)
+        if handle.reader is None:  # opened before a write elsewhere dropped its spool
+            handle.reader = await self._call(self.client.open, self._path(handle.inode), "rb")
+        if handle.blocks is None:
+            assert self.nursery is not None
+            reader = handle.reader
+            length, block = reader.info.size, self.client.chunk_size
+            handle.blocks = Blocks(_positional(reader), length, block, self.nursery)
+        # pyfuse3 replies from any buffer; the stub says bytes.
+        return cast(bytes, await handle.blocks.read(off, size))
+
+    @answers_errno
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self._handles[fh]
+        spool = handle.file.spool
+        if spool is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        file = handle.file
+        async with file.lock:
+            if file.stream is not None and not file.stream.follows(off, spool):
+                await self._unstream(file)
+            # A page-cache write of at most 1 MiB: cheaper here than a thread hop.
+            try:
+                written = spool.write(off, buf)
+            except OSError as exc:
+                file.failed = exc.errno or errno.EIO
+                raise
+            if file.stream is not None:
+                assert self.nursery is not None
+                file.stream.advance(spool, self.nursery)
+        file.mtime_ns = time.time_ns()
+        file.abandoned = False  # written by a live process: it is its content now
+        return written
+
+    @answers_errno
+    async def flush(self, fh: int) -> None:
+        """A descriptor was closed, by the opener or by any process holding a copy.
+
+        Commit only if the process that opened the handle let it go: a copy
+        closed elsewhere (a subprocess at exec, a forked child) must not
+        publish a file its writer is still writing. A writer dying of a
+        signal leaves its torn content to be dropped.
+        """
+        handle = self._handles[fh]
+        file = handle.file
+        if not handle.writing:
+            return
+        if file.failed:  # tell the writer's close (the content will not be committed)
+            raise pyfuse3.FUSEError(file.failed)
+        if handle.opener is None:  # let go already, or unknown: the last release commits
+            return
+        seen = await self._call(fate, handle.opener, handle.inode, self.device)
+        if seen is Fate.KILLED:
+            path = self.inodes.path(handle.inode)
+            log.warning("%s: its writer died of a signal; its changes are dropped", path)
+            handle.opener, file.abandoned = None, True
+        elif seen is Fate.CLOSED:
+            handle.opener = None
+            await self._commit(handle.inode, file)
+
+    @answers_errno
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        handle = self._handles[fh]
+        handle.file.abandoned = False  # asked for by a live process
+        await self._commit(handle.inode, handle.file)
+
+    @answers_errno
+    async def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh)
+        if handle.blocks is not None:
+            handle.blocks.close()
+        try:
+            with self._releases.running(handle.inode):  # before any await: see ``_releases``
+                await self._closed(handle.inode, handle.file)
+        finally:
+            if handle.reader is not None:
+                await self._call(handle.reader.close)
+
+    async def _truncate(self, inode: int, size: int, *, commit: bool) -> None:
+        """Cut or extend a file; ``commit`` publishes it now (else its last close does)."""
+        file = self._open.setdefault(inode, OpenFile())
+        file.handles += 1
+        file.abandoned = False  # changed by a live process: it is its content now
+        try:
+            spool = await self._spooled(inode, file, keep=size > 0)
+            async with file.lock:
+                await self._unstream(file)
+                spool.truncate(size)
+            file.mtime_ns = time.time_ns()
+            if commit:
+                await self._commit(inode, file)
+        finally:
+            await self._closed(inode, file)
+
+    async def _commit(self, inode: int, file: OpenFile) -> None:
+        """Publish the spooled content as the file's new version, if it changed."""
+        spool = file.spool
+        if spool is None or file.unlinked or file.abandoned or not (spool.dirty or file.created):
+            return
+        if file.failed:  # the committed version stays what it was
+            raise pyfuse3.FUSEError(file.failed)
+        path = self._path(inode)
+        async with file.lock:
+            spool.dirty = False
+            stream, file.stream = file.stream, None
+            try:
+                if stream is None or not await stream.finish(spool):
+                    await self._call(_put_spooled, self.client, path, spool, file.permissions)
+                elif file.permissions not in (0, FILE_MODE):  # a stream commits 0o644
+                    await self._call(self.client.set_attributes, path, mode=file.permissions)
+                file.permissions = 0
+            except BaseException:
+                spool.dirty = True
+                raise
+        file.created = False
+
+    def _stream(self, inode: int, file: OpenFile) -> None:
+        """Upload a new or truncated file while it is written."""
+        if file.spool is not None and file.spool.size == 0:
+            file.stream = Stream(self.client, self._path(inode), self.client.chunk_size)
+
+    @staticmethod
+    async def _unstream(file: OpenFile) -> None:
+        """Drop the file's stream (its content will be committed from the spool)."""
+        stream, file.stream = file.stream, None
+        if stream is not None:
+            await stream.abandon()
+
+    async def _closed(self, inode: int, file: OpenFile) -> None:
+        """One handle fewer; the last one commits what is left and drops the spool."""
+        file.handles -= 1
+        try:
+            # A truncate by path may change the spool while we commit: go again.
+            while (
+                file.handles == 0
+                and not (file.failed or file.unlinked or file.abandoned)
+                and file.spool
+                and file.spool.dirty
+            ):
+                await self._commit(inode, file)
+        finally:
+            if file.handles == 0:  # nobody opened the file meanwhile
+                await self._unstream(file)
+                if self._open.get(inode) is file:
+                    del self._open[inode]
+                if file.spool is not None:
+                    file.spool.close()
+                    file.spool = None
+
+
+def _put_spooled(client: Client, path: str, spool: SpoolFile, permissions: int) -> None:
+    with spool.mapped() as view:
+        client.put(path, view, permissions=permissions)
+
+
+def _positional(reader: ReadFile) -> Callable[[int, memoryview], int]:
+    def fetch(offset: int, into: memoryview) -> int:
+        reader.seek(offset)
+        return reader.readinto(into)
+
+    return fetch

@@ -1,0 +1,16 @@
+"""The ``graben`` command and the store's subcommands.
+
+Owns the dispatcher (``_main``: finds every package's subcommands through the
+``graben.commands`` entry points, prints errors as one line), the store's
+commands (``_cmds``: ls stat du mkdir rm mv fsck; ``_transfer``: cat get
+put), the cluster's (``_cluster``: meta serve, node serve, cluster up,
+status) and what they print (``_render``). ``python -m graben.store.cli``
+runs it.
+
+May import: every layer of the store (it is the top one); nothing below
+imports it.
+"""
+
+from ._main import main
+
+__all__ = ["main"]

@@ -1,0 +1,7 @@
+"""``python -m graben.store.cli``: the ``graben`` command (how tests and the cluster spawn it)."""
+
+import sys
+
+from ._main import main
+
+sys.exit(main())

@@ -1,0 +1,421 @@
+"""``graben meta serve``, ``graben node serve`` and ``graben cluster up``.
+
+Each server prints one line, ``listening on HOST:PORT``, once it accepts
+connections (port 0 picks a free one), then runs until SIGINT or SIGTERM.
+``cluster up`` starts a metadata service and N data nodes as child
+processes, prints the cluster's URL on stdout once every node has
+heartbeated, and stops them all on Ctrl-C. ``meta serve`` creates a new
+store only with ``--init``; ``cluster up`` gives it on the first start in a
+root, and refuses a root whose ``meta.db`` is gone while its nodes remain.
+
+Every server needs the cluster secret: ``--secret-file``, else
+``$GRABEN_SECRET`` / ``$GRABEN_SECRET_FILE``. ``cluster up`` makes one in its
+root (mode 0600) unless given one, and says what clients should export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
+from urllib.parse import urlsplit
+
+from .._errors import IntegrityError, InvalidArgument, NotFound, Unavailable
+from ..wire import DEFAULT_IDLE_TIMEOUT, auth
+
+if TYPE_CHECKING:
+    from ..meta import SQLiteRepository
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+READY_TIMEOUT_S = 30.0
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def _secret_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--secret-file",
+        type=Path,
+        default=None,
+        help="file holding the cluster secret, mode 0600 (default: $GRABEN_SECRET_FILE)",
+    )
+
+
+def _idle_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT,
+        help="seconds before a connection that sends nothing is dropped",
+    )
+
+
+def add_meta(sub: Subparsers) -> None:
+    """``graben meta serve``."""
+    meta = sub.add_parser("meta", help="Run the metadata service.")
+    serve = meta.add_subparsers(metavar="ACTION", required=True).add_parser(
+        "serve", help="Serve the namespace of an engine to clients and data nodes."
+    )
+    serve.add_argument("--engine", required=True, help="sqlite:///path/to/meta.db")
+    serve.add_argument(
+        "--init",
+        action="store_true",
+        help="create a new, empty store if the engine has none (without it, a missing or "
+        "empty database is an error: a mistyped path must not pass for a new store)",
+    )
+    serve.add_argument("--listen", type=_address, default=("127.0.0.1", 0), help="HOST:PORT")
+    serve.add_argument("--replication", type=int, default=3, help="default copies per chunk")
+    serve.add_argument(
+        "--heartbeat-timeout", type=float, default=10.0, help="seconds before a silent node is dead"
+    )
+    serve.add_argument(
+        "--repair-interval", type=float, default=5.0, help="seconds between repair rounds"
+    )
+    _idle_arg(serve)
+    _secret_arg(serve)
+    serve.set_defaults(run=_meta_serve)
+
+
+def add_node(sub: Subparsers) -> None:
+    """``graben node serve``."""
+    node = sub.add_parser("node", help="Run a data node.")
+    serve = node.add_subparsers(metavar="ACTION", required=True).add_parser(
+        "serve", help="Serve a chunk directory and heartbeat to the metadata service."
+    )
+    serve.add_argument("--data", type=Path, required=True, help="directory for chunk files")
+    serve.add_argument("--meta", type=_address, required=True, help="metadata service HOST:PORT")
+    serve.add_argument("--rack", default="default", help="failure domain label")
+    serve.add_argument("--listen", type=_address, default=("127.0.0.1", 0), help="HOST:PORT")
+    serve.add_argument(
+        "--scrub-interval", type=float, default=3600.0, help="seconds between scrubs of all chunks"
+    )
+    _idle_arg(serve)
+    _secret_arg(serve)
+    serve.set_defaults(run=_node_serve)
+
+
+def add_cluster(sub: Subparsers) -> None:
+    """``graben cluster up``."""
+    cluster = sub.add_parser("cluster", help="Run a local cluster on loopback.")
+    up = cluster.add_subparsers(metavar="ACTION", required=True).add_parser(
+        "up", help="Start a metadata service and N data nodes; Ctrl-C stops them all."
+    )
+    up.add_argument("--nodes", type=int, default=3, help="data nodes (each its own rack)")
+    up.add_argument("--root", type=Path, required=True, help="directory for all their data")
+    up.add_argument("--port", type=int, default=0, help="metadata service port (0: any)")
+    up.add_argument("--replication", type=int, default=None, help="default: min(3, nodes)")
+    up.add_argument("--heartbeat-timeout", type=float, default=10.0)
+    up.add_argument(
+        "--secret-file",
+        type=Path,
+        default=None,
+        help="cluster secret (default: ROOT/secret, made on first start)",
+    )
+    up.set_defaults(run=_cluster_up)
+
+
+def add_status(sub: Subparsers) -> None:
+    """``graben status``."""
+    status = sub.add_parser(
+        "status", help="Show data nodes, capacity, and chunks short of copies or damaged."
+    )
+    status.add_argument(
+        "--store", default=None, help="store URL or directory (default: $GRABEN_URL)"
+    )
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(run=_status)
+
+
+def _status(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from ..client import connect
+
+    with connect(args.store) as client:
+        health = client.health()
+    if args.json:
+        print(msgspec.json.encode(health).decode())
+        return 0
+    print(f"store {health.store_id}")
+    print(f"{'node':12} {'address':21} {'rack':10} {'state':6} {'used':>10} {'total':>10}")
+    for node in health.nodes:
+        state = "up" if node.alive else "DEAD"
+        used = _gib(node.total - node.free)
+        print(
+            f"{node.id[:12]:12} {node.address:21} {node.rack:10} {state:6} {used:>10} "
+            f"{_gib(node.total):>10}"
+        )
+    alive = sum(n.alive for n in health.nodes)
+    print(
+        f"{alive}/{len(health.nodes)} nodes up; replication {health.replication}; "
+        f"{health.degraded} chunks short of copies; {health.bad} damaged copies awaiting repair"
+    )
+    return 0 if health.degraded == 0 and health.bad == 0 else 1
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+# -- serving ------------------------------------------------------------------
+
+
+def _serve(start: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]]) -> int:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        where, close = await start()
+        print(f"listening on {where}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await close()
+
+    asyncio.run(main())
+    return 0
+
+
+def _engine_path(engine: str) -> Path:
+    parts = urlsplit(engine)
+    if parts.scheme != "sqlite" or not parts.path:
+        raise InvalidArgument(f"unsupported engine {engine!r}: use sqlite:///path/to/meta.db")
+    return Path(parts.path)
+
+
+def _meta_serve(args: argparse.Namespace) -> int:
+    from ..meta import MetaService
+
+    path = _engine_path(args.engine)
+    secret = auth.load_secret(args.secret_file)
+    repo = _open_engine(path, init=args.init)
+
+    async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
+        service = MetaService(
+            repo,
+            secret=secret,
+            replication=args.replication,
+            heartbeat_timeout=args.heartbeat_timeout,
+            repair_interval=args.repair_interval,
+            idle_timeout=args.idle_timeout,
+        )
+        server = await service.start(*args.listen)
+        return f"{args.listen[0]}:{server.port}", service.close
+
+    return _serve(start)
+
+
+def _open_engine(path: Path, *, init: bool) -> SQLiteRepository:
+    """The engine at ``path``: created only with ``init``."""
+    from ..meta import SQLiteRepository
+
+    if init:
+        path.parent.mkdir(0o700, parents=True, exist_ok=True)
+    try:
+        return SQLiteRepository(path, create=init)
+    except NotFound as exc:
+        raise NotFound(
+            f"{exc.message}; to create a new, empty store there, give --init", exc.path
+        ) from None
+
+
+def _node_serve(args: argparse.Namespace) -> int:
+    from ..node import DataNode
+
+    secret = auth.load_secret(args.secret_file)
+
+    async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
+        node = DataNode(
+            args.data,
+            rack=args.rack,
+            meta=args.meta,
+            secret=secret,
+            scrub_interval=args.scrub_interval,
+            idle_timeout=args.idle_timeout,
+        )
+        await node.start(*args.listen)
+        return node.address, node.close
+
+    return _serve(start)
+
+
+# -- a local cluster ------------------------------------------------------------
+
+
+def _spawn(*argv: str) -> tuple[subprocess.Popen[str], str]:
+    """Start a ``graben`` server process; returns it and the address it listens on."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "graben.store.cli", *argv],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise Unavailable(f"graben {argv[0]} did not start (said {line!r})")
+    return proc, line.removeprefix("listening on ")
+
+
+@contextlib.contextmanager
+def local_cluster(root: Path, nodes: int = 3, secret_file: Path | None = None) -> Iterator[str]:
+    """``graben cluster up`` in a child process for the block; yields the cluster's URL.
+
+    Its secret is ``secret_file``, else ``root/secret``; clients need it too.
+    """
+    secret = ("--secret-file", str(secret_file)) if secret_file else ()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "graben.store.cli", "cluster", "up"),
+            *("--nodes", str(nodes), "--root", str(root), *secret),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        if not url.startswith("graben://"):
+            raise Unavailable(f"the local cluster did not start (said {url!r})")
+        yield url
+    finally:
+        _stop([proc])
+
+
+def _cluster_up(args: argparse.Namespace) -> int:
+    if args.nodes < 1:
+        raise InvalidArgument("a cluster needs at least one data node")
+    root: Path = args.root
+    root.mkdir(0o700, parents=True, exist_ok=True)
+    replication = args.replication or min(3, args.nodes)
+    secret_file: Path = (args.secret_file or make_secret_file(root / "secret")).resolve()
+    secret = ("--secret-file", str(secret_file))
+    procs: list[subprocess.Popen[str]] = []
+    started = time.time()
+    try:
+        meta, address = _spawn(
+            "meta",
+            "serve",
+            *_first_start(root),
+            "--engine",
+            f"sqlite:///{root.resolve() / 'meta.db'}",
+            "--listen",
+            f"127.0.0.1:{args.port}",
+            "--replication",
+            str(replication),
+            "--heartbeat-timeout",
+            str(args.heartbeat_timeout),
+            *secret,
+        )
+        procs.append(meta)
+        for i in range(args.nodes):
+            node, _ = _spawn(
+                "node",
+                "serve",
+                "--data",
+                str(root / f"node{i}"),
+                "--meta",
+                address,
+                "--rack",
+                f"rack{i}",
+                *secret,
+            )
+            procs.append(node)
+        url = f"graben://{address}"
+        _wait_for_nodes(url, args.nodes, auth.client_token(auth.load_secret(secret_file)), started)
+        print(url, flush=True)
+        print(
+            f"graben cluster: {args.nodes} data nodes, replication {replication}; Ctrl-C stops it\n"
+            f"clients need its secret: export GRABEN_SECRET_FILE={secret_file}",
+            file=sys.stderr,
+            flush=True,
+        )
+        _wait_for_signal()
+    finally:
+        _stop(procs)
+    return 0
+
+
+def _first_start(root: Path) -> tuple[str, ...]:
+    """``("--init",)`` when the cluster in ``root`` is new; refuse a lost ``meta.db``
+    beside data nodes that already belong to a store."""
+    if (root / "meta.db").exists():
+        return ()
+    joined = sorted(str(p.parent) for p in root.glob("node*/store-id"))
+    if joined:
+        raise IntegrityError(
+            f"the metadata database is missing, but data nodes already belong to a store "
+            f"({', '.join(joined)}); refusing to start a new, empty store over their "
+            "chunks (restore meta.db)",
+            str(root / "meta.db"),
+        )
+    return ("--init",)
+
+
+def make_secret_file(path: Path) -> Path:
+    """A new random secret in a 0600 file at ``path``, unless one is there already."""
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(auth.new_secret() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    return path
+
+
+def _wait_for_nodes(url: str, count: int, token: str | None = None, since: float = 0.0) -> None:
+    """Return once ``count`` data nodes have heartbeated to the cluster at ``url`` (at or
+    after unix time ``since``: a restarted cluster's engine still lists its nodes' old
+    addresses, alive for a while yet)."""
+    from ..client import connect, run_sync
+    from ..transport import ListNodes
+
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with connect(url, token=token) as client:
+        while time.monotonic() < deadline:
+            nodes = run_sync(client.aio.meta.request(ListNodes()))
+            if sum(n.alive and n.last_seen >= since for n in nodes) >= count:
+                return
+            time.sleep(0.1)
+    raise Unavailable(f"the data nodes did not all report to {url} within {READY_TIMEOUT_S} s")
+
+
+def _wait_for_signal() -> None:
+    stop = False
+
+    def handle(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, handle)
+    with contextlib.suppress(KeyboardInterrupt):
+        while not stop:
+            time.sleep(0.2)
+
+
+def _stop(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -1,0 +1,279 @@
+"""The store's ``graben`` subcommands: ls stat du mkdir rm mv cat put get fsck.
+
+Each ``add_X`` is a ``graben.commands`` entry point (see ``_main``): it adds one
+parser whose ``run`` returns the exit code. Store errors are simply raised;
+the dispatcher prints them as one line and exits 1. Local-disk errors are
+turned into store errors first, for the same reason (``_stores``). The
+commands that move bytes (cat, get, put) run in ``_transfer``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import posixpath
+from collections.abc import Callable
+from typing import TypeAlias
+
+from .._errors import DirectoryNotEmpty
+from .._paths import normalize
+from . import _render as out
+from . import _transfer
+from ._stores import locate, open_client, remote_dest
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Run: TypeAlias = Callable[[argparse.Namespace], int]
+
+_STORE_HELP = (
+    "an embedded store directory or graben://host:port "
+    "(default: $GRABEN_URL, else the embedded store at $GRABEN_HOME)"
+)
+_PATH_HELP = "store path, or a graben://host:port/path URL naming the store too"
+
+
+# --- parsers ----------------------------------------------------------------------
+
+
+def _command(sub: Subparsers, name: str, summary: str, run: Run) -> argparse.ArgumentParser:
+    """A subcommand parser with the options every store command shares."""
+    parser = sub.add_parser(name, help=summary, description=summary)
+    parser.add_argument("--store", metavar="URL", help=_STORE_HELP)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON (and nothing else)")
+
+
+def _human_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-H", "--human", action="store_true", help="sizes in KiB, MiB, GiB (default: bytes)"
+    )
+
+
+def add_ls(sub: Subparsers) -> None:
+    """``graben ls [PATH] [-l] [-H] [--json]``."""
+    parser = _command(sub, "ls", "List a directory (or show one file).", _ls)
+    parser.add_argument("path", nargs="?", default="/", help=f"{_PATH_HELP} (default: /)")
+    parser.add_argument(
+        "-l", dest="long", action="store_true", help="long format: kind, size, mtime, name"
+    )
+    _human_flag(parser)
+    _json_flag(parser)
+
+
+def add_stat(sub: Subparsers) -> None:
+    """``graben stat PATH [--json]``."""
+    parser = _command(sub, "stat", "Show the attributes of a file or directory.", _stat)
+    parser.add_argument("path", help=_PATH_HELP)
+    _json_flag(parser)
+
+
+def add_du(sub: Subparsers) -> None:
+    """``graben du [PATH] [-H] [--json]``."""
+    parser = _command(sub, "du", "Count the files and bytes at or below a path.", _du)
+    parser.add_argument("path", nargs="?", default="/", help=f"{_PATH_HELP} (default: /)")
+    _human_flag(parser)
+    _json_flag(parser)
+
+
+def add_mkdir(sub: Subparsers) -> None:
+    """``graben mkdir PATH [-p]``."""
+    parser = _command(sub, "mkdir", "Create a directory.", _mkdir)
+    parser.add_argument("path", help=_PATH_HELP)
+    parser.add_argument(
+        "-p", "--parents", action="store_true", help="create missing parents; no error if it exists"
+    )
+
+
+def add_rm(sub: Subparsers) -> None:
+    """``graben rm PATH [-r]``."""
+    parser = _command(sub, "rm", "Remove a file or an empty directory.", _rm)
+    parser.add_argument("path", help=_PATH_HELP)
+    parser.add_argument(
+        "-r", "--recursive", action="store_true", help="remove a directory and everything in it"
+    )
+
+
+def add_mv(sub: Subparsers) -> None:
+    """``graben mv SRC DST [--no-clobber]``."""
+    parser = _command(sub, "mv", "Move or rename a file or directory, atomically.", _mv)
+    parser.add_argument("src", help=_PATH_HELP)
+    parser.add_argument(
+        "dst", help="destination path; an existing directory (or a trailing /) moves SRC into it"
+    )
+    parser.add_argument(
+        "-n", "--no-clobber", action="store_true", help="fail instead of replacing DST"
+    )
+
+
+def add_cat(sub: Subparsers) -> None:
+    """``graben cat PATH [--range START:END]``."""
+    parser = _command(sub, "cat", "Write a file's bytes to stdout.", _transfer.cat)
+    parser.add_argument("path", help=_PATH_HELP)
+    parser.add_argument(
+        "--range",
+        type=_byte_range,
+        metavar="START:END",
+        help="only bytes START up to (not including) END; either may be left out",
+    )
+
+
+def add_put(sub: Subparsers) -> None:
+    """``graben put LOCAL REMOTE [--exclusive] [-r]``."""
+    parser = _command(
+        sub, "put", "Upload a local file (or - for stdin) into the store.", _transfer.put
+    )
+    parser.add_argument("local", help="local file, directory (with -r), or - for stdin")
+    parser.add_argument(
+        "remote", help="store path; an existing directory (or a trailing /) gets the local name"
+    )
+    parser.add_argument(
+        "-x", "--exclusive", action="store_true", help="fail if the store path already exists"
+    )
+    parser.add_argument(
+        "-r", "--recursive", action="store_true", help="upload a local directory tree"
+    )
+
+
+def add_get(sub: Subparsers) -> None:
+    """``graben get REMOTE LOCAL``."""
+    parser = _command(
+        sub, "get", "Download a file from the store (LOCAL - for stdout).", _transfer.get
+    )
+    parser.add_argument("remote", help=_PATH_HELP)
+    parser.add_argument(
+        "local", help="local file or directory, or - for stdout; written whole or not at all"
+    )
+
+
+def add_fsck(sub: Subparsers) -> None:
+    """``graben fsck [--collect [--grace SECONDS] [--force]] [--json]``."""
+    summary = (
+        "Re-read and verify every chunk and the metadata; "
+        "exit 1 if anything is missing, corrupt or inconsistent."
+    )
+    parser = _command(sub, "fsck", summary, _fsck)
+    parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="delete orphan chunk files, long-unused chunks and writers' leftover temporaries",
+    )
+    parser.add_argument(
+        "--grace",
+        type=_seconds,
+        metavar="SECONDS",
+        default=None,
+        help="collect only what is older than this (default: the store's, an hour)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="collect even if the metadata looks wrong (inconsistent, or naming far "
+        "fewer chunks than the nodes hold)",
+    )
+    _json_flag(parser)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, 0 or more")
+    return value
+
+
+def _byte_range(text: str) -> tuple[int, int | None]:
+    """``START:END`` -> ``(start, end)``; ``END`` may be empty (to the end of the file)."""
+    start_text, colon, end_text = text.partition(":")
+    try:
+        start = int(start_text) if start_text else 0
+        end = int(end_text) if end_text else None
+    except ValueError:
+        start, end = -1, None
+    if not colon or start < 0 or (end is not None and end < start):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not START:END with 0 <= START <= END (either may be left out)"
+        )
+    return start, end
+
+
+# --- namespace commands ---------------------------------------------------------------
+
+
+def _ls(args: argparse.Namespace) -> int:
+    store, (path,) = locate(args.store, args.path)
+    with open_client(store) as client:
+        infos = client.ls(path)
+    if args.json:
+        out.emit_json(infos)
+    else:
+        out.emit_lines(out.ls_lines(infos, normalize(path), long=args.long, human=args.human))
+    return 0
+
+
+def _stat(args: argparse.Namespace) -> int:
+    store, (path,) = locate(args.store, args.path)
+    with open_client(store) as client:
+        info = client.stat(path)
+    if args.json:
+        out.emit_json(info)
+    else:
+        out.emit_lines(out.stat_lines(info))
+    return 0
+
+
+def _du(args: argparse.Namespace) -> int:
+    store, (path,) = locate(args.store, args.path)
+    with open_client(store) as client:
+        files, size = client.du(path)
+    clean = normalize(path)
+    if args.json:
+        out.emit_json({"path": clean, "files": files, "bytes": size})
+    else:
+        out.emit_lines([out.du_line(clean, files, size, human=args.human)])
+    return 0
+
+
+def _mkdir(args: argparse.Namespace) -> int:
+    store, (path,) = locate(args.store, args.path)
+    with open_client(store, create=True) as client:
+        client.mkdir(path, parents=args.parents, exist_ok=args.parents)
+    return 0
+
+
+def _rm(args: argparse.Namespace) -> int:
+    store, (path,) = locate(args.store, args.path)
+    with open_client(store) as client:
+        try:
+            client.rm(path, recursive=args.recursive)
+        except DirectoryNotEmpty:
+            # The store's message speaks of a keyword argument; name the flag.
+            raise DirectoryNotEmpty(
+                "directory not empty (use rm -r to remove it and everything in it)", path
+            ) from None
+    return 0
+
+
+def _mv(args: argparse.Namespace) -> int:
+    store, (src, dst) = locate(args.store, args.src, args.dst)
+    with open_client(store) as client:
+        dest = remote_dest(client, dst, posixpath.basename(normalize(src)))
+        client.rename(src, dest, replace=not args.no_clobber)
+    return 0
+
+
+def _fsck(args: argparse.Namespace) -> int:
+    with open_client(args.store) as client:
+        allowed = out.progress_allowed(json=args.json)
+        with out.Meter("fsck", None, enabled=allowed) as meter:
+            report = client.fsck(
+                collect=args.collect, grace=args.grace, force=args.force, progress=meter
+            )
+    if args.json:
+        out.emit_json(out.fsck_json(report))
+    else:
+        out.emit_lines(out.fsck_lines(report))
+    return 0 if report.ok else 1

@@ -1,0 +1,71 @@
+"""The ``graben`` command: subcommands come from the ``graben.commands`` entry points.
+
+Each entry point is named after its subcommand and loads a function
+``add(subparsers) -> None`` that adds one parser and sets ``run`` on it:
+``parser.set_defaults(run=fn)`` where ``fn(args) -> int`` is the exit code.
+The store's own commands are registered the same way as every other
+package's, so this module knows nothing of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+
+from rich.console import Console
+from rich.text import Text
+
+from .._errors import GrabenError
+
+GROUP = "graben.commands"
+Add = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``graben`` parser: every registered subcommand, or only ``command``'s.
+
+    Loading one command's module only keeps ``graben ls`` from importing
+    what ``graben ckpt`` needs (torch takes a second or two).
+    """
+    parser = argparse.ArgumentParser(
+        prog="graben", description="graben: storage for ML training clusters."
+    )
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    entries = sorted(entry_points(group=GROUP), key=lambda e: e.name)
+    if any(e.name == command for e in entries):
+        entries = [e for e in entries if e.name == command]
+    for entry in entries:
+        try:
+            add: Add = entry.load()
+            add(sub)
+        except Exception as exc:  # one broken plug-in must not take every command down
+            _err(f"warning: command {entry.name!r} is unavailable ({entry.value}): {exc}")
+    return parser
+
+
+def _err(message: str) -> None:
+    # Text, not markup: paths may hold "[" and messages must stay one line.
+    Console(stderr=True, soft_wrap=True, highlight=False).print(Text(message, style="red"))
+
+
+def describe(exc: GrabenError) -> str:
+    """One line for a human: the message and the path it concerns."""
+    return exc.message if exc.path is None else f"{exc.message}: {exc.path}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``graben`` script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except GrabenError as exc:
+        _err(f"graben: {describe(exc)}")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    return code

@@ -1,0 +1,32 @@
+"""The client: the store's API, written once against the transport seam.
+
+Owns ``AsyncClient`` (``_aclient``) and its sync facade ``Client``
+(``_client``, on one event loop thread: ``_loop``), the file objects
+(``_afiles``, ``_files``), the write path (``_upload``: staging, hashing,
+placement, upload, commit), the read path (``_reader``: verified reads,
+read-ahead), paged listings and layouts (``_pages``) and the client's side
+of fsck (``_fsck``).
+
+May import: ``embedded`` (to open a local store), ``transport``, ``wire``
+and the store's shared modules; never ``meta`` or ``node`` directly, nor
+``cli`` or ``fsspec``.
+"""
+
+from ._aclient import AsyncClient
+from ._afiles import AsyncReadFile, AsyncWriteFile
+from ._client import Client, connect
+from ._files import ReadFile, WriteFile
+from ._loop import run as run_sync
+from ._upload import Staging
+
+__all__ = [
+    "AsyncClient",
+    "AsyncReadFile",
+    "AsyncWriteFile",
+    "Client",
+    "ReadFile",
+    "Staging",
+    "WriteFile",
+    "connect",
+    "run_sync",
+]

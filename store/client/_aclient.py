@@ -1,0 +1,406 @@
+"""``AsyncClient``: the store's API, written once over the transport seam."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Literal
+
+from .. import _paths
+from .._buffers import BufferPool
+from .._config import Options, resolve
+from .._errors import AlreadyExists, InvalidArgument, IsADirectory, NotFound
+from .._hashing import crc32c, crc32c_combine
+from .._types import Buffer, Extent, FileCommit, FileInfo, FsckReport, Health, WriteMode
+from ..embedded import open_store
+from ..transport import (
+    ChunkTransport,
+    Commit,
+    GetHealth,
+    MakeDir,
+    MetaTransport,
+    Remove,
+    Rename,
+    ReportBad,
+    SetAttributes,
+    Stat,
+    Usage,
+    open_cluster,
+)
+from ..wire import auth
+from . import _pages
+from ._afiles import AsyncFileOpener
+from ._fsck import Fsck
+from ._reader import Reader, Report
+from ._upload import Release, Staging, Upload
+
+DIRECT_PART = 64 * 1024
+"""``put_parts`` uploads parts this large from the caller's memory; smaller ones are packed."""
+
+Progress = Callable[[int], None]
+
+
+class AsyncClient:
+    """Async access to one store (embedded directory or cluster).
+
+    ``AsyncClient(url, **options)`` opens the store ``url`` names (see
+    ``graben.store.connect``); ``options`` are the fields of ``Options``.
+    Use it as an async context manager, or ``await client.close()``.
+    """
+
+    def __init__(self, url: str | os.PathLike[str] | None = None, **options: object) -> None:
+        opts = Options(**options)  # type: ignore[arg-type]
+        target = resolve(url)
+        if target.address is not None:
+            host, port = target.address
+            remote, nodes = open_cluster(
+                host,
+                port,
+                opts.hash_threads,
+                token=auth.cluster_token(opts.token),
+                read_ahead=opts.remote_read_ahead,
+            )
+            self._setup(remote, nodes, opts, f"graben://{host}:{port}", report=True)
+            return
+        assert target.embedded is not None
+        meta, chunks = open_store(target.embedded, opts.io_threads)
+        self._setup(meta, chunks, opts, str(target.embedded))
+
+    @classmethod
+    def over(
+        cls, meta: MetaTransport, chunks: ChunkTransport, options: Options, name: str = "custom"
+    ) -> AsyncClient:
+        """A client over given transports (the seam tests and the cluster use)."""
+        client = cls.__new__(cls)
+        client._setup(meta, chunks, options, name)
+        return client
+
+    def _setup(
+        self,
+        meta: MetaTransport,
+        chunks: ChunkTransport,
+        options: Options,
+        name: str,
+        *,
+        report: bool = False,
+    ) -> None:
+        # Only a cluster can repair a damaged copy from another; an embedded
+        # store has one copy, and forgetting it would hide the real error.
+        self._report: Report | None = self._report_bad if report else None
+        self.options = options
+        self.name = name
+        self.meta, self.chunks = meta, chunks
+        self.pool = BufferPool(options.chunk_size, keep=options.max_inflight + 4)
+        self._hasher = ThreadPoolExecutor(options.hash_threads, thread_name_prefix="graben-hash")
+        self.replication = options.replication or 0  # 0: the store's default
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Release threads, buffers and connections."""
+        self._hasher.shutdown(wait=True)
+        await self.meta.close()
+        await self.chunks.close()
+        self.pool.close()
+
+    def __repr__(self) -> str:
+        return f"<AsyncClient {self.name}>"
+
+    # -- namespace ------------------------------------------------------------
+
+    async def stat(self, path: str) -> FileInfo:
+        """Attributes of a file or directory; ``NotFound`` if absent."""
+        return await self.meta.request(Stat(_paths.normalize(path)))
+
+    async def exists(self, path: str) -> bool:
+        """Whether ``path`` names a file or directory."""
+        try:
+            await self.stat(path)
+        except NotFound:
+            return False
+        return True
+
+    async def ls(self, path: str = "/") -> list[FileInfo]:
+        """Entries of a directory sorted by name (a file lists as itself)."""
+        return await _pages.listing(self.meta, _paths.normalize(path))
+
+    async def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> FileInfo:
+        """Create a directory (``pathlib`` semantics)."""
+        return await self.meta.request(MakeDir(_paths.normalize(path), parents, exist_ok))
+
+    async def rm(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a file or empty directory; everything below it with ``recursive``."""
+        await self.meta.request(Remove(_paths.normalize(path), recursive))
+
+    async def rename(
+        self, src: str, dst: str, *, replace: bool = True, replace_tree: bool = False
+    ) -> FileInfo:
+        """Move atomically (``os.replace`` semantics; ``replace=False`` refuses to clobber).
+
+        Missing parents of ``dst`` are created. ``replace_tree`` also replaces a
+        non-empty directory, its old tree deleted in the same transaction (how a
+        checkpoint is overwritten without ever being half there).
+        """
+        return await self.meta.request(
+            Rename(_paths.normalize(src), _paths.normalize(dst), replace, replace_tree)
+        )
+
+    async def _report_bad(self, chunk: str, node: str, reason: str) -> None:
+        await self.meta.request(ReportBad(chunk, node, reason))
+
+    async def health(self) -> Health:
+        """Data nodes, and chunks short of copies (what ``graben status`` shows)."""
+        return await self.meta.request(GetHealth())
+
+    async def du(self, path: str = "/") -> tuple[int, int]:
+        """(files, bytes) at or below ``path``."""
+        return await self.meta.request(Usage(_paths.normalize(path)))
+
+    # -- data ---------------------------------------------------------------
+
+    async def put(
+        self,
+        path: str,
+        data: Buffer,
+        *,
+        exclusive: bool = False,
+        replication: int | None = None,
+        permissions: int = 0,
+    ) -> FileInfo:
+        """Store ``data`` at ``path`` in one commit, without copying it.
+
+        Missing parent directories are created. With ``exclusive``, fail with
+        ``AlreadyExists`` if the path exists at commit time. ``permissions``
+        sets the mode bits; 0 keeps those of the file replaced (0o644 if new).
+        """
+        return await self.put_parts(
+            path, [data], exclusive=exclusive, replication=replication, permissions=permissions
+        )
+
+    async def put_parts(
+        self,
+        path: str,
+        parts: Sequence[Buffer],
+        *,
+        exclusive: bool = False,
+        replication: int | None = None,
+        permissions: int = 0,
+    ) -> FileInfo:
+        """Store the concatenation of ``parts`` at ``path`` in one commit.
+
+        Parts of ``DIRECT_PART`` bytes or more are uploaded from the caller's
+        memory, without a copy, as chunks of their own (cut at the chunk
+        size): a part that comes again in a later file, such as an unchanged
+        tensor in the next checkpoint, is found in the store and not sent
+        again. Smaller parts are packed together (a lone part never is: it
+        goes uncopied whatever its size). Keep ``parts`` unchanged until this
+        returns.
+        """
+        info, _ = await self.put_parts_checked(
+            path, parts, exclusive=exclusive, replication=replication, permissions=permissions
+        )
+        return info
+
+    async def put_parts_checked(
+        self,
+        path: str,
+        parts: Sequence[Buffer],
+        *,
+        exclusive: bool = False,
+        replication: int | None = None,
+        permissions: int = 0,
+    ) -> tuple[FileInfo, list[int]]:
+        """``put_parts``, and the crc32c of each part.
+
+        A large part's comes from its chunks' own (which the store computes
+        anyway), without another pass over its bytes.
+        """
+        # No early check: the bytes are already here and the commit checks
+        # atomically; a stat first would cost a round trip per small file.
+        mode: WriteMode = "create" if exclusive else "overwrite"
+        upload = await self.upload(path, mode, replication, check=False, permissions=permissions)
+        staging = Staging(self.pool)
+        step = self.options.chunk_size
+        added = 0
+        spans: list[tuple[int, int] | int] = []  # a direct part's chunks, or a packed one's crc32c
+
+        async def add(chunk: memoryview, release: Release | None = None) -> None:
+            nonlocal added
+            await upload.add(chunk, release)
+            added += 1
+
+        async def send_packed() -> None:
+            detached = staging.detach()
+            if detached is not None:
+                await add(*detached)
+
+        try:
+            for part in parts:
+                view = memoryview(part).cast("B")
+                if view.nbytes < DIRECT_PART and len(parts) > 1:
+                    spans.append(crc32c(view))
+                    for chunk, release in staging.feed(view):
+                        await add(chunk, release)
+                    continue
+                await send_packed()  # what is packed so far ends before this part
+                first = added
+                for start in range(0, view.nbytes, step):
+                    await add(view[start : start + step])
+                spans.append((first, added))
+            await send_packed()
+        except BaseException:
+            staging.discard()
+            await upload.abort()
+            raise
+        extents = (await upload.finish()).extents  # what commit sends: kept, not made twice
+        info = await upload.commit()
+        return info, [_part_crc(span, extents) for span in spans]
+
+    async def get(self, path: str) -> bytes:
+        """A file's whole content."""
+        return await self.get_range(path, 0, None)
+
+    async def get_range(self, path: str, start: int, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of a file (``end=None``: to the end), cut at the end."""
+        if start < 0 or (end is not None and end < start):
+            raise InvalidArgument(f"bad range [{start}, {end})", path)
+        reader = await self.reader(path)
+        try:
+            return await reader.read(start, (end if end is not None else reader.size) - start)
+        finally:
+            await reader.close()
+
+    async def reader(self, path: str) -> Reader:
+        """A ``Reader`` of the file's current version (``NotFound``, ``IsADirectory``)."""
+        layout = await _pages.layout(self.meta, _paths.normalize(path))
+        return Reader(self.chunks, self.pool, layout, self.options.read_ahead, self._report)
+
+    async def upload(
+        self,
+        path: str,
+        mode: WriteMode = "overwrite",
+        replication: int | None = None,
+        *,
+        check: bool = True,
+        permissions: int = 0,
+    ) -> Upload:
+        """An ``Upload`` to ``path``.
+
+        With ``check``, fail before any byte moves if the path cannot be
+        written (what a file opened for a long stream wants); the commit
+        checks the same again, atomically, either way.
+        """
+        clean = _paths.normalize(path)
+        if check:
+            await self._check_writable(clean, mode)
+        return Upload(
+            self.meta,
+            self.chunks,
+            self._hasher,
+            clean,
+            mode=mode,
+            replication=replication or self.replication,
+            max_inflight=self.options.max_inflight,
+            permissions=permissions,
+        )
+
+    async def set_attributes(
+        self, path: str, *, mode: int | None = None, mtime_ns: int | None = None
+    ) -> FileInfo:
+        """Change mode bits and/or modification time in place (``chmod``, ``touch``)."""
+        return await self.meta.request(SetAttributes(_paths.normalize(path), mode, mtime_ns))
+
+    async def copy(self, src: str, dst: str, *, exclusive: bool = False) -> FileInfo:
+        """A new file at ``dst`` with ``src``'s content, without moving a byte.
+
+        The copy shares ``src``'s chunks (one metadata commit, whatever the
+        size); later writes to either path leave the other alone. Missing
+        parents of ``dst`` are created; ``exclusive`` refuses an existing one.
+        """
+        layout = await _pages.layout(self.meta, _paths.normalize(src))
+        mode: WriteMode = "create" if exclusive else "overwrite"
+        commit = FileCommit(
+            _paths.normalize(dst), layout.extents, (), mode, layout.info.replication
+        )
+        [info] = await self.meta.request(Commit((commit,)))
+        return info
+
+    async def commit_uploads(self, uploads: Sequence[Upload]) -> list[FileInfo]:
+        """Make several uploads visible in one transaction: all of them or none.
+
+        Each upload's chunks are waited for first; if any fails, nothing is
+        committed and the error is raised.
+        """
+        finished = await asyncio.gather(*(u.finish() for u in uploads), return_exceptions=True)
+        commits = []
+        for outcome in finished:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            commits.append(outcome)
+        if not commits:
+            return []
+        return await self.meta.request(Commit(tuple(commits)))
+
+    async def _check_writable(self, path: str, mode: WriteMode) -> None:
+        try:
+            info = await self.stat(path)
+        except NotFound:
+            return
+        if info.is_dir:
+            raise IsADirectory("a directory has this name", path)
+        if mode == "create":
+            raise AlreadyExists("file exists", path)
+
+    def open(self, path: str, mode: Literal["rb", "wb", "xb"] = "rb") -> AsyncFileOpener:
+        """``async with client.open(path, mode) as f`` (or ``f = await client.open(...)``)."""
+        return AsyncFileOpener(self, path, mode)
+
+    # -- integrity ------------------------------------------------------------
+
+    async def fsck(
+        self,
+        *,
+        collect: bool = False,
+        grace: float | None = None,
+        force: bool = False,
+        progress: Progress | None = None,
+    ) -> FsckReport:
+        """Re-read every chunk copy (crc32c and blake3), cross-check the metadata, and
+        find orphan chunk files and writers' leftover temporaries.
+
+        With ``collect``, delete orphan copies, chunks no file has used and
+        temporaries, all older than ``grace`` seconds (default
+        ``Options.gc_grace_s``). Collection refuses, deleting nothing, when the
+        metadata is inconsistent or names far fewer chunks than the nodes hold
+        (a wrong or emptied metadata database); ``force`` overrides that.
+        """
+        run = Fsck(
+            self.meta,
+            self.chunks,
+            self.pool,
+            self._hasher,
+            io_threads=self.options.io_threads,
+            report=self._report,
+            progress=progress,
+        )
+        grace = self.options.gc_grace_s if grace is None else grace
+        return await run.run(collect=collect, grace=grace, force=force)
+
+
+def _part_crc(span: tuple[int, int] | int, extents: Sequence[Extent]) -> int:
+    """A part's crc32c: computed already (packed), or combined from its chunks' (direct)."""
+    if isinstance(span, int):
+        return span
+    value = 0
+    for extent in extents[span[0] : span[1]]:
+        value = crc32c_combine(value, extent.chunk.crc32c, extent.length)
+    return value

@@ -1,0 +1,190 @@
+"""Async file objects: ``AsyncClient.open`` returns these.
+
+The opener asks its client only for a ``Reader``, an ``Upload`` and buffers
+(``Opens``), so this module needs nothing of ``_aclient``, which imports it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator
+from types import TracebackType
+from typing import Any, Protocol
+
+from .._buffers import BufferPool
+from .._errors import InvalidArgument
+from .._types import Buffer, FileInfo, WriteMode
+from ._reader import Reader
+from ._upload import Staging, Upload
+
+MODES = ("rb", "wb", "xb")
+
+
+def check_mode(mode: str) -> None:
+    """Refuse modes graben files do not have."""
+    if mode not in MODES:
+        raise InvalidArgument(
+            f"unsupported mode {mode!r}: graben files are binary and immutable once "
+            "committed; use 'rb', 'wb' (replace on close) or 'xb' (create on close)"
+        )
+
+
+class AsyncReadFile:
+    """A committed file version, read with ``await f.read()``, ``readinto``, ``seek``."""
+
+    def __init__(self, reader: Reader, path: str) -> None:
+        self._reader, self.name, self._pos = reader, path, 0
+        self.info = reader.layout.info
+        self.closed = False
+
+    async def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (all that is left if negative)."""
+        left = self._reader.size - self._pos
+        data = await self._reader.read(self._pos, left if size < 0 else min(size, left))
+        self._pos += len(data)
+        return data
+
+    async def readinto(self, buffer: Buffer) -> int:
+        """Fill ``buffer`` from the current position; returns bytes read."""
+        with memoryview(buffer).cast("B") as view:
+            n = await self._reader.readinto(self._pos, view)
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Move the position (``io`` semantics)."""
+        self._pos = seek_position(self._pos, self._reader.size, offset, whence)
+        return self._pos
+
+    def tell(self) -> int:
+        """The current position."""
+        return self._pos
+
+    async def close(self) -> None:
+        """Release cached chunks."""
+        if not self.closed:
+            self.closed = True
+            await self._reader.close()
+
+    async def __aenter__(self) -> AsyncReadFile:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncWriteFile:
+    """A new file version; visible at ``close``, discarded by ``abort``."""
+
+    def __init__(self, upload: Upload, staging: Staging) -> None:
+        self._upload, self._staging = upload, staging
+        self.name = upload.path
+        self.info: FileInfo | None = None
+        self.closed = False
+        self._pos = 0
+
+    async def write(self, data: Buffer) -> int:
+        """Stage ``data``; full chunks start uploading at once."""
+        for chunk, release in self._staging.feed(data):
+            await self._upload.add(chunk, release)
+        size = memoryview(data).nbytes
+        self._pos += size
+        return size
+
+    async def _send(self) -> None:
+        detached = self._staging.detach()
+        if detached is not None:
+            await self._upload.add(*detached)
+
+    def tell(self) -> int:
+        """Bytes written so far."""
+        return self._pos
+
+    async def close(self) -> FileInfo:
+        """Upload what is staged and commit; returns the new file's attributes."""
+        if self.info is None:
+            if self.closed:
+                raise InvalidArgument("write file was aborted", self.name)
+            self.closed = True
+            try:
+                await self._send()
+            except BaseException:
+                await self.abort()
+                raise
+            self.info = await self._upload.commit()
+        return self.info
+
+    async def abort(self) -> None:
+        """Discard the file: nothing becomes visible."""
+        self.closed = True
+        self._staging.discard()
+        await self._upload.abort()
+
+    async def __aenter__(self) -> AsyncWriteFile:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            await self.close()
+        else:
+            await self.abort()
+
+
+def seek_position(pos: int, size: int, offset: int, whence: int) -> int:
+    """The new position for ``seek`` (shared by the sync and async readers)."""
+    if whence == os.SEEK_SET:
+        new = offset
+    elif whence == os.SEEK_CUR:
+        new = pos + offset
+    elif whence == os.SEEK_END:
+        new = size + offset
+    else:
+        raise InvalidArgument(f"invalid whence {whence}")
+    if new < 0:
+        raise InvalidArgument(f"negative seek position {new}")
+    return new
+
+
+class Opens(Protocol):
+    """What an opener needs of its client (``AsyncClient`` is one)."""
+
+    pool: BufferPool
+    """Chunk buffers for a writer's staging."""
+
+    async def reader(self, path: str) -> Reader:
+        """A reader of the file's current version."""
+
+    async def upload(self, path: str, mode: WriteMode = "overwrite") -> Upload:
+        """An upload that commits a new version at ``path``."""
+
+
+class AsyncFileOpener:
+    """What ``AsyncClient.open`` returns: awaitable, and an async context manager."""
+
+    def __init__(self, client: Opens, path: str, mode: str) -> None:
+        check_mode(mode)
+        self._client, self._path, self._mode = client, path, mode
+        self._file: AsyncReadFile | AsyncWriteFile | None = None
+
+    async def _open(self) -> AsyncReadFile | AsyncWriteFile:
+        if self._mode == "rb":
+            return AsyncReadFile(await self._client.reader(self._path), self._path)
+        upload = await self._client.upload(
+            self._path, "create" if self._mode == "xb" else "overwrite"
+        )
+        return AsyncWriteFile(upload, Staging(self._client.pool))
+
+    def __await__(self) -> Generator[Any, None, AsyncReadFile | AsyncWriteFile]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Any:
+        self._file = await self._open()
+        return self._file
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._file is not None
+        await self._file.__aexit__(kind, exc, tb)

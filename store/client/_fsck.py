@@ -1,0 +1,243 @@
+"""fsck and collection, written once over the transport seam.
+
+Call order of one run: the store's id; every chunk record, a page at a time,
+each copy re-read (crc32c, checked by the transport) and re-hashed (blake3,
+against the chunk's id); the engine's own cross-check; each node's chunk
+files and temporaries, a page at a time; then, with ``collect``, the
+refusals below and the deletions. Every list arrives in pages (no store is
+too large for a reply), and memory holds only the ids of the chunks the
+metadata names.
+
+Collection deletes nothing if the metadata contradicts itself or if far more
+chunk files are orphans than a crashed writer leaves (more than
+``REFUSE_SHARE`` of all copies, and more than ``REFUSE_FEW``): that is what a
+wrong, empty or restored-from-old metadata database looks like, and
+collecting then would delete live data. ``force`` overrides both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .._buffers import BufferPool
+from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound
+from .._hashing import content_id
+from .._types import ChunkProblem, ChunkRef, FsckReport
+from ..transport import (
+    CheckMetadata,
+    ChunkRefs,
+    ChunkTransport,
+    ChunkUsers,
+    Collectable,
+    GetStoreId,
+    MetaTransport,
+)
+from ._reader import Report
+
+Progress = Callable[[int], None]
+REFUSE_SHARE = 0.1
+"""Collection refuses when orphans are more than this share of the copies the nodes hold ..."""
+REFUSE_FEW = 64
+"""... and more than this many (a killed writer's few never trip it)."""
+QUIET_S = 60.0
+"""A temporary untouched this long is reported (a live writer's is seconds old)."""
+
+
+@dataclass
+class _Found:
+    """What a run has found so far."""
+
+    problems: list[ChunkProblem] = field(default_factory=list)
+    known: set[str] = field(default_factory=set)
+    """Chunk ids the metadata names: never orphans."""
+    chunks: int = 0
+    bytes: int = 0
+    orphans: list[tuple[str, str, float]] = field(default_factory=list)
+    """(node, chunk id, mtime) of each orphan copy."""
+    held: int = 0
+    """Chunk files on the nodes, all of them."""
+
+
+class Fsck:
+    """One fsck run over a store's transports (see the module docstring)."""
+
+    def __init__(
+        self,
+        meta: MetaTransport,
+        chunks: ChunkTransport,
+        pool: BufferPool,
+        hasher: Executor,
+        *,
+        io_threads: int,
+        report: Report | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self._meta, self._chunks, self._pool, self._hasher = meta, chunks, pool, hasher
+        self._slots = asyncio.Semaphore(io_threads)
+        self._report, self._progress = report, progress
+        self._found = _Found()
+        self._store = ""
+
+    async def run(self, *, collect: bool, grace: float, force: bool) -> FsckReport:
+        """Check everything; with ``collect``, delete what is older than ``grace`` seconds."""
+        if not grace >= 0:
+            raise InvalidArgument(f"the grace period must be 0 seconds or more, not {grace}")
+        self._store = await self._meta.request(GetStoreId())
+        await self._check_chunks()
+        inconsistent = await self._check_metadata()
+        nodes = await self._chunks.nodes()
+        for node in nodes:
+            await self._find_orphans(node)
+        cutoff = time.time() - grace
+        for node in nodes:
+            await self._find_temporaries(node, time.time() - min(grace, QUIET_S))
+        collected = 0
+        if collect:
+            self._may_collect(inconsistent, cutoff, force)
+            collected = await self._collect(nodes, grace, cutoff)
+        found = self._found
+        return FsckReport(found.chunks, found.bytes, tuple(found.problems), collected)
+
+    # -- the metadata's chunks -----------------------------------------------------
+
+    async def _check_chunks(self) -> None:
+        after = None
+        while after != "":
+            page = await self._meta.request(ChunkRefs(after or ""))
+            self._found.known.update(chunk.id for chunk, _ in page.chunks)
+            self._found.chunks += len(page.chunks)
+            self._found.bytes += sum(chunk.length * len(nodes) for chunk, nodes in page.chunks)
+            await asyncio.gather(*(self._check(c, n) for c, nodes in page.chunks for n in nodes))
+            after = page.after
+
+    async def _check(self, chunk: ChunkRef, node: str) -> None:
+        async with self._slots:
+            buffer = self._pool.get(chunk.length)
+            try:
+                with memoryview(buffer) as view:
+                    await self._verify(chunk, node, view[: chunk.length])
+            except (IntegrityError, NotFound) as exc:
+                kind: Literal["missing", "corrupt"] = (
+                    "missing" if isinstance(exc, NotFound) else "corrupt"
+                )
+                await self._damaged(chunk, node, kind, exc.message)
+            finally:
+                self._pool.put(buffer)
+            if self._progress:
+                self._progress(chunk.length)
+
+    async def _verify(self, chunk: ChunkRef, node: str, view: memoryview) -> None:
+        """Read a copy (the transport checks its crc32c) and check it hashes to its id."""
+        await self._chunks.read(node, chunk, view)
+        loop = asyncio.get_running_loop()
+        actual = await loop.run_in_executor(self._hasher, content_id, view)
+        if actual != chunk.id:
+            raise IntegrityError(
+                f"chunk {chunk.id} is corrupt: its bytes hash (blake3) to {actual}, not to its "
+                "id, though their crc32c matches (forged, or damaged past what crc32c sees)"
+            )
+
+    async def _damaged(
+        self, chunk: ChunkRef, node: str, kind: Literal["missing", "corrupt"], why: str
+    ) -> None:
+        if self._report is not None:  # a cluster repairs what fsck finds
+            await self._report(chunk.id, node, why)
+        users = await self._users(chunk.id)
+        where = f"{node}:{self._chunks.describe(node, chunk.id)}"
+        self._found.problems.append(ChunkProblem(kind, chunk.id, where, users, why))
+
+    async def _users(self, chunk: str) -> tuple[str, ...]:
+        paths: list[str] = []
+        after = 0
+        while page := await self._meta.request(ChunkUsers(chunk, after)):
+            paths.extend(path for _, path in page if path)
+            after = page[-1][0]
+        return tuple(sorted(paths))
+
+    async def _check_metadata(self) -> list[ChunkProblem]:
+        found = await self._meta.request(CheckMetadata())
+        self._found.problems.extend(found)
+        # An extent's chunk stays live even when its own row is what was damaged.
+        self._found.known.update(p.chunk for p in found if p.chunk)
+        return found
+
+    # -- the nodes' files ----------------------------------------------------------
+
+    async def _find_orphans(self, node: str) -> None:
+        after = ""
+        while page := await self._chunks.inventory(node, self._store, after):
+            self._found.held += len(page)
+            for chunk_id, mtime in page:
+                if chunk_id not in self._found.known:
+                    self._orphan(node, chunk_id, mtime)
+            after = page[-1][0]
+
+    def _orphan(self, node: str, chunk_id: str, mtime: float) -> None:
+        where = f"{node}:{self._chunks.describe(node, chunk_id)}"
+        detail = "no metadata names this chunk file"
+        self._found.problems.append(ChunkProblem("orphan", chunk_id, where, (), detail))
+        self._found.orphans.append((node, chunk_id, mtime))
+
+    async def _find_temporaries(self, node: str, quiet_since: float) -> None:
+        after = ""
+        while page := await self._chunks.temporaries(node, self._store, after):
+            for name, size, mtime in page:
+                if mtime < quiet_since:
+                    where = f"{node}:{self._chunks.describe_temporary(node, name)}"
+                    age = time.time() - mtime
+                    detail = f"{size} bytes, last written {age:.0f} s ago: a writer's leftover"
+                    self._found.problems.append(ChunkProblem("temporary", name, where, (), detail))
+            after = page[-1][0]
+
+    # -- collection ---------------------------------------------------------------------
+
+    def _may_collect(self, inconsistent: list[ChunkProblem], cutoff: float, force: bool) -> None:
+        """Refuse to delete anything when the metadata cannot be trusted (unless ``force``)."""
+        if force:
+            return
+        if inconsistent:
+            raise IntegrityError(
+                f"refusing to collect: the metadata is inconsistent ({len(inconsistent)} "
+                f"problem(s), first: {inconsistent[0].detail}); collecting now could delete "
+                "live chunks (--force deletes anyway)"
+            )
+        doomed = sum(1 for _, _, mtime in self._found.orphans if mtime < cutoff)
+        held = self._found.held
+        if doomed > REFUSE_FEW and doomed > REFUSE_SHARE * held:
+            raise IntegrityError(
+                f"refusing to collect: {doomed} of {held} chunk files on the nodes "
+                f"({doomed / held:.0%}) are named by no metadata: is this the store's right "
+                "metadata database, restored whole? (--force deletes them anyway)"
+            )
+
+    async def _collect(self, nodes: tuple[str, ...], grace: float, cutoff: float) -> int:
+        """Delete old orphan copies, forget long-unreferenced chunks and delete their
+        copies, then remove old temporaries; how many went."""
+        orphans = [(node, chunk) for node, chunk, mtime in self._found.orphans if mtime < cutoff]
+        gone = await self._delete(orphans, cutoff)
+        while page := await self._meta.request(Collectable(grace)):
+            gone += await self._delete(((n, c) for c, held in page for n in held), cutoff)
+        for node in nodes:
+            count, _ = await self._chunks.clean(node, self._store, cutoff)
+            gone += count
+        return gone
+
+    async def _delete(self, copies: Iterable[tuple[str, str]], cutoff: float) -> int:
+        """Delete copies a page at a time; one that cannot be reached stays, an orphan."""
+        pending = list(copies)
+        gone = 0
+        for start in range(0, len(pending), 500):
+            outcomes = await asyncio.gather(
+                *(self._chunks.delete(n, c, cutoff) for n, c in pending[start : start + 500]),
+                return_exceptions=True,
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException) and not isinstance(outcome, GrabenError):
+                    raise outcome
+            gone += sum(o is True for o in outcomes)
+        return gone

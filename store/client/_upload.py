@@ -1,0 +1,240 @@
+"""The write path: chunk-sized views in, one committed file out.
+
+``Upload`` receives the file's bytes as chunk-sized views in order, hashes
+and stores up to ``max_inflight`` of them at once (skipping chunks the store
+already holds), and on ``commit`` makes the file visible in one metadata
+transaction. Nothing is visible before the commit; a writer that dies leaves
+only unreferenced chunk files, which collection removes after a grace period.
+
+``Staging`` is the buffering in front of it for file objects: it copies
+writes into pooled buffers and hands full ones on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
+
+from .._buffers import BufferPool
+from .._errors import GrabenError, IntegrityError, NoSpace, Timeout, Unavailable
+from .._hashing import chunk_ref
+from .._types import Buffer, ChunkRef, Extent, FileCommit, FileInfo, StoredChunk, WriteMode
+from ..transport import ChunkTransport, Commit, MetaTransport, Prepare
+
+Release = Callable[[], None]
+HASH_INLINE_MAX = 64 * 1024
+"""Chunks up to this size are hashed on the event loop (~20 us), not in a thread."""
+MAX_REPLACEMENTS = 3
+"""Rounds of new placements for a chunk whose replica writes fail."""
+_REPLACEABLE = (Unavailable, Timeout, NoSpace, IntegrityError)
+"""Failures of one node that another node may not have."""
+
+
+class Upload:
+    """One file being written: ``add`` each chunk in order, then ``commit`` or ``abort``."""
+
+    def __init__(
+        self,
+        meta: MetaTransport,
+        chunks: ChunkTransport,
+        hasher: Executor,
+        path: str,
+        *,
+        mode: WriteMode,
+        replication: int,
+        max_inflight: int,
+        permissions: int = 0,
+    ) -> None:
+        self._meta, self._chunks, self._hasher = meta, chunks, hasher
+        self.path, self._mode, self._replication = path, mode, replication
+        self._permissions = permissions
+        self._slots = asyncio.Semaphore(max_inflight)
+        self._tasks: list[asyncio.Task[tuple[ChunkRef, StoredChunk | None]]] = []
+        self._failure: Exception | None = None
+        self._finished: FileCommit | None = None  # close() and a transaction's commit both ask
+
+    async def add(self, data: memoryview, release: Release | None = None) -> None:
+        """Start storing the next chunk; waits while ``max_inflight`` are in flight.
+
+        ``release`` is called once the bytes of ``data`` are no longer needed.
+        """
+        try:
+            await self._slots.acquire()
+        except BaseException:
+            if release:
+                release()
+            raise
+        if self._failure is not None:
+            self._slots.release()
+            if release:
+                release()
+            raise self._failure
+        task = asyncio.create_task(self._store(data, release))
+        task.add_done_callback(self._note_failure)
+        self._tasks.append(task)
+
+    def _note_failure(self, task: asyncio.Task[tuple[ChunkRef, StoredChunk | None]]) -> None:
+        # Remembered as it happens, so ``add`` fails fast without scanning
+        # every earlier chunk (a 1 TB file has 131,072 of them).
+        if self._failure is None and not task.cancelled():
+            exc = task.exception()
+            if isinstance(exc, Exception):
+                self._failure = exc
+
+    async def _store(
+        self, data: memoryview, release: Release | None
+    ) -> tuple[ChunkRef, StoredChunk | None]:
+        try:
+            loop = asyncio.get_running_loop()
+            if data.nbytes <= HASH_INLINE_MAX:  # cheaper than the hop to a thread
+                ref = chunk_ref(data)
+            else:
+                ref = await loop.run_in_executor(self._hasher, chunk_ref, data)
+            [placement] = await self._meta.request(Prepare((ref,), self._replication))
+            if not placement.upload:
+                return ref, None
+            return ref, await self._replicate(ref, data, placement.nodes)
+        finally:
+            self._slots.release()
+            if release:
+                release()
+
+    async def _replicate(
+        self, ref: ChunkRef, data: memoryview, nodes: tuple[str, ...]
+    ) -> StoredChunk:
+        """Write to every node (fan-out); a node that fails is replaced by a new placement."""
+        stored: list[str] = []
+        failed: list[str] = []
+        errors: list[GrabenError] = []
+        for _ in range(MAX_REPLACEMENTS + 1):
+            results = await asyncio.gather(
+                *(self._chunks.write(node, ref, data) for node in nodes), return_exceptions=True
+            )
+            for node, result in zip(nodes, results, strict=True):
+                if result is None:
+                    stored.append(node)
+                elif isinstance(result, _REPLACEABLE):
+                    failed.append(node)
+                    errors.append(result)
+                else:
+                    raise result
+            missing = len(nodes) - sum(r is None for r in results)
+            if not missing:
+                return StoredChunk(ref, tuple(stored))
+            nodes = await self._replacements(ref, missing, (*stored, *failed))
+            if set(nodes) & set(failed):  # no other node to turn to (embedded: never)
+                break
+        last = errors[-1]
+        raise type(last)(f"{last.message} (after {len(failed)} failed replica writes)", last.path)
+
+    async def _replacements(
+        self, ref: ChunkRef, count: int, avoid: tuple[str, ...]
+    ) -> tuple[str, ...]:
+        [again] = await self._meta.request(Prepare((ref,), count, avoid))
+        return again.nodes
+
+    async def commit(self) -> FileInfo:
+        """Wait for every chunk, then make the file visible atomically."""
+        [info] = await self._meta.request(Commit((await self.finish(),)))
+        return info
+
+    async def finish(self) -> FileCommit:
+        """Wait for every chunk; what a commit of the file sends (nothing visible yet).
+
+        ``AsyncClient.commit_uploads`` commits several finished files at once.
+        """
+        if self._finished is not None:
+            return self._finished
+        try:
+            results = await asyncio.gather(*self._tasks)
+        except BaseException:
+            await self.abort()
+            raise
+        extents, stored, offset = [], {}, 0
+        for ref, new in results:
+            extents.append(Extent(offset, ref.length, ref))
+            offset += ref.length
+            if new is not None:
+                stored[ref.id] = new
+        self._finished = FileCommit(
+            self.path,
+            tuple(extents),
+            tuple(stored.values()),
+            self._mode,
+            self._replication,
+            self._permissions,
+        )
+        return self._finished
+
+    async def abort(self) -> None:
+        """Give up; nothing becomes visible.
+
+        In-flight chunks are waited for, not cancelled: their worker threads
+        still read the buffers, which must not be reused under them.
+        """
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+
+class Staging:
+    """Copies small writes into pooled chunk buffers; hands on full ones."""
+
+    def __init__(self, pool: BufferPool) -> None:
+        self._pool = pool
+        self._buffer: mmap.mmap | None = None
+        self._view: memoryview | None = None
+        self._fill = 0
+
+    def take(self, data: memoryview) -> int:
+        """Copy as much of ``data`` as fits; returns how much was taken."""
+        if self._view is None:
+            self._buffer = self._pool.get()
+            self._view = memoryview(self._buffer)
+        n = min(data.nbytes, self._view.nbytes - self._fill)
+        self._view[self._fill : self._fill + n] = data[:n]
+        self._fill += n
+        return n
+
+    def feed(self, data: Buffer) -> Iterator[tuple[memoryview, Release]]:
+        """Stage all of ``data``, yielding each chunk as it fills (hand each on before the next)."""
+        with memoryview(data).cast("B") as view:
+            taken = 0
+            while taken < view.nbytes:
+                taken += self.take(view[taken:])
+                if self.full:
+                    detached = self.detach()
+                    assert detached is not None
+                    yield detached
+
+    @property
+    def full(self) -> bool:
+        """Whether the current buffer holds a whole chunk."""
+        return self._view is not None and self._fill == self._view.nbytes
+
+    def detach(self) -> tuple[memoryview, Release] | None:
+        """Hand on what is staged (``None`` if nothing): its view and how to release it."""
+        if self._view is None or self._buffer is None:
+            return None
+        view, buffer, fill = self._view, self._buffer, self._fill
+        self._view = self._buffer = None
+        self._fill = 0
+        if fill == 0:
+            view.release()
+            self._pool.put(buffer)
+            return None
+        chunk = view[:fill]
+        view.release()
+
+        def release() -> None:
+            chunk.release()
+            self._pool.put(buffer)
+
+        return chunk, release
+
+    def discard(self) -> None:
+        """Drop what is staged."""
+        detached = self.detach()
+        if detached is not None:
+            detached[1]()

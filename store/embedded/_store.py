@@ -1,0 +1,212 @@
+"""The embedded store: metadata logic and chunk store in-process on a directory.
+
+Layout of the store directory: ``meta.db`` (SQLite, WAL), ``chunks/`` and
+``store-id`` (the id in ``meta.db``, so another store's database is refused).
+A new or empty directory becomes a new store; a directory that holds chunk
+files but no metadata is refused, never taken for a new, empty store (its
+first collection would delete every chunk).
+Metadata requests run on one dedicated thread (one SQLite connection); chunk
+I/O on a small pool. Several processes may open the same directory at once:
+SQLite's locks keep the metadata consistent and chunk files are written
+atomically under content-addressed names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import msgspec
+
+from .._config import page_entries
+from .._errors import IntegrityError, NotADirectory, NotFound, Unavailable, from_os_error
+from .._group import Batcher
+from .._types import LOCAL_NODE, ChunkRef, Health, NodeState
+from ..meta import Namespace, SQLiteRepository
+from ..node import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, read_id, write_private
+from ..transport import Commit, GetHealth, Request
+
+R = TypeVar("R")
+HINT_THREADS = 4
+
+
+def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
+    """Open (creating if needed) the embedded store at ``root``."""
+    try:
+        root.mkdir(DIR_MODE, parents=True, exist_ok=True)
+        chunks = LocalChunkStore(root / "chunks")
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectory(
+            "an embedded store must be a directory; this is a file", str(root)
+        ) from None
+    except OSError as exc:
+        raise from_os_error(exc, str(root)) from exc
+    try:
+        repo = _open_engine(root, chunks)
+    except BaseException:
+        chunks.close()
+        raise
+    try:
+        namespace = Namespace(repo)
+        _check_identity(root, namespace)
+    except BaseException:
+        repo.close()
+        chunks.close()
+        raise
+    return LocalMeta(namespace, chunks.capacity), LocalChunks(chunks, io_threads)
+
+
+def _open_engine(root: Path, chunks: LocalChunkStore) -> SQLiteRepository:
+    """The store's engine; a new one only where there are no chunks yet."""
+    create = not chunks.inventory(limit=1)
+    try:
+        return SQLiteRepository(root / "meta.db", create=create)
+    except NotFound:
+        raise IntegrityError(
+            "this store holds chunk files but its metadata database is missing or empty; "
+            "refusing to start a new, empty store over them (restore meta.db from a backup)",
+            str(root / "meta.db"),
+        ) from None
+
+
+def _check_identity(root: Path, namespace: Namespace) -> None:
+    """Keep the engine's store id beside the chunks; refuse another store's ``meta.db``."""
+    path = root / "store-id"
+    kept = read_id(path)
+    if kept is None:
+        write_private(path, namespace.store_id + "\n")
+    elif kept != namespace.store_id:
+        raise IntegrityError(
+            f"meta.db belongs to another store ({namespace.store_id}); the chunks here "
+            f"belong to store {kept} (see {path})",
+            str(root / "meta.db"),
+        )
+
+
+class LocalMeta:
+    """``MetaTransport`` running the namespace logic on one thread."""
+
+    def __init__(self, namespace: Namespace, capacity: Callable[[], tuple[int, int]]) -> None:
+        self.namespace = namespace
+        self._capacity = capacity
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="graben-meta")
+        self._group = Batcher(partial(self._run, namespace.commit_group), size=len)
+
+    async def request(self, request: Request[R]) -> R:
+        if isinstance(request, Commit):
+            infos: R = await self._group.submit(request.files)  # type: ignore[assignment]
+            return infos
+        if isinstance(request, GetHealth):
+            health: Any = await self._run(self._health)
+            return cast(R, health)
+        result: R = await self._run(self.namespace.execute, request)
+        return result
+
+    def _health(self) -> Health:
+        # No heartbeats here: the one node is the directory, and always there.
+        free, total = self._capacity()
+        local = NodeState(LOCAL_NODE, "", "local", free, total, time.time(), True)
+        return msgspec.structs.replace(self.namespace.health(), nodes=[local])
+
+    async def _run(self, fn: Callable[..., R], *args: Any) -> R:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    async def close(self) -> None:
+        self._thread.shutdown(wait=True)
+        self.namespace.repo.close()
+
+
+class LocalChunks:
+    """``ChunkTransport`` over the local chunk directory (the one node ``local``)."""
+
+    def __init__(self, store: LocalChunkStore, threads: int) -> None:
+        self.store = store
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="graben-io")
+        # Hints get threads of their own: queued behind reads they arrive too
+        # late, and one thread alone keeps too little I/O in flight.
+        self._hints = ThreadPoolExecutor(HINT_THREADS, thread_name_prefix="graben-hint")
+        # Small chunks written together share one sync (a checkpoint's record
+        # headers: dozens of KiB-sized chunks, each else two fsyncs).
+        self._small: Batcher[tuple[ChunkRef, memoryview], None] = Batcher(
+            partial(self._run, LOCAL_NODE, self.store.write_group), max_size=256, concurrency=2
+        )
+
+    async def nodes(self) -> tuple[str, ...]:
+        return (LOCAL_NODE,)
+
+    @property
+    def prefetch_window(self) -> int:
+        return 16  # kernel read-ahead: costs no memory of ours
+
+    @property
+    def local_read(self) -> Callable[[str, ChunkRef, memoryview], None]:
+        return self._read_now
+
+    def _read_now(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
+        if node != LOCAL_NODE:
+            raise Unavailable(f"an embedded store has no node {node!r}")
+        self.store.read(chunk, into)
+
+    async def _run(self, node: str, fn: Any, *args: Any, pool: Executor | None = None) -> Any:
+        if node != LOCAL_NODE:
+            raise Unavailable(f"an embedded store has no node {node!r}")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(pool or self._pool, partial(fn, *args))
+
+    async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
+        if node != LOCAL_NODE:
+            raise Unavailable(f"an embedded store has no node {node!r}")
+        if chunk.length <= GROUP_SYNC_MAX:
+            await self._small.submit((chunk, data))
+        else:
+            await self._run(node, self.store.write, chunk, data)
+
+    async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
+        await self._run(node, self.store.read, chunk, into)
+
+    async def prefetch(self, node: str, chunks: Sequence[ChunkRef]) -> int:
+        # One hop to find what is not cached yet (warm reads stop there),
+        # then the kernel reads those in parallel.
+        cold: list[ChunkRef] = await self._run(node, self.store.uncached, chunks, pool=self._hints)
+        await asyncio.gather(
+            *(self._run(node, self.store.prefetch, c, pool=self._hints) for c in cold)
+        )
+        return len(cold)
+
+    async def inventory(self, node: str, store: str, after: str = "") -> list[tuple[str, float]]:
+        found: list[tuple[str, float]] = await self._run(
+            node, self.store.inventory, after, page_entries()
+        )
+        return found
+
+    async def temporaries(
+        self, node: str, store: str, after: str = ""
+    ) -> list[tuple[str, int, float]]:
+        found: list[tuple[str, int, float]] = await self._run(
+            node, self.store.temporaries, after, page_entries()
+        )
+        return found
+
+    async def clean(self, node: str, store: str, older_than: float) -> tuple[int, int]:
+        done: tuple[int, int] = await self._run(node, self.store.clean_temporaries, older_than)
+        return done
+
+    async def delete(self, node: str, chunk_id: str, older_than: float) -> bool:
+        gone: bool = await self._run(node, self.store.delete, chunk_id, older_than)
+        return gone
+
+    def describe(self, node: str, chunk_id: str) -> str:
+        return str(self.store.path(chunk_id))
+
+    def describe_temporary(self, node: str, name: str) -> str:
+        return self.store.describe_temporary(name)
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._hints.shutdown(wait=True)
+        self.store.close()

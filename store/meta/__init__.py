@@ -1,0 +1,22 @@
+"""The metadata service: names, files and chunks, kept in one engine.
+
+Owns the namespace logic (``_namespace``: every metadata request, each
+mutation one transaction; ``_bookkeeping``: the chunk and node records that
+fsck, collection and repair read), the repository interface an engine
+implements (``_repo``), the placement of new chunks on nodes (``_placement``:
+a pure function), the service that runs it all for a cluster
+(``_service``: RPC handlers, heartbeats, repair, collection) and the
+engines themselves (``engines``: SQLite today). The embedded store runs the
+same namespace logic in-process.
+
+May import: ``transport`` (the service reaches data nodes as a client does),
+``wire`` and the store's shared modules; never ``node``, the ``client`` or
+anything above it.
+"""
+
+from ._namespace import Namespace
+from ._repo import Repository
+from ._service import MetaService
+from .engines import SQLiteRepository
+
+__all__ = ["MetaService", "Namespace", "Repository", "SQLiteRepository"]

@@ -1,0 +1,453 @@
+"""The metadata logic: namespace operations over a repository.
+
+Stateless beyond its repository, so an embedded client runs it in-process
+and a metadata service runs the same code for remote clients. Each mutation
+is one ``repo.write()`` transaction; placement of new chunks is a function
+handed in (embedded: the one local node).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from .. import _paths
+from .._config import page_entries
+from .._errors import (
+    AlreadyExists,
+    DirectoryNotEmpty,
+    GrabenError,
+    IntegrityError,
+    InvalidArgument,
+    InvalidPath,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+)
+from .._types import (
+    LAYOUT_PAGE,
+    LIST_PAGE,
+    LOCAL_NODE,
+    MAX_PAGE,
+    ChunkRef,
+    Extent,
+    FileCommit,
+    FileInfo,
+    FileLayout,
+    Listing,
+    Placement,
+)
+from ..transport import (
+    CheckMetadata,
+    ChunkRefs,
+    ChunkUsers,
+    Collectable,
+    Commit,
+    GetHealth,
+    GetLayout,
+    GetStoreId,
+    Heartbeat,
+    ListDir,
+    ListNodes,
+    MakeDir,
+    Prepare,
+    Remove,
+    Rename,
+    ReportBad,
+    Request,
+    SetAttributes,
+    Stat,
+    Usage,
+)
+from ._bookkeeping import Bookkeeping
+from ._repo import ROOT_INODE, Inode, Repository, Tx
+
+R = TypeVar("R")
+Placer = Callable[[ChunkRef, int, tuple[str, ...]], tuple[str, ...]]
+"""(chunk, replication, nodes to avoid) -> the nodes to store it on."""
+ROOT = Inode(ROOT_INODE, "directory", 0, 0o755, 0, 1, 1)
+DIR_MODE = 0o755
+PERMISSION_BITS = 0o7777
+"""What a new version keeps of the mode of the one it replaces (not a symlink's type bits)."""
+FILE_MODE = 0o644
+
+
+def local_placement(chunk: ChunkRef, replication: int, avoid: tuple[str, ...]) -> tuple[str, ...]:
+    """Embedded placement: every chunk lives on the one local node."""
+    return (LOCAL_NODE,)
+
+
+def _info(path: str, inode: Inode) -> FileInfo:
+    return FileInfo(
+        path,
+        inode.kind,
+        inode.size,
+        inode.mtime_ns,
+        inode.id,
+        inode.generation,
+        inode.replication,
+        inode.mode,
+    )
+
+
+class Namespace(Bookkeeping):
+    """Executes metadata ``Request``s against a repository."""
+
+    def __init__(
+        self,
+        repo: Repository,
+        place: Placer = local_placement,
+        *,
+        default_replication: int = 1,
+        heartbeat_timeout: float = 10.0,
+    ) -> None:
+        self.repo = repo
+        self._place = place
+        self.default_replication = default_replication
+        self.heartbeat_timeout = heartbeat_timeout
+        self.bad: list[tuple[str, str, str]] = []
+        """Copies reported bad and not yet deleted: (chunk, node, reason)."""
+        with repo.read() as tx:
+            self.store_id = tx.store_id()
+            """The store's id: data nodes and capabilities of another store are refused."""
+        self._handlers: dict[type[Any], Callable[[Any], Any]] = {
+            Stat: lambda r: self.stat(r.path),
+            ListDir: lambda r: self.listdir(r.path, r.after, r.limit, r.directory),
+            MakeDir: lambda r: self.mkdir(r.path, r.parents, r.exist_ok),
+            Remove: lambda r: self.remove(r.path, r.recursive),
+            Rename: lambda r: self.rename(r.src, r.dst, r.replace, r.replace_tree),
+            SetAttributes: lambda r: self.set_attributes(r.path, r.mode, r.mtime_ns),
+            GetLayout: lambda r: self.layout(r.path, r.start, r.limit, r.inode),
+            Prepare: lambda r: self.prepare(r.chunks, r.replication, r.avoid),
+            Commit: lambda r: self.commit(r.files),
+            Usage: lambda r: self.usage(r.path),
+            ChunkRefs: lambda r: self.chunk_refs(r.after, r.limit),
+            ChunkUsers: lambda r: self.chunk_users(r.chunk, r.after, r.limit),
+            Collectable: lambda r: self.collectable(r.grace_s, r.limit),
+            CheckMetadata: lambda r: self.check_metadata(r.limit),
+            GetStoreId: lambda r: self.store_id,
+            Heartbeat: lambda r: self.heartbeat(r.node, r.store_id),
+            ReportBad: lambda r: self.report_bad(r.chunk, r.node, r.reason),
+            GetHealth: lambda r: self.health(),
+            ListNodes: lambda r: self.nodes(),
+        }
+
+    def execute(self, request: Request[R]) -> R:
+        """Run one request and return its response."""
+        handler = self._handlers.get(type(request))
+        if handler is None:
+            raise InvalidArgument(f"unknown metadata request {type(request).__name__}")
+        result: R = handler(request)
+        return result
+
+    # -- resolution -----------------------------------------------------------
+
+    def _resolve(self, tx: Tx, parts: tuple[str, ...], path: str) -> Inode:
+        node = ROOT
+        for depth, name in enumerate(parts):
+            if node.kind != "directory":
+                where = _paths.join_parts(parts[:depth])
+                raise NotADirectory(f"{where} is a file, not a directory", path)
+            found = tx.lookup(node.id, name)
+            if found is None:
+                raise NotFound("no such file or directory", path)
+            node = found
+        return node
+
+    def _resolve_dir(self, tx: Tx, parts: tuple[str, ...], path: str) -> Inode:
+        node = self._resolve(tx, parts, path)
+        if node.kind != "directory":
+            raise NotADirectory("not a directory", _paths.join_parts(parts))
+        return node
+
+    def _ensure_dirs(self, tx: Tx, parts: tuple[str, ...], path: str) -> Inode:
+        """Resolve a directory, creating the missing ones on the way."""
+        node = ROOT
+        for depth, name in enumerate(parts):
+            found = tx.lookup(node.id, name)
+            if found is None:
+                found = tx.create("directory", 0, DIR_MODE, time.time_ns(), 1, 1)
+                tx.link(node.id, name, found.id)
+            elif found.kind != "directory":
+                where = _paths.join_parts(parts[: depth + 1])
+                raise NotADirectory(f"{where} is a file, not a directory", path)
+            node = found
+        return node
+
+    # -- reads ----------------------------------------------------------------
+
+    def stat(self, path: str) -> FileInfo:
+        """Attributes of one path."""
+        parts = _paths.split(path)
+        with self.repo.read() as tx:
+            return _info(_paths.join_parts(parts), self._resolve(tx, parts, path))
+
+    def listdir(self, path: str, after: str = "", limit: int = 0, directory: int = 0) -> Listing:
+        """A page of a directory's entries sorted by name; a file lists as itself.
+
+        ``directory`` (an inode from an earlier page) lists that directory
+        whatever its path is now; ``NotFound`` if it is gone.
+        """
+        parts = _paths.split(path)
+        base = _paths.join_parts(parts)
+        limit = _page(limit, LIST_PAGE)
+        with self.repo.read() as tx:
+            node = tx.get(directory) if directory else self._resolve(tx, parts, path)
+            if node is None or (directory and node.kind != "directory"):
+                raise NotFound("the directory was removed while being listed", base)
+            if node.kind == "file":
+                return Listing([_info(base, node)])
+            page = tx.children_page(node.id, after, limit + 1)
+        prefix = base.rstrip("/")
+        entries = [_info(f"{prefix}/{name}", child) for name, child in page[:limit]]
+        return Listing(entries, node.id, len(page) > limit)
+
+    def layout(self, path: str, start: int = 0, limit: int = 0, inode: int = 0) -> FileLayout:
+        """A page of a file's extents from offset ``start``, with attributes and replicas.
+
+        ``inode`` (from an earlier page) pins the version: ``NotFound`` if it
+        was replaced meanwhile.
+        """
+        parts = _paths.split(path)
+        clean = _paths.join_parts(parts)
+        limit = _page(limit, LAYOUT_PAGE)
+        with self.repo.read() as tx:
+            node = tx.get(inode) if inode else self._resolve(tx, parts, path)
+            if node is None:
+                raise NotFound("the file was replaced while being opened", clean)
+            if node.kind == "directory":
+                raise IsADirectory("is a directory", clean)
+            extents = tx.extents_page(node.id, start, limit + 1)
+            replicas = tx.replicas({x.chunk.id for x in extents[:limit]})
+        more = len(extents) > limit
+        return FileLayout(_info(clean, node), tuple(extents[:limit]), replicas, more=more)
+
+    def known(self, chunks: Iterable[str]) -> set[str]:
+        """Which of these chunk ids any metadata names (a chunk row, an extent, a replica)."""
+        with self.repo.read() as tx:
+            return tx.named(chunks)
+
+    def live(self, chunks: Iterable[str]) -> set[str]:
+        """Which of these chunk ids a file uses."""
+        with self.repo.read() as tx:
+            return set(tx.referenced(chunks))
+
+    def usage(self, path: str) -> tuple[int, int]:
+        """(files, bytes) at or below a path."""
+        parts = _paths.split(path)
+        files = size = 0
+        with self.repo.read() as tx:
+            pending = [self._resolve(tx, parts, path)]
+            while pending:
+                node = pending.pop()
+                if node.kind == "file":
+                    files, size = files + 1, size + node.size
+                else:
+                    pending.extend(child for _, child in tx.children(node.id))
+        return files, size
+
+    # -- namespace mutations -----------------------------------------------------
+
+    def mkdir(self, path: str, parents: bool = False, exist_ok: bool = False) -> FileInfo:
+        """Create a directory (and its parents with ``parents``)."""
+        parts = _paths.split(path)
+        clean = _paths.join_parts(parts)
+        if not parts:
+            if exist_ok:
+                return self.stat(clean)
+            raise AlreadyExists("the root always exists", clean)
+        with self.repo.write() as tx:
+            if parents:
+                parent = self._ensure_dirs(tx, parts[:-1], path)
+            else:
+                parent = self._resolve_dir(tx, parts[:-1], path)
+            found = tx.lookup(parent.id, parts[-1])
+            if found is not None:
+                if exist_ok and found.kind == "directory":
+                    return _info(clean, found)
+                raise AlreadyExists("already exists", clean)
+            node = tx.create("directory", 0, DIR_MODE, time.time_ns(), 1, 1)
+            tx.link(parent.id, parts[-1], node.id)
+            return _info(clean, node)
+
+    def remove(self, path: str, recursive: bool = False) -> int:
+        """Remove a file, or a directory (its contents too with ``recursive``)."""
+        parts = _paths.split(path)
+        clean = _paths.join_parts(parts)
+        if not parts:
+            raise InvalidPath("refusing to remove the root", clean)
+        with self.repo.write() as tx:
+            parent = self._resolve_dir(tx, parts[:-1], path)
+            node = tx.lookup(parent.id, parts[-1])
+            if node is None:
+                raise NotFound("no such file or directory", clean)
+            if node.kind == "directory" and not recursive and tx.has_children(node.id):
+                raise DirectoryNotEmpty("directory not empty (use recursive)", clean)
+            tx.unlink(parent.id, parts[-1])
+            return self._delete_tree(tx, node)
+
+    def _delete_tree(self, tx: Tx, node: Inode) -> int:
+        count, pending = 0, [node]
+        while pending:
+            current = pending.pop()
+            if current.kind == "directory":
+                for name, child in tx.children(current.id):
+                    tx.unlink(current.id, name)
+                    pending.append(child)
+            tx.delete(current.id)
+            count += 1
+        return count
+
+    def rename(
+        self, src: str, dst: str, replace: bool = True, replace_tree: bool = False
+    ) -> FileInfo:
+        """Move ``src`` to ``dst`` in one transaction (``os.replace`` semantics).
+
+        With ``replace_tree`` a non-empty destination directory is replaced too:
+        readers see the old tree or the new one, never neither.
+        """
+        sparts, dparts = _paths.split(src), _paths.split(dst)
+        clean_src, clean_dst = _paths.join_parts(sparts), _paths.join_parts(dparts)
+        if not sparts or not dparts:
+            raise InvalidPath("cannot rename the root", clean_src if not sparts else clean_dst)
+        with self.repo.write() as tx:
+            sparent = self._resolve_dir(tx, sparts[:-1], src)
+            node = tx.lookup(sparent.id, sparts[-1])
+            if node is None:
+                raise NotFound("no such file or directory", clean_src)
+            if clean_src == clean_dst:
+                return _info(clean_dst, node)
+            if _paths.is_within(clean_dst, clean_src):
+                raise InvalidPath(f"cannot move {clean_src} into itself", clean_dst)
+            dparent = self._ensure_dirs(tx, dparts[:-1], dst)
+            target = tx.lookup(dparent.id, dparts[-1])
+            if target is not None:
+                self._check_replace(tx, node, target, replace, replace_tree, clean_dst)
+                tx.unlink(dparent.id, dparts[-1])
+                self._delete_tree(tx, target)
+            tx.unlink(sparent.id, sparts[-1])
+            tx.link(dparent.id, dparts[-1], node.id)
+            return _info(clean_dst, node)
+
+    def _check_replace(
+        self, tx: Tx, node: Inode, target: Inode, replace: bool, replace_tree: bool, dst: str
+    ) -> None:
+        if not (replace or replace_tree):
+            raise AlreadyExists("destination exists", dst)
+        if node.kind == "file" and target.kind == "directory":
+            raise IsADirectory("cannot replace a directory with a file", dst)
+        if node.kind == "directory" and target.kind == "file":
+            raise NotADirectory("cannot replace a file with a directory", dst)
+        if target.kind == "directory" and not replace_tree and tx.has_children(target.id):
+            raise DirectoryNotEmpty("destination directory is not empty", dst)
+
+    # -- the write path -------------------------------------------------------
+
+    def set_attributes(self, path: str, mode: int | None, mtime_ns: int | None) -> FileInfo:
+        """Change mode bits and/or modification time in place."""
+        parts = _paths.split(path)
+        clean = _paths.join_parts(parts)
+        if not parts:
+            raise InvalidArgument("the root's attributes cannot change", clean)
+        with self.repo.write() as tx:
+            node = self._resolve(tx, parts, clean)
+            changed = tx.set_attributes(
+                node.id,
+                node.mode if mode is None else mode,
+                node.mtime_ns if mtime_ns is None else mtime_ns,
+            )
+        return _info(clean, changed)
+
+    def prepare(
+        self, chunks: tuple[ChunkRef, ...], replication: int, avoid: tuple[str, ...] = ()
+    ) -> list[Placement]:
+        """For each chunk: skip it if a live file already uses it, else where to send it."""
+        copies = self._replication(replication)
+        with self.repo.read() as tx:
+            held = tx.referenced(c.id for c in chunks)
+        return [
+            Placement(c, False, held[c.id])
+            if c.id in held
+            else Placement(c, True, self._place(c, copies, avoid))
+            for c in chunks
+        ]
+
+    def _replication(self, asked: int) -> int:
+        if asked < 0:
+            raise InvalidArgument(f"replication must be at least 1, not {asked}")
+        return asked or self.default_replication
+
+    def commit(self, files: tuple[FileCommit, ...]) -> list[FileInfo]:
+        """Make each file visible; all of the batch or none of it."""
+        with self.repo.write() as tx:
+            return [self._commit_one(tx, f) for f in files]
+
+    def commit_group(
+        self, batches: Sequence[tuple[FileCommit, ...]]
+    ) -> list[list[FileInfo] | GrabenError]:
+        """Commit independent batches in one transaction (one fsync for all).
+
+        Each batch is all or nothing, as with ``commit``; a batch that fails
+        gets its error in its place and leaves the others alone.
+        """
+        results: list[list[FileInfo] | GrabenError] = []
+        with self.repo.write() as tx:
+            for files in batches:
+                try:
+                    with tx.savepoint():
+                        results.append([self._commit_one(tx, f) for f in files])
+                except GrabenError as exc:
+                    results.append(exc)
+        return results
+
+    def _commit_one(self, tx: Tx, commit: FileCommit) -> FileInfo:
+        parts = _paths.split(commit.path)
+        clean = _paths.join_parts(parts)
+        if not parts:
+            raise IsADirectory("cannot write to the root", clean)
+        size = _check_extents(commit.extents, clean)
+        tx.add_chunks((s.chunk, s.nodes) for s in commit.stored)
+        used = {x.chunk.id for x in commit.extents}
+        missing = used - tx.known(used)
+        if missing:
+            raise IntegrityError(
+                f"commit names {len(missing)} chunk(s) the store does not hold "
+                f"(collected while the writer was open?): {sorted(missing)[0]}",
+                clean,
+            )
+        parent = self._ensure_dirs(tx, parts[:-1], commit.path)
+        old = tx.lookup(parent.id, parts[-1])
+        if old is not None and commit.mode == "create":
+            raise AlreadyExists("file exists", clean)
+        if old is not None and old.kind == "directory":
+            raise IsADirectory("a directory has this name", clean)
+        generation = 1 if old is None else old.generation + 1
+        copies = self._replication(commit.replication)
+        mode = commit.permissions or (FILE_MODE if old is None else old.mode & PERMISSION_BITS)
+        node = tx.create("file", size, mode, time.time_ns(), generation, copies)
+        tx.set_extents(node.id, commit.extents)
+        if old is not None:
+            tx.unlink(parent.id, parts[-1])
+            tx.delete(old.id)
+        tx.link(parent.id, parts[-1], node.id)
+        return _info(clean, node)
+
+
+def _page(asked: int, default: int) -> int:
+    """Entries in one page: what was asked, within reason."""
+    if asked < 0:
+        raise InvalidArgument(f"a page size must not be negative, not {asked}")
+    return min(page_entries(asked, default), MAX_PAGE)
+
+
+def _check_extents(extents: tuple[Extent, ...], path: str) -> int:
+    """Extents must tile the file from 0 without gaps; returns the size."""
+    size = 0
+    for extent in extents:
+        if extent.offset != size or extent.length <= 0:
+            raise InvalidArgument(f"extents do not tile the file at offset {size}", path)
+        if extent.chunk_offset < 0 or extent.chunk_offset + extent.length > extent.chunk.length:
+            raise InvalidArgument(f"extent at {size} overruns its chunk", path)
+        size += extent.length
+    return size

@@ -1,0 +1,174 @@
+"""The metadata repository interface: what an engine must provide.
+
+An engine (SQLite today, PostgreSQL later) offers transactions over three
+layers: names ``(parent, name) -> inode``, files ``inode -> attributes,
+extents`` and chunks ``id -> length, crc32c, refs, replicas``. The namespace
+logic in ``_namespace.py`` is written once against these primitives.
+
+Call order: open a transaction with ``read()`` or ``write()`` and use the
+returned ``Tx`` only inside the ``with`` block. A ``write()`` block commits
+durably on a clean exit and rolls back on an exception; one namespace
+mutation is one ``write()`` block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from .._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState
+
+ROOT_INODE = 1
+ChunkRecord = tuple[ChunkRef, tuple[str, ...]]
+"""A chunk and the nodes holding it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inode:
+    """A row of the file layer."""
+
+    id: int
+    """Inode number, unique for the life of the store."""
+    kind: Kind
+    """``"file"`` or ``"directory"``."""
+    size: int
+    """Bytes in the file."""
+    mode: int
+    """Permission bits."""
+    mtime_ns: int
+    """Modification time, ns since the epoch."""
+    generation: int
+    """Version count of the path it was committed to."""
+    replication: int
+    """Copies kept of each chunk."""
+
+
+class Tx(Protocol):
+    """One transaction on the three layers."""
+
+    def savepoint(self) -> AbstractContextManager[None]:
+        """A nested unit: an exception in the block undoes the block's changes only."""
+
+    def lookup(self, parent: int, name: str) -> Inode | None:
+        """The inode named ``name`` in directory ``parent``."""
+
+    def get(self, inode: int) -> Inode | None:
+        """The inode with this number."""
+
+    def children(self, parent: int) -> list[tuple[str, Inode]]:
+        """Entries of a directory, sorted by name."""
+
+    def children_page(self, parent: int, after: str, limit: int) -> list[tuple[str, Inode]]:
+        """At most ``limit`` entries of a directory named after ``after``, sorted by name."""
+
+    def has_children(self, parent: int) -> bool:
+        """Whether a directory has any entry."""
+
+    def create(
+        self, kind: Kind, size: int, mode: int, mtime_ns: int, generation: int, replication: int
+    ) -> Inode:
+        """A new inode, not yet linked anywhere."""
+
+    def set_attributes(self, inode: int, mode: int, mtime_ns: int) -> Inode:
+        """Set an inode's mode bits and modification time; the updated inode."""
+
+    def link(self, parent: int, name: str, inode: int) -> None:
+        """Add an entry; the name must be free."""
+
+    def unlink(self, parent: int, name: str) -> None:
+        """Drop an entry (the inode stays until ``delete``)."""
+
+    def delete(self, inode: int) -> None:
+        """Drop an inode and its extents, releasing its chunk references."""
+
+    def extents(self, inode: int) -> list[Extent]:
+        """A file's extents in file order."""
+
+    def extents_page(self, inode: int, start: int, limit: int) -> list[Extent]:
+        """At most ``limit`` extents of a file in order, the first covering offset ``start``."""
+
+    def set_extents(self, inode: int, extents: Iterable[Extent]) -> None:
+        """Attach extents to a new file inode, taking a reference on each chunk."""
+
+    def add_chunks(self, chunks: Iterable[tuple[ChunkRef, tuple[str, ...]]]) -> None:
+        """Record chunks (if new) and the nodes holding them."""
+
+    def referenced(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """Of these chunk ids, those some file uses, with their replicas."""
+
+    def known(self, ids: Iterable[str]) -> set[str]:
+        """Of these chunk ids, those the chunk layer holds at all."""
+
+    def replicas(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """Nodes holding each chunk."""
+
+    def named(self, ids: Iterable[str]) -> set[str]:
+        """Of these chunk ids, those any table names (chunks, extents, replicas)."""
+
+    def chunk_page(self, after: str, limit: int) -> tuple[list[ChunkRecord], str]:
+        """Up to ``limit`` chunks with ids after ``after``, in id order, with their
+        replicas; and the cursor of the next page (``""`` after the last).
+
+        Rows that do not decode are left out (``inconsistencies`` names them).
+        """
+
+    def chunk_users(self, chunk: str, after: int, limit: int) -> list[int]:
+        """Up to ``limit`` inodes after ``after`` whose extents use the chunk, in order."""
+
+    def path_of(self, inode: int) -> str | None:
+        """A path naming the inode, if it is linked."""
+
+    def forget_unreferenced(self, older_than_ns: int, limit: int) -> list[ChunkRecord]:
+        """Delete up to ``limit`` chunk rows without references since before
+        ``older_than_ns`` (and no extent naming them); they and their former replicas."""
+
+    def inconsistencies(self, limit: int) -> list[ChunkProblem]:
+        """Up to ``limit`` places where the tables contradict each other or hold
+        values that do not decode (what fsck reports as ``metadata``)."""
+
+    def store_id(self) -> str:
+        """The store's id, made with the engine."""
+
+    def add_replicas(self, chunk: str, nodes: Iterable[str]) -> None:
+        """Record more nodes holding a copy of a chunk."""
+
+    def drop_replica(self, chunk: str, node: str) -> None:
+        """Forget one node's copy of a chunk."""
+
+    def degraded(self, alive: Iterable[str], limit: int) -> list[Degraded]:
+        """Referenced chunks with fewer copies on ``alive`` nodes than their files want."""
+
+    def upsert_node(self, node: NodeState) -> None:
+        """Register a data node or refresh what is known of it."""
+
+    def nodes(self) -> list[NodeState]:
+        """Every registered data node."""
+
+
+class Repository(Protocol):
+    """An engine: hands out transactions."""
+
+    def read(self) -> AbstractContextManager[Tx]:
+        """A consistent read-only view."""
+
+    def write(self) -> AbstractContextManager[Tx]:
+        """A transaction that commits durably on a clean exit."""
+
+    def close(self) -> None:
+        """Release the engine's connections."""
+
+
+def tiling_problem(size: int, extents: Iterable[Extent]) -> str | None:
+    """What is wrong with extents that should tile ``[0, size)`` in order, or ``None``."""
+    end = 0
+    for x in extents:
+        if x.offset != end:
+            return f"extents leave a gap or overlap at offset {end} (next starts at {x.offset})"
+        if x.length <= 0 or x.chunk_offset < 0 or x.chunk_offset + x.length > x.chunk.length:
+            return f"the extent at offset {x.offset} does not fit its chunk {x.chunk.id}"
+        end += x.length
+    if end != size:
+        return f"extents cover {end} bytes but the file's size is {size}"
+    return None

@@ -1,0 +1,265 @@
+"""The metadata service: the namespace logic of ``_namespace.py`` served over the wire.
+
+Stateless beyond its engine (node registry included), so several copies may
+serve one engine. One op, ``meta``, carries every ``Request`` of
+``transport/_requests.py``; the engine's blocking calls run on a small thread pool, so
+many clients' requests proceed at once (SQLite serialises the writers).
+
+Every call must carry the cluster's client token. Placements come with write
+capabilities and layouts (and fsck's chunk pages) with read capabilities,
+which data nodes check with the shared secret alone; ``Grant`` hands out
+fresh ones. Every capability names the store, so a data node of another
+store refuses it. A chunk a live file uses is never granted for writing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, Union
+
+from msgspec.structs import replace
+
+from .._errors import GrabenError, IntegrityError, NotFound, PermissionDenied
+from .._group import Batcher
+from .._types import (
+    Capability,
+    ChunkPage,
+    ChunkRef,
+    Committed,
+    Degraded,
+    FileInfo,
+    FileLayout,
+    NodeState,
+    Op,
+    Placement,
+)
+from ..transport import (
+    Commit,
+    CommitEach,
+    Grant,
+    Grants,
+    Prepare,
+    RemoteChunks,
+    Request,
+    request_types,
+)
+from ..wire import (
+    DEFAULT_IDLE_TIMEOUT,
+    Answer,
+    Call,
+    Server,
+    auth,
+    decode,
+    encode,
+    every,
+    stop,
+    to_wire,
+)
+from ._namespace import Namespace
+from ._placement import place
+from ._repo import Repository
+
+log = logging.getLogger("graben.meta")
+AnyRequest: Any = Union[request_types()]  # noqa: UP007  (built at run time)
+NODES_TTL_S = 1.0
+"""How long placement may use a cached list of live nodes."""
+
+
+class MetaService:
+    """Serves a ``Namespace`` on one engine to remote clients and data nodes."""
+
+    def __init__(
+        self,
+        repo: Repository,
+        *,
+        secret: bytes,
+        replication: int = 3,
+        heartbeat_timeout: float = 10.0,
+        repair_interval: float = 5.0,
+        threads: int = 8,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    ) -> None:
+        self.namespace = Namespace(
+            repo, self._place, default_replication=replication, heartbeat_timeout=heartbeat_timeout
+        )
+        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="graben-meta")
+        self._nodes: tuple[float, list[NodeState]] = (0.0, [])
+        self.server: Server | None = None
+        self.repair_interval = repair_interval
+        self.idle_timeout = idle_timeout
+        checker = ThreadPoolExecutor(2, thread_name_prefix="graben-repair")
+        self._secret = secret
+        self._group = Batcher(partial(self._run, self.namespace.commit_group), size=len)
+        self.chunks = RemoteChunks(
+            self._list_nodes,
+            checker,
+            Grants(self._mint),
+            token=auth.client_token(secret),
+            owns_checker=True,
+        )
+        self._repairing: asyncio.Task[None] | None = None
+
+    async def start(self, host: str, port: int) -> Server:
+        """Listen for clients; repair in the background."""
+        self.server = await Server.start(
+            {"meta": self._meta}, host, port, admit=self._admit, idle_timeout=self.idle_timeout
+        )
+        self._repairing = every(self.repair_interval, self.repair_once, "repair")
+        return self.server
+
+    async def close(self) -> None:
+        """Stop serving and repairing; release the engine."""
+        await stop(self._repairing)
+        if self.server is not None:
+            await self.server.close()
+        await self.chunks.close()
+        self._threads.shutdown(wait=True)
+        self.namespace.repo.close()
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+
+    async def _list_nodes(self) -> list[NodeState]:
+        nodes: list[NodeState] = await self._run(self.namespace.nodes)
+        return nodes
+
+    # -- repair ----------------------------------------------------------------
+
+    async def repair_once(self) -> int:
+        """Delete reported bad copies, then copy short chunks to new nodes; copies made."""
+        await self._drop_bad()
+        degraded: list[Degraded] = await self._run(self.namespace.degraded)
+        if not degraded:
+            return 0
+        nodes = await self._list_nodes()
+        made = 0
+        for chunk in degraded:
+            made += await self._repair(chunk, nodes)
+        return made
+
+    async def _drop_bad(self) -> None:
+        bad = self.namespace.bad
+        while bad:
+            chunk, node, reason = bad.pop(0)
+            log.info("deleting bad copy of %s on %s (%s)", chunk, node, reason)
+            try:
+                await self.chunks.delete(node, chunk, math.inf)
+            except GrabenError as exc:
+                log.warning("could not delete bad copy of %s on %s: %s", chunk, node, exc)
+
+    async def _repair(self, degraded: Degraded, nodes: list[NodeState]) -> int:
+        chunk = degraded.chunk
+        if not degraded.live:
+            log.error("chunk %s has no live copy left; it cannot be repaired", chunk.id)
+            return 0
+        try:
+            targets = place(
+                nodes,
+                degraded.want - len(degraded.live),
+                chunk.id,
+                chunk.length,
+                exclude=degraded.live,
+            )
+        except GrabenError as exc:
+            log.warning("cannot repair chunk %s yet: %s", chunk.id, exc)
+            return 0
+        data = memoryview(bytearray(chunk.length))
+        if not await self._read_any(chunk, degraded.live, data):
+            return 0
+        results = await asyncio.gather(
+            *(self.chunks.write(node, chunk, data) for node in targets), return_exceptions=True
+        )
+        done = tuple(node for node, r in zip(targets, results, strict=True) if r is None)
+        if done:
+            await self._run(self.namespace.add_replicas, chunk.id, done)
+        return len(done)
+
+    async def _read_any(self, chunk: ChunkRef, sources: tuple[str, ...], into: memoryview) -> bool:
+        for node in sources:
+            try:
+                await self.chunks.read(node, chunk, into)
+                return True
+            except (IntegrityError, NotFound) as exc:
+                await self._run(self.namespace.report_bad, chunk.id, node, exc.message)
+            except GrabenError as exc:
+                log.warning("repair could not read %s from %s: %s", chunk.id, node, exc)
+        return False
+
+    def _admit(self, call: Call, length: int) -> None:
+        """Only a client holding the token may make the service hold a large request."""
+        auth.check_token(self._secret, call.token)
+
+    async def _meta(self, call: Call, payload: memoryview | None) -> Answer:
+        auth.check_token(self._secret, call.token)
+        request = decode(call.body, AnyRequest)
+        if isinstance(request, Grant):
+            return Answer(encode(await self._run(self._grant, request)))
+        if isinstance(request, Commit):
+            return Answer(encode(await self._group.submit(request.files)))
+        if isinstance(request, CommitEach):
+            outcomes = await asyncio.gather(
+                *(self._group.submit(files) for files in request.batches), return_exceptions=True
+            )
+            return Answer(encode([_committed(o) for o in outcomes]))
+        result = await self._run(self.namespace.execute, request)
+        return Answer(encode(self._with_grants(request, result)))
+
+    # -- capabilities ------------------------------------------------------------
+
+    async def _mint(self, chunks: tuple[str, ...], op: Op) -> list[Capability]:
+        """Capabilities for the service's own repair reads, writes and deletes."""
+        return self._caps(chunks, op)
+
+    def _caps(self, chunks: Iterable[str], op: Op) -> list[Capability]:
+        now, store = time.time(), self.namespace.store_id
+        ttl = auth.GRANT_TTL_S
+        return [auth.grant(self._secret, c, op, ttl, now, store=store) for c in chunks]
+
+    def _grant(self, request: Grant) -> list[Capability]:
+        """Runs on an engine thread: a delete is granted only for chunks no metadata names,
+        a write only for chunks no live file uses (a live chunk never changes)."""
+        if request.op == "delete" and (named := self.namespace.known(request.chunks)):
+            raise PermissionDenied(
+                f"chunk {min(named)} is in use or tracked; only orphan copies may be deleted"
+            )
+        if request.op == "write" and (live := self.namespace.live(request.chunks)):
+            raise PermissionDenied(
+                f"chunk {min(live)} is in use by a file; a live chunk is never written again"
+            )
+        return self._caps(request.chunks, request.op)
+
+    def _with_grants(self, request: Request[Any], result: Any) -> Any:
+        """A reply with the capabilities its caller will need on the data nodes."""
+        if isinstance(request, Prepare):
+            placements: list[Placement] = result
+            grants = iter(self._caps([p.chunk.id for p in placements if p.upload], "write"))
+            return [replace(p, grant=next(grants)) if p.upload else p for p in placements]
+        if isinstance(result, FileLayout):
+            caps = self._caps({x.chunk.id for x in result.extents}, "read")
+            return replace(result, grants={c.chunk: c for c in caps})
+        if isinstance(result, ChunkPage):
+            caps = self._caps((chunk.id for chunk, _ in result.chunks), "read")
+            return replace(result, grants={c.chunk: c for c in caps})
+        return result
+
+    def _place(self, chunk: ChunkRef, replication: int, avoid: tuple[str, ...]) -> tuple[str, ...]:
+        # Runs on an engine thread; a list of nodes a second old is good enough.
+        stamp, nodes = self._nodes
+        if time.monotonic() - stamp > NODES_TTL_S:
+            nodes = self.namespace.nodes()
+            self._nodes = (time.monotonic(), nodes)
+        return place(nodes, replication, chunk.id, chunk.length, exclude=avoid)
+
+
+def _committed(outcome: list[FileInfo] | BaseException) -> Committed:
+    if isinstance(outcome, GrabenError):
+        return Committed(error=to_wire(outcome))
+    if isinstance(outcome, BaseException):
+        raise outcome  # not the batch's fault: the whole call fails
+    return Committed(outcome)

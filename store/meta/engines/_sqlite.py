@@ -1,0 +1,278 @@
+"""The SQLite engine: one file, WAL, one durable transaction per mutation.
+
+Several processes may share the database: SQLite's locks serialise writers
+(``BEGIN IMMEDIATE`` takes the write lock up front, so two writers never
+deadlock upgrading a read lock) and WAL lets readers run beside them.
+Connections are per thread. The schema carries its version in
+``PRAGMA user_version`` and is brought up to date by ``MIGRATIONS`` in one
+exclusive transaction.
+
+A database is created only when asked (``create=True``): a mistyped path or
+an emptied file must not pass for a new, empty store. The files are the
+owner's alone (0600). The queries are ``SQLiteTx``'s (``_sqlite_tx.py``),
+which checks rows as they become values: damage in the file is an
+``IntegrityError`` naming the inode and path, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..._errors import GrabenError, IntegrityError, NoSpace, NotFound, Unavailable
+from .._repo import ROOT_INODE
+from ._sqlite_tx import SQLiteTx
+
+
+def _identity(db: sqlite3.Connection) -> None:
+    """3: the store's id, made once, with the store (HDFS's clusterID)."""
+    db.execute("CREATE TABLE store (id TEXT NOT NULL)")
+    db.execute("INSERT INTO store (id) VALUES (?)", (uuid.uuid4().hex,))
+
+
+MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
+    # 1: the three layers.
+    f"""
+    CREATE TABLE inodes (
+        id INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL CHECK (kind IN ('file', 'directory')),
+        size INTEGER NOT NULL,
+        mode INTEGER NOT NULL,
+        mtime_ns INTEGER NOT NULL,
+        generation INTEGER NOT NULL,
+        replication INTEGER NOT NULL
+    );
+    CREATE TABLE entries (
+        parent INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        inode INTEGER NOT NULL,
+        PRIMARY KEY (parent, name)
+    ) WITHOUT ROWID;
+    CREATE INDEX entries_by_inode ON entries (inode);
+    CREATE TABLE chunks (
+        id TEXT PRIMARY KEY,
+        length INTEGER NOT NULL,
+        crc32c INTEGER NOT NULL,
+        refs INTEGER NOT NULL DEFAULT 0,
+        zero_since_ns INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX chunks_unreferenced ON chunks (zero_since_ns) WHERE refs = 0;
+    CREATE TABLE extents (
+        inode INTEGER NOT NULL,
+        offset INTEGER NOT NULL,
+        length INTEGER NOT NULL,
+        chunk TEXT NOT NULL,
+        chunk_offset INTEGER NOT NULL,
+        PRIMARY KEY (inode, offset)
+    ) WITHOUT ROWID;
+    CREATE INDEX extents_by_chunk ON extents (chunk);
+    CREATE TABLE replicas (
+        chunk TEXT NOT NULL,
+        node TEXT NOT NULL,
+        PRIMARY KEY (chunk, node)
+    ) WITHOUT ROWID;
+    INSERT INTO inodes VALUES ({ROOT_INODE}, 'directory', 0, 493, 0, 1, 1);
+    """,
+    # 2: the data node registry (the metadata service keeps no state of its own).
+    """
+    CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        rack TEXT NOT NULL,
+        free INTEGER NOT NULL,
+        total INTEGER NOT NULL,
+        last_seen REAL NOT NULL
+    ) WITHOUT ROWID;
+    """,
+    _identity,
+)
+
+BUSY_TIMEOUT_S = 60.0
+FILE_MODE = 0o600
+"""The database and its -wal and -shm files (SQLite gives those the database's mode)."""
+
+
+def _set_wal(db: sqlite3.Connection) -> None:
+    """Switch to WAL, waiting out other processes that are creating the same store.
+
+    SQLite answers "locked" at once, without its busy handler, when this
+    pragma meets another connection's lock on a new database: two ranks
+    opening a fresh store together failed that way.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    delay = 0.005
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.2)
+
+
+class SQLiteRepository:
+    """The SQLite engine (see ``Repository`` in ``_repo.py``)."""
+
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+        """Open the engine at ``path``; with ``create``, make a new store if there is none.
+
+        Without ``create``, a missing file, or one holding no schema (0 bytes,
+        say), is ``NotFound`` and is left as it was.
+        """
+        self.path = str(path)
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        if create:
+            _make_private(self.path)
+        else:
+            _require_schema(self.path)
+        try:
+            self._migrate()
+        except BaseException:
+            self.close()
+            raise
+
+    def _connect(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            try:
+                # mode=rw: never create the file behind the caller's back (it was
+                # made, or found, above); a store deleted while open stays gone.
+                db = sqlite3.connect(
+                    _uri(self.path, "rw"),
+                    timeout=BUSY_TIMEOUT_S,
+                    isolation_level=None,
+                    check_same_thread=False,
+                    uri=True,
+                )
+                _set_wal(db)
+                db.execute("PRAGMA synchronous = FULL")
+            except sqlite3.DatabaseError as exc:
+                raise _translate(exc, self.path) from exc
+            self._local.db = db
+            with self._lock:
+                self._all.append(db)
+        return db
+
+    def _migrate(self) -> None:
+        try:
+            self._apply_migrations()
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+
+    def _apply_migrations(self) -> None:
+        with self._transaction("BEGIN EXCLUSIVE") as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(MIGRATIONS):
+                raise GrabenError(
+                    f"the store's schema is version {version}, newer than this graben "
+                    f"understands ({len(MIGRATIONS)}); upgrade graben",
+                    self.path,
+                )
+            if version == 0 and _has_tables(db):
+                raise IntegrityError(
+                    "this database holds something else, not a graben store", self.path
+                )
+            for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
+                if callable(step):
+                    step(db)
+                else:
+                    for statement in step.split(";"):
+                        if statement.strip():
+                            db.execute(statement)
+                db.execute(f"PRAGMA user_version = {number}")
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
+        db = self._connect()
+        try:
+            db.execute(begin)
+        except sqlite3.OperationalError as exc:
+            raise Unavailable(f"metadata database is busy: {exc}", self.path) from exc
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            # SQLite may already have rolled back by itself (a full disk does).
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    @contextmanager
+    def read(self) -> Iterator[SQLiteTx]:
+        try:
+            with self._transaction("BEGIN DEFERRED") as db:
+                yield SQLiteTx(db)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+
+    @contextmanager
+    def write(self) -> Iterator[SQLiteTx]:
+        try:
+            with self._transaction("BEGIN IMMEDIATE") as db:
+                yield SQLiteTx(db)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            for db in self._all:
+                db.close()
+            self._all.clear()
+        self._local = threading.local()
+
+
+def _uri(path: str, mode: str) -> str:
+    return f"{Path(path).absolute().as_uri()}?mode={mode}"
+
+
+def _make_private(path: str) -> None:
+    """Create the database file, empty and 0600, unless it exists (SQLite would make it
+    0644, and its -wal and -shm files after it)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE))
+    except OSError as exc:
+        raise Unavailable(f"cannot create the metadata database: {exc.strerror}", path) from exc
+
+
+def _require_schema(path: str) -> None:
+    """``NotFound`` unless ``path`` is a database with a schema; reads only."""
+    missing = NotFound("no graben metadata database here (the file is missing or empty)", path)
+    if not os.path.isfile(path):
+        raise missing
+    try:
+        db = sqlite3.connect(_uri(path, "ro"), uri=True, timeout=BUSY_TIMEOUT_S)
+        try:
+            empty = db.execute("PRAGMA user_version").fetchone()[0] == 0 and not _has_tables(db)
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        raise _translate(exc, path) from exc
+    if empty:
+        raise missing
+
+
+def _has_tables(db: sqlite3.Connection) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone() is not None
+
+
+def _translate(exc: sqlite3.Error, path: str) -> GrabenError:
+    text = str(exc)
+    if "database or disk is full" in text:
+        return NoSpace("metadata disk is full; the change was rolled back", path)
+    if "locked" in text or "busy" in text:
+        return Unavailable(f"metadata database is busy: {text}", path)
+    if "not a database" in text or "malformed" in text:
+        return IntegrityError(f"metadata database is damaged or not a graben store: {text}", path)
+    if isinstance(exc, sqlite3.OperationalError) and "unable to open" in text:
+        return Unavailable(f"cannot open the metadata database: {text}", path)
+    return GrabenError(f"metadata engine error: {text}", path)

@@ -1,0 +1,378 @@
+"""The SQLite engine's transactions: the repository's primitives as SQL.
+
+``SQLiteTx`` is what ``SQLiteRepository.read()`` and ``write()`` yield (see
+``Tx`` in ``meta/_repo.py``). Rows are checked as they become values:
+damage in the file is an ``IntegrityError`` naming the inode and path, never
+a wrong answer.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from ..._errors import IntegrityError
+from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState
+from .._repo import ROOT_INODE, ChunkRecord, Inode, tiling_problem
+from ._sqlite_checks import inconsistencies
+
+_INODE_COLUMNS = "id, kind, size, mode, mtime_ns, generation, replication"
+PAGE_ROWS_MAX = 100_000
+"""Rows one paged query returns at most, whatever it is asked (the wire's pages are far smaller)."""
+
+
+def _inode(row: tuple[object, ...] | None) -> Inode | None:
+    """A row of ``inodes`` as a value; ``IntegrityError`` if it does not decode."""
+    if row is None:
+        return None
+    number, kind, *numbers = row
+    if (
+        type(number) is not int
+        or kind not in ("file", "directory")
+        or any(type(n) is not int for n in numbers)
+    ):
+        raise IntegrityError(f"metadata damaged: inode row {row!r} does not decode")
+    return Inode(number, kind, *numbers)  # type: ignore[arg-type]
+
+
+def _checked_inode(row: tuple[object, ...]) -> Inode:
+    found = _inode(row)
+    assert found is not None
+    return found
+
+
+def _chunk_ref(chunk: object, length: object, crc: object) -> ChunkRef | None:
+    """A chunk row as a value, or ``None`` if it does not decode."""
+    ok = (
+        isinstance(chunk, str)
+        and len(chunk) == 64
+        and type(length) is int
+        and length >= 0
+        and type(crc) is int
+    )
+    return ChunkRef(chunk, length, crc) if ok else None  # type: ignore[arg-type]
+
+
+class SQLiteTx:
+    """A transaction on one connection (see ``Tx`` in ``_repo.py``)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def _damaged(self, inode: int, problem: str) -> IntegrityError:
+        """The error for a file whose rows contradict each other, naming it."""
+        where = self.path_of(inode) or f"inode {inode} (no path names it)"
+        return IntegrityError(f"metadata damaged: {problem} (inode {inode})", where)
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        self._db.execute("SAVEPOINT unit")
+        try:
+            yield
+        except BaseException:
+            if self._db.in_transaction:  # a full disk rolls back everything by itself
+                self._db.execute("ROLLBACK TO unit")
+                self._db.execute("RELEASE unit")
+            raise
+        self._db.execute("RELEASE unit")
+
+    # -- names and files -------------------------------------------------------
+
+    def lookup(self, parent: int, name: str) -> Inode | None:
+        return _inode(
+            self._db.execute(
+                f"SELECT {', '.join('i.' + c for c in _INODE_COLUMNS.split(', '))} "
+                "FROM entries e JOIN inodes i ON i.id = e.inode "
+                "WHERE e.parent = ? AND e.name = ?",
+                (parent, name),
+            ).fetchone()
+        )
+
+    def get(self, inode: int) -> Inode | None:
+        return _inode(
+            self._db.execute(
+                f"SELECT {_INODE_COLUMNS} FROM inodes WHERE id = ?", (inode,)
+            ).fetchone()
+        )
+
+    def children(self, parent: int) -> list[tuple[str, Inode]]:
+        rows = self._db.execute(
+            f"SELECT e.name, {', '.join('i.' + c for c in _INODE_COLUMNS.split(', '))} "
+            "FROM entries e JOIN inodes i ON i.id = e.inode "
+            "WHERE e.parent = ? ORDER BY e.name",
+            (parent,),
+        )
+        return [(row[0], _checked_inode(row[1:])) for row in rows]
+
+    def children_page(self, parent: int, after: str, limit: int) -> list[tuple[str, Inode]]:
+        rows = self._db.execute(
+            f"SELECT e.name, {', '.join('i.' + c for c in _INODE_COLUMNS.split(', '))} "
+            "FROM entries e JOIN inodes i ON i.id = e.inode "
+            "WHERE e.parent = ? AND e.name > ? ORDER BY e.name LIMIT ?",
+            (parent, after, limit),
+        )
+        return [(row[0], Inode(*row[1:])) for row in rows]
+
+    def has_children(self, parent: int) -> bool:
+        row = self._db.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1", (parent,))
+        return row.fetchone() is not None
+
+    def create(
+        self, kind: Kind, size: int, mode: int, mtime_ns: int, generation: int, replication: int
+    ) -> Inode:
+        cur = self._db.execute(
+            "INSERT INTO inodes (kind, size, mode, mtime_ns, generation, replication) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (kind, size, mode, mtime_ns, generation, replication),
+        )
+        assert cur.lastrowid is not None
+        return Inode(cur.lastrowid, kind, size, mode, mtime_ns, generation, replication)
+
+    def set_attributes(self, inode: int, mode: int, mtime_ns: int) -> Inode:
+        self._db.execute(
+            "UPDATE inodes SET mode = ?, mtime_ns = ? WHERE id = ?", (mode, mtime_ns, inode)
+        )
+        found = self.get(inode)
+        assert found is not None
+        return found
+
+    def link(self, parent: int, name: str, inode: int) -> None:
+        self._db.execute(
+            "INSERT INTO entries (parent, name, inode) VALUES (?, ?, ?)", (parent, name, inode)
+        )
+
+    def unlink(self, parent: int, name: str) -> None:
+        self._db.execute("DELETE FROM entries WHERE parent = ? AND name = ?", (parent, name))
+
+    def delete(self, inode: int) -> None:
+        uses = Counter(
+            chunk
+            for (chunk,) in self._db.execute("SELECT chunk FROM extents WHERE inode = ?", (inode,))
+        )
+        self._release(uses)
+        self._db.execute("DELETE FROM extents WHERE inode = ?", (inode,))
+        self._db.execute("DELETE FROM inodes WHERE id = ?", (inode,))
+
+    def extents(self, inode: int) -> list[Extent]:
+        rows = self._db.execute(
+            "SELECT x.offset, x.length, x.chunk, c.length, c.crc32c, x.chunk_offset "
+            "FROM extents x LEFT JOIN chunks c ON c.id = x.chunk "
+            "WHERE x.inode = ? ORDER BY x.offset",
+            (inode,),
+        )
+        extents = [self._extent(inode, *row) for row in rows]
+        size = self._db.execute("SELECT size FROM inodes WHERE id = ?", (inode,)).fetchone()
+        problem = tiling_problem(size[0] if size else 0, extents)
+        if problem is not None:
+            raise self._damaged(inode, f"{problem}; the file's size says {size and size[0]}")
+        return extents
+
+    def _extent(
+        self, inode: int, offset: object, length: object, chunk: object, *rest: object
+    ) -> Extent:
+        """One ``extents`` row (joined with its chunk row) as a value, or ``IntegrityError``."""
+        if not isinstance(chunk, str) or rest[0] is None:
+            raise self._damaged(
+                inode,
+                f"the extent at offset {offset} names chunk {chunk!r}, which has no chunk row",
+            )
+        ref = _chunk_ref(chunk, *rest[:2])
+        chunk_offset = rest[2]
+        if (
+            ref is None
+            or type(offset) is not int
+            or type(length) is not int
+            or type(chunk_offset) is not int
+        ):
+            raise self._damaged(inode, f"the extent at offset {offset!r} does not decode")
+        return Extent(offset, length, ref, chunk_offset)
+
+    def extents_page(self, inode: int, start: int, limit: int) -> list[Extent]:
+        # The extent covering ``start`` begins at the greatest offset <= start.
+        # Rows are checked one by one here; that the pages tile the file is
+        # checked by whoever gathers them (``client/_pages.py``).
+        rows = self._db.execute(
+            "SELECT x.offset, x.length, x.chunk, c.length, c.crc32c, x.chunk_offset "
+            "FROM extents x LEFT JOIN chunks c ON c.id = x.chunk "
+            "WHERE x.inode = ?1 AND x.offset >= COALESCE("
+            "(SELECT MAX(offset) FROM extents WHERE inode = ?1 AND offset <= ?2), 0) "
+            "ORDER BY x.offset LIMIT ?3",
+            (inode, start, limit),
+        )
+        return [self._extent(inode, *row) for row in rows]
+
+    def set_extents(self, inode: int, extents: Iterable[Extent]) -> None:
+        extents = list(extents)
+        self._db.executemany(
+            "INSERT INTO extents (inode, offset, length, chunk, chunk_offset) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(inode, x.offset, x.length, x.chunk.id, x.chunk_offset) for x in extents],
+        )
+        self._db.executemany(
+            "UPDATE chunks SET refs = refs + ? WHERE id = ?",
+            [(n, chunk) for chunk, n in Counter(x.chunk.id for x in extents).items()],
+        )
+
+    def _release(self, uses: Counter[str]) -> None:
+        now = time.time_ns()
+        self._db.executemany(
+            "UPDATE chunks SET refs = refs - ?1, "
+            "zero_since_ns = CASE WHEN refs - ?1 = 0 THEN ?2 ELSE zero_since_ns END "
+            "WHERE id = ?3",
+            [(n, now, chunk) for chunk, n in uses.items()],
+        )
+
+    # -- chunks -------------------------------------------------------------
+
+    def add_chunks(self, chunks: Iterable[tuple[ChunkRef, tuple[str, ...]]]) -> None:
+        chunks = list(chunks)
+        now = time.time_ns()
+        self._db.executemany(
+            "INSERT OR IGNORE INTO chunks (id, length, crc32c, refs, zero_since_ns) "
+            "VALUES (?, ?, ?, 0, ?)",
+            [(c.id, c.length, c.crc32c, now) for c, _ in chunks],
+        )
+        self._db.executemany(
+            "INSERT OR IGNORE INTO replicas (chunk, node) VALUES (?, ?)",
+            [(c.id, node) for c, nodes in chunks for node in nodes],
+        )
+
+    def _in(self, sql: str, ids: Iterable[str]) -> Iterator[tuple[str, ...]]:
+        ids = list(ids)
+        for start in range(0, len(ids), 500):
+            batch = ids[start : start + 500]
+            yield from self._db.execute(sql.format(",".join("?" * len(batch))), batch)
+
+    def replicas(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        found: dict[str, list[str]] = {}
+        sql = "SELECT chunk, node FROM replicas WHERE chunk IN ({}) ORDER BY chunk, node"
+        for chunk, node in self._in(sql, ids):
+            found.setdefault(chunk, []).append(node)
+        return {chunk: tuple(nodes) for chunk, nodes in found.items()}
+
+    def referenced(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        live = [c for (c,) in self._in("SELECT id FROM chunks WHERE refs > 0 AND id IN ({})", ids)]
+        return self.replicas(live)
+
+    def known(self, ids: Iterable[str]) -> set[str]:
+        return {c for (c,) in self._in("SELECT id FROM chunks WHERE id IN ({})", ids)}
+
+    def named(self, ids: Iterable[str]) -> set[str]:
+        sql = (
+            "SELECT id FROM chunks WHERE id IN ({0}) UNION SELECT chunk FROM extents "
+            "WHERE chunk IN ({0}) UNION SELECT chunk FROM replicas WHERE chunk IN ({0})"
+        )
+        ids = list(ids)
+        found: set[str] = set()
+        for start in range(0, len(ids), 300):
+            batch = ids[start : start + 300]
+            marks = ",".join("?" * len(batch))
+            found.update(c for (c,) in self._db.execute(sql.format(marks), batch * 3))
+        return found
+
+    def chunk_page(self, after: str, limit: int) -> tuple[list[ChunkRecord], str]:
+        limit = min(limit, PAGE_ROWS_MAX)
+        rows = self._db.execute(
+            "SELECT c.id, c.length, c.crc32c, "
+            "(SELECT group_concat(r.node) FROM replicas r WHERE r.chunk = c.id) "
+            "FROM chunks c WHERE c.id > ? ORDER BY c.id LIMIT ?",
+            (after, limit),
+        ).fetchall()
+        page = []
+        for chunk, length, crc, nodes in rows:
+            ref = _chunk_ref(chunk, length, crc)
+            if ref is not None:
+                page.append((ref, tuple(str(nodes).split(",")) if nodes else ()))
+        last = rows[-1][0] if len(rows) == limit else ""
+        return page, last if isinstance(last, str) else ""
+
+    def chunk_users(self, chunk: str, after: int, limit: int) -> list[int]:
+        rows = self._db.execute(
+            "SELECT DISTINCT inode FROM extents WHERE chunk = ? AND inode > ? "
+            "ORDER BY inode LIMIT ?",
+            (chunk, after, min(limit, PAGE_ROWS_MAX)),
+        )
+        return [inode for (inode,) in rows]
+
+    def path_of(self, inode: int) -> str | None:
+        names: list[str] = []
+        while inode != ROOT_INODE:
+            row = self._db.execute(
+                "SELECT parent, name FROM entries WHERE inode = ? LIMIT 1", (inode,)
+            ).fetchone()
+            if row is None:
+                return None
+            inode, name = row
+            names.append(name)
+        return "/" + "/".join(reversed(names))
+
+    def forget_unreferenced(self, older_than_ns: int, limit: int) -> list[ChunkRecord]:
+        # An extent naming the chunk means its refs count is wrong, not that it is free.
+        rows = self._db.execute(
+            "SELECT id, length, crc32c FROM chunks WHERE refs = 0 AND zero_since_ns < ? "
+            "AND id NOT IN (SELECT chunk FROM extents) ORDER BY id LIMIT ?",
+            (older_than_ns, min(limit, PAGE_ROWS_MAX)),
+        ).fetchall()
+        gone = [ref for ref in (_chunk_ref(*row) for row in rows) if ref is not None]
+        held = self.replicas(ref.id for ref in gone)
+        self._db.executemany("DELETE FROM chunks WHERE id = ?", [(r.id,) for r in gone])
+        self._db.executemany("DELETE FROM replicas WHERE chunk = ?", [(r.id,) for r in gone])
+        return [(ref, held.get(ref.id, ())) for ref in gone]
+
+    def inconsistencies(self, limit: int) -> list[ChunkProblem]:
+        return inconsistencies(self._db, self.path_of, limit)
+
+    def store_id(self) -> str:
+        row = self._db.execute("SELECT id FROM store").fetchone()
+        if row is None or not isinstance(row[0], str):
+            raise IntegrityError("metadata damaged: the store's id is missing")
+        return row[0]
+
+    def add_replicas(self, chunk: str, nodes: Iterable[str]) -> None:
+        self._db.executemany(
+            "INSERT OR IGNORE INTO replicas (chunk, node) VALUES (?, ?)",
+            [(chunk, node) for node in nodes],
+        )
+
+    def drop_replica(self, chunk: str, node: str) -> None:
+        self._db.execute("DELETE FROM replicas WHERE chunk = ? AND node = ?", (chunk, node))
+
+    def degraded(self, alive: Iterable[str], limit: int) -> list[Degraded]:
+        # One pass over referenced chunks; fine for now, an index of
+        # "replicas per chunk" would be the next step for large stores.
+        rows = self._db.execute(
+            "WITH live AS (SELECT value AS node FROM json_each(?)), "
+            "want AS (SELECT x.chunk, MAX(i.replication) AS copies FROM extents x "
+            "JOIN inodes i ON i.id = x.inode GROUP BY x.chunk), "
+            "have AS (SELECT r.chunk, group_concat(r.node) AS nodes, COUNT(*) AS copies "
+            "FROM replicas r JOIN live l ON l.node = r.node GROUP BY r.chunk) "
+            "SELECT c.id, c.length, c.crc32c, h.nodes, w.copies FROM chunks c "
+            "JOIN want w ON w.chunk = c.id LEFT JOIN have h ON h.chunk = c.id "
+            "WHERE c.refs > 0 AND COALESCE(h.copies, 0) < w.copies LIMIT ?",
+            (json.dumps(sorted(set(alive))), limit),
+        ).fetchall()
+        return [
+            Degraded(ChunkRef(chunk, length, crc), tuple(nodes.split(",")) if nodes else (), want)
+            for chunk, length, crc, nodes, want in rows
+        ]
+
+    # -- nodes --------------------------------------------------------------
+
+    def upsert_node(self, node: NodeState) -> None:
+        self._db.execute(
+            "INSERT INTO nodes (id, address, rack, free, total, last_seen) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+            "address = excluded.address, rack = excluded.rack, free = excluded.free, "
+            "total = excluded.total, last_seen = excluded.last_seen",
+            (node.id, node.address, node.rack, node.free, node.total, node.last_seen),
+        )
+
+    def nodes(self) -> list[NodeState]:
+        rows = self._db.execute(
+            "SELECT id, address, rack, free, total, last_seen FROM nodes ORDER BY id"
+        )
+        return [NodeState(*row) for row in rows]

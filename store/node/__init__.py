@@ -1,0 +1,24 @@
+"""The data node: chunk files on a local disk, served over the wire.
+
+Owns the chunk store (``_chunkstore``: content-addressed chunk files, written
+durably and atomically, read and checked) and the data node's server
+(``_server``: chunk reads and writes under capabilities, chain replication,
+heartbeats, the scrubber). The embedded store uses the same chunk store
+in-process.
+
+May import: ``transport`` (a node forwards chunks to its peers), ``wire``
+and the store's shared modules; never ``meta``, the ``client`` or anything
+above it.
+"""
+
+from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, read_id, write_private
+from ._server import DataNode
+
+__all__ = [
+    "DIR_MODE",
+    "GROUP_SYNC_MAX",
+    "DataNode",
+    "LocalChunkStore",
+    "read_id",
+    "write_private",
+]

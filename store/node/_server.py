@@ -1,0 +1,381 @@
+"""A data node: the local chunk store served over the wire, heartbeating to the metadata service.
+
+Ops: ``chunk.write`` (payload received into a pooled buffer, crc32c and
+blake3 checked, fsynced before the reply), ``chunk.read`` (read and
+verified, sent from a pooled buffer), ``chunk.inventory``, ``chunk.delete``,
+``chunk.temporaries`` and ``chunk.clean`` (for fsck and collection; lists
+come a page at a time). The node's id lives in its data directory, so a
+restarted node is the same node.
+
+The node belongs to one store: it keeps the store's id (``store-id``, next to
+``node-id``) from its first heartbeat on, and a metadata service of another
+store refuses it (a mistyped ``--engine`` must not adopt, and then collect,
+this node's chunks). Calls name the store too: capabilities carry its id,
+listings and cleaning ask for it, and another store's are refused.
+
+Reads, writes and deletes need the metadata service's capability for that
+chunk and op, checked here with the shared secret alone; listings and
+cleaning need the client token. A refused call reads and writes nothing.
+A write that would leave less than ``RESERVE`` free on the disk, counting the
+writes still landing, is refused with ``NoSpace``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import mmap
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from .._buffers import BufferPool
+from .._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, RESERVE, page_entries
+from .._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError
+from .._group import Batcher
+from .._types import (
+    Capability,
+    ChunkCall,
+    ChunkRef,
+    Joined,
+    NodeClean,
+    NodeQuery,
+    NodeState,
+    Op,
+    WireError,
+)
+from ..transport import Heartbeat, Pool, ReportBad, Request
+from ..wire import (
+    DEFAULT_IDLE_TIMEOUT,
+    Answer,
+    Call,
+    Connection,
+    Handler,
+    PayloadSink,
+    Server,
+    auth,
+    decode,
+    encode,
+    every,
+    stop,
+    to_wire,
+)
+from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, read_id, write_private
+
+log = logging.getLogger("graben.node")
+HEARTBEAT_S = 2.0
+
+
+def node_id(root: Path) -> str:
+    """The node's id, made on first start and kept in its data directory."""
+    path = root / "node-id"
+    if read_id(path) is None:
+        write_private(path, uuid.uuid4().hex + "\n")
+    found = read_id(path)
+    assert found is not None
+    return found
+
+
+class DataNode:
+    """Serves one chunk directory."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        rack: str,
+        meta: tuple[str, int],
+        secret: bytes,
+        io_threads: int = 4,
+        scrub_interval: float = 3600.0,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    ):
+        root.mkdir(DIR_MODE, parents=True, exist_ok=True)
+        self.root, self.rack, self.meta = root, rack, meta
+        self.id = node_id(root)
+        self.store_id = read_id(root / "store-id")
+        """The store this node belongs to; ``None`` until its first heartbeat is answered."""
+        self._landing = 0  # bytes of writes accepted and not yet stored
+        self._secret = secret
+        self._token = auth.client_token(secret)
+        self.store = LocalChunkStore(root / "chunks")
+        self.pool = BufferPool(DEFAULT_CHUNK_SIZE, keep=2 * io_threads + 4)
+        self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="graben-node")
+        self._lent: dict[int, mmap.mmap] = {}
+        self.server: Server | None = None
+        self.address = ""
+        self._beating: asyncio.Task[None] | None = None
+        self._scrubbing: asyncio.Task[None] | None = None
+        self.scrub_interval = scrub_interval
+        self.idle_timeout = idle_timeout
+        self._meta_conn: Connection | None = None
+        self._peers = Pool()  # other data nodes, for chain replication
+        self._small: Batcher[tuple[ChunkRef, memoryview], None] = Batcher(
+            partial(self._run, self.store.write_group), max_size=256, concurrency=2
+        )
+
+    async def start(self, host: str, port: int) -> Server:
+        """Listen, then heartbeat to the metadata service until closed."""
+        handlers: dict[str, Handler] = {
+            "chunk.write": self._write,
+            "chunk.write_many": self._write_many,
+            "chunk.read": self._read,
+            "chunk.inventory": self._inventory,
+            "chunk.delete": self._delete,
+            "chunk.temporaries": self._temporaries,
+            "chunk.clean": self._clean,
+        }
+        sinks: dict[str, PayloadSink] = {"chunk.write": self._sink, "chunk.write_many": self._sink}
+        self.server = await Server.start(
+            handlers, host, port, sinks, admit=self._admit, idle_timeout=self.idle_timeout
+        )
+        self.address = f"{host}:{self.server.port}"
+        self._beating = every(HEARTBEAT_S, self._heartbeat, "heartbeat", at_once=True)
+        self._scrubbing = every(self.scrub_interval, self.scrub_once, "scrub")
+        return self.server
+
+    async def close(self) -> None:
+        """Stop heartbeating and serving."""
+        await stop(self._beating, self._scrubbing)
+        if self.server is not None:
+            await self.server.close()
+        await self._peers.close()
+        self._io.shutdown(wait=True)
+        self.store.close()
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._io, partial(fn, *args))
+
+    # -- handlers -------------------------------------------------------------
+
+    def _admit(self, call: Call, length: int) -> None:
+        """Before a payload arrives: its capabilities must allow it, and it must be
+        exactly the chunk bytes they name (so nobody makes the node hold more)."""
+        if call.op == "chunk.write":
+            request: ChunkCall = decode(call.body, ChunkCall)
+            self._check(request.cap, request.chunk.id, "write")
+            lengths = [request.chunk.length]
+        elif call.op == "chunk.write_many":
+            calls = decode(call.body, list[ChunkCall])
+            for c in calls:  # signed by the service; each chunk's op is checked as it is stored
+                self._check(c.cap, c.chunk.id, c.cap.op)
+            lengths = [c.chunk.length for c in calls]
+        else:
+            auth.check_token(self._secret, call.token)
+            return
+        if sum(lengths) != length or any(n > MAX_CHUNK_SIZE for n in lengths):
+            raise ProtocolError(f"{call.op}: a payload of {length} bytes for chunks of {lengths}")
+
+    def _sink(self, call: Call, length: int) -> memoryview:
+        buffer = self.pool.get(length)
+        view = memoryview(buffer)[:length]
+        self._lent[id(view)] = buffer
+        return view
+
+    def _allowed(self, call: Call, op: Op) -> ChunkCall:
+        """The call's chunk and what goes with it, if its capability allows the op."""
+        request: ChunkCall = decode(call.body, ChunkCall)
+        self._check(request.cap, request.chunk.id, op)
+        return request
+
+    def _check(self, cap: Capability, chunk: str, op: Op) -> None:
+        """``PermissionDenied`` unless ``cap`` allows ``op`` on ``chunk`` in this node's store."""
+        auth.check(self._secret, cap, chunk, op, time.time(), store=self.store_id)
+
+    def _check_store(self, call: Call, store: str) -> None:
+        """A listing or cleaning needs the client token, for this node's store."""
+        auth.check_token(self._secret, call.token)
+        if self.store_id is not None and store != self.store_id:
+            raise PermissionDenied(
+                f"data node {self.id} belongs to store {self.store_id}, not to store {store}"
+            )
+
+    @contextlib.contextmanager
+    def _received(self, payload: memoryview | None) -> Iterator[memoryview]:
+        """A call's payload, landed in a pooled buffer that goes back after the block."""
+        buffer = self._lent.pop(id(payload), None)
+        data = payload if payload is not None else memoryview(b"")
+        try:
+            yield data
+        finally:
+            data.release()
+            if buffer is not None:
+                self.pool.put(buffer)
+
+    async def _write(self, call: Call, payload: memoryview | None) -> Answer:
+        with self._received(payload) as data:
+            request = self._allowed(call, "write")
+            if request.forward:
+                await self._store_and_forward(request, data)
+            else:
+                await self._store(request.chunk, data)
+        return Answer()
+
+    async def _store(self, chunk: ChunkRef, data: memoryview) -> None:
+        with self._reserved(chunk.length):
+            if chunk.length <= GROUP_SYNC_MAX:
+                await self._small.submit((chunk, data))
+            else:
+                await self._run(self.store.write, chunk, data)
+
+    @contextlib.contextmanager
+    def _reserved(self, length: int) -> Iterator[None]:
+        """Count ``length`` bytes as landing for the block, if the disk keeps its reserve.
+
+        Writes in flight count in full although some of their bytes already
+        show in the disk's free space: refusing a little early beats
+        overshooting the reserve when many land at once.
+        """
+        free = self.store.capacity()[0] - self._landing
+        if free - length < RESERVE:
+            raise NoSpace(
+                f"data node {self.id} at {self.address}: {max(free, 0)} bytes free (writes "
+                f"in flight counted); a {length}-byte chunk would leave less than its "
+                f"{RESERVE >> 20} MiB reserve; not stored"
+            )
+        self._landing += length
+        try:
+            yield
+        finally:
+            self._landing -= length
+
+    async def _store_and_forward(self, request: ChunkCall, data: memoryview) -> None:
+        """Chain replication: our copy and the rest of the chain's, at once."""
+        nxt, *rest = request.forward
+        forwarded = ChunkCall(request.chunk, request.cap, tuple(rest))
+
+        async def forward() -> None:
+            conn = await self._peers.get(nxt)
+            await conn.call("chunk.write", encode(forwarded), payload=data)
+
+        results = await asyncio.gather(
+            self._store(request.chunk, data), forward(), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _write_many(self, call: Call, payload: memoryview | None) -> Answer:
+        """Small chunks in one payload, each with its own capability; each one's error."""
+        with self._received(payload) as data:
+            calls = decode(call.body, list[ChunkCall])
+            ends = list(itertools.accumulate(c.chunk.length for c in calls))
+            if (ends[-1] if ends else 0) != data.nbytes:
+                raise ProtocolError("chunk.write_many: lengths do not add up to the payload")
+            outcomes = await asyncio.gather(
+                *(
+                    self._store_allowed(c, data[end - c.chunk.length : end])
+                    for c, end in zip(calls, ends, strict=True)
+                ),
+                return_exceptions=True,
+            )
+        return Answer(encode([_wire_error(o) for o in outcomes]))
+
+    async def _store_allowed(self, request: ChunkCall, data: memoryview) -> None:
+        self._check(request.cap, request.chunk.id, "write")
+        await self._store(request.chunk, data)
+
+    async def _read(self, call: Call, payload: memoryview | None) -> Answer:
+        chunk = self._allowed(call, "read").chunk
+        assert self.server is not None
+        budget = self.server.budget  # replies being read and sent count too
+        await budget.hold(chunk.length)
+        buffer = self.pool.get(chunk.length)
+        view = memoryview(buffer)[: chunk.length]
+
+        def release() -> None:
+            view.release()
+            self.pool.put(buffer)
+            budget.give(chunk.length)
+
+        try:
+            await self._run(self.store.read, chunk, view)
+        except BaseException:
+            release()
+            raise
+
+        return Answer(payload=view, release=release)
+
+    async def _inventory(self, call: Call, payload: memoryview | None) -> Answer:
+        query = decode(call.body, NodeQuery)
+        self._check_store(call, query.store)
+        found = await self._run(self.store.inventory, query.after, page_entries(query.limit))
+        return Answer(encode(found))
+
+    async def _temporaries(self, call: Call, payload: memoryview | None) -> Answer:
+        query = decode(call.body, NodeQuery)
+        self._check_store(call, query.store)
+        found = await self._run(self.store.temporaries, query.after, page_entries(query.limit))
+        return Answer(encode(found))
+
+    async def _clean(self, call: Call, payload: memoryview | None) -> Answer:
+        request = decode(call.body, NodeClean)
+        self._check_store(call, request.store)
+        return Answer(encode(await self._run(self.store.clean_temporaries, request.older_than)))
+
+    async def _delete(self, call: Call, payload: memoryview | None) -> Answer:
+        chunk_id, older_than, cap = decode(call.body, tuple[str, float, Capability])
+        self._check(cap, chunk_id, "delete")
+        return Answer(encode(await self._run(self.store.delete, chunk_id, older_than)))
+
+    # -- heartbeats -------------------------------------------------------------
+
+    async def _tell_meta(self, request: Request[Any]) -> Any:
+        if self._meta_conn is None or self._meta_conn.closed:
+            self._meta_conn = await Connection.open(*self.meta)
+        body, _ = await self._meta_conn.call(
+            "meta", encode(request), token=self._token, timeout=HEARTBEAT_S * 2
+        )
+        return decode(body, request.response)
+
+    async def _heartbeat(self) -> None:
+        free, total = await self._run(self.store.capacity)
+        state = NodeState(self.id, self.address, self.rack, free, total)
+        try:
+            joined: Joined = await self._tell_meta(Heartbeat(state, self.store_id or ""))
+        except PermissionDenied as exc:  # another store's metadata, or the wrong secret
+            log.error(
+                "the metadata service at %s:%s refused this node: %s", *self.meta, exc.message
+            )
+            return
+        if self.store_id is None:
+            await self._run(write_private, self.root / "store-id", joined.store_id + "\n")
+            self.store_id = joined.store_id
+            log.info("data node %s joined store %s", self.id, self.store_id)
+        elif joined.store_id != self.store_id:  # a service that did not check: serve it nothing
+            log.error(
+                "the metadata service at %s:%s serves store %s; this node belongs to store %s "
+                "and refuses its capabilities and listings",
+                *self.meta,
+                joined.store_id,
+                self.store_id,
+            )
+
+    # -- scrubbing --------------------------------------------------------------
+
+    async def scrub_once(self) -> int:
+        """Re-hash every chunk file against its name; report the bad ones. Returns how many."""
+        bad, after = 0, ""
+        while page := await self._run(self.store.inventory, after, page_entries()):
+            for chunk_id, _mtime in page:
+                if not await self._run(self.store.intact, chunk_id):
+                    bad += 1
+                    reason = "scrub: content does not match its name"
+                    await self._tell_meta(ReportBad(chunk_id, self.id, reason))
+            after = page[-1][0]
+        return bad
+
+
+def _wire_error(outcome: BaseException | None) -> WireError | None:
+    """One chunk's outcome in a ``chunk.write_many`` reply."""
+    if outcome is None:
+        return None
+    if isinstance(outcome, GrabenError):
+        return to_wire(outcome)
+    raise outcome  # not the chunk's fault: the whole call fails

@@ -1,0 +1,73 @@
+"""The transport seam: what reaching a store's two halves looks like.
+
+Owns the metadata requests (``_requests``: each names its response type),
+the two protocols every client feature is written against (``_protocols``:
+``MetaTransport`` for the metadata service, ``ChunkTransport`` for the data
+nodes) and their implementations over the wire (``_remote``: ``RemoteMeta``,
+``RemoteChunks``, the capabilities at hand, a connection pool). The servers
+use the remote transports too, to reach each other; the in-process
+implementations are the ``embedded`` layer's.
+
+May import: ``wire`` and the store's shared modules.
+"""
+
+from ._protocols import ChunkTransport, MetaTransport
+from ._remote import Grants, Pool, RemoteChunks, RemoteMeta, open_cluster
+from ._requests import (
+    CheckMetadata,
+    ChunkRefs,
+    ChunkUsers,
+    Collectable,
+    Commit,
+    CommitEach,
+    GetHealth,
+    GetLayout,
+    GetStoreId,
+    Grant,
+    Heartbeat,
+    ListDir,
+    ListNodes,
+    MakeDir,
+    Prepare,
+    Remove,
+    Rename,
+    ReportBad,
+    Request,
+    SetAttributes,
+    Stat,
+    Usage,
+    request_types,
+)
+
+__all__ = [
+    "CheckMetadata",
+    "ChunkRefs",
+    "ChunkTransport",
+    "ChunkUsers",
+    "Collectable",
+    "Commit",
+    "CommitEach",
+    "GetHealth",
+    "GetLayout",
+    "GetStoreId",
+    "Grant",
+    "Grants",
+    "Heartbeat",
+    "ListDir",
+    "ListNodes",
+    "MakeDir",
+    "MetaTransport",
+    "Pool",
+    "Prepare",
+    "RemoteChunks",
+    "RemoteMeta",
+    "Remove",
+    "Rename",
+    "ReportBad",
+    "Request",
+    "SetAttributes",
+    "Stat",
+    "Usage",
+    "open_cluster",
+    "request_types",
+]

@@ -1,0 +1,485 @@
+"""The cluster's side of the transport seam: metadata and chunks over the wire.
+
+``RemoteMeta`` sends each ``Request`` to the metadata service as op ``meta``.
+``RemoteChunks`` keeps one multiplexed connection per data node (addresses
+from the metadata service's node list), sends chunk payloads from the
+caller's memory and receives reads straight into the reader's buffer, then
+checks the crc32c itself: the data node checked it too, but only the client
+knows the bytes arrived intact.
+
+Auth: every call to the metadata service carries the client's token; every
+chunk call carries a capability for that chunk and op. ``Grants`` holds the
+capabilities that come with placements and layouts, and asks for fresh ones
+(``Grant``) when one is missing or about to expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import TypeVar
+
+from .._config import page_entries
+from .._errors import GrabenError, IntegrityError, PermissionDenied, Unavailable
+from .._group import Batcher, Batchers
+from .._hashing import crc32c
+from .._types import (
+    Capability,
+    ChunkCall,
+    ChunkPage,
+    ChunkRef,
+    FileInfo,
+    FileLayout,
+    NodeClean,
+    NodeQuery,
+    NodeState,
+    Op,
+    Placement,
+    WireError,
+)
+from ..wire import CLIENT_IDLE_S, Connection, decode, encode, from_wire
+from ._requests import (
+    CheckMetadata,
+    ChunkRefs,
+    ChunkUsers,
+    Commit,
+    CommitEach,
+    GetHealth,
+    GetLayout,
+    GetStoreId,
+    Grant,
+    Heartbeat,
+    ListDir,
+    ListNodes,
+    Prepare,
+    ReportBad,
+    Request,
+    Stat,
+    Usage,
+)
+
+R = TypeVar("R")
+
+RETRY_FOR_S = 30.0
+"""How long safe requests keep retrying while the metadata service is away."""
+RETRYABLE = frozenset(
+    {
+        Stat,
+        ListDir,
+        GetLayout,
+        Prepare,
+        Usage,
+        ChunkRefs,
+        ChunkUsers,
+        CheckMetadata,
+        GetStoreId,
+        ListNodes,
+        GetHealth,
+        Heartbeat,
+        ReportBad,
+        Grant,
+    }
+)
+"""Requests that may be repeated: reads, and writes whose repeat changes nothing."""
+NodeLister = Callable[[], Awaitable[list[NodeState]]]
+GrantFetcher = Callable[[tuple[str, ...], Op], Awaitable[list[Capability]]]
+REFRESH_BEFORE_S = 60.0
+"""Ask for a fresh capability when the one at hand expires sooner than this."""
+SMALL_WRITE_MAX = 64 * 1024
+"""Chunks up to this size that go to one node at once share a call (``chunk.write_many``)."""
+SMALL_GROUP_BYTES = 4 << 20
+"""Most bytes in one such call."""
+KEEP_GRANTS = 65536
+"""Capabilities kept at most (a few hundred bytes each), the least recently added dropped."""
+GRANT_GROUP = 256
+"""Most chunks in one ``Grant`` call (a reply of ~50 KiB, far under the wire's header limit)."""
+
+
+def open_cluster(
+    host: str, port: int, check_threads: int, *, token: str, read_ahead: int = 0
+) -> tuple[RemoteMeta, RemoteChunks]:
+    """Transports to the cluster whose metadata service listens on ``host:port``."""
+    meta = RemoteMeta(host, port, token)
+    checker = ThreadPoolExecutor(check_threads, thread_name_prefix="graben-check")
+    nodes = RemoteChunks(
+        lambda: meta.request(ListNodes()),
+        checker,
+        meta.grants,
+        token=token,
+        owns_checker=True,
+        read_ahead=read_ahead,
+    )
+    return meta, nodes
+
+
+class Grants:
+    """Capabilities at hand, by (chunk, op); more fetched when one is missing or stale.
+
+    Concurrent fetches share one ``Grant`` call (collection deletes a page of
+    chunks at once: one round trip for the page, not one per chunk).
+    """
+
+    def __init__(self, fetch: GrantFetcher) -> None:
+        self._fetch = fetch
+        self._held: OrderedDict[tuple[str, str], Capability] = OrderedDict()
+        self._fetching: Batchers[Op, str, Capability | None] = Batchers(
+            lambda op: Batcher(partial(self._fetch_group, op), max_size=GRANT_GROUP)
+        )
+
+    def add(self, caps: Iterable[Capability]) -> None:
+        """Keep capabilities that came with a metadata reply."""
+        for cap in caps:
+            key = (cap.chunk, cap.op)
+            self._held[key] = cap
+            self._held.move_to_end(key)
+        while len(self._held) > KEEP_GRANTS:
+            self._held.popitem(last=False)
+
+    async def get(self, chunk: str, op: Op) -> Capability:
+        """A capability for ``op`` on ``chunk`` valid for a while yet."""
+        cap = self._held.get((chunk, op))
+        if cap is None or cap.expires - time.time() < REFRESH_BEFORE_S:
+            cap = await self._fetching[op].submit(chunk)
+            if cap is None:
+                raise PermissionDenied(f"the metadata service granted no {op} of chunk {chunk}")
+        return cap
+
+    async def _fetch_group(self, op: Op, chunks: list[str]) -> list[Capability | Exception | None]:
+        """One ``Grant`` for the group; if it is refused, each chunk's own answer."""
+        try:
+            caps = await self._fetch(tuple(dict.fromkeys(chunks)), op)
+        except PermissionDenied:
+            if len(set(chunks)) == 1:
+                raise
+            return [await self._fetch_one(chunk, op) for chunk in chunks]
+        self.add(caps)
+        return [self._held.get((chunk, op)) for chunk in chunks]
+
+    async def _fetch_one(self, chunk: str, op: Op) -> Capability | Exception | None:
+        try:
+            self.add(await self._fetch((chunk,), op))
+        except PermissionDenied as exc:
+            return exc
+        return self._held.get((chunk, op))
+
+
+class Pool:
+    """One lazily opened, re-opened-on-loss connection per address."""
+
+    def __init__(self) -> None:
+        self._connections: dict[str, Connection] = {}
+        self._lock = asyncio.Lock()
+
+    async def get(self, address: str) -> Connection:
+        conn = self._connections.get(address)
+        if conn is not None and _usable(conn):
+            return conn
+        async with self._lock:
+            conn = self._connections.get(address)
+            if conn is None or not _usable(conn):
+                if conn is not None:
+                    await conn.close()
+                host, _, port = address.rpartition(":")
+                conn = await Connection.open(host, int(port))
+                self._connections[address] = conn
+            return conn
+
+    async def close(self) -> None:
+        for conn in self._connections.values():
+            await conn.close()
+        self._connections.clear()
+
+
+def _usable(conn: Connection) -> bool:
+    """Open, and not idle so long that its server may be about to drop it: a
+    mutation sent just as a server closes would be lost without a trace."""
+    return not conn.closed and conn.idle_s < CLIENT_IDLE_S
+
+
+class RemoteMeta:
+    """``MetaTransport`` to a metadata service."""
+
+    def __init__(self, host: str, port: int, token: str) -> None:
+        self.address = f"{host}:{port}"
+        self._pool = Pool()
+        self._token = token
+        self.grants = Grants(lambda chunks, op: self.request(Grant(chunks, op)))
+        """Capabilities that came with replies; chunk transports use and refresh them."""
+        # Many writers in one process: their placements and commits share round trips.
+        self._prepares: Batchers[int, Prepare, list[Placement]] = Batchers(
+            lambda _replication: Batcher(
+                self._prepare_together, size=lambda p: len(p.chunks), max_size=1024, concurrency=4
+            )
+        )
+        self._commits: Batcher[Commit, list[FileInfo]] = Batcher(
+            self._commit_each, size=lambda c: len(c.files), max_size=1024, concurrency=2
+        )
+
+    async def request(self, request: Request[R]) -> R:
+        """Send one request; concurrent placements and commits go together.
+
+        Merged commits stay independent: each batch is committed or fails on
+        its own, as if it had been sent alone.
+        """
+        result: object
+        if isinstance(request, Prepare) and not request.avoid:
+            result = await self._prepares[request.replication].submit(request)
+        elif isinstance(request, Commit):
+            result = await self._commits.submit(request)
+        else:
+            return await self._send(request)
+        return result  # type: ignore[return-value]
+
+    async def _prepare_together(self, requests: list[Prepare]) -> list[list[Placement]]:
+        if len(requests) == 1:
+            alone: list[Placement] = await self._send(requests[0])
+            return [alone]
+        chunks = tuple(c for r in requests for c in r.chunks)
+        merged: list[Placement] = await self._send(Prepare(chunks, requests[0].replication))
+        placements = iter(merged)
+        return [[next(placements) for _ in r.chunks] for r in requests]
+
+    async def _commit_each(self, requests: list[Commit]) -> list[list[FileInfo] | Exception]:
+        if len(requests) == 1:
+            infos: list[FileInfo] = await self._send(requests[0])
+            return [infos]
+        outcomes = await self._send(CommitEach(tuple(r.files for r in requests)))
+        return [o.infos if o.error is None else from_wire(o.error) for o in outcomes]
+
+    async def _send(self, request: Request[R]) -> R:
+        """Send one request; safe-to-repeat ones ride out a restart of the service.
+
+        A mutation (commit, rename, remove, mkdir) is never repeated: if the
+        connection drops, its reply is lost and it may or may not have
+        happened (atomically either way), so the caller gets ``Unavailable``.
+        """
+        deadline = time.monotonic() + RETRY_FOR_S
+        delay = 0.05
+        while True:
+            try:
+                conn = await self._pool.get(self.address)
+                body, _ = await conn.call("meta", encode(request), token=self._token)
+            except Unavailable:
+                if type(request) not in RETRYABLE or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            result: R = decode(body, request.response)
+            self._keep_grants(request, result)
+            return result
+
+    def _keep_grants(self, request: Request[R], result: R) -> None:
+        if isinstance(request, Prepare):
+            placements: list[Placement] = result  # type: ignore[assignment]
+            self.grants.add(p.grant for p in placements if p.grant is not None)
+        elif isinstance(result, FileLayout | ChunkPage):
+            self.grants.add(result.grants.values())
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+
+class RemoteChunks:
+    """``ChunkTransport`` to the cluster's data nodes."""
+
+    def __init__(
+        self,
+        list_nodes: NodeLister,
+        checker: ThreadPoolExecutor,
+        grants: Grants,
+        *,
+        token: str,
+        owns_checker: bool = False,
+        read_ahead: int = 0,
+    ) -> None:
+        self._window = read_ahead
+        self._grants, self._token = grants, token
+        self._small_writes: Batchers[str, tuple[ChunkCall, memoryview], None] = Batchers(
+            lambda node: Batcher(
+                partial(self._write_many, node),
+                size=lambda item: item[0].chunk.length,
+                max_size=SMALL_GROUP_BYTES,
+                concurrency=2,
+            )
+        )
+        self._list_nodes, self._checker, self._owns_checker = list_nodes, checker, owns_checker
+        self._nodes: dict[str, NodeState] = {}
+        self._pool = Pool()
+        # Read-ahead: chunk id -> a fetch into a buffer of ours, at most the window.
+        self._ahead: OrderedDict[str, asyncio.Task[bytearray]] = OrderedDict()
+        self._spare: list[bytearray] = []  # touched buffers: fresh memory faults at ~1.5 GB/s
+
+    @property
+    def prefetch_window(self) -> int:
+        return self._window
+
+    @property
+    def local_read(self) -> Callable[[str, ChunkRef, memoryview], None] | None:
+        return None
+
+    async def nodes(self) -> tuple[str, ...]:
+        await self._refresh()
+        return tuple(self._nodes)
+
+    async def _refresh(self) -> None:
+        self._nodes = {n.id: n for n in await self._list_nodes()}
+
+    async def _address(self, node: str) -> str:
+        if node not in self._nodes:
+            await self._refresh()
+        state = self._nodes.get(node)
+        if state is None:
+            raise Unavailable(f"the metadata service knows no data node {node!r}")
+        return state.address
+
+    async def _conn(self, node: str) -> Connection:
+        return await self._pool.get(await self._address(node))
+
+    async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
+        cap = await self._grants.get(chunk.id, "write")
+        if chunk.length <= SMALL_WRITE_MAX:
+            await self._small_writes[node].submit((ChunkCall(chunk, cap), data))
+            return
+        conn = await self._conn(node)
+        await conn.call("chunk.write", encode(ChunkCall(chunk, cap)), payload=data)
+
+    async def write_chain(self, nodes: Sequence[str], chunk: ChunkRef, data: memoryview) -> None:
+        """Chain replication (measured against fan-out by ``graben bench``; fan-out
+        is what writers use): the first node passes the chunk down the chain.
+        Returns once every node has it durably; fails if any did not."""
+        cap = await self._grants.get(chunk.id, "write")
+        forward = tuple([await self._address(n) for n in nodes[1:]])
+        conn = await self._conn(nodes[0])
+        await conn.call("chunk.write", encode(ChunkCall(chunk, cap, forward)), payload=data)
+
+    async def _write_many(
+        self, node: str, items: list[tuple[ChunkCall, memoryview]]
+    ) -> list[GrabenError | None]:
+        """Small chunks bound for one node in one call: one copy of a few KiB each
+        buys one round trip and one disk sync for the lot."""
+        conn = await self._conn(node)
+        payload = b"".join(data for _, data in items)
+        body = encode([call for call, _ in items])
+        reply, _ = await conn.call("chunk.write_many", body, payload=memoryview(payload))
+        errors = decode(reply, list[WireError | None])
+        return [None if e is None else from_wire(e) for e in errors]
+
+    async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
+        fetched = self._ahead.pop(chunk.id, None)
+        if fetched is not None:
+            try:
+                buffer = await fetched
+            except GrabenError:
+                pass  # read it again below, from the node asked for
+            else:
+                into[: chunk.length] = memoryview(buffer)[: chunk.length]  # verified on arrival
+                self._recycle(buffer)
+                return
+        await self._read(node, chunk, into)
+
+    async def _read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
+        conn = await self._conn(node)
+        cap = await self._grants.get(chunk.id, "read")
+        view = into[: chunk.length]
+        _, got = await conn.call("chunk.read", encode(ChunkCall(chunk, cap)), into=view)
+        if got != chunk.length:
+            raise IntegrityError(
+                f"chunk {chunk.id} from {node} came with {got} bytes, not {chunk.length}"
+            )
+        loop = asyncio.get_running_loop()
+        actual = await loop.run_in_executor(self._checker, crc32c, view)
+        if actual != chunk.crc32c:
+            raise IntegrityError(
+                f"chunk {chunk.id} from {node} is corrupt: crc32c {actual:08x}, "
+                f"expected {chunk.crc32c:08x}",
+                self.describe(node, chunk.id),
+            )
+
+    async def prefetch(self, node: str, chunks: Sequence[ChunkRef]) -> int:
+        """Start fetching the first chunks not yet at hand, keeping at most the window."""
+        for chunk in chunks:
+            if chunk.id in self._ahead:
+                continue
+            if len(self._ahead) >= self._window and not self._evict():
+                break
+            self._ahead[chunk.id] = asyncio.ensure_future(self._fetch(node, chunk))
+        return sum(c.id in self._ahead for c in chunks)
+
+    def _evict(self) -> bool:
+        """Drop the oldest finished fetch nobody came for; whether a slot is free."""
+        for chunk_id, task in self._ahead.items():
+            if task.done():
+                del self._ahead[chunk_id]
+                if not task.cancelled() and task.exception() is None:
+                    self._recycle(task.result())
+                return True
+        return False
+
+    async def _fetch(self, node: str, chunk: ChunkRef) -> bytearray:
+        buffer = next((b for b in self._spare if len(b) >= chunk.length), None)
+        if buffer is None:
+            buffer = bytearray(chunk.length)
+        else:
+            self._spare.remove(buffer)
+        try:
+            await self._read(node, chunk, memoryview(buffer)[: chunk.length])
+        except BaseException:
+            self._recycle(buffer)
+            raise
+        return buffer
+
+    def _recycle(self, buffer: bytearray) -> None:
+        if len(self._spare) < self._window:
+            self._spare.append(buffer)
+
+    async def inventory(self, node: str, store: str, after: str = "") -> list[tuple[str, float]]:
+        conn = await self._conn(node)
+        query = encode(NodeQuery(store, after, page_entries()))
+        body, _ = await conn.call("chunk.inventory", query, token=self._token)
+        found: list[tuple[str, float]] = decode(body, list[tuple[str, float]])
+        return found
+
+    async def temporaries(
+        self, node: str, store: str, after: str = ""
+    ) -> list[tuple[str, int, float]]:
+        conn = await self._conn(node)
+        query = encode(NodeQuery(store, after, page_entries()))
+        body, _ = await conn.call("chunk.temporaries", query, token=self._token)
+        found: list[tuple[str, int, float]] = decode(body, list[tuple[str, int, float]])
+        return found
+
+    async def clean(self, node: str, store: str, older_than: float) -> tuple[int, int]:
+        conn = await self._conn(node)
+        body, _ = await conn.call(
+            "chunk.clean", encode(NodeClean(store, older_than)), token=self._token
+        )
+        done: tuple[int, int] = decode(body, tuple[int, int])
+        return done
+
+    async def delete(self, node: str, chunk_id: str, older_than: float) -> bool:
+        conn = await self._conn(node)
+        cap = await self._grants.get(chunk_id, "delete")
+        body, _ = await conn.call("chunk.delete", encode((chunk_id, older_than, cap)))
+        gone: bool = decode(body, bool)
+        return gone
+
+    def describe(self, node: str, chunk_id: str) -> str:
+        state = self._nodes.get(node)
+        return f"{node}@{state.address if state else '?'}:{chunk_id}"
+
+    def describe_temporary(self, node: str, name: str) -> str:
+        return self.describe(node, f"tmp/{name}")
+
+    async def close(self) -> None:
+        for task in self._ahead.values():
+            task.cancel()
+        await asyncio.gather(*self._ahead.values(), return_exceptions=True)
+        self._ahead.clear()
+        await self._pool.close()
+        if self._owns_checker:
+            self._checker.shutdown(wait=True)

@@ -1,0 +1,239 @@
+"""The metadata requests: what a client asks of the metadata service.
+
+Each request names its response type; the metadata logic (``meta``)
+executes them, an embedded client hands them over in-process and a remote
+one sends them over the wire (``_remote``). The values they carry and
+return are the shared ones of ``graben.store._types``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Generic, TypeVar
+
+import msgspec
+
+from .._types import (
+    Capability,
+    ChunkPage,
+    ChunkProblem,
+    ChunkRef,
+    Committed,
+    FileCommit,
+    FileInfo,
+    FileLayout,
+    Health,
+    Joined,
+    Listing,
+    NodeState,
+    Op,
+    Placement,
+)
+
+R = TypeVar("R")
+
+
+class Request(msgspec.Struct, Generic[R], frozen=True, tag=True):
+    """A metadata operation; ``response`` is the type it returns."""
+
+    response: ClassVar[Any]
+
+
+class Stat(Request[FileInfo], frozen=True):
+    """Attributes of one path."""
+
+    response = FileInfo
+    path: str
+
+
+class ListDir(Request[Listing], frozen=True):
+    """A page of a directory's entries (or the file itself), sorted by name.
+
+    The first page names the path; later pages name the directory's inode and
+    the last name seen, so a directory renamed meanwhile is still listed whole.
+    """
+
+    response = Listing
+    path: str
+    after: str = ""
+    """Only names after this one."""
+    limit: int = 0
+    """At most this many entries (0: the service's page size)."""
+    directory: int = 0
+    """Go on listing this directory inode (later pages)."""
+
+
+class MakeDir(Request[FileInfo], frozen=True):
+    """Create a directory."""
+
+    response = FileInfo
+    path: str
+    parents: bool = False
+    exist_ok: bool = False
+
+
+class Remove(Request[int], frozen=True):
+    """Remove a path; returns how many entries went."""
+
+    response = int
+    path: str
+    recursive: bool = False
+
+
+class Rename(Request[FileInfo], frozen=True):
+    """Move a file or directory atomically."""
+
+    response = FileInfo
+    src: str
+    dst: str
+    replace: bool = True
+    replace_tree: bool = False
+    """Replace a non-empty directory too, deleting its tree in the same transaction."""
+
+
+class SetAttributes(Request[FileInfo], frozen=True):
+    """Change a file's or directory's mode bits or modification time in place."""
+
+    response = FileInfo
+    path: str
+    mode: int | None = None
+    """New mode bits; ``None`` keeps them."""
+    mtime_ns: int | None = None
+    """New modification time; ``None`` keeps it."""
+
+
+class GetLayout(Request[FileLayout], frozen=True):
+    """Where a file's bytes are: a page of its extents, from file offset ``start``.
+
+    Later pages name the version's inode, so they describe the same version
+    as the first; ``NotFound`` if it was replaced meanwhile.
+    """
+
+    response = FileLayout
+    path: str
+    start: int = 0
+    """First file offset wanted (a page's extents start at or before it)."""
+    limit: int = 0
+    """At most this many extents (0: the service's page size)."""
+    inode: int = 0
+    """The version the first page described (later pages)."""
+
+
+class Prepare(Request[list[Placement]], frozen=True):
+    """Ask, for a batch of chunks, which to upload and where (0: the store's default)."""
+
+    response = list[Placement]
+    chunks: tuple[ChunkRef, ...]
+    replication: int = 0
+    avoid: tuple[str, ...] = ()
+
+
+class Commit(Request[list[FileInfo]], frozen=True):
+    """Make a batch of files visible, each atomically."""
+
+    response = list[FileInfo]
+    files: tuple[FileCommit, ...]
+
+
+class Usage(Request[tuple[int, int]], frozen=True):
+    """(files, bytes) under a path, recursively."""
+
+    response = tuple[int, int]
+    path: str
+
+
+class ChunkRefs(Request[ChunkPage], frozen=True):
+    """A page of the chunks the engine knows, ids after ``after``, for fsck."""
+
+    response = ChunkPage
+    after: str = ""
+    limit: int = 0
+    """Most chunks in the page; 0 (and anything larger) is the server's page size."""
+
+
+class ChunkUsers(Request[list[tuple[int, str]]], frozen=True):
+    """A page of the files using a chunk: ``(inode, path)`` for inodes after ``after``,
+    in inode order; ``path`` is ``""`` for an inode no entry names. Empty: no more."""
+
+    response = list[tuple[int, str]]
+    chunk: str
+    after: int = 0
+    limit: int = 0
+
+
+class Collectable(Request[list[tuple[str, tuple[str, ...]]]], frozen=True):
+    """Forget a page of chunks unreferenced for longer than ``grace_s``; returns their
+    ids with the nodes that held them (their copies may go). Empty: none left."""
+
+    response = list[tuple[str, tuple[str, ...]]]
+    grace_s: float
+    limit: int = 0
+
+
+class CheckMetadata(Request[list[ChunkProblem]], frozen=True):
+    """Cross-check the engine's tables (entries, inodes, extents, chunks, refs);
+    the first ``limit`` inconsistencies found (0: the server's page size)."""
+
+    response = list[ChunkProblem]
+    limit: int = 0
+
+
+class GetStoreId(Request[str], frozen=True):
+    """The store's id, made when its engine was created."""
+
+    response = str
+
+
+class Heartbeat(Request[Joined], frozen=True):
+    """A data node says it is alive; refused if it belongs to another store."""
+
+    response = Joined
+    node: NodeState
+    store_id: str = ""
+    """The store the node belongs to; ``""`` if it has joined none yet."""
+
+
+class ListNodes(Request[list[NodeState]], frozen=True):
+    """Every registered data node."""
+
+    response = list[NodeState]
+
+
+class ReportBad(Request[None], frozen=True):
+    """A reader found a copy corrupt or missing: forget it so repair replaces it."""
+
+    response = None
+    chunk: str
+    node: str
+    reason: str = ""
+
+
+class GetHealth(Request[Health], frozen=True):
+    """The store's health at a glance."""
+
+    response = Health
+
+
+class CommitEach(Request[list[Committed]], frozen=True):
+    """Several independent ``Commit`` batches in one round trip; each all or nothing."""
+
+    response = list[Committed]
+    batches: tuple[tuple[FileCommit, ...], ...]
+
+
+class Grant(Request[list[Capability]], frozen=True):
+    """Fresh capabilities for ``op`` on each chunk (a cluster only).
+
+    Reads are granted to any client with a valid token; writes only for
+    chunks no live file uses (a live chunk never changes); deletes only for
+    chunks the metadata no longer names (orphans), so a client's collection
+    can never delete live data.
+    """
+
+    response = list[Capability]
+    chunks: tuple[str, ...]
+    op: Op
+
+
+def request_types() -> tuple[type[Request[Any]], ...]:
+    """Every request type, for decoding whichever one arrives."""
+    return tuple(Request.__subclasses__())

@@ -1,0 +1,43 @@
+"""The wire: how the store's processes talk, knowing nothing of files.
+
+Owns the frame protocol (``_frames``: length-prefixed frames, a msgpack
+header, a payload received straight into the receiver's buffer), RPC on top
+of it (``_rpc``: multiplexed client connections, servers, periodic tasks)
+and the cluster's auth primitives (``auth``: the shared secret, client
+tokens, chunk capabilities). TLS belongs here too.
+
+May import: the store's shared modules only (``graben.store._types``,
+``_errors``, ...); every other layer may import this one.
+"""
+
+from . import _auth as auth
+from ._frames import Call, decode, encode, from_wire, to_wire
+from ._rpc import (
+    CLIENT_IDLE_S,
+    DEFAULT_IDLE_TIMEOUT,
+    Answer,
+    Connection,
+    Handler,
+    PayloadSink,
+    Server,
+    every,
+    stop,
+)
+
+__all__ = [
+    "CLIENT_IDLE_S",
+    "DEFAULT_IDLE_TIMEOUT",
+    "Answer",
+    "Call",
+    "Connection",
+    "Handler",
+    "PayloadSink",
+    "Server",
+    "auth",
+    "decode",
+    "encode",
+    "every",
+    "from_wire",
+    "stop",
+    "to_wire",
+]

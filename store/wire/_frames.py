@@ -1,0 +1,430 @@
+"""The wire: length-prefixed binary frames over TCP, shared by servers and clients.
+
+A frame is a 16-byte prefix, a msgpack header and a raw payload::
+
+    b"GRB1" | header length (u32 LE) | payload length (u64 LE) | header | payload
+
+The header is a ``Call`` (client to server) or a ``Reply``; its ``body`` is the
+operation's own msgpack, decoded by whoever knows the operation's type. The
+payload carries chunk bytes and is received straight into the buffer its
+receiver names (``Sink``): a data node's pooled buffer, or the reader's own
+memory on a client. Small frames go through one receive buffer, so a stream
+of small requests costs one ``recv`` for many frames.
+
+Anything that is not a frame (bad magic, a header or payload over its limit,
+a header that does not decode) is a ``ProtocolError``: the connection is
+dropped and nothing else is affected. A sink may refuse a payload before any
+memory is spent on it (a ``GrabenError``: the payload is read and dropped,
+and ``on_refused`` answers), or defer it (``None``: reading pauses until
+``retry``), which is how a server bounds what its peers make it hold.
+
+A body too large for a header (a commit of many chunks, a page of long
+paths) travels as the frame's payload instead, flagged ``bulk``.
+
+Measured on loopback here (DESIGN.md "Wire"): ``recv_into`` a preallocated
+buffer 5.3 GB/s, asyncio streams 1.4.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Final, cast
+
+import msgspec
+
+from .._errors import GrabenError, InvalidArgument, ProtocolError, error_from_code
+from .._types import WireError
+
+log = logging.getLogger("graben.wire")
+
+MAGIC: Final = b"GRB1"
+PREFIX: Final = struct.Struct("<4sIQ")
+MAX_HEADER: Final = 1 << 20
+MAX_PAYLOAD: Final = 512 << 20
+INBOX: Final = 256 << 10
+"""Receive buffer for prefixes, headers and payloads smaller than it (a client's)."""
+SERVER_INBOX: Final = 64 << 10
+"""A server's receive buffer per connection: idle connections cost little; a
+header larger than it grows the buffer against the server's memory budget."""
+INLINE_BODY_MAX: Final = 64 << 10
+"""Bodies larger than this travel as a bulk payload, not in the header."""
+
+NIL: Final = msgspec.Raw(b"\xc0")  # msgpack nil
+
+
+class Call(msgspec.Struct, frozen=True, tag="call"):
+    """A request: ``op`` names the handler, ``body`` is its msgpack arguments."""
+
+    id: int
+    op: str
+    body: msgspec.Raw = NIL
+    token: str = ""
+    bulk: bool = False
+    """The body is the payload (too large for a header)."""
+
+
+class Reply(msgspec.Struct, frozen=True, tag="reply"):
+    """The answer to the ``Call`` with the same ``id``: a body or an error."""
+
+    id: int
+    body: msgspec.Raw = NIL
+    error: WireError | None = None
+    bulk: bool = False
+    """The body is the payload (too large for a header)."""
+
+
+Header = Call | Reply
+Sink = Callable[[Header, int], memoryview | None]
+"""Where a frame's payload of ``n`` bytes goes: exactly ``n`` bytes, or ``None``
+to wait (the sink arranges a ``retry``); raising a ``GrabenError`` refuses it."""
+OnFrame = Callable[[Header, memoryview | None], None]
+"""Called with each whole frame; the payload view is the one ``Sink`` returned."""
+OnRefused = Callable[[Header, GrabenError], None]
+"""Called once a refused payload has been read past."""
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Header)
+
+
+def encode(value: Any) -> msgspec.Raw:
+    """A value as a msgpack body; ``InvalidArgument`` if it cannot be sent."""
+    try:
+        return msgspec.Raw(_encoder.encode(value))
+    except (UnicodeEncodeError, TypeError, OverflowError) as exc:
+        raise InvalidArgument(f"cannot send {type(value).__name__}: {exc}") from None
+
+
+def decode(body: msgspec.Raw, kind: type[Any]) -> Any:
+    """A msgpack body as ``kind``; a ``ProtocolError`` if it is not one."""
+    try:
+        return msgspec.msgpack.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"malformed request body: {exc}") from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise ProtocolError(f"undecodable request body: {exc}") from None
+
+
+def to_wire(exc: GrabenError) -> WireError:
+    """The wire form of an error."""
+    return WireError(exc.code, exc.message, exc.path)
+
+
+def from_wire(error: WireError) -> GrabenError:
+    """The error a peer raised, rebuilt as the same class."""
+    return error_from_code(error.code, error.message, error.path)
+
+
+def frame_prefix(header: Header, payload_length: int) -> bytes:
+    """Prefix and header bytes of a frame; the payload follows separately."""
+    encoded = _encoder.encode(header)
+    if len(encoded) > MAX_HEADER:
+        raise ProtocolError(f"header of {len(encoded)} bytes is over the {MAX_HEADER} limit")
+    return PREFIX.pack(MAGIC, len(encoded), payload_length) + encoded
+
+
+class MemoryBudget:
+    """Bytes a server holds for what its peers send, shared by all its connections.
+
+    A take that does not fit waits (the connection stops reading) until a give
+    makes room; a lone take larger than the whole budget goes through when
+    nothing else is held, so no legitimate request waits forever.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiting: deque[Callable[[], None]] = deque()
+
+    def take(self, n: int, retry: Callable[[], None]) -> bool:
+        """Hold ``n`` bytes; if they do not fit, ``retry`` is called once some are given back."""
+        if self.used and self.used + n > self.limit:
+            self._waiting.append(retry)
+            return False
+        self.used += n
+        return True
+
+    async def hold(self, n: int) -> None:
+        """Take ``n`` bytes, waiting for room (for memory a handler allocates)."""
+        while True:
+            room: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            if self.take(n, partial(_settle, room)):
+                return
+            await room
+
+    def give(self, n: int) -> None:
+        """Return bytes taken; wakes the connections waiting for room."""
+        self.used -= n
+        waiting, self._waiting = self._waiting, deque()
+        for retry in waiting:
+            retry()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class FrameProtocol(asyncio.BufferedProtocol):
+    """Parses frames from a stream; small parts via an inbox, payloads in place.
+
+    Subclasses (or owners) supply ``sink`` and ``on_frame`` and handle
+    ``connection_lost``. Sending is ``send(header, payload)``.
+    """
+
+    def __init__(
+        self,
+        sink: Sink,
+        on_frame: OnFrame,
+        on_lost: Callable[[BaseException], None] | None = None,
+        max_payload: int = MAX_PAYLOAD,
+        *,
+        inbox: int = INBOX,
+        budget: MemoryBudget | None = None,
+        on_refused: OnRefused | None = None,
+    ) -> None:
+        self._sink, self._on_frame, self._on_lost = sink, on_frame, on_lost
+        self._on_refused = on_refused
+        self._max_payload = max_payload
+        self._base, self._budget = inbox, budget
+        self._inbox = bytearray(inbox)
+        self._view = memoryview(self._inbox)
+        self._start = self._end = 0  # unparsed bytes are _inbox[_start:_end]
+        self._target: memoryview | None = None  # a payload being received in place
+        self._target_fill = 0
+        self._pending: tuple[Header, memoryview] | None = None
+        self._waiting: tuple[Header, int] | None = None  # a header whose payload awaits a sink
+        self._skip = 0  # bytes of a refused payload still to read past
+        self._refused: tuple[Header, GrabenError] | None = None
+        self._stalled = False  # reading paused until ``retry``
+        self.transport: asyncio.Transport | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self.broken: BaseException | None = None
+        self.last_active = time.monotonic()
+        """When bytes last arrived (servers drop connections idle too long)."""
+        self.grown_since: float | None = None
+        """Since when the inbox holds more than its base size (a large header)."""
+
+    # -- asyncio callbacks -------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports quack like asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+        # Pause as soon as anything is left unsent, so ``send`` returns only
+        # once the kernel has the bytes: callers may then reuse payload buffers
+        # (a transport may keep a reference instead of a copy).
+        self.transport.set_write_buffer_limits(high=0)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._target is not None:
+            return self._target[self._target_fill :]
+        if self._end == len(self._inbox):
+            self._compact()
+        return self._view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.last_active = time.monotonic()
+        try:
+            if self._target is not None:
+                self._target_fill += nbytes
+                if self._target_fill == self._target.nbytes:
+                    self._finish_payload()
+            else:
+                self._end += nbytes
+            self._parse()
+        except ProtocolError as exc:
+            self.fail(exc)
+        except Exception as exc:  # a bug must cost this connection only, never the server
+            log.exception("dropping a connection after an internal error")
+            self.fail(ProtocolError(f"internal error: {exc!r}"))
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._writable.set()  # wake writers so they see the loss
+        if self.broken is None:
+            self.broken = exc or ConnectionResetError("connection closed")
+        self._shrink()
+        if self._on_lost is not None:
+            self._on_lost(self.broken)
+
+    def retry(self) -> None:
+        """Go on reading after a sink or the budget asked to wait."""
+        if not self._stalled or self.broken is not None or self.transport is None:
+            return
+        self._stalled = False
+        self.transport.resume_reading()
+        try:
+            self._parse()
+        except ProtocolError as exc:
+            self.fail(exc)
+
+    def _stall(self) -> None:
+        self._stalled = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    # -- parsing ------------------------------------------------------------
+
+    def _compact(self) -> None:
+        live = self._end - self._start
+        self._view[:live] = self._view[self._start : self._end]
+        self._start, self._end = 0, live
+
+    def _parse(self) -> None:
+        while self._target is None and self.broken is None and not self._stalled:
+            if self._skip or self._refused is not None:
+                if not self._read_past_refused():
+                    return
+                continue
+            if self._waiting is not None:
+                header, length = self._waiting
+                self._waiting = None
+                self._take_payload(header, length)
+                continue
+            if not self._parse_header():
+                return
+
+    def _parse_header(self) -> bool:
+        """Parse one frame's prefix and header if they are all here; whether one was."""
+        if self._end - self._start < PREFIX.size:
+            self._shrink()
+            return False
+        magic, header_length, payload_length = PREFIX.unpack_from(self._inbox, self._start)
+        if magic != MAGIC:
+            raise ProtocolError("not a graben frame (bad magic): is this a graben server?")
+        if header_length > MAX_HEADER or payload_length > self._max_payload:
+            raise ProtocolError(
+                f"frame over the limits (header {header_length}, payload {payload_length})"
+            )
+        frame_start = self._start + PREFIX.size
+        if self._end - frame_start < header_length:
+            if PREFIX.size + header_length > len(self._inbox) - self._start:
+                self._compact()
+                self._grow(PREFIX.size + header_length)
+            return False
+        header = self._decode(self._view[frame_start : frame_start + header_length])
+        self._start = frame_start + header_length
+        self._take_payload(header, payload_length)
+        return True
+
+    def _grow(self, need: int) -> None:
+        """Make the inbox hold ``need`` bytes (a large header), charged to the budget."""
+        if need <= len(self._inbox):
+            return
+        if self._budget is not None and not self._budget.take(need - len(self._inbox), self.retry):
+            self._stall()
+            return
+        bigger = bytearray(need)
+        bigger[: self._end - self._start] = self._view[self._start : self._end]
+        self._end -= self._start
+        self._start = 0
+        self._view.release()
+        self._inbox, self._view = bigger, memoryview(bigger)
+        if self.grown_since is None:
+            self.grown_since = time.monotonic()
+
+    def _shrink(self) -> None:
+        """Back to the base inbox once a large header is parsed (and its bytes given back)."""
+        if self.grown_since is None or self._end - self._start > self._base:
+            return
+        extra = len(self._inbox) - self._base
+        smaller = bytearray(self._base)
+        live = self._end - self._start
+        smaller[:live] = self._view[self._start : self._end]
+        self._view.release()
+        self._inbox, self._view = smaller, memoryview(smaller)
+        self._start, self._end = 0, live
+        self.grown_since = None
+        if self._budget is not None:
+            self._budget.give(extra)
+
+    @staticmethod
+    def _decode(raw: memoryview) -> Header:
+        # From a copy: a decoded ``Raw`` body points into the bytes it came
+        # from, and the inbox is reused for the next frames.
+        try:
+            header: Header = _decoder.decode(bytes(raw))
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+            raise ProtocolError(f"undecodable frame header: {exc}") from None
+        return header
+
+    def _take_payload(self, header: Header, length: int) -> None:
+        if length == 0:
+            self._on_frame(header, None)
+            return
+        try:
+            target = self._sink(header, length)
+        except ProtocolError:
+            raise
+        except GrabenError as exc:  # refused before a byte of memory went to it
+            if self._on_refused is None:
+                raise ProtocolError(exc.message) from None
+            self._skip, self._refused = length, (header, exc)
+            return
+        if target is None:
+            self._waiting = (header, length)
+            self._stall()
+            return
+        if target.nbytes != length:
+            raise ProtocolError(f"sink gave {target.nbytes} bytes for a {length}-byte payload")
+        have = min(length, self._end - self._start)
+        target[:have] = self._view[self._start : self._start + have]
+        self._start += have
+        if have == length:
+            self._on_frame(header, target)
+            return
+        self._target, self._target_fill, self._pending = target, have, (header, target)
+        self._start = self._end = 0  # the inbox is empty; the rest lands in place
+
+    def _read_past_refused(self) -> bool:
+        """Drop a refused payload's bytes as they come; whether it is all gone."""
+        dropped = min(self._skip, self._end - self._start)
+        self._start += dropped
+        self._skip -= dropped
+        if self._start == self._end:
+            self._start = self._end = 0
+        if self._skip:
+            return False
+        assert self._refused is not None
+        assert self._on_refused is not None
+        (header, exc), self._refused = self._refused, None
+        self._on_refused(header, exc)
+        return True
+
+    def _finish_payload(self) -> None:
+        assert self._pending is not None
+        header, target = self._pending
+        self._target, self._pending = None, None
+        self._on_frame(header, target)
+
+    # -- sending ------------------------------------------------------------
+
+    async def send(self, header: Header, payload: memoryview | None = None) -> None:
+        """Send one frame; waits while the peer is slow (flow control)."""
+        if self.broken is not None or self.transport is None:
+            raise ConnectionResetError("connection closed")
+        size = 0 if payload is None else payload.nbytes
+        self.transport.write(frame_prefix(header, size))
+        if payload is not None and size:
+            self.transport.write(payload)
+        await self._writable.wait()
+        if self.broken is not None:
+            raise ConnectionResetError("connection closed")
+
+    def fail(self, exc: BaseException) -> None:
+        """Drop the connection because of ``exc`` (kept in ``broken``)."""
+        if self.broken is None:
+            self.broken = exc
+        if self.transport is not None:
+            self.transport.abort()

@@ -1,0 +1,419 @@
+"""Requests over the wire: a multiplexed client connection and a server.
+
+Call order (client): ``conn = await Connection.open(host, port)``, then any
+number of concurrent ``await conn.call(op, body, payload=..., into=...)``,
+then ``await conn.close()``. Replies are matched to calls by id, so one
+connection carries many requests at once; a reply's payload lands straight
+in the caller's ``into``. A dropped connection fails every call in flight
+with ``Unavailable``; a call past its deadline fails with ``Timeout``.
+
+Server: ``await Server.start(handlers, host, port)``. Each ``Call`` runs its
+handler in a task of its own; a ``GrabenError`` goes back as the same error,
+anything else as an internal error, and a frame that breaks the protocol
+drops that connection only. A server never dies of what a peer sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import msgspec
+
+from .._errors import GrabenError, InvalidArgument, ProtocolError, Timeout, Unavailable
+from ._frames import (
+    INLINE_BODY_MAX,
+    NIL,
+    SERVER_INBOX,
+    Call,
+    FrameProtocol,
+    Header,
+    MemoryBudget,
+    Reply,
+    from_wire,
+    to_wire,
+)
+
+log = logging.getLogger("graben.rpc")
+
+DEFAULT_TIMEOUT = 60.0
+CONNECT_TIMEOUT = 10.0
+DEFAULT_BUDGET = 1 << 30
+"""Bytes of request payloads (and large headers) a server holds at once."""
+HEADER_BUDGET = 64 << 20
+"""Bytes of receive buffers grown for large headers a server holds at once."""
+MAX_BULK = 64 << 20
+"""Largest request body a server takes (as a bulk payload)."""
+DEFAULT_IDLE_TIMEOUT = 300.0
+"""Seconds a server keeps a connection that sends nothing and waits for nothing."""
+CLIENT_IDLE_S = 120.0
+"""Clients reopen connections idle this long, before a server would drop them."""
+HEADER_DEADLINE_S = 30.0
+"""Seconds a connection may hold a grown inbox waiting for one large header."""
+
+
+class Answer(NamedTuple):
+    """What a handler returns: a reply body, an optional payload, and a hook
+    called once the payload has been sent (to return a pooled buffer)."""
+
+    body: msgspec.Raw = NIL
+    payload: memoryview | None = None
+    release: Callable[[], None] | None = None
+
+
+Handler = Callable[[Call, memoryview | None], Awaitable[Answer]]
+PayloadSink = Callable[[Call, int], memoryview]
+Admit = Callable[[Call, int], None]
+"""Checks a call whose payload of ``n`` bytes is about to arrive; raises to refuse."""
+
+
+def every(
+    seconds: float, work: Callable[[], Awaitable[object]], what: str, *, at_once: bool = False
+) -> asyncio.Task[None]:
+    """Run ``work`` every ``seconds`` until the task is cancelled.
+
+    A failure is logged and the next round runs anyway: a server's heartbeat
+    or repair loop must never die of one bad round.
+    """
+
+    async def loop() -> None:
+        if not at_once:
+            await asyncio.sleep(seconds)
+        while True:
+            try:
+                await work()
+            except GrabenError as exc:  # expected now and then (a peer is away): one line
+                log.warning("%s failed: %s; trying again in %s s", what, exc, seconds)
+            except Exception:  # a bug: the traceback, but the loop lives on
+                log.exception("%s failed; trying again in %s s", what, seconds)
+            await asyncio.sleep(seconds)
+
+    return asyncio.ensure_future(loop())
+
+
+async def stop(*tasks: asyncio.Task[None] | None) -> None:
+    """Cancel background tasks and wait until they are gone."""
+    live = [t for t in tasks if t is not None]
+    for task in live:
+        task.cancel()
+    await asyncio.gather(*live, return_exceptions=True)
+
+
+@dataclass
+class _Pending:
+    """A call waiting for its reply."""
+
+    future: asyncio.Future[tuple[msgspec.Raw, int]]
+    into: memoryview | None
+
+
+class Connection:
+    """One client connection to a server (see the module docstring)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._protocol = FrameProtocol(self._sink, self._on_frame, self._lost)
+        self.last_used = time.monotonic()
+        """When a call last went out (pools drop connections idle for long)."""
+
+    @classmethod
+    async def open(cls, host: str, port: int, *, timeout: float = CONNECT_TIMEOUT) -> Connection:
+        """Connect; ``Unavailable`` if nobody answers."""
+        connection = cls(f"{host}:{port}")
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: connection._protocol, host, port), timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            raise Unavailable(f"cannot connect to {connection.where}: {exc}") from None
+        return connection
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is gone (calls would fail)."""
+        return self._protocol.broken is not None
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds since the connection was last used (0 while calls are in flight)."""
+        if self._pending:
+            return 0.0
+        return time.monotonic() - max(self.last_used, self._protocol.last_active)
+
+    async def call(
+        self,
+        op: str,
+        body: msgspec.Raw = NIL,
+        *,
+        payload: memoryview | None = None,
+        into: memoryview | None = None,
+        token: str = "",
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> tuple[msgspec.Raw, int]:
+        """Send a call; returns the reply body and how many payload bytes landed in ``into``."""
+        if self.closed:
+            raise Unavailable(f"connection to {self.where} is closed")
+        call_id = next(self._ids)
+        future: asyncio.Future[tuple[msgspec.Raw, int]] = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = _Pending(future, into)
+        self.last_used = time.monotonic()
+        header = Call(call_id, op, body, token)
+        if payload is None and len(body) > INLINE_BODY_MAX:
+            header, payload = Call(call_id, op, NIL, token, bulk=True), memoryview(body)
+        try:
+            await self._protocol.send(header, payload)
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise Timeout(f"{op} to {self.where} took longer than {timeout} s") from None
+        except ConnectionError:
+            raise Unavailable(f"connection to {self.where} lost during {op}") from None
+        finally:
+            self._pending.pop(call_id, None)
+            if future.done() and not future.cancelled():
+                future.exception()  # failed while we were not waiting: mark it seen
+            else:
+                future.cancel()
+
+    async def close(self) -> None:
+        """Close the connection; calls in flight fail with ``Unavailable``."""
+        if self._protocol.transport is not None:
+            self._protocol.transport.close()
+        self._fail_all(Unavailable(f"connection to {self.where} closed"))
+
+    # -- protocol callbacks ----------------------------------------------------
+
+    def _sink(self, header: Header, length: int) -> memoryview:
+        pending = self._pending.get(header.id) if isinstance(header, Reply) else None
+        if pending is None or pending.into is None or header.bulk:
+            return memoryview(bytearray(length))  # late reply or no room asked: discard
+        if length > pending.into.nbytes:
+            raise ProtocolError(
+                f"reply payload of {length} bytes for a {pending.into.nbytes}-byte buffer"
+            )
+        return pending.into[:length]
+
+    def _on_frame(self, header: Header, payload: memoryview | None) -> None:
+        if not isinstance(header, Reply):
+            self._protocol.fail(ProtocolError("a server sent a call"))
+            return
+        pending = self._pending.get(header.id)
+        if pending is None or pending.future.done():
+            return  # the caller gave up (timeout); drop the late reply
+        if header.error is not None:
+            pending.future.set_exception(from_wire(header.error))
+        elif header.bulk:
+            pending.future.set_result((msgspec.Raw(b"" if payload is None else payload), 0))
+        else:
+            pending.future.set_result((header.body, 0 if payload is None else payload.nbytes))
+
+    def _lost(self, exc: BaseException) -> None:
+        self._fail_all(Unavailable(f"connection to {self.where} lost: {exc}"))
+
+    def _fail_all(self, exc: GrabenError) -> None:
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(exc)
+
+
+@dataclass
+class Server:
+    """A listening server dispatching calls to ``handlers`` by op name.
+
+    What a peer can make the server hold is bounded before anything is
+    allocated: a payload goes only to an op with a sink (or a bulk body, at
+    most ``MAX_BULK`` bytes), after ``admit`` accepted the call (its token or
+    capability, its size); payloads in flight share one ``MemoryBudget``
+    (a connection over it waits, reading nothing); connections idle for
+    ``idle_timeout`` seconds, or stuck in one large header for
+    ``HEADER_DEADLINE_S``, are dropped.
+    """
+
+    handlers: dict[str, Handler]
+    sinks: dict[str, PayloadSink] = field(default_factory=dict)
+    """Where each op's request payload goes (ops without one take no payload)."""
+    admit: Admit | None = None
+    """Checks a call before its payload is received (raises to refuse it)."""
+    budget: MemoryBudget = field(default_factory=lambda: MemoryBudget(DEFAULT_BUDGET))
+    """Request payloads in flight (authenticated peers only)."""
+    headers: MemoryBudget = field(default_factory=lambda: MemoryBudget(HEADER_BUDGET))
+    """Receive buffers grown past their base for large headers (anyone may ask)."""
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    server: asyncio.Server | None = None
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    sessions: set[_Session] = field(default_factory=set)
+    _sweeping: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def start(
+        cls,
+        handlers: dict[str, Handler],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        sinks: dict[str, PayloadSink] | None = None,
+        *,
+        admit: Admit | None = None,
+        budget: int = DEFAULT_BUDGET,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    ) -> Server:
+        """Listen on ``host:port`` (0: any free port; see ``port``)."""
+        server = cls(handlers, sinks or {}, admit, MemoryBudget(budget), idle_timeout=idle_timeout)
+        loop = asyncio.get_running_loop()
+        server.server = await loop.create_server(server._protocol, host, port)
+        server._sweeping = every(min(5.0, idle_timeout / 4), server._sweep, "idle sweep")
+        return server
+
+    @property
+    def port(self) -> int:
+        """The port listened on."""
+        assert self.server is not None
+        port: int = self.server.sockets[0].getsockname()[1]
+        return port
+
+    async def close(self) -> None:
+        """Stop listening, drop every connection and cancel handlers in flight."""
+        await stop(self._sweeping)
+        if self.server is not None:
+            self.server.close()
+        for session in list(self.sessions):
+            session.protocol.fail(Unavailable("server shutting down"))
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.server is not None:
+            await self.server.wait_closed()
+
+    def _protocol(self) -> FrameProtocol:
+        return _Session(self).protocol
+
+    async def _sweep(self) -> None:
+        now = time.monotonic()
+        for session in list(self.sessions):
+            protocol = session.protocol
+            grown = protocol.grown_since
+            if grown is not None and now - grown > HEADER_DEADLINE_S:
+                protocol.fail(Timeout("a frame header took too long to arrive"))
+            elif not session.busy and now - protocol.last_active > self.idle_timeout:
+                protocol.fail(Timeout(f"idle for over {self.idle_timeout} s"))
+
+    async def answer(self, call: Call, payload: memoryview | None) -> tuple[Reply, Answer]:
+        """Run the call's handler; the reply header and what goes with it."""
+        handler = self.handlers.get(call.op)
+        try:
+            if handler is None:
+                raise InvalidArgument(f"unknown operation {call.op!r}")
+            answer = Answer(*await handler(call, payload))
+        except GrabenError as exc:
+            return Reply(call.id, error=to_wire(exc)), Answer()
+        except Exception as exc:  # a bug here must not take the server down
+            log.exception("handler for %s failed", call.op)
+            error = to_wire(GrabenError(f"internal error: {exc!r}"))
+            return Reply(call.id, error=error), Answer()
+        if answer.payload is None and len(answer.body) > INLINE_BODY_MAX:
+            return Reply(call.id, bulk=True), Answer(payload=memoryview(answer.body))
+        return Reply(call.id, answer.body), answer
+
+
+class _Session:
+    """The server's side of one client connection."""
+
+    def __init__(self, server: Server) -> None:
+        self._server = server
+        self.protocol = FrameProtocol(
+            self._sink,
+            self._on_frame,
+            self._lost,
+            inbox=SERVER_INBOX,
+            budget=server.headers,
+            on_refused=self._on_refused,
+        )
+        self._receiving = 0  # budget held for the payload arriving now
+        self.calls = 0  # calls being served
+        server.sessions.add(self)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a call is being received or served (then it is not idle)."""
+        return bool(self.calls or self._receiving)
+
+    def _lost(self, exc: BaseException) -> None:
+        self._server.sessions.discard(self)
+        self._give(self._receiving)
+        self._receiving = 0
+
+    def _give(self, n: int) -> None:
+        if n:
+            self._server.budget.give(n)
+
+    def _sink(self, header: Header, length: int) -> memoryview | None:
+        if not isinstance(header, Call):
+            raise ProtocolError("a client sent a reply")
+        sink = _bulk_sink if header.bulk else self._server.sinks.get(header.op)
+        if sink is None:
+            raise InvalidArgument(f"operation {header.op!r} takes no payload")
+        if header.bulk and length > MAX_BULK:
+            raise InvalidArgument(f"a request body of {length} bytes is over {MAX_BULK}")
+        if self._server.admit is not None:
+            self._server.admit(header, length)
+        if not self._server.budget.take(length, self.protocol.retry):
+            return None
+        try:
+            view = sink(header, length)
+        except BaseException:
+            self._give(length)
+            raise
+        self._receiving = length
+        return view
+
+    def _on_refused(self, header: Header, exc: GrabenError) -> None:
+        assert isinstance(header, Call)
+        self._start(self._refuse(header, exc), 0)
+
+    async def _refuse(self, call: Call, exc: GrabenError) -> None:
+        with contextlib.suppress(ConnectionError):
+            await self.protocol.send(Reply(call.id, error=to_wire(exc)))
+
+    def _on_frame(self, header: Header, payload: memoryview | None) -> None:
+        if not isinstance(header, Call):
+            self.protocol.fail(ProtocolError("a client sent a reply"))
+            return
+        held, self._receiving = self._receiving, 0
+        if header.bulk:
+            body = msgspec.Raw(b"" if payload is None else bytes(payload))
+            header, payload = msgspec.structs.replace(header, body=body, bulk=False), None
+        self._start(self._serve(header, payload), held)
+
+    def _start(self, work: Awaitable[None], held: int) -> None:
+        self.calls += 1
+
+        async def run() -> None:
+            try:
+                await work
+            finally:
+                self.calls -= 1
+                self._give(held)
+
+        task = asyncio.ensure_future(run())
+        self._server.tasks.add(task)
+        task.add_done_callback(self._server.tasks.discard)
+
+    async def _serve(self, call: Call, payload: memoryview | None) -> None:
+        reply, answer = await self._server.answer(call, payload)
+        try:
+            with contextlib.suppress(ConnectionError):  # the client went away: nothing to tell
+                await self.protocol.send(reply, answer.payload)
+        finally:
+            if answer.release is not None:
+                answer.release()
+
+
+def _bulk_sink(call: Call, length: int) -> memoryview:
+    return memoryview(bytearray(length))
