@@ -1,9 +1,9 @@
 """graben.bench: throughput of every door, beside its peers, in one run.
 
-A workload is a function registered with ``@workload(name, summary)`` in a
-module ``graben/bench/_wl_<topic>.py``; it receives a ``Context`` and returns
-one ``Result`` per system it measured, each naming the baseline its ratio is
-taken against. ``graben bench`` discovers, runs and reports them.
+A workload is a function registered with ``@workload(name, summary)`` in its
+door's module, ``graben/bench/_workloads/<door>.py``; it receives a
+``Context`` and returns one ``Result`` per system it measured, each naming
+the baseline its ratio is taken against. ``graben bench`` discovers, runs and reports them.
 """
 
 from ._context import Context, Fixtures

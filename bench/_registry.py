@@ -3,16 +3,16 @@
 A workload is a function ``fn(ctx) -> Iterable[Result]`` registered under a
 name with ``@workload(name, summary)``. One call is one trial: it measures
 graben and its baseline side by side, in the same run, on the same bytes, and
-returns one ``Result`` per system. Modules named ``_wl_*.py`` in this package
-are imported by ``discover()``, so a new door adds a workload by adding one
-module, without touching the core.
+returns one ``Result`` per system. The workload modules, one per door in
+``_workloads/``, are imported by ``discover()`` in the order listed in
+``WORKLOAD_MODULES``, so a new door adds its workloads with one module and
+one name in that list.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
-import pkgutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -23,7 +23,9 @@ from graben.store import InvalidArgument
 if TYPE_CHECKING:
     from ._context import Context
 
-WORKLOAD_MODULE_PREFIX = "_wl_"
+WORKLOAD_MODULES = ("store", "cluster", "fsspec", "checkpoint", "fuse", "dataset")
+"""The modules of ``graben.bench._workloads``, in run order: the store core, the
+cluster, then each door (the doors' workloads reuse the cluster's and S3's helpers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,16 +92,12 @@ def workload(name: str, summary: str) -> Callable[[Run], Run]:
 def discover() -> list[Workload]:
     """Import every workload module of the bench; all workloads in run order.
 
-    Modules are named ``_wl_NN_topic.py`` and imported in name order (the
-    store core at 10, the cluster at 20, each door after), and each lists its
-    workloads in the order it defines them, so a module can rely on that
+    Modules are imported in the order of ``WORKLOAD_MODULES``, and each lists
+    its workloads in the order it defines them, so a module can rely on that
     order (reads after the write that produced their files).
     """
-    package = importlib.import_module(__package__ or "graben.bench")
-    names = sorted(m.name for m in pkgutil.iter_modules(package.__path__))
-    for name in names:
-        if name.startswith(WORKLOAD_MODULE_PREFIX):
-            importlib.import_module(f"{package.__name__}.{name}")
+    for name in WORKLOAD_MODULES:
+        importlib.import_module(f"{__package__ or 'graben.bench'}._workloads.{name}")
     return list(_registry.values())
 
 

@@ -17,10 +17,10 @@ from typing import Any
 
 from graben.store import GrabenFileSystem, connect
 
-from ._context import Context
-from ._kit import free_port, gbps, random_data
-from ._registry import Result, Skip, workload
-from ._wl_20_cluster import local_cluster
+from .._context import Context
+from .._kit import free_port, gbps, random_data
+from .._registry import Result, Skip, workload
+from .cluster import local_cluster
 
 GBPS = "GB/s"
 CLIENT = "graben client"

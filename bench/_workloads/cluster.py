@@ -23,9 +23,9 @@ from graben.store.cli._cluster import make_secret_file
 from graben.store.transport._remote import RemoteChunks
 from graben.store.transport._requests import Prepare
 
-from ._context import Context
-from ._kit import BLOCK, block_buffer, drain, gbps, random_data, write_all
-from ._registry import Result, Skip, workload
+from .._context import Context
+from .._kit import BLOCK, block_buffer, drain, gbps, random_data, write_all
+from .._registry import Result, Skip, workload
 
 GBPS = "GB/s"
 PLAIN_WRITE = "plain write+fsync"

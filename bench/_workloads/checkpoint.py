@@ -9,6 +9,18 @@ save is durable; ``ctx.size`` bytes are saved across the two ranks. Targets
 (issue "Checkpoint door"): save >= 1.0x and load >= 1.0x DCP's file system
 writer and reader; an incremental save with 10% changed >= 5x faster than
 a full one; async save blocks <= 100 ms per GiB per rank.
+
+Planning at scale (``ckpt-plan``): 4096 simulated ranks x 300 tensors in one process.
+
+``_plan_sim`` runs the real planner and writer calls of ``dcp.save`` for
+every simulated rank (collectives and tensor data left out) and times the
+critical path: a rank's own work counted once (it runs on every rank at
+once), the coordinator's whole. Two saves of the same layout each, for
+``GrabenSavePlanner`` + ``GrabenWriter`` and for DCP's ``DefaultSavePlanner``
++ ``FileSystemWriter``; then one rank's metadata read and load plan for
+``GrabenLoadPlanner`` + ``GrabenReader`` and DCP's reader. Target (issue
+"Checkpoint door"): planning + commit <= 1 s after the first save.
+``--quick`` simulates 1024 ranks.
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -24,13 +37,17 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+from graben.checkpoint import GrabenReader
 from graben.store import NotFound, connect, split_url
 
-from ._context import Context
-from ._kit import free_port, gbps
-from ._registry import Result, workload
-from ._wl_20_cluster import local_cluster
-from ._wl_30_fsspec import moto_s3
+from .._context import Context
+from .._kit import free_port, gbps
+from .._plan_sim import Kind, graben_kind, quiet_gc, simulate_load, simulate_saves, stock_kind
+from .._registry import Result, workload
+from .cluster import local_cluster
+from .fsspec import moto_s3
 
 T = TypeVar("T")
 GBPS = "GB/s"
@@ -242,3 +259,59 @@ def ckpt_async(ctx: Context) -> list[Result]:
         results.append(Result(name, floor, copy[world], unit, floor))
         results.append(Result(name, f"async save, {ranks}: blocked", blocked[world], unit, floor))
     return results
+
+
+# -- planning at scale ------------------------------------------------------------
+
+TENSORS = 300
+UNIT = "s"
+STOCK = "DCP DefaultSavePlanner + FileSystemWriter"
+GRABEN = "GrabenSavePlanner + GrabenWriter"
+STOCK_LOAD = "DCP DefaultLoadPlanner + FileSystemReader: one rank's metadata + plan"
+GRABEN_LOAD = "GrabenLoadPlanner + GrabenReader: one rank's metadata + plan"
+
+
+def _world(ctx: Context) -> int:
+    return 1024 if ctx.quick else 4096
+
+
+def _saves(ctx: Context, kind: Kind, world: int) -> tuple[float, float]:
+    """(first save, second save) seconds of planning + commit."""
+    with ctx.step(f"{world} simulated ranks: {kind.name}, 2 saves", 2) as tick:
+        times = []
+        for save in simulate_saves(kind, world, TENSORS, 2):
+            times.append(save.total)
+            tick(1)
+    return times[0], times[1]
+
+
+@workload("ckpt-plan", "DCP planning + commit, 4096 simulated ranks x 300 tensors (s)")
+def ckpt_plan(ctx: Context) -> list[Result]:
+    """Both planners twice on the same layout; then a load plan on three ranks each."""
+    world, store = _world(ctx), ctx.scratch / "store"
+    with connect(str(store)) as client, quiet_gc():
+        graben = _saves(ctx, graben_kind(client, "/plan"), world)
+        stock = _saves(ctx, stock_kind(ctx.scratch / "fs"), world)
+        ranks = (0, world // 2, world - 1)
+        with ctx.step("one rank's load plan, 3 ranks each", 2 * len(ranks)) as tick:
+            graben_load = statistics.median(
+                simulate_load(
+                    GrabenReader("graben:///plan/step-1", client=client), r, world, TENSORS
+                )[0]
+                for r in ranks
+            )
+            tick(len(ranks))
+            stock_load = statistics.median(
+                simulate_load(FileSystemReader(ctx.scratch / "fs" / "step-1"), r, world, TENSORS)[0]
+                for r in ranks
+            )
+            tick(len(ranks))
+    later, first = f"save after the first, {world} ranks", f"first save, {world} ranks"
+    return [
+        Result("ckpt-plan", f"{STOCK}: {later}", stock[1], UNIT, f"{STOCK}: {later}"),
+        Result("ckpt-plan", f"{GRABEN}: {later}", graben[1], UNIT, f"{STOCK}: {later}"),
+        Result("ckpt-plan", f"{STOCK}: {first}", stock[0], UNIT, f"{STOCK}: {first}"),
+        Result("ckpt-plan", f"{GRABEN}: {first}", graben[0], UNIT, f"{STOCK}: {first}"),
+        Result("ckpt-plan", STOCK_LOAD, stock_load, UNIT, STOCK_LOAD),
+        Result("ckpt-plan", GRABEN_LOAD, graben_load, UNIT, STOCK_LOAD),
+    ]

@@ -30,10 +30,10 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-from ._context import Context
-from ._registry import Result, workload
-from ._wl_20_cluster import local_cluster
-from ._wl_30_fsspec import moto_s3
+from .._context import Context
+from .._registry import Result, workload
+from .cluster import local_cluster
+from .fsspec import moto_s3
 
 ROW = 4096
 SHARD = 2000
@@ -151,7 +151,7 @@ def _mosaic_epoch(ctx: Context, ds: Datasets) -> tuple[int, float] | None:
     if not python.exists():
         ctx.console.print(f"dataset-epoch: no Mosaic Streaming at {python} (make peers); left out")
         return None
-    job = Path(__file__).with_name("_mosaic_job.py")
+    job = Path(__file__).parent.parent / "_mosaic_job.py"  # bench/, beside the other jobs
     with ctx.step(f"dataset-epoch: {MOSAIC}", 1):
         done = subprocess.run(
             [str(python), str(job), str(ds.local), str(ctx.scratch / "mds")],

@@ -19,8 +19,8 @@ from time import perf_counter
 
 from graben.store import NotFound, connect
 
-from ._context import Context
-from ._kit import (
+from .._context import Context
+from .._kit import (
     BLOCK,
     block_buffer,
     drain,
@@ -32,7 +32,7 @@ from ._kit import (
     warm_cache,
     write_all,
 )
-from ._registry import Result, workload
+from .._registry import Result, workload
 
 GRABEN = "graben embedded"
 PLAIN_WRITE = "plain write+fsync"

@@ -29,8 +29,8 @@ from time import perf_counter
 
 from graben.store import Client, connect
 
-from ._context import Context
-from ._kit import (
+from .._context import Context
+from .._kit import (
     MiB,
     block_buffer,
     drain,
@@ -41,7 +41,7 @@ from ._kit import (
     random_data,
     warm_cache,
 )
-from ._registry import Result, Skip, workload
+from .._registry import Result, Skip, workload
 
 BLOCKS = (1 * MiB, 4 * MiB)
 FILE = "/bench/fuse.bin"
