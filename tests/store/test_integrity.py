@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_CHUNK
+from store_kit import SMALL_CHUNK
 
 from graben.store import IntegrityError, connect
 

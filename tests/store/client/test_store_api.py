@@ -12,7 +12,7 @@ from pathlib import Path
 
 import crc32c
 import pytest
-from conftest import SMALL_CHUNK
+from store_kit import SMALL_CHUNK
 
 from graben.store import (
     AlreadyExists,

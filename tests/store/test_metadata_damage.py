@@ -12,7 +12,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_CHUNK
+from store_kit import SMALL_CHUNK
 
 from graben.store import IntegrityError, connect
 

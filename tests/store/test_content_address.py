@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from cluster_kit import LocalCluster
-from conftest import SMALL_CHUNK
+from store_kit import SMALL_CHUNK
 
 from graben.store import IntegrityError, PermissionDenied, connect
 from graben.store._hashing import chunk_ref, crc32c

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from cluster_kit import LocalCluster
-from conftest import SMALL_CHUNK
+from store_kit import SMALL_CHUNK
 
 from graben.store import IntegrityError, Unavailable, connect
 
