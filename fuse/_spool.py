@@ -4,8 +4,8 @@ The store's files are immutable once committed, while POSIX files take writes
 anywhere, at any time. So a file opened for writing is staged whole in a spool
 file on local disk (its old content copied in first unless it is truncated),
 takes reads and writes there, and is committed to the store, in one put,
-when it is closed or fsynced (see ``_ops``). The spool has a byte limit: a write that would take it
-over fails with ``ENOSPC`` and changes nothing.
+when it is closed or fsynced (see ``_handles``). The spool has a byte limit: a
+write that would take it over fails with ``ENOSPC`` and changes nothing.
 """
 
 from __future__ import annotations
