@@ -2,8 +2,8 @@
 
 The fixtures of one door or layer are in the conftest.py of its folder
 (``store/``, ``fuse/``, ``dataloader/``); the kits (``cluster_kit``,
-``fuse_kit``, ``ranks_kit``, ``store_kit``) are here, importable from every test
-(``pythonpath`` in pyproject.toml).
+``fuse_kit``, ``netns_kit``, ``ranks_kit``, ``store_kit``) are here, importable
+from every test (``pythonpath`` in pyproject.toml).
 """
 
 from __future__ import annotations

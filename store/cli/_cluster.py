@@ -194,7 +194,7 @@ def _engine_path(engine: str) -> Path:
     parts = urlsplit(engine)
     if parts.scheme != "sqlite" or not parts.path:
         raise InvalidArgument(f"unsupported engine {engine!r}: use sqlite:///path/to/meta.db")
-    return Path(parts.path)
+    return Path("/" + parts.path.lstrip("/"))  # sqlite:////abs and sqlite:///abs alike
 
 
 def _meta_serve(args: argparse.Namespace) -> int:

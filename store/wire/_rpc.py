@@ -267,7 +267,10 @@ class Server:
         """Listen on ``host:port`` (0: any free port; see ``port``)."""
         server = cls(handlers, sinks or {}, admit, MemoryBudget(budget), idle_timeout=idle_timeout)
         loop = asyncio.get_running_loop()
-        server.server = await loop.create_server(server._protocol, host, port)
+        try:
+            server.server = await loop.create_server(server._protocol, host, port)
+        except OSError as exc:
+            raise Unavailable(f"cannot listen on {host}:{port}: {exc.strerror}") from None
         server._sweeping = every(min(5.0, idle_timeout / 4), server._sweep, "idle sweep")
         return server
 
