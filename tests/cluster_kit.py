@@ -46,7 +46,10 @@ class LocalCluster:
 
     def _meta_args(self, engine: Path) -> tuple[str, ...]:
         # --init: a new store the first time, the same one after.
-        return ("meta", "serve", "--init", "--engine", f"sqlite:///{engine}", *self._meta_options)
+        return (
+            *("meta", "serve", "--init", "--engine", f"sqlite:///{engine}"),
+            *("--listen", "127.0.0.1:0", *self._meta_options),
+        )
 
     def restart_meta(self, *, down_s: float = 0.0, engine: Path | None = None) -> None:
         """SIGKILL the metadata service and start it again on the same port (and engine,
@@ -63,7 +66,7 @@ class LocalCluster:
         """Start data node ``i`` (again), heartbeating to ``meta`` (default: this cluster's)."""
         proc, address = _spawn(
             *("node", "serve", "--data", str(self.root / f"node{i}")),
-            *("--meta", meta or self.meta_address, "--rack", f"rack{i}"),
+            *("--meta", meta or self.meta_address, "--rack", f"rack{i}", "--listen", "127.0.0.1:0"),
             *("--scrub-interval", str(self.scrub)),
             *self._node_args,
         )

@@ -1,7 +1,11 @@
 """``graben meta serve``, ``graben node serve`` and ``graben cluster up``.
 
 Each server prints one line, ``listening on HOST:PORT``, once it accepts
-connections (port 0 picks a free one), then runs until SIGINT or SIGTERM.
+connections, then runs until SIGINT or SIGTERM. ``HOST:PORT`` is the address
+others are told to dial: ``--advertise`` if given, else ``--listen``'s.
+Default ports: the metadata service 7100, a data node the first free one from
+7200 upward on its ``--listen`` host; ``--listen HOST:0`` picks any free port
+(tests do, to run side by side).
 ``cluster up`` starts a metadata service and N data nodes as child
 processes, prints the cluster's URL on stdout once every node has
 heartbeated, and stops them all on Ctrl-C. ``meta serve`` creates a new
@@ -25,7 +29,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import urlsplit
 
 from .._errors import IntegrityError, InvalidArgument, NotFound, Unavailable
@@ -33,9 +37,15 @@ from ..wire import DEFAULT_IDLE_TIMEOUT, auth
 
 if TYPE_CHECKING:
     from ..meta import SQLiteRepository
+    from ..node import DataNode
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 READY_TIMEOUT_S = 30.0
+META_PORT = 7100
+NODE_PORT = 7200
+NODE_PORTS = 100
+"""Ports a data node given no port tries, from ``NODE_PORT`` upward."""
+WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -43,6 +53,57 @@ def _address(text: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
     return host, int(port)
+
+
+def _endpoint(text: str) -> tuple[str, int | None]:
+    """``HOST:PORT`` or ``HOST`` alone (the server's default port)."""
+    if ":" not in text:
+        if not text:
+            raise argparse.ArgumentTypeError("an empty address")
+        return text, None
+    return _address(text)
+
+
+def _listen_args(parser: argparse.ArgumentParser, default: str, what: str) -> None:
+    parser.add_argument(
+        "--listen",
+        type=_endpoint,
+        default=default,
+        help=f"HOST[:PORT] to bind ({what}; PORT 0: any free port)",
+    )
+    parser.add_argument(
+        "--advertise",
+        type=_endpoint,
+        default=None,
+        help="HOST[:PORT] others are told to dial (default: --listen's; required when "
+        "--listen is a wildcard such as 0.0.0.0; PORT defaults to the bound one)",
+    )
+
+
+def _check_advertise(listen: tuple[str, int | None], advertise: object) -> None:
+    """Refuse, before binding, a wildcard address nobody could dial."""
+    if listen[0] in WILDCARDS and advertise is None:
+        raise InvalidArgument(
+            f"--listen {listen[0]} binds every interface, but others need an address "
+            "to dial: give --advertise HOST[:PORT] too"
+        )
+
+
+def _advertised(listen: tuple[str, int | None], port: int, advertise: Any) -> str:
+    """The address others dial: ``--advertise``'s (its port defaulting to the bound
+    one), else the bound host and port."""
+    if advertise is None:
+        return f"{listen[0]}:{port}"
+    host, told = advertise
+    return f"{host}:{port if told is None else told}"
+
+
+def _told(advertise: tuple[str, int | None] | None) -> str | None:
+    """``--advertise`` as the node takes it: ``HOST`` alone means its bound port."""
+    if advertise is None:
+        return None
+    host, port = advertise
+    return host if port is None else f"{host}:{port}"
 
 
 def _secret_arg(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +137,7 @@ def add_meta(sub: Subparsers) -> None:
         help="create a new, empty store if the engine has none (without it, a missing or "
         "empty database is an error: a mistyped path must not pass for a new store)",
     )
-    serve.add_argument("--listen", type=_address, default=("127.0.0.1", 0), help="HOST:PORT")
+    _listen_args(serve, f"127.0.0.1:{META_PORT}", f"default 127.0.0.1:{META_PORT}")
     serve.add_argument("--replication", type=int, default=3, help="default copies per chunk")
     serve.add_argument(
         "--heartbeat-timeout", type=float, default=10.0, help="seconds before a silent node is dead"
@@ -98,7 +159,9 @@ def add_node(sub: Subparsers) -> None:
     serve.add_argument("--data", type=Path, required=True, help="directory for chunk files")
     serve.add_argument("--meta", type=_address, required=True, help="metadata service HOST:PORT")
     serve.add_argument("--rack", default="default", help="failure domain label")
-    serve.add_argument("--listen", type=_address, default=("127.0.0.1", 0), help="HOST:PORT")
+    _listen_args(
+        serve, "127.0.0.1", f"default 127.0.0.1, on the first free port from {NODE_PORT} up"
+    )
     serve.add_argument(
         "--scrub-interval", type=float, default=3600.0, help="seconds between scrubs of all chunks"
     )
@@ -115,7 +178,13 @@ def add_cluster(sub: Subparsers) -> None:
     )
     up.add_argument("--nodes", type=int, default=3, help="data nodes (each its own rack)")
     up.add_argument("--root", type=Path, required=True, help="directory for all their data")
-    up.add_argument("--port", type=int, default=0, help="metadata service port (0: any)")
+    up.add_argument(
+        "--port",
+        type=int,
+        default=META_PORT,
+        help=f"metadata service port (default {META_PORT}; the nodes take {NODE_PORT} and up); "
+        "0: any free ports, for the service and the nodes",
+    )
     up.add_argument("--replication", type=int, default=None, help="default: min(3, nodes)")
     up.add_argument("--heartbeat-timeout", type=float, default=10.0)
     up.add_argument(
@@ -201,8 +270,10 @@ def _meta_serve(args: argparse.Namespace) -> int:
     from ..meta import MetaService
 
     path = _engine_path(args.engine)
+    _check_advertise(args.listen, args.advertise)
     secret = auth.load_secret(args.secret_file)
     repo = _open_engine(path, init=args.init)
+    host, port = args.listen
 
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
         service = MetaService(
@@ -213,8 +284,8 @@ def _meta_serve(args: argparse.Namespace) -> int:
             repair_interval=args.repair_interval,
             idle_timeout=args.idle_timeout,
         )
-        server = await service.start(*args.listen)
-        return f"{args.listen[0]}:{server.port}", service.close
+        server = await service.start(host, META_PORT if port is None else port)
+        return _advertised(args.listen, server.port, args.advertise), service.close
 
     return _serve(start)
 
@@ -236,6 +307,7 @@ def _open_engine(path: Path, *, init: bool) -> SQLiteRepository:
 def _node_serve(args: argparse.Namespace) -> int:
     from ..node import DataNode
 
+    _check_advertise(args.listen, args.advertise)
     secret = auth.load_secret(args.secret_file)
 
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
@@ -247,10 +319,27 @@ def _node_serve(args: argparse.Namespace) -> int:
             scrub_interval=args.scrub_interval,
             idle_timeout=args.idle_timeout,
         )
-        await node.start(*args.listen)
+        await _start_node(node, args.listen, args.advertise)
         return node.address, node.close
 
     return _serve(start)
+
+
+async def _start_node(node: DataNode, listen: tuple[str, int | None], advertise: Any) -> None:
+    """Start ``node`` on ``listen``'s port, else on the first free one from ``NODE_PORT``."""
+    host, port = listen
+    ports = range(NODE_PORT, NODE_PORT + NODE_PORTS) if port is None else (port,)
+    for p in ports:
+        try:
+            await node.start(host, p, advertise=_told(advertise))
+            return
+        except Unavailable:
+            if port is not None:
+                raise
+    raise Unavailable(
+        f"no free port from {NODE_PORT} to {NODE_PORT + NODE_PORTS - 1} on {host}; "
+        "give --listen HOST:PORT"
+    )
 
 
 # -- a local cluster ------------------------------------------------------------
@@ -273,7 +362,8 @@ def _spawn(*argv: str) -> tuple[subprocess.Popen[str], str]:
 
 @contextlib.contextmanager
 def local_cluster(root: Path, nodes: int = 3, secret_file: Path | None = None) -> Iterator[str]:
-    """``graben cluster up`` in a child process for the block; yields the cluster's URL.
+    """``graben cluster up`` in a child process for the block, on any free ports;
+    yields the cluster's URL.
 
     Its secret is ``secret_file``, else ``root/secret``; clients need it too.
     """
@@ -281,7 +371,7 @@ def local_cluster(root: Path, nodes: int = 3, secret_file: Path | None = None) -
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "graben.store.cli", "cluster", "up"),
-            *("--nodes", str(nodes), "--root", str(root), *secret),
+            *("--nodes", str(nodes), "--root", str(root), "--port", "0", *secret),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -332,6 +422,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
                 address,
                 "--rack",
                 f"rack{i}",
+                *(("--listen", "127.0.0.1:0") if args.port == 0 else ()),
                 *secret,
             )
             procs.append(node)

@@ -120,8 +120,12 @@ class DataNode:
             partial(self._run, self.store.write_group), max_size=256, concurrency=2
         )
 
-    async def start(self, host: str, port: int) -> Server:
-        """Listen, then heartbeat to the metadata service until closed."""
+    async def start(self, host: str, port: int, *, advertise: str | None = None) -> Server:
+        """Listen, then heartbeat to the metadata service until closed.
+
+        ``advertise`` (``HOST:PORT``, or ``HOST`` with the bound port) is the address
+        the heartbeats carry, so the one clients dial: needed when ``host`` is a
+        wildcard or sits behind a NAT."""
         handlers: dict[str, Handler] = {
             "chunk.write": self._write,
             "chunk.write_many": self._write_many,
@@ -135,7 +139,8 @@ class DataNode:
         self.server = await Server.start(
             handlers, host, port, sinks, admit=self._admit, idle_timeout=self.idle_timeout
         )
-        self.address = f"{host}:{self.server.port}"
+        told = advertise or host
+        self.address = told if ":" in told else f"{told}:{self.server.port}"
         self._beating = every(HEARTBEAT_S, self._heartbeat, "heartbeat", at_once=True)
         self._scrubbing = every(self.scrub_interval, self.scrub_once, "scrub")
         return self.server

@@ -1,0 +1,118 @@
+"""Fixed default ports and ``--advertise``, with real server processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster_kit import LocalCluster
+
+from graben.store.cli._cluster import _spawn, _stop
+
+GRABEN = (sys.executable, "-m", "graben.store.cli")
+
+
+def _held(port: int) -> socket.socket | None:
+    """A socket listening on 127.0.0.1:``port``, or ``None`` if someone else has it."""
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen()
+    return sock
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    kit = LocalCluster(tmp_path, 1, replication=1)
+    try:
+        yield kit
+    finally:
+        kit.close()
+
+
+def test_a_node_given_no_port_takes_the_first_free_one_from_7200(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    held = _held(7200)
+    if held is None:
+        pytest.skip("port 7200 is taken on this machine")
+    try:
+        proc, address = _spawn(
+            *("node", "serve", "--data", str(tmp_path / "n"), "--meta", cluster.meta_address)
+        )
+        try:
+            host, port = address.rsplit(":", 1)
+            assert host == "127.0.0.1"
+            assert 7200 < int(port) < 7300  # 7200 is ours: the next free one
+        finally:
+            _stop([proc])
+    finally:
+        held.close()
+
+
+def test_the_metadata_service_defaults_to_7100_and_says_so_when_it_is_taken(
+    tmp_path: Path,
+) -> None:
+    held = _held(7100)
+    if held is None:
+        pytest.skip("port 7100 is taken on this machine")
+    held.close()
+    engine = ("--engine", f"sqlite:///{tmp_path / 'meta.db'}")
+    first, address = _spawn("meta", "serve", "--init", *engine)
+    try:
+        assert address == "127.0.0.1:7100"
+        second = subprocess.run(
+            [*GRABEN, "meta", "serve", *engine],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 1
+        assert "cannot listen on 127.0.0.1:7100" in second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        _stop([first])
+
+
+def test_a_wildcard_listen_address_needs_an_advertised_one(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            *(*GRABEN, "node", "serve", "--data", str(tmp_path / "n")),
+            *("--meta", "127.0.0.1:1", "--listen", "0.0.0.0:0"),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "GRABEN_SECRET": "x" * 32},
+    )
+    assert result.returncode == 1
+    assert "--advertise" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_node_heartbeats_its_advertised_address(cluster: LocalCluster, tmp_path: Path) -> None:
+    # 127.0.0.2 is loopback too: the node binds every interface and is told to be dialled there.
+    proc, address = _spawn(
+        *("node", "serve", "--data", str(tmp_path / "n"), "--meta", cluster.meta_address),
+        *("--listen", "0.0.0.0:0", "--advertise", "127.0.0.2"),
+    )
+    try:
+        host, port = address.rsplit(":", 1)
+        assert host == "127.0.0.2" and int(port) > 0
+        cluster.wait_alive(2)
+        from graben.store import connect
+
+        with connect(cluster.url) as client:
+            assert address in {n.address for n in client.health().nodes if n.alive}
+    finally:
+        _stop([proc])
