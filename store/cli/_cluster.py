@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 from .._errors import IntegrityError, InvalidArgument, NotFound, Unavailable
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
+from ._main import config_arg
 
 if TYPE_CHECKING:
     from ..meta import SQLiteRepository
@@ -147,6 +148,7 @@ def add_meta(sub: Subparsers) -> None:
     )
     _idle_arg(serve)
     _secret_arg(serve)
+    config_arg(serve, "meta")
     serve.set_defaults(run=_meta_serve)
 
 
@@ -167,6 +169,7 @@ def add_node(sub: Subparsers) -> None:
     )
     _idle_arg(serve)
     _secret_arg(serve)
+    config_arg(serve, "node")
     serve.set_defaults(run=_node_serve)
 
 
@@ -193,6 +196,7 @@ def add_cluster(sub: Subparsers) -> None:
         default=None,
         help="cluster secret (default: ROOT/secret, made on first start)",
     )
+    config_arg(up, "cluster")  # and its servers read [meta] and [node] of the same file
     up.set_defaults(run=_cluster_up)
 
 
@@ -393,7 +397,9 @@ def _cluster_up(args: argparse.Namespace) -> int:
     root.mkdir(0o700, parents=True, exist_ok=True)
     replication = args.replication or min(3, args.nodes)
     secret_file: Path = (args.secret_file or make_secret_file(root / "secret")).resolve()
-    secret = ("--secret-file", str(secret_file))
+    secret: tuple[str, ...] = ("--secret-file", str(secret_file))
+    if args.config is not None:  # the servers take their own tables of it
+        secret = (*secret, "--config", str(args.config.resolve()))
     procs: list[subprocess.Popen[str]] = []
     started = time.time()
     try:

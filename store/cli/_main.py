@@ -5,6 +5,10 @@ Each entry point is named after its subcommand and loads a function
 ``parser.set_defaults(run=fn)`` where ``fn(args) -> int`` is the exit code.
 The store's own commands are registered the same way as every other
 package's, so this module knows nothing of them.
+
+A command that calls ``config_arg(parser, section)`` takes ``--config FILE``:
+the table ``[section]`` of that TOML file gives defaults for any of its flags
+(flags on the command line win), applied here before the arguments are parsed.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from rich.console import Console
 from rich.text import Text
 
+from .._config import config_defaults, load_config
 from .._errors import GrabenError
 
 GROUP = "graben.commands"
@@ -45,6 +51,44 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def config_arg(parser: argparse.ArgumentParser, section: str) -> None:
+    """Give ``parser`` a ``--config FILE`` whose ``[section]`` table holds defaults for
+    its flags (keys named as the flags, without ``--``)."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help=f"TOML file whose [{section}] table sets any of these flags (flags given here win)",
+    )
+    parser.set_defaults(config_section=section)
+
+
+def _leaf(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The (sub)command parser ``argv`` selects, following its subcommand names."""
+    for token in argv:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            break
+        chosen = subs[0].choices.get(token)
+        if chosen is not None:
+            parser = chosen
+    return parser
+
+
+def apply_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """If the command ``argv`` selects takes ``--config`` and is given one, its table
+    becomes that command's defaults (before parsing: it may fill required flags)."""
+    leaf = _leaf(parser, argv)
+    section = leaf.get_default("config_section")
+    if section is None:
+        return
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path, default=None)
+    path: Path | None = pre.parse_known_args(argv)[0].config
+    if path is not None:
+        config_defaults(leaf, load_config(path, section), f"config file {path} [{section}]")
+
+
 def _err(message: str) -> None:
     # Text, not markup: paths may hold "[" and messages must stay one line.
     Console(stderr=True, soft_wrap=True, highlight=False).print(Text(message, style="red"))
@@ -58,7 +102,13 @@ def describe(exc: GrabenError) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``graben`` script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv[0] if argv else None).parse_args(argv)
+    parser = build_parser(argv[0] if argv else None)
+    try:
+        apply_config(parser, argv)
+    except GrabenError as exc:
+        _err(f"graben: {describe(exc)}")
+        return 2
+    args = parser.parse_args(argv)
     try:
         code: int = args.run(args)
     except GrabenError as exc:
