@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 from .._errors import IntegrityError, InvalidArgument, NotFound, Unavailable
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
+from ._logs import log_arg
 from ._main import config_arg
 
 if TYPE_CHECKING:
@@ -148,6 +149,7 @@ def add_meta(sub: Subparsers) -> None:
     )
     _idle_arg(serve)
     _secret_arg(serve)
+    log_arg(serve)
     config_arg(serve, "meta")
     serve.set_defaults(run=_meta_serve)
 
@@ -169,6 +171,7 @@ def add_node(sub: Subparsers) -> None:
     )
     _idle_arg(serve)
     _secret_arg(serve)
+    log_arg(serve)
     config_arg(serve, "node")
     serve.set_defaults(run=_node_serve)
 
@@ -196,6 +199,7 @@ def add_cluster(sub: Subparsers) -> None:
         default=None,
         help="cluster secret (default: ROOT/secret, made on first start)",
     )
+    log_arg(up)
     config_arg(up, "cluster")  # and its servers read [meta] and [node] of the same file
     up.set_defaults(run=_cluster_up)
 
@@ -397,9 +401,10 @@ def _cluster_up(args: argparse.Namespace) -> int:
     root.mkdir(0o700, parents=True, exist_ok=True)
     replication = args.replication or min(3, args.nodes)
     secret_file: Path = (args.secret_file or make_secret_file(root / "secret")).resolve()
-    secret: tuple[str, ...] = ("--secret-file", str(secret_file))
+    shared: tuple[str, ...] = ("--secret-file", str(secret_file))
+    shared = (*shared, "--log-level", args.log_level)
     if args.config is not None:  # the servers take their own tables of it
-        secret = (*secret, "--config", str(args.config.resolve()))
+        shared = (*shared, "--config", str(args.config.resolve()))
     procs: list[subprocess.Popen[str]] = []
     started = time.time()
     try:
@@ -415,7 +420,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
             str(replication),
             "--heartbeat-timeout",
             str(args.heartbeat_timeout),
-            *secret,
+            *shared,
         )
         procs.append(meta)
         for i in range(args.nodes):
@@ -429,7 +434,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
                 "--rack",
                 f"rack{i}",
                 *(("--listen", "127.0.0.1:0") if args.port == 0 else ()),
-                *secret,
+                *shared,
             )
             procs.append(node)
         url = f"graben://{address}"

@@ -24,6 +24,7 @@ from rich.text import Text
 
 from .._config import config_defaults, load_config
 from .._errors import GrabenError
+from ._logs import configure
 
 GROUP = "graben.commands"
 Add = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
@@ -109,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _err(f"graben: {describe(exc)}")
         return 2
     args = parser.parse_args(argv)
+    if getattr(args, "log_level", None) is not None:
+        configure(args.log_level)
     try:
         code: int = args.run(args)
     except GrabenError as exc:

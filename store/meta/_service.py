@@ -138,9 +138,21 @@ class MetaService:
         if not degraded:
             return 0
         nodes = await self._list_nodes()
-        made = 0
+        made, stuck, lost = 0, list[tuple[str, str]](), list[str]()
         for chunk in degraded:
-            made += await self._repair(chunk, nodes)
+            made += await self._repair(chunk, nodes, stuck, lost)
+        # One line per round, not one per chunk: a cluster short of nodes would say
+        # the same thing for every chunk, every round.
+        if lost:
+            log.error(
+                "%d chunks have no live copy left and cannot be repaired (first: %s)",
+                len(lost),
+                lost[0],
+            )
+        if stuck:
+            log.warning(
+                "cannot repair %d chunks yet: %s (first: %s)", len(stuck), stuck[0][1], stuck[0][0]
+            )
         return made
 
     async def _drop_bad(self) -> None:
@@ -153,10 +165,18 @@ class MetaService:
             except GrabenError as exc:
                 log.warning("could not delete bad copy of %s on %s: %s", chunk, node, exc)
 
-    async def _repair(self, degraded: Degraded, nodes: list[NodeState]) -> int:
+    async def _repair(
+        self,
+        degraded: Degraded,
+        nodes: list[NodeState],
+        stuck: list[tuple[str, str]],
+        lost: list[str],
+    ) -> int:
+        """Copies made of one short chunk; one that cannot be placed goes on ``stuck``
+        with the reason, one with no live copy on ``lost``."""
         chunk = degraded.chunk
         if not degraded.live:
-            log.error("chunk %s has no live copy left; it cannot be repaired", chunk.id)
+            lost.append(chunk.id)
             return 0
         try:
             targets = place(
@@ -167,7 +187,7 @@ class MetaService:
                 exclude=degraded.live,
             )
         except GrabenError as exc:
-            log.warning("cannot repair chunk %s yet: %s", chunk.id, exc)
+            stuck.append((chunk.id, str(exc)))
             return 0
         data = memoryview(bytearray(chunk.length))
         if not await self._read_any(chunk, degraded.live, data):
