@@ -29,83 +29,28 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import urlsplit
 
 from .._errors import IntegrityError, InvalidArgument, NotFound, Unavailable
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
+from ._listen import (
+    META_PORT,
+    NODE_PORT,
+    address_arg,
+    advertised,
+    check_advertise,
+    listen_args,
+    start_node,
+)
 from ._logs import log_arg
 from ._main import config_arg
 
 if TYPE_CHECKING:
     from ..meta import SQLiteRepository
-    from ..node import DataNode
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 READY_TIMEOUT_S = 30.0
-META_PORT = 7100
-NODE_PORT = 7200
-NODE_PORTS = 100
-"""Ports a data node given no port tries, from ``NODE_PORT`` upward."""
-WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
-
-
-def _address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
-    return host, int(port)
-
-
-def _endpoint(text: str) -> tuple[str, int | None]:
-    """``HOST:PORT`` or ``HOST`` alone (the server's default port)."""
-    if ":" not in text:
-        if not text:
-            raise argparse.ArgumentTypeError("an empty address")
-        return text, None
-    return _address(text)
-
-
-def _listen_args(parser: argparse.ArgumentParser, default: str, what: str) -> None:
-    parser.add_argument(
-        "--listen",
-        type=_endpoint,
-        default=default,
-        help=f"HOST[:PORT] to bind ({what}; PORT 0: any free port)",
-    )
-    parser.add_argument(
-        "--advertise",
-        type=_endpoint,
-        default=None,
-        help="HOST[:PORT] others are told to dial (default: --listen's; required when "
-        "--listen is a wildcard such as 0.0.0.0; PORT defaults to the bound one)",
-    )
-
-
-def _check_advertise(listen: tuple[str, int | None], advertise: object) -> None:
-    """Refuse, before binding, a wildcard address nobody could dial."""
-    if listen[0] in WILDCARDS and advertise is None:
-        raise InvalidArgument(
-            f"--listen {listen[0]} binds every interface, but others need an address "
-            "to dial: give --advertise HOST[:PORT] too"
-        )
-
-
-def _advertised(listen: tuple[str, int | None], port: int, advertise: Any) -> str:
-    """The address others dial: ``--advertise``'s (its port defaulting to the bound
-    one), else the bound host and port."""
-    if advertise is None:
-        return f"{listen[0]}:{port}"
-    host, told = advertise
-    return f"{host}:{port if told is None else told}"
-
-
-def _told(advertise: tuple[str, int | None] | None) -> str | None:
-    """``--advertise`` as the node takes it: ``HOST`` alone means its bound port."""
-    if advertise is None:
-        return None
-    host, port = advertise
-    return host if port is None else f"{host}:{port}"
 
 
 def _secret_arg(parser: argparse.ArgumentParser) -> None:
@@ -139,7 +84,7 @@ def add_meta(sub: Subparsers) -> None:
         help="create a new, empty store if the engine has none (without it, a missing or "
         "empty database is an error: a mistyped path must not pass for a new store)",
     )
-    _listen_args(serve, f"127.0.0.1:{META_PORT}", f"default 127.0.0.1:{META_PORT}")
+    listen_args(serve, f"127.0.0.1:{META_PORT}", f"default 127.0.0.1:{META_PORT}")
     serve.add_argument("--replication", type=int, default=3, help="default copies per chunk")
     serve.add_argument(
         "--heartbeat-timeout", type=float, default=10.0, help="seconds before a silent node is dead"
@@ -161,9 +106,9 @@ def add_node(sub: Subparsers) -> None:
         "serve", help="Serve a chunk directory and heartbeat to the metadata service."
     )
     serve.add_argument("--data", type=Path, required=True, help="directory for chunk files")
-    serve.add_argument("--meta", type=_address, required=True, help="metadata service HOST:PORT")
+    serve.add_argument("--meta", type=address_arg, required=True, help="metadata service HOST:PORT")
     serve.add_argument("--rack", default="default", help="failure domain label")
-    _listen_args(
+    listen_args(
         serve, "127.0.0.1", f"default 127.0.0.1, on the first free port from {NODE_PORT} up"
     )
     serve.add_argument(
@@ -278,7 +223,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
     from ..meta import MetaService
 
     path = _engine_path(args.engine)
-    _check_advertise(args.listen, args.advertise)
+    check_advertise(args.listen, args.advertise)
     secret = auth.load_secret(args.secret_file)
     repo = _open_engine(path, init=args.init)
     host, port = args.listen
@@ -293,7 +238,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
             idle_timeout=args.idle_timeout,
         )
         server = await service.start(host, META_PORT if port is None else port)
-        return _advertised(args.listen, server.port, args.advertise), service.close
+        return advertised(args.listen, server.port, args.advertise), service.close
 
     return _serve(start)
 
@@ -315,7 +260,7 @@ def _open_engine(path: Path, *, init: bool) -> SQLiteRepository:
 def _node_serve(args: argparse.Namespace) -> int:
     from ..node import DataNode
 
-    _check_advertise(args.listen, args.advertise)
+    check_advertise(args.listen, args.advertise)
     secret = auth.load_secret(args.secret_file)
 
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
@@ -327,27 +272,10 @@ def _node_serve(args: argparse.Namespace) -> int:
             scrub_interval=args.scrub_interval,
             idle_timeout=args.idle_timeout,
         )
-        await _start_node(node, args.listen, args.advertise)
+        await start_node(node, args.listen, args.advertise)
         return node.address, node.close
 
     return _serve(start)
-
-
-async def _start_node(node: DataNode, listen: tuple[str, int | None], advertise: Any) -> None:
-    """Start ``node`` on ``listen``'s port, else on the first free one from ``NODE_PORT``."""
-    host, port = listen
-    ports = range(NODE_PORT, NODE_PORT + NODE_PORTS) if port is None else (port,)
-    for p in ports:
-        try:
-            await node.start(host, p, advertise=_told(advertise))
-            return
-        except Unavailable:
-            if port is not None:
-                raise
-    raise Unavailable(
-        f"no free port from {NODE_PORT} to {NODE_PORT + NODE_PORTS - 1} on {host}; "
-        "give --listen HOST:PORT"
-    )
 
 
 # -- a local cluster ------------------------------------------------------------

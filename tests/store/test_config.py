@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,17 @@ def test_every_flag_of_a_command_can_come_from_the_file() -> None:
     ) as refused:  # True fits only switches: so every key was known
         config_defaults(serve, values, "x.toml [meta]")
     assert "unknown key" not in str(refused.value)
+
+
+def test_the_example_file_in_the_docs_is_one_every_server_accepts() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "cluster.md").read_text()
+    example = page.split("```toml\n", 1)[1].split("```", 1)[0]
+    for command, argv in (
+        ("meta", ["meta", "serve"]),
+        ("node", ["node", "serve"]),
+        ("cluster", ["cluster", "up"]),
+    ):
+        parser = build_parser(command)
+        leaf = parser._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+        action = leaf._subparsers._group_actions[0].choices[argv[1]]
+        config_defaults(action, tomllib.loads(example)[command], f"docs [{command}]")

@@ -1,0 +1,99 @@
+"""Where the servers listen and what they tell others to dial.
+
+Default ports: the metadata service 7100; a data node the first free one from
+7200 upward on its ``--listen`` host (so several nodes on one host need no
+ports). ``--listen HOST:0`` takes any free port. ``--advertise`` is the
+address the others are told (a node's heartbeats carry it); a wildcard
+``--listen`` needs one.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from .._errors import InvalidArgument, Unavailable
+
+if TYPE_CHECKING:
+    from ..node import DataNode
+
+META_PORT = 7100
+NODE_PORT = 7200
+NODE_PORTS = 100
+"""Ports a data node given no port tries, from ``NODE_PORT`` upward."""
+WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
+
+
+def address_arg(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def endpoint(text: str) -> tuple[str, int | None]:
+    """``HOST:PORT`` or ``HOST`` alone (the server's default port)."""
+    if ":" not in text:
+        if not text:
+            raise argparse.ArgumentTypeError("an empty address")
+        return text, None
+    return address_arg(text)
+
+
+def listen_args(parser: argparse.ArgumentParser, default: str, what: str) -> None:
+    parser.add_argument(
+        "--listen",
+        type=endpoint,
+        default=default,
+        help=f"HOST[:PORT] to bind ({what}; PORT 0: any free port)",
+    )
+    parser.add_argument(
+        "--advertise",
+        type=endpoint,
+        default=None,
+        help="HOST[:PORT] others are told to dial (default: --listen's; required when "
+        "--listen is a wildcard such as 0.0.0.0; PORT defaults to the bound one)",
+    )
+
+
+def check_advertise(listen: tuple[str, int | None], advertise: object) -> None:
+    """Refuse, before binding, a wildcard address nobody could dial."""
+    if listen[0] in WILDCARDS and advertise is None:
+        raise InvalidArgument(
+            f"--listen {listen[0]} binds every interface, but others need an address "
+            "to dial: give --advertise HOST[:PORT] too"
+        )
+
+
+def advertised(listen: tuple[str, int | None], port: int, advertise: Any) -> str:
+    """The address others dial: ``--advertise``'s (its port defaulting to the bound
+    one), else the bound host and port."""
+    if advertise is None:
+        return f"{listen[0]}:{port}"
+    host, told = advertise
+    return f"{host}:{port if told is None else told}"
+
+
+def told(advertise: tuple[str, int | None] | None) -> str | None:
+    """``--advertise`` as the node takes it: ``HOST`` alone means its bound port."""
+    if advertise is None:
+        return None
+    host, port = advertise
+    return host if port is None else f"{host}:{port}"
+
+
+async def start_node(node: DataNode, listen: tuple[str, int | None], advertise: Any) -> None:
+    """Start ``node`` on ``listen``'s port, else on the first free one from ``NODE_PORT``."""
+    host, port = listen
+    ports = range(NODE_PORT, NODE_PORT + NODE_PORTS) if port is None else (port,)
+    for p in ports:
+        try:
+            await node.start(host, p, advertise=told(advertise))
+            return
+        except Unavailable:
+            if port is not None:
+                raise
+    raise Unavailable(
+        f"no free port from {NODE_PORT} to {NODE_PORT + NODE_PORTS - 1} on {host}; "
+        "give --listen HOST:PORT"
+    )
