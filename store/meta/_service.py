@@ -143,6 +143,7 @@ class MetaService:
         if not degraded:
             return 0
         nodes = await self._list_nodes()
+        await self.chunks.nodes()  # fresh addresses: a node back from the dead may have moved
         made = 0
         for chunk in degraded:
             made += await self._repair(chunk, nodes)

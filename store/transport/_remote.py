@@ -291,7 +291,8 @@ class RemoteMeta:
                 tries += 1
                 if type(request) not in RETRYABLE:
                     raise
-                if time.monotonic() + delay > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise type(exc)(
                         f"gave up on {type(request).__name__} after retrying for "
                         f"{time.monotonic() - start:.1f} s ({tries} tries; timeout "
@@ -304,10 +305,10 @@ class RemoteMeta:
                         self.address,
                         exc.message,
                         type(request).__name__,
-                        time.strftime("%H:%M:%S", time.localtime(time.time() + self.timeout)),
+                        time.strftime("%H:%M:%S", time.localtime(time.time() + left)),
                         self.timeout,
                     )
-                await asyncio.sleep(delay)
+                await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, 1.0)
                 continue
             result: R = decode(body, request.response)
