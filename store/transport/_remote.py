@@ -11,6 +11,10 @@ Auth: every call to the metadata service carries the client's token; every
 chunk call carries a capability for that chunk and op. ``Grants`` holds the
 capabilities that come with placements and layouts, and asks for fresh ones
 (``Grant``) when one is missing or about to expire.
+
+Over 500 lines: the metadata side's retries (which failures, how long, what
+they log) sit beside the pooling and grants they depend on; splitting
+``RemoteMeta`` from ``RemoteChunks`` into two modules is the next step.
 """
 
 from __future__ import annotations
