@@ -8,6 +8,7 @@ subclasses the builtin it means.
 from ._config import Options, split_url
 from ._errors import (
     AlreadyExists,
+    CannotPlace,
     DirectoryNotEmpty,
     GrabenError,
     IntegrityError,
@@ -19,6 +20,7 @@ from ._errors import (
     NotFound,
     PermissionDenied,
     ProtocolError,
+    Refused,
     Timeout,
     Unavailable,
 )
@@ -40,6 +42,7 @@ __all__ = [
     "AsyncClient",
     "AsyncReadFile",
     "AsyncWriteFile",
+    "CannotPlace",
     "ChunkProblem",
     "Client",
     "DirectoryNotEmpty",
@@ -58,6 +61,7 @@ __all__ = [
     "PermissionDenied",
     "ProtocolError",
     "ReadFile",
+    "Refused",
     "Timeout",
     "Unavailable",
     "WriteFile",

@@ -69,6 +69,12 @@ class Options:
     """Bytes per chunk for new files."""
     replication: int | None = None
     """Copies of each chunk; ``None`` takes the store's default (1 embedded)."""
+    min_replicas: int | None = None
+    """Copies a write needs when nodes are down (it goes on with fewer than ``replication``,
+    and repair adds the rest); ``None`` takes the cluster's ``--min-replicas``."""
+    timeout: float = 30.0
+    """Seconds a request safe to repeat keeps retrying while the metadata service is
+    unreachable (cannot connect, connection lost, timed out); refusals are never retried."""
     max_inflight: int = 8
     """Chunks one writer hashes and uploads at once."""
     read_ahead: int = 16
@@ -95,6 +101,12 @@ class Options:
             )
         if self.replication is not None and self.replication < 1:
             raise InvalidArgument(f"replication must be at least 1, not {self.replication}")
+        if self.min_replicas is not None and self.min_replicas < 1:
+            raise InvalidArgument(f"min_replicas must be at least 1, not {self.min_replicas}")
+        if not self.timeout > 0:
+            raise InvalidArgument(
+                f"timeout must be a positive number of seconds, not {self.timeout}"
+            )
         for name in ("max_inflight", "io_threads", "hash_threads"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1")

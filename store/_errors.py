@@ -35,6 +35,14 @@ class GrabenError(Exception):
         return (type(self), (self.message, self.path))
 
 
+class Refused(GrabenError):
+    """A server understood the request and said no, giving its reason: no space, no
+    placement, no permission, a bad argument. Never a ``ConnectionError``, never
+    retried: asking again gets the same answer until someone changes the cluster."""
+
+    code = "refused"
+
+
 class NotFound(GrabenError, FileNotFoundError):
     """The path, or a directory on the way to it, does not exist."""
 
@@ -70,14 +78,14 @@ class DirectoryNotEmpty(GrabenError, OSError):
     errno_value = _errno.ENOTEMPTY
 
 
-class InvalidPath(GrabenError, ValueError):
+class InvalidPath(Refused, ValueError):
     """The path is malformed: NUL byte, ``..`` escaping the root, too long."""
 
     code = "invalid_path"
     errno_value = errno = _errno.EINVAL
 
 
-class InvalidArgument(GrabenError, ValueError):
+class InvalidArgument(Refused, ValueError):
     """An argument other than a path is out of range or malformed."""
 
     code = "invalid_argument"
@@ -91,22 +99,31 @@ class IntegrityError(GrabenError, OSError):
     errno_value = _errno.EIO
 
 
-class NoSpace(GrabenError, OSError):
+class NoSpace(Refused, OSError):
     """A disk is full; nothing was committed."""
 
     code = "no_space"
     errno_value = _errno.ENOSPC
 
 
-class PermissionDenied(GrabenError, PermissionError):
+class PermissionDenied(Refused, PermissionError):
     """The caller lacks a valid token or capability for the operation."""
 
     code = "permission"
     errno_value = _errno.EACCES
 
 
+class CannotPlace(Refused, OSError):
+    """Too few live data nodes to hold a chunk's copies (``min_replicas`` of them); the
+    message names the dead, full or excluded nodes."""
+
+    code = "cannot_place"
+    errno_value = _errno.EHOSTDOWN
+
+
 class Unavailable(GrabenError, ConnectionError):
-    """A server could not be reached or went away mid-request."""
+    """Transport: a server could not be reached or went away mid-request (or, from the
+    metadata service, its database is busy). Safe requests retry it until their deadline."""
 
     code = "unavailable"
     errno_value = _errno.ECONNREFUSED
@@ -144,6 +161,8 @@ ERRORS: dict[str, type[GrabenError]] = {
         IntegrityError,
         NoSpace,
         PermissionDenied,
+        Refused,
+        CannotPlace,
         Unavailable,
         Timeout,
         ProtocolError,

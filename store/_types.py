@@ -134,6 +134,8 @@ class Placement(msgspec.Struct, frozen=True):
     """Where to send it (or where it already is)."""
     grant: Capability | None = None
     """A cluster's permission to write it to those nodes (none embedded, or when not uploaded)."""
+    minimum: int = 1
+    """Copies the write needs durable before it may go on (degraded) without the rest."""
 
 
 class StoredChunk(msgspec.Struct, frozen=True):

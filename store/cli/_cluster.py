@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import urlsplit
 
+from .._config import resolve
 from .._errors import IntegrityError, InvalidArgument, NotFound, Unavailable
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
 from ._listen import (
@@ -45,6 +46,7 @@ from ._listen import (
 )
 from ._logs import log_arg
 from ._main import config_arg
+from ._stores import timeout_arg
 
 if TYPE_CHECKING:
     from ..meta import SQLiteRepository
@@ -86,6 +88,13 @@ def add_meta(sub: Subparsers) -> None:
     )
     listen_args(serve, f"127.0.0.1:{META_PORT}", f"default 127.0.0.1:{META_PORT}")
     serve.add_argument("--replication", type=int, default=3, help="default copies per chunk")
+    serve.add_argument(
+        "--min-replicas",
+        type=int,
+        default=0,
+        help="copies a write needs when nodes are down (default: one fewer than it asks "
+        "for, at least 1); repair adds the rest",
+    )
     serve.add_argument(
         "--heartbeat-timeout", type=float, default=10.0, help="seconds before a silent node is dead"
     )
@@ -158,19 +167,24 @@ def add_status(sub: Subparsers) -> None:
         "--store", default=None, help="store URL or directory (default: $GRABEN_URL)"
     )
     status.add_argument("--json", action="store_true", help="print JSON")
+    timeout_arg(status)
     status.set_defaults(run=_status)
 
 
 def _status(args: argparse.Namespace) -> int:
     import msgspec
 
-    from ..client import connect
+    from ._stores import open_client
 
-    with connect(args.store) as client:
+    with open_client(args.store, create=True, timeout=args.timeout) as client:
         health = client.health()
+    cluster = resolve(args.store).address is not None
+    dead = cluster and not any(n.alive for n in health.nodes)
+    # The same exit code for text and JSON: scripts and monitors read either.
+    healthy = health.degraded == 0 and health.bad == 0 and not dead
     if args.json:
         print(msgspec.json.encode(health).decode())
-        return 0
+        return 0 if healthy else 1
     print(f"store {health.store_id}")
     print(f"{'node':12} {'address':21} {'rack':10} {'state':6} {'used':>10} {'total':>10}")
     for node in health.nodes:
@@ -185,7 +199,9 @@ def _status(args: argparse.Namespace) -> int:
         f"{alive}/{len(health.nodes)} nodes up; replication {health.replication}; "
         f"{health.degraded} chunks short of copies; {health.bad} damaged copies awaiting repair"
     )
-    return 0 if health.degraded == 0 and health.bad == 0 else 1
+    if dead:
+        print("no data node is alive: nothing can be read or written")
+    return 0 if healthy else 1
 
 
 def _gib(n: int) -> str:
@@ -233,6 +249,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
             repo,
             secret=secret,
             replication=args.replication,
+            min_replicas=args.min_replicas,
             heartbeat_timeout=args.heartbeat_timeout,
             repair_interval=args.repair_interval,
             idle_timeout=args.idle_timeout,

@@ -7,6 +7,7 @@ store errors, so the dispatcher prints them as one line.
 
 from __future__ import annotations
 
+import argparse
 import os
 import posixpath
 from collections.abc import Iterator
@@ -34,8 +35,21 @@ def locate(flag: str | None, *paths: str) -> tuple[str | None, list[str]]:
     return store, plain
 
 
+def timeout_arg(parser: argparse.ArgumentParser) -> None:
+    """``--timeout SECONDS``: how long a client command retries an unreachable service."""
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="give up retrying an unreachable metadata service after this long (default 30)",
+    )
+
+
 @contextmanager
-def open_client(store: str | None, *, create: bool = False) -> Iterator[Client]:
+def open_client(
+    store: str | None, *, create: bool = False, timeout: float | None = None
+) -> Iterator[Client]:
     """A client of ``store``; commands that only read refuse to create a store.
 
     Opening an embedded store creates its directory, so a mistyped
@@ -43,7 +57,7 @@ def open_client(store: str | None, *, create: bool = False) -> Iterator[Client]:
     """
     if not create:
         _require_store(store)
-    with connect(store) as client:
+    with connect(store, **({} if timeout is None else {"timeout": timeout})) as client:
         yield client
 
 

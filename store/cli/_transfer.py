@@ -34,7 +34,7 @@ STDIO = "-"
 def cat(args: argparse.Namespace) -> int:
     start, end = args.range or (0, None)
     store, (path,) = locate(args.store, args.path)
-    with open_client(store) as client, client.open(path, "rb") as src:
+    with open_client(store, timeout=args.timeout) as client, client.open(path, "rb") as src:
         size = src.info.size
         stop = size if end is None else min(end, size)
         src.seek(min(start, size))
@@ -44,7 +44,7 @@ def cat(args: argparse.Namespace) -> int:
 
 def get(args: argparse.Namespace) -> int:
     store, (remote,) = locate(args.store, args.remote)
-    with open_client(store) as client, client.open(remote, "rb") as src:
+    with open_client(store, timeout=args.timeout) as client, client.open(remote, "rb") as src:
         size = src.info.size
         if args.local == STDIO:
             _to_stdout(client, src, size, remote)
@@ -115,7 +115,7 @@ def _umask() -> int:
 def put(args: argparse.Namespace) -> int:
     store, (remote,) = locate(args.store, args.remote)
     mode: WriteMode = "xb" if args.exclusive else "wb"
-    with open_client(store, create=True) as client:
+    with open_client(store, create=True, timeout=args.timeout) as client:
         if args.local == STDIO:
             _put_stdin(client, remote, mode)
             return 0

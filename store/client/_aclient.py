@@ -62,6 +62,7 @@ class AsyncClient:
                 opts.hash_threads,
                 token=auth.cluster_token(opts.token),
                 read_ahead=opts.remote_read_ahead,
+                timeout=opts.timeout,
             )
             self._setup(remote, nodes, opts, f"graben://{host}:{port}", report=True)
             return
@@ -309,6 +310,7 @@ class AsyncClient:
             clean,
             mode=mode,
             replication=replication or self.replication,
+            min_replicas=self.options.min_replicas or 0,
             max_inflight=self.options.max_inflight,
             permissions=permissions,
         )

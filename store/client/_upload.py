@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 
 from .._buffers import BufferPool
-from .._errors import GrabenError, IntegrityError, NoSpace, Timeout, Unavailable
+from .._errors import CannotPlace, GrabenError, IntegrityError, NoSpace, Timeout, Unavailable
 from .._hashing import chunk_ref
 from .._types import Buffer, ChunkRef, Extent, FileCommit, FileInfo, StoredChunk, WriteMode
 from ..transport import ChunkTransport, Commit, MetaTransport, Prepare
@@ -46,9 +46,11 @@ class Upload:
         replication: int,
         max_inflight: int,
         permissions: int = 0,
+        min_replicas: int = 0,
     ) -> None:
         self._meta, self._chunks, self._hasher = meta, chunks, hasher
         self.path, self._mode, self._replication = path, mode, replication
+        self._min_replicas = min_replicas  # 0: the store's
         self._permissions = permissions
         self._slots = asyncio.Semaphore(max_inflight)
         self._tasks: list[asyncio.Task[tuple[ChunkRef, StoredChunk | None]]] = []
@@ -92,22 +94,29 @@ class Upload:
                 ref = chunk_ref(data)
             else:
                 ref = await loop.run_in_executor(self._hasher, chunk_ref, data)
-            [placement] = await self._meta.request(Prepare((ref,), self._replication))
+            [placement] = await self._meta.request(
+                Prepare((ref,), self._replication, min_replicas=self._min_replicas)
+            )
             if not placement.upload:
                 return ref, None
-            return ref, await self._replicate(ref, data, placement.nodes)
+            return ref, await self._replicate(ref, data, placement.nodes, placement.minimum)
         finally:
             self._slots.release()
             if release:
                 release()
 
     async def _replicate(
-        self, ref: ChunkRef, data: memoryview, nodes: tuple[str, ...]
+        self, ref: ChunkRef, data: memoryview, nodes: tuple[str, ...], minimum: int
     ) -> StoredChunk:
-        """Write to every node (fan-out); a node that fails is replaced by a new placement."""
+        """Write to every node (fan-out); a node that fails is replaced by a new placement.
+
+        With no node left to replace it, the chunk goes on with the copies it
+        has if they are at least ``minimum`` (a degraded write: the commit
+        records the copies it has, and repair adds the rest).
+        """
         stored: list[str] = []
-        failed: list[str] = []
-        errors: list[GrabenError] = []
+        failed: dict[str, GrabenError] = {}
+        refusal: GrabenError | None = None
         for _ in range(MAX_REPLACEMENTS + 1):
             results = await asyncio.gather(
                 *(self._chunks.write(node, ref, data) for node in nodes), return_exceptions=True
@@ -116,23 +125,29 @@ class Upload:
                 if result is None:
                     stored.append(node)
                 elif isinstance(result, _REPLACEABLE):
-                    failed.append(node)
-                    errors.append(result)
+                    failed[node] = result
                 else:
                     raise result
-            missing = len(nodes) - sum(r is None for r in results)
-            if not missing:
+            if all(r is None for r in results):
                 return StoredChunk(ref, tuple(stored))
-            nodes = await self._replacements(ref, missing, (*stored, *failed))
+            missing = sum(r is not None for r in results)
+            try:
+                nodes = await self._replacements(
+                    ref, missing, max(1, minimum - len(stored)), (*stored, *failed)
+                )
+            except (CannotPlace, NoSpace) as exc:
+                refusal = exc  # nobody left to turn to
+                break
             if set(nodes) & set(failed):  # no other node to turn to (embedded: never)
                 break
-        last = errors[-1]
-        raise type(last)(f"{last.message} (after {len(failed)} failed replica writes)", last.path)
+        if len(stored) >= minimum:
+            return StoredChunk(ref, tuple(stored))  # degraded: repair adds the rest
+        raise _short(ref, stored, minimum, failed, refusal)
 
     async def _replacements(
-        self, ref: ChunkRef, count: int, avoid: tuple[str, ...]
+        self, ref: ChunkRef, count: int, least: int, avoid: tuple[str, ...]
     ) -> tuple[str, ...]:
-        [again] = await self._meta.request(Prepare((ref,), count, avoid))
+        [again] = await self._meta.request(Prepare((ref,), count, avoid, min_replicas=least))
         return again.nodes
 
     async def commit(self) -> FileInfo:
@@ -176,6 +191,23 @@ class Upload:
         """
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+
+
+def _short(
+    ref: ChunkRef,
+    stored: list[str],
+    minimum: int,
+    failed: dict[str, GrabenError],
+    refusal: GrabenError | None,
+) -> GrabenError:
+    """Why a chunk could not get its ``minimum`` copies: each failed node and its error."""
+    why = "; ".join(f"{node}: {exc.message}" for node, exc in failed.items())
+    last = refusal or list(failed.values())[-1]
+    message = (
+        f"chunk {ref.id} has {len(stored)} of the {minimum} copies a write needs; "
+        f"failed nodes: {why}" + (f"; {refusal.message}" if refusal else "")
+    )
+    return type(last)(message, last.path)
 
 
 class Staging:

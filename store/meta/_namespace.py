@@ -64,8 +64,8 @@ from ._bookkeeping import Bookkeeping
 from ._repo import ROOT_INODE, Inode, Repository, Tx
 
 R = TypeVar("R")
-Placer = Callable[[ChunkRef, int, tuple[str, ...]], tuple[str, ...]]
-"""(chunk, replication, nodes to avoid) -> the nodes to store it on."""
+Placer = Callable[[ChunkRef, int, int, tuple[str, ...]], tuple[str, ...]]
+"""(chunk, replication, fewest acceptable, nodes to avoid) -> the nodes to store it on."""
 ROOT = Inode(ROOT_INODE, "directory", 0, 0o755, 0, 1, 1)
 DIR_MODE = 0o755
 PERMISSION_BITS = 0o7777
@@ -73,7 +73,9 @@ PERMISSION_BITS = 0o7777
 FILE_MODE = 0o644
 
 
-def local_placement(chunk: ChunkRef, replication: int, avoid: tuple[str, ...]) -> tuple[str, ...]:
+def local_placement(
+    chunk: ChunkRef, replication: int, minimum: int, avoid: tuple[str, ...]
+) -> tuple[str, ...]:
     """Embedded placement: every chunk lives on the one local node."""
     return (LOCAL_NODE,)
 
@@ -100,11 +102,16 @@ class Namespace(Bookkeeping):
         place: Placer = local_placement,
         *,
         default_replication: int = 1,
+        min_replicas: int = 0,
         heartbeat_timeout: float = 10.0,
     ) -> None:
+        if min_replicas < 0:
+            raise InvalidArgument(f"min_replicas must be at least 1, not {min_replicas}")
         self.repo = repo
         self._place = place
         self.default_replication = default_replication
+        self.min_replicas = min_replicas
+        """Copies a write needs at least (0: one fewer than it asks for, at least 1)."""
         self.heartbeat_timeout = heartbeat_timeout
         self.bad: list[tuple[str, str, str]] = []
         """Copies reported bad and not yet deleted: (chunk, node, reason)."""
@@ -119,7 +126,7 @@ class Namespace(Bookkeeping):
             Rename: lambda r: self.rename(r.src, r.dst, r.replace, r.replace_tree),
             SetAttributes: lambda r: self.set_attributes(r.path, r.mode, r.mtime_ns),
             GetLayout: lambda r: self.layout(r.path, r.start, r.limit, r.inode),
-            Prepare: lambda r: self.prepare(r.chunks, r.replication, r.avoid),
+            Prepare: lambda r: self.prepare(r.chunks, r.replication, r.avoid, r.min_replicas),
             Commit: lambda r: self.commit(r.files),
             Usage: lambda r: self.usage(r.path),
             ChunkRefs: lambda r: self.chunk_refs(r.after, r.limit),
@@ -360,18 +367,34 @@ class Namespace(Bookkeeping):
         return _info(clean, changed)
 
     def prepare(
-        self, chunks: tuple[ChunkRef, ...], replication: int, avoid: tuple[str, ...] = ()
+        self,
+        chunks: tuple[ChunkRef, ...],
+        replication: int,
+        avoid: tuple[str, ...] = (),
+        min_replicas: int = 0,
     ) -> list[Placement]:
-        """For each chunk: skip it if a live file already uses it, else where to send it."""
+        """For each chunk: skip it if a live file already uses it, else where to send it.
+
+        With too few live nodes for every copy, a placement names as many as
+        there are, down to the write's minimum (``Placement.minimum``).
+        """
         copies = self._replication(replication)
+        least = self._minimum(copies, min_replicas)
         with self.repo.read() as tx:
             held = tx.referenced(c.id for c in chunks)
         return [
-            Placement(c, False, held[c.id])
+            Placement(c, False, held[c.id], minimum=least)
             if c.id in held
-            else Placement(c, True, self._place(c, copies, avoid))
+            else Placement(c, True, self._place(c, copies, least, avoid), minimum=least)
             for c in chunks
         ]
+
+    def _minimum(self, copies: int, asked: int) -> int:
+        """Copies a write of ``copies`` needs: asked, else the store's, else one fewer."""
+        if asked < 0:
+            raise InvalidArgument(f"min_replicas must be at least 1, not {asked}")
+        least = asked or self.min_replicas or copies - 1
+        return max(1, min(least, copies))
 
     def _replication(self, asked: int) -> int:
         if asked < 0:

@@ -24,7 +24,7 @@ from collections.abc import Collection, Sequence
 from typing import Literal, Protocol
 
 from .._config import RESERVE
-from .._errors import InvalidArgument, NoSpace, Unavailable
+from .._errors import CannotPlace, InvalidArgument, NoSpace
 
 Reason = Literal["dead", "excluded", "full"]
 _REASONS: tuple[Reason, ...] = ("dead", "excluded", "full")
@@ -49,23 +49,27 @@ def place(
     key: str,
     length: int,
     exclude: Collection[str] = (),
+    minimum: int | None = None,
 ) -> tuple[str, ...]:
     """Node ids for the replicas of one chunk, best first.
 
     ``key`` names the chunk (its id); ``length`` is its size in bytes. Only
     alive nodes not in ``exclude`` with ``free >= length + RESERVE`` are
     eligible. The result depends only on the arguments, not on the order of
-    ``nodes``.
+    ``nodes``. With fewer eligible nodes than ``replication`` but at least
+    ``minimum`` (default: ``replication``), it names them all: a degraded
+    write, which repair tops up later.
 
     Raises ``InvalidArgument`` for ``replication < 1``, a negative ``length``
     or a repeated node id; ``NoSpace`` when enough nodes are up but too few
-    have room; ``Unavailable`` when too few are up (dead or excluded).
+    have room; ``CannotPlace`` when too few are up (dead or excluded).
     """
     _check(nodes, replication, length)
+    least = replication if minimum is None else max(1, min(minimum, replication))
     excluded = frozenset(exclude)
     eligible = [n for n in nodes if _reason(n, length, excluded) is None]
-    if len(eligible) < replication:
-        raise _shortage(nodes, replication, length, excluded, len(eligible))
+    if len(eligible) < least:
+        raise _shortage(nodes, least, length, excluded, len(eligible))
     return tuple(n.id for n in _in_rounds(_by_score(eligible, key))[:replication])
 
 
@@ -125,19 +129,35 @@ def _shortage(
     length: int,
     excluded: frozenset[str],
     eligible: int,
-) -> Unavailable | NoSpace:
-    """The error for too few eligible nodes, saying why the others are not."""
-    reasons = Counter(_reason(n, length, excluded) for n in nodes)
+) -> CannotPlace | NoSpace:
+    """The error for too few eligible nodes, saying why the others are not (and which)."""
+    why = {n.id: _reason(n, length, excluded) for n in nodes}
+    reasons = Counter(why.values())
     message = (
         f"cannot place {_count(replication, 'replica')} of a {length}-byte chunk: "
         f"need {_count(replication, 'node')}, {eligible} of {len(nodes)} eligible"
-        f"; {_explain(reasons, length)}"
+        f"; {_explain(reasons, length)}{_which(nodes, why)}"
     )
     # Only disks are missing if the full nodes would make up the shortfall:
     # that is ENOSPC, not a cluster that is down.
     if eligible + reasons["full"] >= replication:
         return NoSpace(message)
-    return Unavailable(message)
+    return CannotPlace(message)
+
+
+def _which(nodes: Sequence[Candidate], why: dict[str, Reason | None]) -> str:
+    """The nodes that could not take it, by reason: ``; dead: n1 (host:port)``."""
+    parts = []
+    for reason in ("dead", "full"):
+        named = [_name(n) for n in nodes if why[n.id] == reason]
+        if named:
+            parts.append(f"{reason}: {', '.join(sorted(named)[:10])}")
+    return "".join(f"; {p}" for p in parts)
+
+
+def _name(node: Candidate) -> str:
+    address = getattr(node, "address", "")  # NodeState has one; a bare Candidate may not
+    return f"{node.id} ({address})" if address else node.id
 
 
 def _explain(reasons: Counter[Reason | None], length: int) -> str:

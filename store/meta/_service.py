@@ -80,13 +80,18 @@ class MetaService:
         *,
         secret: bytes,
         replication: int = 3,
+        min_replicas: int = 0,
         heartbeat_timeout: float = 10.0,
         repair_interval: float = 5.0,
         threads: int = 8,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ) -> None:
         self.namespace = Namespace(
-            repo, self._place, default_replication=replication, heartbeat_timeout=heartbeat_timeout
+            repo,
+            self._place,
+            default_replication=replication,
+            min_replicas=min_replicas,
+            heartbeat_timeout=heartbeat_timeout,
         )
         self._threads = ThreadPoolExecutor(threads, thread_name_prefix="graben-meta")
         self._nodes: tuple[float, list[NodeState]] = (0.0, [])
@@ -138,6 +143,7 @@ class MetaService:
         if not degraded:
             return 0
         nodes = await self._list_nodes()
+        await self.chunks.nodes()  # fresh addresses: a node back from the dead may have moved
         made, stuck, lost = 0, list[tuple[str, str]](), list[str]()
         for chunk in degraded:
             made += await self._repair(chunk, nodes, stuck, lost)
@@ -185,6 +191,7 @@ class MetaService:
                 chunk.id,
                 chunk.length,
                 exclude=degraded.live,
+                minimum=1,  # some copies now beat all of them later
             )
         except GrabenError as exc:
             stuck.append((chunk.id, str(exc)))
@@ -268,13 +275,15 @@ class MetaService:
             return replace(result, grants={c.chunk: c for c in caps})
         return result
 
-    def _place(self, chunk: ChunkRef, replication: int, avoid: tuple[str, ...]) -> tuple[str, ...]:
+    def _place(
+        self, chunk: ChunkRef, replication: int, minimum: int, avoid: tuple[str, ...]
+    ) -> tuple[str, ...]:
         # Runs on an engine thread; a list of nodes a second old is good enough.
         stamp, nodes = self._nodes
         if time.monotonic() - stamp > NODES_TTL_S:
             nodes = self.namespace.nodes()
             self._nodes = (time.monotonic(), nodes)
-        return place(nodes, replication, chunk.id, chunk.length, exclude=avoid)
+        return place(nodes, replication, chunk.id, chunk.length, exclude=avoid, minimum=minimum)
 
 
 def _committed(outcome: list[FileInfo] | BaseException) -> Committed:

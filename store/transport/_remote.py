@@ -11,11 +11,16 @@ Auth: every call to the metadata service carries the client's token; every
 chunk call carries a capability for that chunk and op. ``Grants`` holds the
 capabilities that come with placements and layouts, and asks for fresh ones
 (``Grant``) when one is missing or about to expire.
+
+Over 500 lines: the metadata side's retries (which failures, how long, what
+they log) sit beside the pooling and grants they depend on; splitting
+``RemoteMeta`` from ``RemoteChunks`` into two modules is the next step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -24,7 +29,7 @@ from functools import partial
 from typing import TypeVar
 
 from .._config import page_entries
-from .._errors import GrabenError, IntegrityError, PermissionDenied, Unavailable
+from .._errors import GrabenError, IntegrityError, PermissionDenied, Timeout, Unavailable
 from .._group import Batcher, Batchers
 from .._hashing import crc32c
 from .._types import (
@@ -41,7 +46,7 @@ from .._types import (
     Placement,
     WireError,
 )
-from ..wire import CLIENT_IDLE_S, Connection, decode, encode, from_wire
+from ..wire import CLIENT_IDLE_S, DEFAULT_TIMEOUT, Connection, decode, encode, from_wire
 from ._requests import (
     CheckMetadata,
     ChunkRefs,
@@ -63,6 +68,9 @@ from ._requests import (
 )
 
 R = TypeVar("R")
+log = logging.getLogger("graben.client")
+CALL_TIMEOUT = DEFAULT_TIMEOUT
+"""Longest one metadata call waits for its reply, whatever the retry deadline."""
 
 RETRY_FOR_S = 30.0
 """How long safe requests keep retrying while the metadata service is away."""
@@ -100,10 +108,16 @@ GRANT_GROUP = 256
 
 
 def open_cluster(
-    host: str, port: int, check_threads: int, *, token: str, read_ahead: int = 0
+    host: str,
+    port: int,
+    check_threads: int,
+    *,
+    token: str,
+    read_ahead: int = 0,
+    timeout: float = RETRY_FOR_S,
 ) -> tuple[RemoteMeta, RemoteChunks]:
     """Transports to the cluster whose metadata service listens on ``host:port``."""
-    meta = RemoteMeta(host, port, token)
+    meta = RemoteMeta(host, port, token, timeout=timeout)
     checker = ThreadPoolExecutor(check_threads, thread_name_prefix="graben-check")
     nodes = RemoteChunks(
         lambda: meta.request(ListNodes()),
@@ -203,15 +217,17 @@ def _usable(conn: Connection) -> bool:
 class RemoteMeta:
     """``MetaTransport`` to a metadata service."""
 
-    def __init__(self, host: str, port: int, token: str) -> None:
+    def __init__(self, host: str, port: int, token: str, *, timeout: float = RETRY_FOR_S) -> None:
         self.address = f"{host}:{port}"
+        self.timeout = timeout
+        """Seconds a safe request keeps retrying transport failures."""
         self._pool = Pool()
         self._token = token
         self.grants = Grants(lambda chunks, op: self.request(Grant(chunks, op)))
         """Capabilities that came with replies; chunk transports use and refresh them."""
         # Many writers in one process: their placements and commits share round trips.
-        self._prepares: Batchers[int, Prepare, list[Placement]] = Batchers(
-            lambda _replication: Batcher(
+        self._prepares: Batchers[tuple[int, int], Prepare, list[Placement]] = Batchers(
+            lambda _copies: Batcher(
                 self._prepare_together, size=lambda p: len(p.chunks), max_size=1024, concurrency=4
             )
         )
@@ -227,7 +243,8 @@ class RemoteMeta:
         """
         result: object
         if isinstance(request, Prepare) and not request.avoid:
-            result = await self._prepares[request.replication].submit(request)
+            copies = (request.replication, request.min_replicas)
+            result = await self._prepares[copies].submit(request)
         elif isinstance(request, Commit):
             result = await self._commits.submit(request)
         else:
@@ -239,7 +256,10 @@ class RemoteMeta:
             alone: list[Placement] = await self._send(requests[0])
             return [alone]
         chunks = tuple(c for r in requests for c in r.chunks)
-        merged: list[Placement] = await self._send(Prepare(chunks, requests[0].replication))
+        first = requests[0]
+        merged: list[Placement] = await self._send(
+            Prepare(chunks, first.replication, min_replicas=first.min_replicas)
+        )
         placements = iter(merged)
         return [[next(placements) for _ in r.chunks] for r in requests]
 
@@ -253,25 +273,59 @@ class RemoteMeta:
     async def _send(self, request: Request[R]) -> R:
         """Send one request; safe-to-repeat ones ride out a restart of the service.
 
-        A mutation (commit, rename, remove, mkdir) is never repeated: if the
-        connection drops, its reply is lost and it may or may not have
-        happened (atomically either way), so the caller gets ``Unavailable``.
+        Only transport failures (cannot connect, connection lost, timed out)
+        are retried, until ``timeout`` seconds have passed; a server's refusal
+        is its answer and goes straight to the caller. A mutation (commit,
+        rename, remove, mkdir) is never repeated: if the connection drops, its
+        reply is lost and it may or may not have happened (atomically either
+        way), so the caller gets ``Unavailable``.
         """
-        deadline = time.monotonic() + RETRY_FOR_S
-        delay = 0.05
+        start = time.monotonic()
+        deadline, delay, tries = start + self.timeout, 0.05, 0
         while True:
             try:
                 conn = await self._pool.get(self.address)
-                body, _ = await conn.call("meta", encode(request), token=self._token)
-            except Unavailable:
-                if type(request) not in RETRYABLE or time.monotonic() > deadline:
+                body, _ = await conn.call(
+                    "meta",
+                    encode(request),
+                    token=self._token,
+                    timeout=self._wait(request, deadline),
+                )
+            except (Unavailable, Timeout) as exc:
+                tries += 1
+                if type(request) not in RETRYABLE:
                     raise
-                await asyncio.sleep(delay)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise type(exc)(
+                        f"gave up on {type(request).__name__} after retrying for "
+                        f"{time.monotonic() - start:.1f} s ({tries} tries; timeout "
+                        f"{self.timeout:g} s): {exc.message}",
+                        exc.path,
+                    ) from None
+                if tries == 1:
+                    log.warning(
+                        "metadata service at %s: %s; retrying %s until %s (timeout %g s)",
+                        self.address,
+                        exc.message,
+                        type(request).__name__,
+                        time.strftime("%H:%M:%S", time.localtime(time.time() + left)),
+                        self.timeout,
+                    )
+                await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, 1.0)
                 continue
             result: R = decode(body, request.response)
             self._keep_grants(request, result)
             return result
+
+    @staticmethod
+    def _wait(request: Request[R], deadline: float) -> float:
+        """How long a call may wait for its reply: a safe one until the deadline (it
+        will be retried), a mutation as long as ever (its reply says what happened)."""
+        if type(request) not in RETRYABLE:
+            return CALL_TIMEOUT
+        return min(max(deadline - time.monotonic(), 0.1), CALL_TIMEOUT)
 
     def _keep_grants(self, request: Request[R], result: R) -> None:
         if isinstance(request, Prepare):

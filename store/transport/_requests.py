@@ -125,6 +125,8 @@ class Prepare(Request[list[Placement]], frozen=True):
     chunks: tuple[ChunkRef, ...]
     replication: int = 0
     avoid: tuple[str, ...] = ()
+    min_replicas: int = 0
+    """Fewest copies the write may go on with (0: the store's ``--min-replicas``)."""
 
 
 class Commit(Request[list[FileInfo]], frozen=True):

@@ -15,6 +15,7 @@ from ._frames import Call, decode, encode, from_wire, to_wire
 from ._rpc import (
     CLIENT_IDLE_S,
     DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_TIMEOUT,
     Answer,
     Connection,
     Handler,
@@ -27,6 +28,7 @@ from ._rpc import (
 __all__ = [
     "CLIENT_IDLE_S",
     "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_TIMEOUT",
     "Answer",
     "Call",
     "Connection",

@@ -111,6 +111,8 @@ class _Pending:
 
     future: asyncio.Future[tuple[msgspec.Raw, int]]
     into: memoryview | None
+    replied: bool = False
+    """The server answered: an error it sent is its answer, not a lost connection."""
 
 
 class Connection:
@@ -164,7 +166,7 @@ class Connection:
             raise Unavailable(f"connection to {self.where} is closed")
         call_id = next(self._ids)
         future: asyncio.Future[tuple[msgspec.Raw, int]] = asyncio.get_running_loop().create_future()
-        self._pending[call_id] = _Pending(future, into)
+        self._pending[call_id] = pending = _Pending(future, into)
         self.last_used = time.monotonic()
         header = Call(call_id, op, body, token)
         if payload is None and len(body) > INLINE_BODY_MAX:
@@ -172,10 +174,13 @@ class Connection:
         try:
             await self._protocol.send(header, payload)
             return await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            raise Timeout(f"{op} to {self.where} took longer than {timeout} s") from None
-        except ConnectionError:
-            raise Unavailable(f"connection to {self.where} lost during {op}") from None
+        except (TimeoutError, ConnectionError) as exc:
+            if pending.replied:
+                raise  # the server's own error reply, told as it was sent
+            if isinstance(exc, TimeoutError):
+                raise Timeout(f"{op} to {self.where} took longer than {timeout} s") from None
+            why = exc.message if isinstance(exc, GrabenError) else str(exc) or type(exc).__name__
+            raise Unavailable(f"{op} to {self.where} failed: {why}") from None
         finally:
             self._pending.pop(call_id, None)
             if future.done() and not future.cancelled():
@@ -208,6 +213,7 @@ class Connection:
         pending = self._pending.get(header.id)
         if pending is None or pending.future.done():
             return  # the caller gave up (timeout); drop the late reply
+        pending.replied = True
         if header.error is not None:
             pending.future.set_exception(from_wire(header.error))
         elif header.bulk:

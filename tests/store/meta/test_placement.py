@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from graben.store._config import RESERVE
-from graben.store._errors import InvalidArgument, NoSpace, Unavailable
+from graben.store._errors import CannotPlace, InvalidArgument, NoSpace
 from graben.store._types import NodeState
 from graben.store.meta._placement import place
 
@@ -293,7 +293,7 @@ def test_too_few_live_nodes_is_unavailable_and_says_why() -> None:
         node("x"),
         node("full", free=ROOM - 1),
     ]
-    with pytest.raises(Unavailable) as caught:
+    with pytest.raises(CannotPlace) as caught:
         place(nodes, 3, "k", CHUNK, exclude={"x"})
     message = str(caught.value)
     assert "need 3 nodes" in message
@@ -316,12 +316,12 @@ def test_space_is_the_error_only_when_space_would_be_enough() -> None:
     nodes = [node("ok"), node("dead", alive=False), node("f1", free=0), node("f2", free=0)]
     with pytest.raises(NoSpace, match="1 dead, 2 full"):
         place(nodes, 3, "k", CHUNK)
-    with pytest.raises(Unavailable, match="need 4 nodes, 1 of 4 eligible"):
+    with pytest.raises(CannotPlace, match="need 4 nodes, 1 of 4 eligible"):
         place(nodes, 4, "k", CHUNK)
 
 
 def test_an_empty_cluster_is_unavailable() -> None:
-    with pytest.raises(Unavailable, match="need 1 node, 0 of 0 eligible"):
+    with pytest.raises(CannotPlace, match="need 1 node, 0 of 0 eligible"):
         place([], 1, "k", CHUNK)
 
 
@@ -335,6 +335,6 @@ def test_errors_exactly_when_too_few_nodes_are_eligible(
         assert len(place(nodes, replication, "k", CHUNK, exclude)) == replication
         return
     up = [n for n in nodes if n.alive and n.id not in exclude]
-    expected = NoSpace if len(up) >= replication else Unavailable
+    expected = NoSpace if len(up) >= replication else CannotPlace
     with pytest.raises(expected, match=f"need {replication} nodes?, {len(ready)} of"):
         place(nodes, replication, "k", CHUNK, exclude)
