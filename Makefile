@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-SYSTEM_PACKAGES := libfuse3-dev fuse3 pkg-config fio
+SYSTEM_PACKAGES := libfuse3-dev fuse3 pkg-config fio postgresql
 
 .PHONY: run test lint system-deps install peers clean
 
@@ -32,9 +32,11 @@ $(STAMP): pyproject.toml constraints.txt | system-deps
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]' --config-settings editable_mode=strict
 	touch $@
 
-# FUSE needs these (fio: its tests); the store core does not, so a failure here only warns.
+# FUSE needs these (fio: its tests), the PostgreSQL engine's tests a server of their own
+# (never the system's service); the store core needs none, so a failure here only warns.
 system-deps:
-	@if command -v fusermount3 >/dev/null && command -v fio >/dev/null && pkg-config --exists fuse3 2>/dev/null; then :; \
+	@if command -v fusermount3 >/dev/null && command -v fio >/dev/null && pkg-config --exists fuse3 2>/dev/null \
+		&& ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 		(apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null) \
 		|| echo "warning: could not install $(SYSTEM_PACKAGES)"; \

@@ -24,6 +24,7 @@ class LocalCluster:
         scrub: float = 3600.0,
         meta_args: tuple[str, ...] = (),
         node_args: tuple[str, ...] = (),
+        engine: str | None = None,
     ):
         self.root, self.scrub, self._node_args = root, scrub, node_args
         self._started = time.time()
@@ -32,7 +33,9 @@ class LocalCluster:
             *("--heartbeat-timeout", str(timeout), "--repair-interval", str(repair)),
             *meta_args,
         )
-        self.meta, self.meta_address = _spawn(*self._meta_args(root / "meta.db"))
+        self.engine = engine or f"sqlite:///{root / 'meta.db'}"
+        """The metadata service's ``--engine`` (default: SQLite in ``root``)."""
+        self.meta, self.meta_address = _spawn(*self._meta_args(self.engine))
         self.url = f"graben://{self.meta_address}"
         self.nodes: list[subprocess.Popen[str]] = []
         self.addresses: list[str] = []
@@ -44,10 +47,11 @@ class LocalCluster:
             self.close()  # never leave half a cluster running
             raise
 
-    def _meta_args(self, engine: Path) -> tuple[str, ...]:
+    def _meta_args(self, engine: Path | str) -> tuple[str, ...]:
         # --init: a new store the first time, the same one after.
+        url = engine if isinstance(engine, str) else f"sqlite:///{engine}"
         return (
-            *("meta", "serve", "--init", "--engine", f"sqlite:///{engine}"),
+            *("meta", "serve", "--init", "--engine", url),
             *("--listen", "127.0.0.1:0", *self._meta_options),
         )
 
@@ -59,7 +63,7 @@ class LocalCluster:
         if self.meta.stdout is not None:
             self.meta.stdout.close()
         time.sleep(down_s)
-        args = self._meta_args(engine or self.root / "meta.db")
+        args = self._meta_args(engine or self.engine)
         self.meta, _ = _spawn(*args, "--listen", self.meta_address)
 
     def start_node(self, i: int, *, meta: str | None = None) -> None:

@@ -49,7 +49,7 @@ from ._main import config_arg
 from ._stores import timeout_arg
 
 if TYPE_CHECKING:
-    from ..meta import SQLiteRepository
+    from ..meta import Repository, SQLiteRepository
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 READY_TIMEOUT_S = 30.0
@@ -79,7 +79,12 @@ def add_meta(sub: Subparsers) -> None:
     serve = meta.add_subparsers(metavar="ACTION", required=True).add_parser(
         "serve", help="Serve the namespace of an engine to clients and data nodes."
     )
-    serve.add_argument("--engine", required=True, help="sqlite:///path/to/meta.db")
+    serve.add_argument(
+        "--engine",
+        required=True,
+        help="sqlite:///path/to/meta.db or postgresql://user@host:port/dbname (password: "
+        "~/.pgpass or $PGPASSWORD)",
+    )
     serve.add_argument(
         "--init",
         action="store_true",
@@ -231,17 +236,23 @@ def _serve(start: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]
 def _engine_path(engine: str) -> Path:
     parts = urlsplit(engine)
     if parts.scheme != "sqlite" or not parts.path:
-        raise InvalidArgument(f"unsupported engine {engine!r}: use sqlite:///path/to/meta.db")
+        raise InvalidArgument(
+            f"unsupported engine {engine!r}: use sqlite:///path/to/meta.db "
+            "or postgresql://user@host:port/dbname"
+        )
     return Path("/" + parts.path.lstrip("/"))  # sqlite:////abs and sqlite:///abs alike
 
 
 def _meta_serve(args: argparse.Namespace) -> int:
-    from ..meta import MetaService
+    from ..meta import MetaService, is_postgres
 
-    path = _engine_path(args.engine)
+    path = None if is_postgres(args.engine) else _engine_path(args.engine)
     check_advertise(args.listen, args.advertise)
     secret = auth.load_secret(args.secret_file)
-    repo = _open_engine(path, init=args.init)
+    if path is None:
+        repo: Repository = _open_postgres(args.engine, init=args.init)
+    else:
+        repo = _open_engine(path, init=args.init)
     host, port = args.listen
 
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
@@ -268,6 +279,18 @@ def _open_engine(path: Path, *, init: bool) -> SQLiteRepository:
         path.parent.mkdir(0o700, parents=True, exist_ok=True)
     try:
         return SQLiteRepository(path, create=init)
+    except NotFound as exc:
+        raise NotFound(
+            f"{exc.message}; to create a new, empty store there, give --init", exc.path
+        ) from None
+
+
+def _open_postgres(url: str, *, init: bool) -> Repository:
+    """The PostgreSQL engine at ``url``: its store created only with ``init``."""
+    from ..meta import open_postgres
+
+    try:
+        return open_postgres(url, create=init)
     except NotFound as exc:
         raise NotFound(
             f"{exc.message}; to create a new, empty store there, give --init", exc.path

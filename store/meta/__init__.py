@@ -6,8 +6,8 @@ fsck, collection and repair read), the repository interface an engine
 implements (``_repo``), the placement of new chunks on nodes (``_placement``:
 a pure function), the service that runs it all for a cluster
 (``_service``: RPC handlers, heartbeats, repair, collection) and the
-engines themselves (``engines``: SQLite today). The embedded store runs the
-same namespace logic in-process.
+engines themselves (``engines``: SQLite for one host, PostgreSQL for
+several). The embedded store runs the same namespace logic in-process.
 
 May import: ``transport`` (the service reaches data nodes as a client does),
 ``wire`` and the store's shared modules; never ``node``, the ``client`` or
@@ -17,6 +17,13 @@ anything above it.
 from ._namespace import Namespace
 from ._repo import Repository
 from ._service import MetaService
-from .engines import SQLiteRepository
+from .engines import SQLiteRepository, is_postgres, open_postgres
 
-__all__ = ["MetaService", "Namespace", "Repository", "SQLiteRepository"]
+__all__ = [
+    "MetaService",
+    "Namespace",
+    "Repository",
+    "SQLiteRepository",
+    "is_postgres",
+    "open_postgres",
+]

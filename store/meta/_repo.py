@@ -1,14 +1,17 @@
 """The metadata repository interface: what an engine must provide.
 
-An engine (SQLite today, PostgreSQL later) offers transactions over three
-layers: names ``(parent, name) -> inode``, files ``inode -> attributes,
-extents`` and chunks ``id -> length, crc32c, refs, replicas``. The namespace
-logic in ``_namespace.py`` is written once against these primitives.
+An engine (SQLite for one host, PostgreSQL for several) offers transactions
+over three layers: names ``(parent, name) -> inode``, files ``inode ->
+attributes, extents`` and chunks ``id -> length, crc32c, refs, replicas``.
+The namespace logic in ``_namespace.py`` is written once against these
+primitives.
 
 Call order: open a transaction with ``read()`` or ``write()`` and use the
 returned ``Tx`` only inside the ``with`` block. A ``write()`` block commits
 durably on a clean exit and rolls back on an exception; one namespace
-mutation is one ``write()`` block.
+mutation is one ``write()`` block. Write blocks never interleave, whichever
+process or host opens them: the namespace logic looks, then acts, inside one
+block, and may not be asked to run a block again.
 """
 
 from __future__ import annotations

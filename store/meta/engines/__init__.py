@@ -1,13 +1,21 @@
 """The metadata engines: where the namespace's transactions become durable.
 
 Each engine implements ``meta._repo.Repository`` and checks its own tables
-for fsck (``_sqlite_checks``). SQLite (``_sqlite``: one file, WAL) is the
-one engine today; PostgreSQL, for many metadata hosts, goes beside it.
+for fsck. SQLite (``_sqlite``: one file, WAL; ``_sqlite_tx``, its queries;
+``_sqlite_checks``, its cross-checks) serves one host. PostgreSQL
+(``_postgres``: a pool and the writer lock; ``_postgres_tx``, its queries;
+``_postgres_schema``, its migrations and cross-checks) serves several
+metadata services sharing one database; it needs psycopg, an optional
+dependency, so the door names it only through ``open_postgres``
+(``_optional``), which imports it when a ``postgresql://`` engine is
+opened, and ``is_postgres`` (``_postgres_url``), which needs no psycopg.
 
 May import: the repository interface (``meta._repo``) and the store's shared
 modules; nothing else of the store.
 """
 
+from ._optional import open_postgres
+from ._postgres_url import is_postgres
 from ._sqlite import SQLiteRepository
 
-__all__ = ["SQLiteRepository"]
+__all__ = ["SQLiteRepository", "is_postgres", "open_postgres"]

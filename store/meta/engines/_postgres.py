@@ -1,0 +1,255 @@
+"""The PostgreSQL engine: the three layers in one database several metadata services share.
+
+The schema, its migrations and their numbering are SQLite's (see
+``_postgres_schema.py``), and so is a newer schema's refusal. A database
+without graben's schema becomes a store only when asked (``create=True``;
+the database itself is made too if it is missing and the login may): a
+mistyped URL must not pass for a new, empty store. Every message names the
+URL without its password.
+
+Writers: SQLite lets one writer in at a time (``BEGIN IMMEDIATE``) and the
+namespace logic relies on it: it looks a name up, then creates it; it counts
+references, then updates them; it moves a directory after checking it does
+not land inside itself. Here several metadata services share the engine, so
+every ``write()`` takes one transaction-scoped advisory lock first (the
+writer lock) and then runs at READ COMMITTED: each statement sees every
+earlier writer's commit, and no two writers interleave, so there is no lost
+update, duplicate name or cycle to retry. Retrying a serialization failure
+would mean running the caller's ``with`` block again, which a context manager
+cannot do; so nothing here depends on one. What ``write()`` and ``read()``
+do retry is a transaction that failed before the caller's block began (a
+pooled connection that died idle: the server restarted). A failure inside the
+block rolls back and is an error (``Unavailable`` for a lost connection); a
+connection lost during COMMIT says the outcome is unknown. Readers run at
+REPEATABLE READ, READ ONLY: one snapshot, never blocked by the writer.
+Commits are durable: ``synchronous_commit`` is raised to ``on`` per
+connection if the server's default is weaker.
+
+Connections come from a pool (psycopg_pool) shared by the threads of one
+service; a transaction holds one for its duration. The queries are
+``PostgresTx``'s (``_postgres_tx.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from functools import partial
+from urllib.parse import urlsplit
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ..._errors import (
+    GrabenError,
+    IntegrityError,
+    InvalidArgument,
+    NoSpace,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
+from ._postgres_schema import (
+    BUSY_S,
+    WRITER_LOCK,
+    Connection,
+    configure,
+    connect_options,
+    missing_database,
+    open_database,
+    prepare,
+)
+from ._postgres_tx import PostgresTx, _alive
+from ._postgres_url import SCHEMES, display_url
+
+log = logging.getLogger("graben.postgres")
+POOL_SIZE = 16
+"""Connections one repository keeps at most (a metadata service runs 8 engine threads)."""
+WAIT_S = 30.0
+"""How long a transaction waits for a connection (the server restarting, or all busy)."""
+RETRIES = 3
+"""Attempts at starting a transaction whose connection fails before the caller's block."""
+
+
+# -- the repository ---------------------------------------------------------------------
+
+
+class PostgresRepository:
+    """The PostgreSQL engine (see ``Repository`` in ``meta/_repo.py``)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        create: bool,
+        pool_size: int = POOL_SIZE,
+        wait_s: float = WAIT_S,
+        busy_s: float = BUSY_S,
+    ) -> None:
+        """Open the store in the database at ``url`` (``postgresql://user@host:port/db``);
+        with ``create``, make it there if there is none (and the database, if missing).
+
+        Without ``create``, a missing database, or one without graben's schema,
+        is ``NotFound`` and is left as it was. A transaction waits ``wait_s`` for
+        a connection, a writer ``busy_s`` for the others; then ``Unavailable``.
+        """
+        if urlsplit(url).scheme not in SCHEMES:
+            raise InvalidArgument(f"not a PostgreSQL URL: {display_url(url)}")
+        self.url = url
+        self.where = display_url(url)
+        """The URL without its password: what messages name."""
+        self._wait_s = wait_s
+        try:
+            with open_database(url, self.where, create=create) as db:
+                prepare(db, self.where, create=create)
+        except psycopg.Error as exc:
+            raise _translate(exc, self.where) from exc
+        self._pool: ConnectionPool[Connection] = ConnectionPool(
+            url,
+            kwargs=connect_options(url),
+            min_size=1,
+            max_size=pool_size,
+            timeout=wait_s,
+            configure=partial(configure, busy_s=busy_s),
+            name="graben-meta",
+            open=False,
+        )
+        try:
+            self._pool.open(wait=True, timeout=wait_s)
+        except PoolTimeout as exc:
+            self._pool.close()
+            raise Unavailable(f"cannot reach the metadata database: {exc}", self.where) from exc
+
+    @contextmanager
+    def read(self) -> Iterator[PostgresTx]:
+        with self._transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as db:
+            yield PostgresTx(db)
+
+    @contextmanager
+    def write(self) -> Iterator[PostgresTx]:
+        begin = f"BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({WRITER_LOCK})"
+        with self._transaction(begin) as db:
+            yield PostgresTx(db)
+
+    def close(self) -> None:
+        self._pool.close(timeout=5.0)
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[Connection]:
+        db = self._begin(begin)
+        try:
+            try:
+                yield db
+            except BaseException:
+                _rollback(db)
+                raise
+            _commit(db, self.where)
+        except psycopg.Error as exc:
+            if db.broken:
+                raise Unavailable(
+                    "lost the connection to the metadata database; the transaction was "
+                    f"rolled back: {_first_line(exc)}",
+                    self.where,
+                ) from exc
+            raise _translate(exc, self.where) from exc
+        finally:
+            self._pool.putconn(db)
+
+    def _begin(self, begin: str) -> Connection:
+        """A pooled connection in a new transaction. A connection that fails before the
+        caller's block (it died idle: the server restarted) is dropped and another tried."""
+        for attempt in range(1, RETRIES + 1):
+            db = self._connection()
+            try:
+                db.execute(begin)
+                return db
+            except psycopg.Error as exc:
+                _rollback(db)
+                self._pool.putconn(db)
+                if attempt == RETRIES or not _retryable(db, exc):
+                    raise _translate(exc, self.where) from exc
+                log.info("the metadata database dropped a connection (%s); trying again", exc)
+                self._pool.check()  # its idle siblings likely died the same way
+        raise AssertionError("unreachable")
+
+    def _connection(self) -> Connection:
+        try:
+            return self._pool.getconn()
+        except PoolTimeout as exc:
+            raise Unavailable(
+                f"no connection to the metadata database within {self._wait_s:g} s "
+                "(is the server up?)",
+                self.where,
+            ) from exc
+        except psycopg.Error as exc:  # the pool is closed
+            raise Unavailable(f"the metadata engine is closed: {exc}", self.where) from exc
+
+
+def _commit(db: Connection, where: str) -> None:
+    if db.info.transaction_status == TransactionStatus.INERROR:
+        # PostgreSQL answers COMMIT of a failed transaction with a silent ROLLBACK.
+        _rollback(db)
+        raise GrabenError("the metadata transaction failed and was rolled back", where)
+    try:
+        db.execute("COMMIT")
+    except psycopg.Error as exc:
+        if _retryable(db, exc):
+            raise Unavailable(
+                "lost the connection to the metadata database while committing: the change "
+                "may or may not have been applied; check before repeating it",
+                where,
+            ) from exc
+        raise
+
+
+def _rollback(db: Connection) -> None:
+    if _alive(db):
+        with suppress(psycopg.Error):  # the error being raised says more
+            db.execute("ROLLBACK")
+
+
+# -- errors ------------------------------------------------------------------------------
+
+_RETRY_STATES = ("08", "57P01", "57P02", "57P03", "40001", "40P01")
+"""SQLSTATEs (or their classes) of a failure worth a new transaction on another connection."""
+_BY_STATE: tuple[tuple[str, type[GrabenError], str], ...] = (
+    ("53100", NoSpace, "metadata disk is full; the change was rolled back"),
+    ("53", Unavailable, "the metadata database is out of resources"),
+    ("XX001", IntegrityError, "metadata database is damaged"),
+    ("XX002", IntegrityError, "metadata database is damaged (an index)"),
+    ("40001", Unavailable, "metadata writers conflicted; try again"),
+    ("40P01", Unavailable, "metadata writers deadlocked; try again"),
+    ("55P03", Unavailable, "metadata database is busy"),
+    ("57014", Unavailable, "a metadata statement was cancelled"),
+    ("08", Unavailable, "lost the connection to the metadata database"),
+    ("57P", Unavailable, "the metadata database is shutting down or starting"),
+    ("28", PermissionDenied, "the metadata database refused the login"),
+    ("42501", PermissionDenied, "the metadata database refused"),
+    ("3D000", NotFound, "no graben metadata database here"),
+)
+
+
+def _retryable(db: Connection, exc: psycopg.Error) -> bool:
+    return db.broken or (exc.sqlstate or "").startswith(_RETRY_STATES)
+
+
+def _first_line(exc: psycopg.Error) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _translate(exc: psycopg.Error, where: str) -> GrabenError:
+    text = _first_line(exc)
+    state = exc.sqlstate or ""
+    for prefix, kind, what in _BY_STATE:
+        if state.startswith(prefix):
+            return kind(f"{what}: {text}", where)
+    if missing_database(exc):
+        return NotFound(f"no graben metadata database here: {text}", where)
+    if "password authentication failed" in text:
+        return PermissionDenied(f"the metadata database refused the login: {text}", where)
+    if isinstance(exc, psycopg.OperationalError):
+        return Unavailable(f"cannot reach the metadata database: {text}", where)
+    return GrabenError(f"metadata engine error: {text}", where)
