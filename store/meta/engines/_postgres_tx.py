@@ -21,9 +21,9 @@ from psycopg.pq import TransactionStatus
 
 from ..._errors import IntegrityError
 from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState
-from .._repo import ROOT_INODE, ChunkRecord, Inode, tiling_problem
+from .._repo import ROOT_INODE, ChunkRecord, Inode
 from ._postgres_schema import Connection, inconsistencies
-from ._sqlite_tx import PAGE_ROWS_MAX, _checked_inode, _chunk_ref, _inode
+from ._rows import PAGE_ROWS_MAX, CheckedRows, checked_inode, chunk_ref, inode_of
 
 MAX_DEPTH = 4096
 """Directories ``path_of`` climbs at most (a path is at most 4096 bytes)."""
@@ -37,7 +37,7 @@ _EXTENT_ROWS = (
 )
 
 
-class PostgresTx:
+class PostgresTx(CheckedRows):
     """A transaction on one pooled connection (see ``Tx`` in ``meta/_repo.py``)."""
 
     def __init__(self, db: Connection) -> None:
@@ -48,11 +48,6 @@ class PostgresTx:
 
     def _one(self, query: str, params: Any = None) -> tuple[Any, ...] | None:
         return self._db.execute(query, params).fetchone()
-
-    def _damaged(self, inode: int, problem: str) -> IntegrityError:
-        """The error for a file whose rows contradict each other, naming it."""
-        where = self.path_of(inode) or f"inode {inode} (no path names it)"
-        return IntegrityError(f"metadata damaged: {problem} (inode {inode})", where)
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -69,7 +64,7 @@ class PostgresTx:
     # -- names and files -------------------------------------------------------
 
     def lookup(self, parent: int, name: str) -> Inode | None:
-        return _inode(
+        return inode_of(
             self._one(
                 f"SELECT {_JOINED_INODE} FROM entries e JOIN inodes i ON i.id = e.inode "
                 "WHERE e.parent = %s AND e.name = %s",
@@ -78,7 +73,7 @@ class PostgresTx:
         )
 
     def get(self, inode: int) -> Inode | None:
-        return _inode(self._one(f"SELECT {_INODE_COLUMNS} FROM inodes WHERE id = %s", (inode,)))
+        return inode_of(self._one(f"SELECT {_INODE_COLUMNS} FROM inodes WHERE id = %s", (inode,)))
 
     def children(self, parent: int) -> list[tuple[str, Inode]]:
         rows = self._rows(
@@ -86,7 +81,7 @@ class PostgresTx:
             "WHERE e.parent = %s ORDER BY e.name",
             (parent,),
         )
-        return [(row[0], _checked_inode(row[1:])) for row in rows]
+        return [(row[0], checked_inode(row[1:])) for row in rows]
 
     def children_page(self, parent: int, after: str, limit: int) -> list[tuple[str, Inode]]:
         rows = self._rows(
@@ -94,7 +89,7 @@ class PostgresTx:
             "WHERE e.parent = %s AND e.name > %s ORDER BY e.name LIMIT %s",
             (parent, after, min(limit, PAGE_ROWS_MAX)),
         )
-        return [(row[0], _checked_inode(row[1:])) for row in rows]
+        return [(row[0], checked_inode(row[1:])) for row in rows]
 
     def has_children(self, parent: int) -> bool:
         return self._one("SELECT 1 FROM entries WHERE parent = %s LIMIT 1", (parent,)) is not None
@@ -115,7 +110,7 @@ class PostgresTx:
             f"UPDATE inodes SET mode = %s, mtime_ns = %s WHERE id = %s RETURNING {_INODE_COLUMNS}",
             (mode, mtime_ns, inode),
         )
-        found = _inode(row)
+        found = inode_of(row)
         assert found is not None
         return found
 
@@ -141,28 +136,8 @@ class PostgresTx:
 
     def extents(self, inode: int) -> list[Extent]:
         rows = self._rows(_EXTENT_ROWS + 'WHERE x.inode = %s ORDER BY x."offset"', (inode,))
-        extents = [self._extent(inode, *row) for row in rows]
         size = self._one("SELECT size FROM inodes WHERE id = %s", (inode,))
-        problem = tiling_problem(size[0] if size else 0, extents)
-        if problem is not None:
-            raise self._damaged(inode, f"{problem}; the file's size says {size and size[0]}")
-        return extents
-
-    def _extent(
-        self, inode: int, offset: object, length: object, chunk: object, *rest: object
-    ) -> Extent:
-        """One ``extents`` row (joined with its chunk row) as a value, or ``IntegrityError``."""
-        if not isinstance(chunk, str) or rest[0] is None:
-            raise self._damaged(
-                inode,
-                f"the extent at offset {offset} names chunk {chunk!r}, which has no chunk row",
-            )
-        ref = _chunk_ref(chunk, *rest[:2])
-        chunk_offset = rest[2]
-        if ref is None or type(offset) is not int or type(length) is not int:
-            raise self._damaged(inode, f"the extent at offset {offset!r} does not decode")
-        assert type(chunk_offset) is int  # BIGINT NOT NULL
-        return Extent(offset, length, ref, chunk_offset)
+        return self._tiled(inode, [self._extent(inode, *row) for row in rows], size)
 
     def extents_page(self, inode: int, start: int, limit: int) -> list[Extent]:
         # The extent covering ``start`` begins at the greatest offset <= start;
@@ -254,7 +229,7 @@ class PostgresTx:
         )
         page = []
         for chunk, length, crc, nodes in rows:
-            ref = _chunk_ref(chunk, length, crc)
+            ref = chunk_ref(chunk, length, crc)
             if ref is not None:
                 page.append((ref, tuple(nodes)))
         return page, rows[-1][0] if len(rows) == limit else ""
@@ -284,7 +259,7 @@ class PostgresTx:
             "AND NOT EXISTS (SELECT 1 FROM extents x WHERE x.chunk = c.id) ORDER BY id LIMIT %s",
             (older_than_ns, min(limit, PAGE_ROWS_MAX)),
         )
-        gone = [ref for ref in (_chunk_ref(*row) for row in rows) if ref is not None]
+        gone = [ref for ref in (chunk_ref(*row) for row in rows) if ref is not None]
         ids = [ref.id for ref in gone]
         held = _grouped(
             sorted(self._rows("DELETE FROM replicas WHERE chunk = ANY(%s) RETURNING *", (ids,)))

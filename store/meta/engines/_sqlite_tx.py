@@ -17,56 +17,18 @@ from contextlib import contextmanager
 
 from ..._errors import IntegrityError
 from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState
-from .._repo import ROOT_INODE, ChunkRecord, Inode, tiling_problem
+from .._repo import ROOT_INODE, ChunkRecord, Inode
+from ._rows import PAGE_ROWS_MAX, CheckedRows, checked_inode, chunk_ref, inode_of
 from ._sqlite_checks import inconsistencies
 
 _INODE_COLUMNS = "id, kind, size, mode, mtime_ns, generation, replication"
-PAGE_ROWS_MAX = 100_000
-"""Rows one paged query returns at most, whatever it is asked (the wire's pages are far smaller)."""
 
 
-def _inode(row: tuple[object, ...] | None) -> Inode | None:
-    """A row of ``inodes`` as a value; ``IntegrityError`` if it does not decode."""
-    if row is None:
-        return None
-    number, kind, *numbers = row
-    if (
-        type(number) is not int
-        or kind not in ("file", "directory")
-        or any(type(n) is not int for n in numbers)
-    ):
-        raise IntegrityError(f"metadata damaged: inode row {row!r} does not decode")
-    return Inode(number, kind, *numbers)  # type: ignore[arg-type]
-
-
-def _checked_inode(row: tuple[object, ...]) -> Inode:
-    found = _inode(row)
-    assert found is not None
-    return found
-
-
-def _chunk_ref(chunk: object, length: object, crc: object) -> ChunkRef | None:
-    """A chunk row as a value, or ``None`` if it does not decode."""
-    ok = (
-        isinstance(chunk, str)
-        and len(chunk) == 64
-        and type(length) is int
-        and length >= 0
-        and type(crc) is int
-    )
-    return ChunkRef(chunk, length, crc) if ok else None  # type: ignore[arg-type]
-
-
-class SQLiteTx:
+class SQLiteTx(CheckedRows):
     """A transaction on one connection (see ``Tx`` in ``_repo.py``)."""
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
-
-    def _damaged(self, inode: int, problem: str) -> IntegrityError:
-        """The error for a file whose rows contradict each other, naming it."""
-        where = self.path_of(inode) or f"inode {inode} (no path names it)"
-        return IntegrityError(f"metadata damaged: {problem} (inode {inode})", where)
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -83,7 +45,7 @@ class SQLiteTx:
     # -- names and files -------------------------------------------------------
 
     def lookup(self, parent: int, name: str) -> Inode | None:
-        return _inode(
+        return inode_of(
             self._db.execute(
                 f"SELECT {', '.join('i.' + c for c in _INODE_COLUMNS.split(', '))} "
                 "FROM entries e JOIN inodes i ON i.id = e.inode "
@@ -93,7 +55,7 @@ class SQLiteTx:
         )
 
     def get(self, inode: int) -> Inode | None:
-        return _inode(
+        return inode_of(
             self._db.execute(
                 f"SELECT {_INODE_COLUMNS} FROM inodes WHERE id = ?", (inode,)
             ).fetchone()
@@ -106,7 +68,7 @@ class SQLiteTx:
             "WHERE e.parent = ? ORDER BY e.name",
             (parent,),
         )
-        return [(row[0], _checked_inode(row[1:])) for row in rows]
+        return [(row[0], checked_inode(row[1:])) for row in rows]
 
     def children_page(self, parent: int, after: str, limit: int) -> list[tuple[str, Inode]]:
         rows = self._db.execute(
@@ -164,32 +126,8 @@ class SQLiteTx:
             "WHERE x.inode = ? ORDER BY x.offset",
             (inode,),
         )
-        extents = [self._extent(inode, *row) for row in rows]
         size = self._db.execute("SELECT size FROM inodes WHERE id = ?", (inode,)).fetchone()
-        problem = tiling_problem(size[0] if size else 0, extents)
-        if problem is not None:
-            raise self._damaged(inode, f"{problem}; the file's size says {size and size[0]}")
-        return extents
-
-    def _extent(
-        self, inode: int, offset: object, length: object, chunk: object, *rest: object
-    ) -> Extent:
-        """One ``extents`` row (joined with its chunk row) as a value, or ``IntegrityError``."""
-        if not isinstance(chunk, str) or rest[0] is None:
-            raise self._damaged(
-                inode,
-                f"the extent at offset {offset} names chunk {chunk!r}, which has no chunk row",
-            )
-        ref = _chunk_ref(chunk, *rest[:2])
-        chunk_offset = rest[2]
-        if (
-            ref is None
-            or type(offset) is not int
-            or type(length) is not int
-            or type(chunk_offset) is not int
-        ):
-            raise self._damaged(inode, f"the extent at offset {offset!r} does not decode")
-        return Extent(offset, length, ref, chunk_offset)
+        return self._tiled(inode, [self._extent(inode, *row) for row in rows], size)
 
     def extents_page(self, inode: int, start: int, limit: int) -> list[Extent]:
         # The extent covering ``start`` begins at the greatest offset <= start.
@@ -284,7 +222,7 @@ class SQLiteTx:
         ).fetchall()
         page = []
         for chunk, length, crc, nodes in rows:
-            ref = _chunk_ref(chunk, length, crc)
+            ref = chunk_ref(chunk, length, crc)
             if ref is not None:
                 page.append((ref, tuple(str(nodes).split(",")) if nodes else ()))
         last = rows[-1][0] if len(rows) == limit else ""
@@ -317,7 +255,7 @@ class SQLiteTx:
             "AND id NOT IN (SELECT chunk FROM extents) ORDER BY id LIMIT ?",
             (older_than_ns, min(limit, PAGE_ROWS_MAX)),
         ).fetchall()
-        gone = [ref for ref in (_chunk_ref(*row) for row in rows) if ref is not None]
+        gone = [ref for ref in (chunk_ref(*row) for row in rows) if ref is not None]
         held = self.replicas(ref.id for ref in gone)
         self._db.executemany("DELETE FROM chunks WHERE id = ?", [(r.id,) for r in gone])
         self._db.executemany("DELETE FROM replicas WHERE chunk = ?", [(r.id,) for r in gone])
