@@ -67,6 +67,10 @@ def default_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"graben-{os.geteuid()}" / "datasets"
 
 
+ABSENT = memoryview(b"")
+"""What ``_mapped_copy`` returns when no cached file is there (compared by identity)."""
+
+
 @dataclass
 class CacheStats:
     """What the cache did for this process."""
@@ -164,21 +168,25 @@ class NodeCache:
 
     def _cached(self, key: str, shard: Shard) -> memoryview | None:
         view = self._mapped_copy(key, shard.size)
+        if view is ABSENT:
+            # Not cached. Never unlink here: another thread or process may have
+            # renamed a fresh fill into place since we looked.
+            return None
         if view is not None and crc32c.crc32c(view) == shard.crc32c:
             with contextlib.suppress(FileNotFoundError):  # evicted since: the map stays valid
                 os.utime(key, dir_fd=self._dir, follow_symlinks=False)  # used: evicted last
             return view
-        if not self._unlink(key):
-            return None  # not cached
-        self.stats.refetched += 1  # it was damaged, or not a file of ours: fetch it again
+        if self._unlink(key):
+            self.stats.refetched += 1  # it was damaged, or not a file of ours: fetch it again
         return None
 
     def _mapped_copy(self, key: str, size: int) -> memoryview | None:
-        """The cached file ``key`` mapped, if it is a regular file of ``size`` bytes."""
+        """The cached file ``key`` mapped if it is a regular file of ``size`` bytes;
+        ``ABSENT`` if there is none, ``None`` if what is there is not such a file."""
         try:
             fd = os.open(key, READ, dir_fd=self._dir)
         except FileNotFoundError:
-            return None
+            return ABSENT
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 return None  # a link: not followed, dropped by the caller

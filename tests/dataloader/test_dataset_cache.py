@@ -148,3 +148,34 @@ def test_links_inside_the_cache_are_not_followed(
     for name in (key, f".locks/{key}"):
         _private(cache / name, 0o600)
     assert victim.read_bytes() == (Path(url) / shard.name).read_bytes()
+
+
+def test_a_fill_that_lands_while_another_looks_is_used_not_fetched_again(tmp_path: Path) -> None:
+    # Two readers of one node cache (threads or processes): one finds no copy,
+    # the other's fill is renamed into place at that moment. The first must
+    # take that copy, not delete it and fetch the shard a second time.
+    import crc32c
+
+    from graben.dataloader._cache import NodeCache
+
+    data = os.urandom(105)
+    shard = Shard("img/005.jpg", 1, len(data), crc32c.crc32c(data))
+    fetched: list[tuple[int, int]] = []
+
+    def fetch(start: int, end: int) -> bytes:
+        fetched.append((start, end))
+        return data[start:end]
+
+    mine, theirs = NodeCache(tmp_path / "c"), NodeCache(tmp_path / "c")
+    looked = mine._mapped_copy
+
+    def look_then_their_fill_lands(key: str, size: int) -> memoryview | None:
+        found = looked(key, size)
+        if not fetched:
+            theirs.open("ds", shard, fetch).release()
+        return found
+
+    mine._mapped_copy = look_then_their_fill_lands  # type: ignore[method-assign]
+    assert bytes(mine.open("ds", shard, fetch)) == data
+    assert len(fetched) == 1, "the shard was fetched twice"
+    assert mine.stats.refetched == 0
