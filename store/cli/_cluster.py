@@ -73,6 +73,16 @@ def _idle_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _metrics_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics",
+        type=address_arg,
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: none)",
+    )
+
+
 def add_meta(sub: Subparsers) -> None:
     """``graben meta serve``."""
     meta = sub.add_parser("meta", help="Run the metadata service.")
@@ -107,6 +117,7 @@ def add_meta(sub: Subparsers) -> None:
         "--repair-interval", type=float, default=5.0, help="seconds between repair rounds"
     )
     _idle_arg(serve)
+    _metrics_arg(serve)
     _secret_arg(serve)
     log_arg(serve)
     config_arg(serve, "meta")
@@ -129,6 +140,7 @@ def add_node(sub: Subparsers) -> None:
         "--scrub-interval", type=float, default=3600.0, help="seconds between scrubs of all chunks"
     )
     _idle_arg(serve)
+    _metrics_arg(serve)
     _secret_arg(serve)
     log_arg(serve)
     config_arg(serve, "node")
@@ -157,6 +169,14 @@ def add_cluster(sub: Subparsers) -> None:
         type=Path,
         default=None,
         help="cluster secret (default: ROOT/secret, made on first start)",
+    )
+    up.add_argument(
+        "--metrics",
+        type=address_arg,
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics: the metadata service's on PORT, node i's on PORT+1+i "
+        "(PORT 0: each on any free port, logged at start)",
     )
     log_arg(up)
     config_arg(up, "cluster")  # and its servers read [meta] and [node] of the same file
@@ -264,6 +284,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
             heartbeat_timeout=args.heartbeat_timeout,
             repair_interval=args.repair_interval,
             idle_timeout=args.idle_timeout,
+            metrics=args.metrics,
         )
         server = await service.start(host, META_PORT if port is None else port)
         return advertised(args.listen, server.port, args.advertise), service.close
@@ -311,6 +332,7 @@ def _node_serve(args: argparse.Namespace) -> int:
             secret=secret,
             scrub_interval=args.scrub_interval,
             idle_timeout=args.idle_timeout,
+            metrics=args.metrics,
         )
         await start_node(node, args.listen, args.advertise)
         return node.address, node.close
@@ -388,6 +410,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
             str(replication),
             "--heartbeat-timeout",
             str(args.heartbeat_timeout),
+            *_metrics_at(args.metrics, 0),
             *shared,
         )
         procs.append(meta)
@@ -402,6 +425,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
                 "--rack",
                 f"rack{i}",
                 *(("--listen", "127.0.0.1:0") if args.port == 0 else ()),
+                *_metrics_at(args.metrics, 1 + i),
                 *shared,
             )
             procs.append(node)
@@ -418,6 +442,14 @@ def _cluster_up(args: argparse.Namespace) -> int:
     finally:
         _stop(procs)
     return 0
+
+
+def _metrics_at(metrics: tuple[str, int] | None, offset: int) -> tuple[str, ...]:
+    """``--metrics`` for the cluster's server number ``offset`` (0: the metadata service)."""
+    if metrics is None:
+        return ()
+    host, port = metrics
+    return ("--metrics", f"{host}:{port + offset if port else 0}")
 
 
 def _first_start(root: Path) -> tuple[str, ...]:

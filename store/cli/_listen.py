@@ -85,6 +85,7 @@ def told(advertise: tuple[str, int | None] | None) -> str | None:
 async def start_node(node: DataNode, listen: tuple[str, int | None], advertise: Any) -> None:
     """Start ``node`` on ``listen``'s port, else on the first free one from ``NODE_PORT``."""
     host, port = listen
+    node.serve_metrics()  # before the loop: a metrics port taken is no reason to try another
     ports = range(NODE_PORT, NODE_PORT + NODE_PORTS) if port is None else (port,)
     for p in ports:
         try:
