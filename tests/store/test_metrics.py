@@ -18,7 +18,7 @@ from cluster_kit import LocalCluster
 from ranks_kit import free_port
 
 from graben.store import connect
-from graben.store.cli._cluster import _stop
+from graben.store.cli._cluster import _spawn, _stop
 
 MiB = 1 << 20
 
@@ -68,8 +68,9 @@ def test_metrics_move_under_puts_and_gets(cluster: tuple[LocalCluster, int, list
         client.put("/a", data)
         assert client.get("/a") == data
 
-    time.sleep(1.0)  # a repair round or two sets the gauges
-    meta = _scrape(meta_port)
+    deadline = time.monotonic() + 20  # a repair round (every 0.3 s) sets the gauges
+    while (meta := _scrape(meta_port))["graben_chunks_short"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
     nodes = [_scrape(p) for p in node_ports]
 
     # Requests by op, the metadata service's by request type: counts, latencies, bytes.
@@ -148,3 +149,17 @@ def test_a_metrics_port_taken_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_metrics_from_the_config_file(tmp_path: Path) -> None:
+    port = free_port()
+    config = tmp_path / "graben.toml"
+    config.write_text(
+        f'[meta]\nengine = "sqlite:///{tmp_path / "meta.db"}"\ninit = true\n'
+        f'listen = "127.0.0.1:0"\nmetrics = "127.0.0.1:{port}"\n'
+    )
+    proc, _ = _spawn("meta", "serve", "--config", str(config))
+    try:
+        assert "graben_repair_queue" in _scrape(port)
+    finally:
+        _stop([proc])
