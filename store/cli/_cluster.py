@@ -42,6 +42,8 @@ from ._listen import (
     advertised,
     check_advertise,
     listen_args,
+    metrics_arg,
+    metrics_at,
     start_node,
 )
 from ._logs import log_arg
@@ -70,16 +72,6 @@ def _idle_arg(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_IDLE_TIMEOUT,
         help="seconds before a connection that sends nothing is dropped",
-    )
-
-
-def _metrics_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--metrics",
-        type=address_arg,
-        default=None,
-        metavar="HOST:PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: none)",
     )
 
 
@@ -117,7 +109,7 @@ def add_meta(sub: Subparsers) -> None:
         "--repair-interval", type=float, default=5.0, help="seconds between repair rounds"
     )
     _idle_arg(serve)
-    _metrics_arg(serve)
+    metrics_arg(serve)
     _secret_arg(serve)
     log_arg(serve)
     config_arg(serve, "meta")
@@ -140,7 +132,7 @@ def add_node(sub: Subparsers) -> None:
         "--scrub-interval", type=float, default=3600.0, help="seconds between scrubs of all chunks"
     )
     _idle_arg(serve)
-    _metrics_arg(serve)
+    metrics_arg(serve)
     _secret_arg(serve)
     log_arg(serve)
     config_arg(serve, "node")
@@ -170,14 +162,7 @@ def add_cluster(sub: Subparsers) -> None:
         default=None,
         help="cluster secret (default: ROOT/secret, made on first start)",
     )
-    up.add_argument(
-        "--metrics",
-        type=address_arg,
-        default=None,
-        metavar="HOST:PORT",
-        help="serve Prometheus metrics: the metadata service's on PORT, node i's on PORT+1+i "
-        "(PORT 0: each on any free port, logged at start)",
-    )
+    metrics_arg(up, "the metadata service's on PORT, node i's on PORT+1+i (0: any free ports)")
     log_arg(up)
     config_arg(up, "cluster")  # and its servers read [meta] and [node] of the same file
     up.set_defaults(run=_cluster_up)
@@ -410,7 +395,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
             str(replication),
             "--heartbeat-timeout",
             str(args.heartbeat_timeout),
-            *_metrics_at(args.metrics, 0),
+            *metrics_at(args.metrics, 0),
             *shared,
         )
         procs.append(meta)
@@ -425,7 +410,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
                 "--rack",
                 f"rack{i}",
                 *(("--listen", "127.0.0.1:0") if args.port == 0 else ()),
-                *_metrics_at(args.metrics, 1 + i),
+                *metrics_at(args.metrics, 1 + i),
                 *shared,
             )
             procs.append(node)
@@ -442,14 +427,6 @@ def _cluster_up(args: argparse.Namespace) -> int:
     finally:
         _stop(procs)
     return 0
-
-
-def _metrics_at(metrics: tuple[str, int] | None, offset: int) -> tuple[str, ...]:
-    """``--metrics`` for the cluster's server number ``offset`` (0: the metadata service)."""
-    if metrics is None:
-        return ()
-    host, port = metrics
-    return ("--metrics", f"{host}:{port + offset if port else 0}")
 
 
 def _first_start(root: Path) -> tuple[str, ...]:
