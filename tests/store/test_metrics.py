@@ -163,3 +163,41 @@ def test_metrics_from_the_config_file(tmp_path: Path) -> None:
         assert "graben_repair_queue" in _scrape(port)
     finally:
         _stop([proc])
+
+
+def test_stats_shows_the_rates_of_each_server(
+    cluster: tuple[LocalCluster, int, list[int]],
+) -> None:
+    c, meta_port, node_ports = cluster
+    servers = [f"127.0.0.1:{p}" for p in (meta_port, *node_ports)]
+    stats = subprocess.Popen(
+        [sys.executable, "-m", "graben.store.cli", "stats", *servers, "--once", "--interval", "2"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    with connect(c.url, chunk_size=MiB) as client:
+        deadline = time.monotonic() + 30
+        while stats.poll() is None and time.monotonic() < deadline:  # load all along
+            client.put("/f", os.urandom(MiB))
+    out, _ = stats.communicate(timeout=30)
+    assert stats.returncode == 0
+    lines = out.splitlines()
+    assert any(f"127.0.0.1:{meta_port}" in line and "meta.Prepare" in line for line in lines)
+    assert any("chunk.write" in line for line in lines)
+    assert any("chunks_short" in line and "repair_queue" in line for line in lines)
+    assert any("free_bytes" in line for line in lines)
+
+
+def test_stats_of_a_server_without_metrics_says_so() -> None:
+    port = free_port()
+    result = subprocess.run(
+        [sys.executable, "-m", "graben.store.cli", "stats", f"127.0.0.1:{port}", "--once"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode != 0
+    assert f"cannot read metrics from http://127.0.0.1:{port}/metrics" in result.stderr
+    assert "Traceback" not in result.stderr
