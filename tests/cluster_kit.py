@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from graben.store.cli._cluster import _spawn, _stop, _wait_for_nodes
@@ -24,9 +25,12 @@ class LocalCluster:
         scrub: float = 3600.0,
         meta_args: tuple[str, ...] = (),
         node_args: tuple[str, ...] = (),
+        node_args_of: Callable[[int], tuple[str, ...]] = lambda i: (),
         engine: str | None = None,
     ):
         self.root, self.scrub, self._node_args = root, scrub, node_args
+        self._node_args_of = node_args_of
+        """Flags for node ``i`` alone (its own ``--metrics`` port, say)."""
         self._started = time.time()
         self._meta_options = (
             *("--replication", str(replication)),
@@ -73,6 +77,7 @@ class LocalCluster:
             *("--meta", meta or self.meta_address, "--rack", f"rack{i}", "--listen", "127.0.0.1:0"),
             *("--scrub-interval", str(self.scrub)),
             *self._node_args,
+            *self._node_args_of(i),
         )
         if i < len(self.nodes):
             self.nodes[i], self.addresses[i] = proc, address

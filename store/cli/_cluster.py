@@ -42,6 +42,8 @@ from ._listen import (
     advertised,
     check_advertise,
     listen_args,
+    metrics_arg,
+    metrics_at,
     start_node,
 )
 from ._logs import log_arg
@@ -107,6 +109,7 @@ def add_meta(sub: Subparsers) -> None:
         "--repair-interval", type=float, default=5.0, help="seconds between repair rounds"
     )
     _idle_arg(serve)
+    metrics_arg(serve)
     _secret_arg(serve)
     log_arg(serve)
     config_arg(serve, "meta")
@@ -129,6 +132,7 @@ def add_node(sub: Subparsers) -> None:
         "--scrub-interval", type=float, default=3600.0, help="seconds between scrubs of all chunks"
     )
     _idle_arg(serve)
+    metrics_arg(serve)
     _secret_arg(serve)
     log_arg(serve)
     config_arg(serve, "node")
@@ -158,6 +162,7 @@ def add_cluster(sub: Subparsers) -> None:
         default=None,
         help="cluster secret (default: ROOT/secret, made on first start)",
     )
+    metrics_arg(up, "the metadata service's on PORT, node i's on PORT+1+i (0: any free ports)")
     log_arg(up)
     config_arg(up, "cluster")  # and its servers read [meta] and [node] of the same file
     up.set_defaults(run=_cluster_up)
@@ -264,6 +269,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
             heartbeat_timeout=args.heartbeat_timeout,
             repair_interval=args.repair_interval,
             idle_timeout=args.idle_timeout,
+            metrics=args.metrics,
         )
         server = await service.start(host, META_PORT if port is None else port)
         return advertised(args.listen, server.port, args.advertise), service.close
@@ -311,6 +317,7 @@ def _node_serve(args: argparse.Namespace) -> int:
             secret=secret,
             scrub_interval=args.scrub_interval,
             idle_timeout=args.idle_timeout,
+            metrics=args.metrics,
         )
         await start_node(node, args.listen, args.advertise)
         return node.address, node.close
@@ -388,6 +395,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
             str(replication),
             "--heartbeat-timeout",
             str(args.heartbeat_timeout),
+            *metrics_at(args.metrics, 0),
             *shared,
         )
         procs.append(meta)
@@ -402,6 +410,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
                 "--rack",
                 f"rack{i}",
                 *(("--listen", "127.0.0.1:0") if args.port == 0 else ()),
+                *metrics_at(args.metrics, 1 + i),
                 *shared,
             )
             procs.append(node)

@@ -4,7 +4,7 @@ Default ports: the metadata service 7100; a data node the first free one from
 7200 upward on its ``--listen`` host (so several nodes on one host need no
 ports). ``--listen HOST:0`` takes any free port. ``--advertise`` is the
 address the others are told (a node's heartbeats carry it); a wildcard
-``--listen`` needs one.
+``--listen`` needs one. ``--metrics`` is where a server serves its Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -56,6 +56,26 @@ def listen_args(parser: argparse.ArgumentParser, default: str, what: str) -> Non
     )
 
 
+def metrics_arg(parser: argparse.ArgumentParser, where: str = "") -> None:
+    parser.add_argument(
+        "--metrics",
+        type=address_arg,
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics"
+        + (f": {where}" if where else " (default: none)"),
+    )
+
+
+def metrics_at(metrics: tuple[str, int] | None, offset: int) -> tuple[str, ...]:
+    """``cluster up``'s ``--metrics`` for its server number ``offset`` (0: the metadata
+    service, 1 + i: node i); port 0 stays 0 (any free port) for each."""
+    if metrics is None:
+        return ()
+    host, port = metrics
+    return ("--metrics", f"{host}:{port + offset if port else 0}")
+
+
 def check_advertise(listen: tuple[str, int | None], advertise: object) -> None:
     """Refuse, before binding, a wildcard address nobody could dial."""
     if listen[0] in WILDCARDS and advertise is None:
@@ -85,6 +105,7 @@ def told(advertise: tuple[str, int | None] | None) -> str | None:
 async def start_node(node: DataNode, listen: tuple[str, int | None], advertise: Any) -> None:
     """Start ``node`` on ``listen``'s port, else on the first free one from ``NODE_PORT``."""
     host, port = listen
+    node.serve_metrics()  # before the loop: a metrics port taken is no reason to try another
     ports = range(NODE_PORT, NODE_PORT + NODE_PORTS) if port is None else (port,)
     for p in ports:
         try:

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Union
 
+import msgspec
 from msgspec.structs import replace
 
 from .._errors import GrabenError, IntegrityError, NotFound, PermissionDenied
@@ -53,6 +54,7 @@ from ..wire import (
     DEFAULT_IDLE_TIMEOUT,
     Answer,
     Call,
+    Metrics,
     Server,
     auth,
     decode,
@@ -69,6 +71,39 @@ log = logging.getLogger("graben.meta")
 AnyRequest: Any = Union[request_types()]  # noqa: UP007  (built at run time)
 NODES_TTL_S = 1.0
 """How long placement may use a cached list of live nodes."""
+REQUEST_NAMES = frozenset(t.__name__ for t in request_types())
+
+
+class _Tag(msgspec.Struct):
+    """Just the request's type, of a ``meta`` call's body (the rest is skipped)."""
+
+    type: str = ""
+
+
+def request_label(call: Call) -> str:
+    """``meta.Lookup`` and so on: a ``meta`` call's name in the metrics."""
+    try:
+        tag = msgspec.msgpack.decode(call.body, type=_Tag).type
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return "meta"
+    return f"meta.{tag}" if tag in REQUEST_NAMES else "meta"  # no label a peer makes up
+
+
+class _RepairMetrics:
+    """What the repair rounds report (set at the end of each round)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.short = metrics.gauge(
+            "graben_chunks_short",
+            "Chunks short of copies on live nodes, as the last repair round found them "
+            "(counted up to 1000, a round's batch)",
+        )
+        self.queue = metrics.gauge(
+            "graben_repair_queue",
+            "Repairs waiting: short chunks the last round could not top up, and damaged "
+            "copies awaiting deletion",
+        )
+        self.copies = metrics.counter("graben_repair_copies", "Copies made by repair")
 
 
 class MetaService:
@@ -85,6 +120,7 @@ class MetaService:
         repair_interval: float = 5.0,
         threads: int = 8,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        metrics: tuple[str, int] | None = None,
     ) -> None:
         self.namespace = Namespace(
             repo,
@@ -109,12 +145,30 @@ class MetaService:
             owns_checker=True,
         )
         self._repairing: asyncio.Task[None] | None = None
+        self._metrics_at = metrics
+        self.metrics = None if metrics is None else Metrics()
+        """Served at ``metrics`` (``HOST:PORT``) from ``start`` to ``close``, if given."""
+        self._repair_metrics = None if self.metrics is None else _RepairMetrics(self.metrics)
 
     async def start(self, host: str, port: int) -> Server:
-        """Listen for clients; repair in the background."""
-        self.server = await Server.start(
-            {"meta": self._meta}, host, port, admit=self._admit, idle_timeout=self.idle_timeout
-        )
+        """Listen for clients (and serve metrics, if asked); repair in the background."""
+        if self.metrics is not None and self._metrics_at is not None:
+            where = self.metrics.serve(*self._metrics_at)
+            log.info("metrics at http://%s/metrics", where)
+        try:
+            self.server = await Server.start(
+                {"meta": self._meta},
+                host,
+                port,
+                admit=self._admit,
+                idle_timeout=self.idle_timeout,
+                metrics=self.metrics,
+                label=request_label,
+            )
+        except BaseException:
+            if self.metrics is not None:
+                self.metrics.close()
+            raise
         self._repairing = every(self.repair_interval, self.repair_once, "repair")
         return self.server
 
@@ -123,6 +177,8 @@ class MetaService:
         await stop(self._repairing)
         if self.server is not None:
             await self.server.close()
+        if self.metrics is not None:
+            self.metrics.close()
         await self.chunks.close()
         self._threads.shutdown(wait=True)
         self.namespace.repo.close()
@@ -141,12 +197,16 @@ class MetaService:
         await self._drop_bad()
         degraded: list[Degraded] = await self._run(self.namespace.degraded)
         if not degraded:
+            self._report_round(0, 0, 0)
             return 0
         nodes = await self._list_nodes()
         await self.chunks.nodes()  # fresh addresses: a node back from the dead may have moved
-        made, stuck, lost = 0, list[tuple[str, str]](), list[str]()
+        made, left, stuck, lost = 0, 0, list[tuple[str, str]](), list[str]()
         for chunk in degraded:
-            made += await self._repair(chunk, nodes, stuck, lost)
+            copies = await self._repair(chunk, nodes, stuck, lost)
+            made += copies
+            left += copies < chunk.want - len(chunk.live)
+        self._report_round(len(degraded), left, made)
         # One line per round, not one per chunk: a cluster short of nodes would say
         # the same thing for every chunk, every round.
         if lost:
@@ -160,6 +220,13 @@ class MetaService:
                 "cannot repair %d chunks yet: %s (first: %s)", len(stuck), stuck[0][1], stuck[0][0]
             )
         return made
+
+    def _report_round(self, short: int, left: int, made: int) -> None:
+        """A repair round's outcome in the metrics, if any."""
+        if self._repair_metrics is not None:
+            self._repair_metrics.short.set(short)
+            self._repair_metrics.queue.set(left + len(self.namespace.bad))
+            self._repair_metrics.copies.inc(made)
 
     async def _drop_bad(self) -> None:
         bad = self.namespace.bad

@@ -57,6 +57,7 @@ from ..wire import (
     Call,
     Connection,
     Handler,
+    Metrics,
     PayloadSink,
     Server,
     auth,
@@ -95,6 +96,7 @@ class DataNode:
         io_threads: int = 4,
         scrub_interval: float = 3600.0,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        metrics: tuple[str, int] | None = None,
     ):
         root.mkdir(DIR_MODE, parents=True, exist_ok=True)
         self.root, self.rack, self.meta = root, rack, meta
@@ -119,6 +121,10 @@ class DataNode:
         self._small: Batcher[tuple[ChunkRef, memoryview], None] = Batcher(
             partial(self._run, self.store.write_group), max_size=256, concurrency=2
         )
+        self._metrics_at = metrics
+        self.metrics = None if metrics is None else Metrics()
+        """Served at ``metrics`` (``HOST:PORT``) from ``start`` to ``close``, if given."""
+        self._counts = None if self.metrics is None else _ChunkMetrics(self.metrics, self.store)
 
     async def start(self, host: str, port: int, *, advertise: str | None = None) -> Server:
         """Listen, then heartbeat to the metadata service until closed.
@@ -136,8 +142,15 @@ class DataNode:
             "chunk.clean": self._clean,
         }
         sinks: dict[str, PayloadSink] = {"chunk.write": self._sink, "chunk.write_many": self._sink}
+        self.serve_metrics()
         self.server = await Server.start(
-            handlers, host, port, sinks, admit=self._admit, idle_timeout=self.idle_timeout
+            handlers,
+            host,
+            port,
+            sinks,
+            admit=self._admit,
+            idle_timeout=self.idle_timeout,
+            metrics=self.metrics,
         )
         told = advertise or host
         self.address = told if ":" in told else f"{told}:{self.server.port}"
@@ -145,12 +158,21 @@ class DataNode:
         self._scrubbing = every(self.scrub_interval, self.scrub_once, "scrub")
         return self.server
 
+    def serve_metrics(self) -> None:
+        """Serve ``/metrics``, if asked and not yet (``start`` does; a caller trying port
+        after port for the node calls it first, so a metrics port taken fails only once)."""
+        if self.metrics is not None and self._metrics_at is not None and not self.metrics.serving:
+            where = self.metrics.serve(*self._metrics_at)
+            log.info("metrics at http://%s/metrics", where)
+
     async def close(self) -> None:
         """Stop heartbeating and serving."""
         await stop(self._beating, self._scrubbing)
         if self.server is not None:
             await self.server.close()
         await self._peers.close()
+        if self.metrics is not None:
+            self.metrics.close()
         self._io.shutdown(wait=True)
         self.store.close()
 
@@ -228,6 +250,9 @@ class DataNode:
                 await self._small.submit((chunk, data))
             else:
                 await self._run(self.store.write, chunk, data)
+        if self._counts is not None:
+            self._counts.writes.inc()
+            self._counts.written.inc(chunk.length)
 
     @contextlib.contextmanager
     def _reserved(self, length: int) -> Iterator[None]:
@@ -304,7 +329,9 @@ class DataNode:
         except BaseException:
             release()
             raise
-
+        if self._counts is not None:
+            self._counts.reads.inc()
+            self._counts.read.inc(chunk.length)
         return Answer(payload=view, release=release)
 
     async def _inventory(self, call: Call, payload: memoryview | None) -> Answer:
@@ -375,6 +402,20 @@ class DataNode:
                     await self._tell_meta(ReportBad(chunk_id, self.id, reason))
             after = page[-1][0]
         return bad
+
+
+class _ChunkMetrics:
+    """A node's own metrics, beside the requests' (free bytes read at each scrape)."""
+
+    def __init__(self, metrics: Metrics, store: LocalChunkStore) -> None:
+        self.writes = metrics.counter("graben_chunk_writes", "Chunks stored on this node")
+        self.written = metrics.counter("graben_chunk_write_bytes", "Bytes of chunks stored")
+        self.reads = metrics.counter("graben_chunk_reads", "Chunks read and verified")
+        self.read = metrics.counter("graben_chunk_read_bytes", "Bytes of chunks read")
+        free = metrics.gauge("graben_free_bytes", "Bytes free on the disk holding the chunks")
+        free.set_function(lambda: store.capacity()[0])
+        total = metrics.gauge("graben_total_bytes", "Bytes of the disk holding the chunks")
+        total.set_function(lambda: store.capacity()[1])
 
 
 def _wire_error(outcome: BaseException | None) -> WireError | None:

@@ -2,9 +2,10 @@
 
 Owns the frame protocol (``_frames``: length-prefixed frames, a msgpack
 header, a payload received straight into the receiver's buffer), RPC on top
-of it (``_rpc``: multiplexed client connections, servers, periodic tasks)
-and the cluster's auth primitives (``auth``: the shared secret, client
-tokens, chunk capabilities). TLS belongs here too.
+of it (``_rpc``: multiplexed client connections, servers, periodic tasks),
+the cluster's auth primitives (``auth``: the shared secret, client tokens,
+chunk capabilities) and each server's Prometheus metrics (``_metrics``).
+TLS belongs here too.
 
 May import: the store's shared modules only (``graben.store._types``,
 ``_errors``, ...); every other layer may import this one.
@@ -12,6 +13,7 @@ May import: the store's shared modules only (``graben.store._types``,
 
 from . import _auth as auth
 from ._frames import Call, decode, encode, from_wire, to_wire
+from ._metrics import Metrics
 from ._rpc import (
     CLIENT_IDLE_S,
     DEFAULT_IDLE_TIMEOUT,
@@ -33,6 +35,7 @@ __all__ = [
     "Call",
     "Connection",
     "Handler",
+    "Metrics",
     "PayloadSink",
     "Server",
     "auth",

@@ -39,6 +39,7 @@ from ._frames import (
     from_wire,
     to_wire,
 )
+from ._metrics import Metrics  # cheap: prometheus_client is imported only when used
 
 log = logging.getLogger("graben.rpc")
 
@@ -71,6 +72,8 @@ Handler = Callable[[Call, memoryview | None], Awaitable[Answer]]
 PayloadSink = Callable[[Call, int], memoryview]
 Admit = Callable[[Call, int], None]
 """Checks a call whose payload of ``n`` bytes is about to arrive; raises to refuse."""
+Label = Callable[[Call], str]
+"""A known op's name in the metrics (the metadata service adds its request's type)."""
 
 
 def every(
@@ -253,6 +256,10 @@ class Server:
     headers: MemoryBudget = field(default_factory=lambda: MemoryBudget(HEADER_BUDGET))
     """Receive buffers grown past their base for large headers (anyone may ask)."""
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    metrics: Metrics | None = None
+    """Where each request answered is counted (``None``: nowhere)."""
+    label: Label | None = None
+    """A known op's name in the metrics (default: the op)."""
     server: asyncio.Server | None = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     sessions: set[_Session] = field(default_factory=set)
@@ -269,9 +276,19 @@ class Server:
         admit: Admit | None = None,
         budget: int = DEFAULT_BUDGET,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        metrics: Metrics | None = None,
+        label: Label | None = None,
     ) -> Server:
         """Listen on ``host:port`` (0: any free port; see ``port``)."""
-        server = cls(handlers, sinks or {}, admit, MemoryBudget(budget), idle_timeout=idle_timeout)
+        server = cls(
+            handlers,
+            sinks or {},
+            admit,
+            MemoryBudget(budget),
+            idle_timeout=idle_timeout,
+            metrics=metrics,
+            label=label,
+        )
         loop = asyncio.get_running_loop()
         try:
             server.server = await loop.create_server(server._protocol, host, port)
@@ -314,7 +331,31 @@ class Server:
                 protocol.fail(Timeout(f"idle for over {self.idle_timeout} s"))
 
     async def answer(self, call: Call, payload: memoryview | None) -> tuple[Reply, Answer]:
-        """Run the call's handler; the reply header and what goes with it."""
+        """Run the call's handler; the reply header and what goes with it (counted in
+        the metrics, if any)."""
+        if self.metrics is None:
+            return await self._answer(call, payload)
+        # Sized before the handler runs: handlers release the payload they were given.
+        received = len(call.body) + (0 if payload is None else payload.nbytes)
+        began = time.perf_counter()
+        reply, answer = await self._answer(call, payload)
+        self.metrics.observe(
+            self._label_of(call),
+            "ok" if reply.error is None else reply.error.code,
+            time.perf_counter() - began,
+            received,
+            len(reply.body) + (0 if answer.payload is None else answer.payload.nbytes),
+        )
+        return reply, answer
+
+    def _label_of(self, call: Call) -> str:
+        # A peer may send any op name: unknown ones share one label, so a peer
+        # cannot grow the metrics without bound.
+        if call.op not in self.handlers:
+            return "unknown"
+        return call.op if self.label is None else self.label(call)
+
+    async def _answer(self, call: Call, payload: memoryview | None) -> tuple[Reply, Answer]:
         handler = self.handlers.get(call.op)
         try:
             if handler is None:

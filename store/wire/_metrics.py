@@ -1,0 +1,102 @@
+"""A server's Prometheus metrics, served over HTTP at ``/metrics`` (``--metrics HOST:PORT``).
+
+Each server has a registry of its own (never prometheus_client's global one),
+so several servers in one process (tests, the embedded store) never mix
+their numbers. ``Server.answer`` records every request: a count by op and
+outcome, a latency histogram by op, and the bytes received and sent with
+it. The metadata service and the data nodes add their own gauges and
+counters to the same registry.
+
+The HTTP server runs on a thread of prometheus_client's own: a scrape
+never waits for the event loop, and a busy loop never delays a scrape.
+prometheus_client is imported only when a server asks for metrics: clients
+import this package too, and need not pay for it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from .._errors import Unavailable
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client import Counter, Gauge
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+"""Seconds: metadata requests take well under a millisecond, a chunk write some tens."""
+
+
+class Metrics:
+    """One server's metrics (see the module docstring)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Histogram
+
+        self.registry = CollectorRegistry()
+        self._requests = self.counter(
+            "graben_requests",
+            "Requests served, by op and outcome (ok, or the error's wire code)",
+            ("op", "outcome"),
+        )
+        self._latency = Histogram(
+            "graben_request_seconds",
+            "Seconds from a request's arrival (its payload received) to its reply",
+            ("op",),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._received = self.counter(
+            "graben_request_bytes", "Bytes of request bodies and payloads received", ("op",)
+        )
+        self._sent = self.counter(
+            "graben_response_bytes", "Bytes of reply bodies and payloads sent", ("op",)
+        )
+        self._http: tuple[WSGIServer, threading.Thread] | None = None
+
+    def counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+        """A counter in this server's registry (``_total`` is added to ``name``)."""
+        from prometheus_client import Counter
+
+        return Counter(name, doc, labels, registry=self.registry)
+
+    def gauge(self, name: str, doc: str) -> Gauge:
+        """A gauge in this server's registry."""
+        from prometheus_client import Gauge
+
+        return Gauge(name, doc, registry=self.registry)
+
+    def observe(self, op: str, outcome: str, seconds: float, received: int, sent: int) -> None:
+        """Record one request answered."""
+        self._requests.labels(op, outcome).inc()
+        self._latency.labels(op).observe(seconds)
+        self._received.labels(op).inc(received)
+        self._sent.labels(op).inc(sent)
+
+    @property
+    def serving(self) -> bool:
+        """Whether ``/metrics`` is being served."""
+        return self._http is not None
+
+    def serve(self, host: str, port: int) -> str:
+        """Serve ``/metrics`` on ``host:port`` until ``close``; the address bound."""
+        from prometheus_client import start_http_server
+
+        try:
+            self._http = start_http_server(port, host, registry=self.registry)
+        except OSError as exc:
+            raise Unavailable(
+                f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}"
+            ) from None
+        return f"{host}:{self._http[0].server_port}"
+
+    def close(self) -> None:
+        """Stop serving ``/metrics`` (a scrape in flight finishes first)."""
+        if self._http is not None:
+            server, thread = self._http
+            self._http = None
+            server.shutdown()
+            server.server_close()
+            thread.join()

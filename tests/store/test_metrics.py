@@ -1,0 +1,203 @@
+"""Prometheus metrics: real servers with ``--metrics``, read with a real HTTP GET."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster_kit import LocalCluster
+from ranks_kit import free_port
+
+from graben.store import connect
+from graben.store.cli._cluster import _spawn, _stop
+
+MiB = 1 << 20
+
+
+def _scrape(port: int) -> dict[str, float]:
+    """``/metrics`` of the server at ``port``: each sample line's value by its name and labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        assert reply.status == 200
+        text = reply.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def _sum(samples: dict[str, float], pattern: str) -> float:
+    return sum(v for k, v in samples.items() if re.fullmatch(pattern, k))
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[LocalCluster, int, list[int]]]:
+    meta_port, node_ports = free_port(), [free_port(), free_port()]
+    cluster = LocalCluster(
+        tmp_path,
+        nodes=2,
+        replication=3,  # two nodes for three copies: every chunk is short
+        repair=0.3,
+        meta_args=("--metrics", f"127.0.0.1:{meta_port}"),
+        node_args_of=lambda i: ("--metrics", f"127.0.0.1:{node_ports[i]}"),
+    )
+    try:
+        yield cluster, meta_port, node_ports
+    finally:
+        cluster.close()
+
+
+def test_metrics_move_under_puts_and_gets(cluster: tuple[LocalCluster, int, list[int]]) -> None:
+    c, meta_port, node_ports = cluster
+    before_meta = _scrape(meta_port)
+    before_nodes = [_scrape(p) for p in node_ports]
+    assert before_nodes[0]["graben_free_bytes"] > 0
+
+    data = os.urandom(3 * MiB)  # three distinct chunks (equal ones would be stored once)
+    with connect(c.url, chunk_size=MiB) as client:
+        client.put("/a", data)
+        assert client.get("/a") == data
+
+    deadline = time.monotonic() + 20  # a repair round (every 0.3 s) sets the gauges
+    while (meta := _scrape(meta_port))["graben_chunks_short"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    nodes = [_scrape(p) for p in node_ports]
+
+    # Requests by op, the metadata service's by request type: counts, latencies, bytes.
+    prepare = 'graben_requests_total{op="meta.Prepare",outcome="ok"}'
+    assert meta[prepare] > before_meta.get(prepare, 0)
+    assert meta['graben_request_seconds_count{op="meta.Prepare"}'] >= 1
+    assert _sum(meta, r'graben_request_bytes_total\{op="meta\.\w+"\}') > _sum(
+        before_meta, r'graben_request_bytes_total\{op="meta\.\w+"\}'
+    )
+    # Three 1 MiB chunks, each on both nodes; read back from one or the other.
+    writes = sum(n["graben_chunk_writes_total"] for n in nodes)
+    assert writes - sum(n["graben_chunk_writes_total"] for n in before_nodes) == 6
+    assert sum(n["graben_chunk_reads_total"] for n in nodes) >= 3
+    received = sum(_sum(n, r'graben_request_bytes_total\{op="chunk\.write\w*"\}') for n in nodes)
+    assert received >= 6 * MiB
+    sent = sum(n.get('graben_response_bytes_total{op="chunk.read"}', 0) for n in nodes)
+    assert sent >= 3 * MiB
+    reads = 'graben_request_seconds_count{op="chunk.read"}'
+    assert sum(n.get(reads, 0) for n in nodes) >= 3
+    # Two nodes cannot hold three copies: every chunk stays short, and waits for repair.
+    assert meta["graben_chunks_short"] == 3
+    assert meta["graben_repair_queue"] == 3
+
+
+def _free_ports(n: int) -> int:
+    """The first of ``n`` consecutive free loopback ports."""
+    for _ in range(100):
+        base = free_port()
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + n):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return base
+    raise AssertionError(f"no {n} consecutive free ports")
+
+
+def test_cluster_up_serves_each_servers_metrics_on_ports_in_a_row(tmp_path: Path) -> None:
+    base = _free_ports(3)
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "graben.store.cli", "cluster", "up", "--nodes", "2"),
+            *("--root", str(tmp_path), "--port", "0", "--metrics", f"127.0.0.1:{base}"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("graben://")
+        meta, *nodes = (_scrape(port) for port in range(base, base + 3))
+        assert any(k.startswith('graben_requests_total{op="meta.Heartbeat"') for k in meta)
+        assert all(n["graben_free_bytes"] > 0 for n in nodes)
+    finally:
+        _stop([proc])
+
+
+def test_a_metrics_port_taken_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                *(sys.executable, "-m", "graben.store.cli", "meta", "serve", "--init"),
+                *("--engine", f"sqlite:///{tmp_path / 'meta.db'}", "--listen", "127.0.0.1:0"),
+                *("--metrics", f"127.0.0.1:{port}"),
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert result.returncode != 0
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_metrics_from_the_config_file(tmp_path: Path) -> None:
+    port = free_port()
+    config = tmp_path / "graben.toml"
+    config.write_text(
+        f'[meta]\nengine = "sqlite:///{tmp_path / "meta.db"}"\ninit = true\n'
+        f'listen = "127.0.0.1:0"\nmetrics = "127.0.0.1:{port}"\n'
+    )
+    proc, _ = _spawn("meta", "serve", "--config", str(config))
+    try:
+        assert "graben_repair_queue" in _scrape(port)
+    finally:
+        _stop([proc])
+
+
+def test_stats_shows_the_rates_of_each_server(
+    cluster: tuple[LocalCluster, int, list[int]],
+) -> None:
+    c, meta_port, node_ports = cluster
+    servers = [f"127.0.0.1:{p}" for p in (meta_port, *node_ports)]
+    stats = subprocess.Popen(
+        [sys.executable, "-m", "graben.store.cli", "stats", *servers, "--once", "--interval", "2"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    with connect(c.url, chunk_size=MiB) as client:
+        deadline = time.monotonic() + 30
+        while stats.poll() is None and time.monotonic() < deadline:  # load all along
+            client.put("/f", os.urandom(MiB))
+    out, _ = stats.communicate(timeout=30)
+    assert stats.returncode == 0
+    lines = out.splitlines()
+    assert any(f"127.0.0.1:{meta_port}" in line and "meta.Prepare" in line for line in lines)
+    assert any("chunk.write" in line for line in lines)
+    assert any("chunks_short" in line and "repair_queue" in line for line in lines)
+    assert any("free_bytes" in line for line in lines)
+
+
+def test_stats_of_a_server_without_metrics_says_so() -> None:
+    port = free_port()
+    result = subprocess.run(
+        [sys.executable, "-m", "graben.store.cli", "stats", f"127.0.0.1:{port}", "--once"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode != 0
+    assert f"cannot read metrics from http://127.0.0.1:{port}/metrics" in result.stderr
+    assert "Traceback" not in result.stderr
