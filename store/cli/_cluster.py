@@ -57,22 +57,23 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 READY_TIMEOUT_S = 30.0
 
 
-def _secret_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--secret-file",
-        type=Path,
-        default=None,
-        help="file holding the cluster secret, mode 0600 (default: $GRABEN_SECRET_FILE)",
-    )
-
-
-def _idle_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+def _server_args(serve: argparse.ArgumentParser, section: str) -> None:
+    """What every server takes: idle timeout, metrics, secret, log level, config ``[section]``."""
+    serve.add_argument(
         "--idle-timeout",
         type=float,
         default=DEFAULT_IDLE_TIMEOUT,
         help="seconds before a connection that sends nothing is dropped",
     )
+    metrics_arg(serve)
+    serve.add_argument(
+        "--secret-file",
+        type=Path,
+        default=None,
+        help="file holding the cluster secret, mode 0600 (default: $GRABEN_SECRET_FILE)",
+    )
+    log_arg(serve)
+    config_arg(serve, section)
 
 
 def add_meta(sub: Subparsers) -> None:
@@ -108,11 +109,7 @@ def add_meta(sub: Subparsers) -> None:
     serve.add_argument(
         "--repair-interval", type=float, default=5.0, help="seconds between repair rounds"
     )
-    _idle_arg(serve)
-    metrics_arg(serve)
-    _secret_arg(serve)
-    log_arg(serve)
-    config_arg(serve, "meta")
+    _server_args(serve, "meta")
     serve.set_defaults(run=_meta_serve)
 
 
@@ -131,11 +128,7 @@ def add_node(sub: Subparsers) -> None:
     serve.add_argument(
         "--scrub-interval", type=float, default=3600.0, help="seconds between scrubs of all chunks"
     )
-    _idle_arg(serve)
-    metrics_arg(serve)
-    _secret_arg(serve)
-    log_arg(serve)
-    config_arg(serve, "node")
+    _server_args(serve, "node")
     serve.set_defaults(run=_node_serve)
 
 

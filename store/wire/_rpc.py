@@ -437,7 +437,8 @@ class _Session:
             return
         held, self._receiving = self._receiving, 0
         if header.bulk:
-            body = msgspec.Raw(b"" if payload is None else bytes(payload))
+            # The bulk buffer is this frame's own (not pooled): the body keeps it, uncopied.
+            body = msgspec.Raw(b"" if payload is None else payload)
             header, payload = msgspec.structs.replace(header, body=body, bulk=False), None
         self._start(self._serve(header, payload), held)
 
