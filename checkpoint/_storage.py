@@ -30,6 +30,8 @@ rows that overlap.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import threading
 
@@ -64,6 +66,19 @@ def shared_client(store: str | None) -> Client:
         if client is None:
             client = _shared_clients[key] = connect(store)
         return client
+
+
+@atexit.register
+def _close_shared_clients() -> None:
+    # While Python is whole: a client left open to interpreter exit leaves its
+    # loop, threads and buffers to be torn down with it, where C++ threads of
+    # torch or gloo that still hold its memory can take the process down.
+    with _shared_lock:
+        mine = [c for key, c in _shared_clients.items() if key[0] == os.getpid()]
+        _shared_clients.clear()
+    for client in mine:
+        with contextlib.suppress(Exception):  # exiting: nothing left to tell
+            client.close()
 
 
 class OnStore:
