@@ -25,7 +25,7 @@ import trio
 
 from graben.store import Client, FileInfo, ReadFile
 
-from ._blocks import Blocks
+from ._blocks import Blocks, ReadAheadCounts
 from ._inodes import InodeTable, is_unlinked
 from ._openers import Opener
 from ._releases import Releases
@@ -124,6 +124,18 @@ class Base(pyfuse3.Operations):
         """Where background reads run; set by the mount before serving."""
         self.device: str | None = None
         """The mount's ``major:minor`` (tells its files from others' in ``/proc``)."""
+        self.read_ahead = ReadAheadCounts()
+        """What every open file's read-ahead saw (for the metrics)."""
+
+    @property
+    def open_files(self) -> int:
+        """Files with open handles."""
+        return len(self._open)
+
+    @property
+    def open_handles(self) -> int:
+        """Handles open on files."""
+        return len(self._handles)
 
     async def _call(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         """``fn(*args, **kwargs)`` in a worker thread: store calls block."""

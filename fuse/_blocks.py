@@ -15,6 +15,7 @@ import mmap
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import trio
 
@@ -25,6 +26,16 @@ KEPT = AHEAD + 2
 
 Fetch = Callable[[int, memoryview], int]
 """Fill the buffer from the given offset of the file (blocking); bytes read."""
+
+
+@dataclass(slots=True)
+class ReadAheadCounts:
+    """What the read-ahead blocks of every open file saw."""
+
+    hits: int = 0
+    """Kernel reads whose block was fetched (or being fetched) already."""
+    misses: int = 0
+    """Kernel reads that had to start fetching their block."""
 
 
 class _Block:
@@ -38,8 +49,16 @@ class _Block:
 class Blocks:
     """The blocks of one open file version of ``size`` bytes."""
 
-    def __init__(self, fetch: Fetch, size: int, block: int, nursery: trio.Nursery) -> None:
+    def __init__(
+        self,
+        fetch: Fetch,
+        size: int,
+        block: int,
+        nursery: trio.Nursery,
+        counts: ReadAheadCounts | None = None,
+    ) -> None:
         self._fetch, self._size, self._nursery = fetch, size, nursery
+        self._counts = counts or ReadAheadCounts()
         self._block = block
         self._blocks: OrderedDict[int, _Block] = OrderedDict()
         self._spare: list[mmap.mmap] = []
@@ -62,7 +81,12 @@ class Blocks:
         pos = offset
         while pos < end:
             index = pos // self._block
+            found = self._blocks.get(index) is not None
             block = self._get(index)
+            if found:
+                self._counts.hits += 1
+            else:
+                self._counts.misses += 1
             if forward:
                 for ahead in range(index + 1, index + 1 + AHEAD):
                     if ahead * self._block < self._size:

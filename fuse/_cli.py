@@ -10,6 +10,9 @@ from pathlib import Path
 from ._options import MountOptions
 
 _URL_HELP = "an embedded store directory, or graben://host:port for a cluster"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s"
+"""The servers' line: time, level, component (the logger's name), message."""
 
 
 def add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,6 +56,17 @@ def _mount_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds the kernel caches names and attributes (default: %(default)s)",
     )
     parser.add_argument("--log", type=Path, help="the daemon's log file")
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=defaults.log_level,
+        help="least severe events logged (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics",
+    )
     parser.add_argument("--allow-other", action="store_true", help="let other users in")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
@@ -65,6 +79,8 @@ def _options(args: argparse.Namespace) -> MountOptions:
         timeout=args.timeout,
         log_file=args.log,
         allow_other=args.allow_other,
+        log_level=args.log_level,
+        metrics=args.metrics,
     )
 
 
@@ -79,7 +95,9 @@ def _mount(args: argparse.Namespace) -> int:
     from ._mount import mount, serve
 
     if args.ready_fd is not None:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+        logging.basicConfig(
+            level=args.log_level.upper(), format=LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"
+        )
         serve(args.url, args.mountpoint.absolute(), _options(args), ready_fd=args.ready_fd)
         return 0
     pid = mount(args.url, args.mountpoint, _options(args), foreground=args.foreground)

@@ -123,7 +123,9 @@ class FileHandles(Base):
             assert self.nursery is not None
             reader = handle.reader
             length, block = reader.info.size, self.client.chunk_size
-            handle.blocks = Blocks(_positional(reader), length, block, self.nursery)
+            handle.blocks = Blocks(
+                _positional(reader), length, block, self.nursery, self.read_ahead
+            )
         # pyfuse3 replies from any buffer; the stub says bytes.
         return cast(bytes, await handle.blocks.read(off, size))
 

@@ -26,6 +26,7 @@ import trio
 
 from graben.store import GrabenError, connect
 
+from ._metrics import MountMetrics
 from ._openers import mount_device
 from ._ops import Operations
 from ._options import MountOptions, default_spool
@@ -120,9 +121,14 @@ def clean_stale(target: Path) -> bool:
 def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = None) -> None:
     """Run the mount in this process until it is unmounted or signalled."""
     spool = Spool(private_directory(options.spool_dir), options.spool_limit)
-    with contextlib.closing(spool), connect(url) as client:
+    with contextlib.ExitStack() as stack:
+        stack.callback(spool.close)
+        client = stack.enter_context(connect(url))
         client.stat("/")  # an unreachable store fails the mount, not every call after it
         ops = Operations(client, spool, read_only=options.read_only, timeout=options.timeout)
+        metrics = _serve_metrics(ops, options.metrics)
+        if metrics is not None:
+            stack.callback(metrics.close)
         fuse_options = set(pyfuse3.default_options) | {"fsname=graben", "subtype=graben"}
         if options.read_only:
             fuse_options.add("ro")
@@ -139,6 +145,19 @@ def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = 
         finally:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", target)
+
+
+def _serve_metrics(ops: Operations, where: str | None) -> MountMetrics | None:
+    """The mount's metrics, served at ``where`` (``HOST:PORT``), if asked for."""
+    if where is None:
+        return None
+    host, _, port = where.rpartition(":")
+    if not host or not port.isdigit():
+        raise MountError(f"--metrics wants HOST:PORT, not {where!r}")
+    metrics = MountMetrics(ops)
+    log.info("metrics at http://%s/metrics", metrics.serve(host, int(port)))
+    metrics.instrument(ops)
+    return metrics
 
 
 def private_directory(path: Path) -> int:
@@ -316,4 +335,6 @@ def daemon_args(url: str, target: Path, options: MountOptions) -> list[str]:
     args += ["--spool", os.fspath(options.spool_dir), "--spool-limit", str(options.spool_limit)]
     args += ["--timeout", repr(options.timeout)]
     args += ["--read-only"] * options.read_only + ["--allow-other"] * options.allow_other
+    args += ["--log-level", options.log_level]
+    args += [] if options.metrics is None else ["--metrics", options.metrics]
     return args

@@ -31,3 +31,7 @@ class MountOptions:
     """The daemon's log (background mounts; default: ``<spool_dir>/mount.log``)."""
     allow_other: bool = False
     """Let users other than the one mounting in (needs ``user_allow_other`` or root)."""
+    log_level: str = "info"
+    """Least severe events the daemon logs: ``debug``, ``info``, ``warning`` or ``error``."""
+    metrics: str | None = None
+    """``HOST:PORT`` to serve Prometheus metrics at ``/metrics`` (port 0: any free one)."""

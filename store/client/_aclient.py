@@ -175,6 +175,7 @@ class AsyncClient:
         *,
         exclusive: bool = False,
         replication: int | None = None,
+        min_replicas: int | None = None,
         permissions: int = 0,
     ) -> FileInfo:
         """Store ``data`` at ``path`` in one commit, without copying it.
@@ -184,7 +185,12 @@ class AsyncClient:
         sets the mode bits; 0 keeps those of the file replaced (0o644 if new).
         """
         return await self.put_parts(
-            path, [data], exclusive=exclusive, replication=replication, permissions=permissions
+            path,
+            [data],
+            exclusive=exclusive,
+            replication=replication,
+            min_replicas=min_replicas,
+            permissions=permissions,
         )
 
     async def put_parts(
@@ -194,6 +200,7 @@ class AsyncClient:
         *,
         exclusive: bool = False,
         replication: int | None = None,
+        min_replicas: int | None = None,
         permissions: int = 0,
     ) -> FileInfo:
         """Store the concatenation of ``parts`` at ``path`` in one commit.
@@ -207,7 +214,12 @@ class AsyncClient:
         returns.
         """
         info, _ = await self.put_parts_checked(
-            path, parts, exclusive=exclusive, replication=replication, permissions=permissions
+            path,
+            parts,
+            exclusive=exclusive,
+            replication=replication,
+            min_replicas=min_replicas,
+            permissions=permissions,
         )
         return info
 
@@ -218,6 +230,7 @@ class AsyncClient:
         *,
         exclusive: bool = False,
         replication: int | None = None,
+        min_replicas: int | None = None,
         permissions: int = 0,
     ) -> tuple[FileInfo, list[int]]:
         """``put_parts``, and the crc32c of each part.
@@ -228,7 +241,14 @@ class AsyncClient:
         # No early check: the bytes are already here and the commit checks
         # atomically; a stat first would cost a round trip per small file.
         mode: WriteMode = "create" if exclusive else "overwrite"
-        upload = await self.upload(path, mode, replication, check=False, permissions=permissions)
+        upload = await self.upload(
+            path,
+            mode,
+            replication,
+            check=False,
+            min_replicas=min_replicas,
+            permissions=permissions,
+        )
         staging = Staging(self.pool)
         step = self.options.chunk_size
         added = 0
@@ -292,14 +312,19 @@ class AsyncClient:
         replication: int | None = None,
         *,
         check: bool = True,
+        min_replicas: int | None = None,
         permissions: int = 0,
     ) -> Upload:
         """An ``Upload`` to ``path``.
 
         With ``check``, fail before any byte moves if the path cannot be
         written (what a file opened for a long stream wants); the commit
-        checks the same again, atomically, either way.
+        checks the same again, atomically, either way. ``replication`` and
+        ``min_replicas`` (copies the write needs while nodes are down) are this
+        file's; unset, the client's options', then the store's defaults.
         """
+        if min_replicas is not None and min_replicas < 1:
+            raise InvalidArgument(f"min_replicas must be at least 1, not {min_replicas}", path)
         clean = _paths.normalize(path)
         if check:
             await self._check_writable(clean, mode)
@@ -310,7 +335,7 @@ class AsyncClient:
             clean,
             mode=mode,
             replication=replication or self.replication,
-            min_replicas=self.options.min_replicas or 0,
+            min_replicas=min_replicas or self.options.min_replicas or 0,
             max_inflight=self.options.max_inflight,
             permissions=permissions,
         )

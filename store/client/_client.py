@@ -94,13 +94,20 @@ class Client:
         *,
         exclusive: bool = False,
         replication: int | None = None,
+        min_replicas: int | None = None,
         permissions: int = 0,
     ) -> FileInfo:
         """Store ``data`` at ``path`` in one commit, without copying it (``permissions``:
-        mode bits; 0 keeps those of the file replaced)."""
+        mode bits; 0 keeps those of the file replaced; ``min_replicas``: copies this
+        write needs while nodes are down)."""
         return _loop.run(
             self.aio.put(
-                path, data, exclusive=exclusive, replication=replication, permissions=permissions
+                path,
+                data,
+                exclusive=exclusive,
+                replication=replication,
+                min_replicas=min_replicas,
+                permissions=permissions,
             )
         )
 
@@ -121,12 +128,14 @@ class Client:
         *,
         exclusive: bool = False,
         replication: int | None = None,
+        min_replicas: int | None = None,
     ) -> FileInfo:
         """Store the concatenation of ``parts``; large parts go without a copy and
         dedup as units (see ``AsyncClient.put_parts``)."""
-        return _loop.run(
-            self.aio.put_parts(path, parts, exclusive=exclusive, replication=replication)
+        run = self.aio.put_parts(
+            path, parts, exclusive=exclusive, replication=replication, min_replicas=min_replicas
         )
+        return _loop.run(run)
 
     def put_parts_checked(
         self,
@@ -135,11 +144,13 @@ class Client:
         *,
         exclusive: bool = False,
         replication: int | None = None,
+        min_replicas: int | None = None,
     ) -> tuple[FileInfo, list[int]]:
         """``put_parts``, and each part's crc32c (a large part's from its chunks' own)."""
-        return _loop.run(
-            self.aio.put_parts_checked(path, parts, exclusive=exclusive, replication=replication)
+        run = self.aio.put_parts_checked(
+            path, parts, exclusive=exclusive, replication=replication, min_replicas=min_replicas
         )
+        return _loop.run(run)
 
     def get(self, path: str) -> bytes:
         """A file's whole content."""

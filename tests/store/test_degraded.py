@@ -154,6 +154,14 @@ def test_min_replicas_three_refuses_a_degraded_write(tmp_path: Path) -> None:
         with connect(cluster.url, min_replicas=1) as client:  # the client may ask for less
             client.put("/f", b"x" * 1000)
             assert _copies(client, "/f") == [2]
+        with connect(cluster.url) as client:  # and so may one file
+            client.put("/g", b"y" * 1000, min_replicas=2)
+            assert _copies(client, "/g") == [2]
+            with pytest.raises(CannotPlace, match="need 3 nodes"):
+                client.put_parts("/h", [b"z" * 1000], min_replicas=3)
+            lenient = connect(cluster.url, min_replicas=1)  # the file's setting wins
+            with lenient, pytest.raises(CannotPlace, match="need 3 nodes"):
+                lenient.put("/h", b"z" * 1000, min_replicas=3)
     finally:
         cluster.close()
 

@@ -1,0 +1,153 @@
+"""The mount daemon's Prometheus metrics (``graben mount --metrics HOST:PORT``).
+
+Every FUSE request the daemon answers is counted by op and outcome (``ok``
+or the errno's name) and timed; reads and writes add their bytes. The rest
+is read when scraped, from the state the mount keeps anyway: the spool's
+bytes and limit, files and handles open, and the read-ahead's hits (a
+kernel read answered from a block already fetched or in flight) and misses.
+
+The names follow the servers' (``graben_requests_total``,
+``graben_request_seconds``), with ``graben_mount_`` for the mount's own. As
+there, the registry is this mount's alone, and prometheus_client is imported
+only when metrics are asked for.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pyfuse3
+
+from graben.store import Unavailable
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client.metrics_core import Metric
+
+    from ._base import Base
+
+LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10)
+"""Seconds: a cached getattr takes microseconds, a close that commits a big file seconds."""
+BYTES_OF: dict[str, Callable[[tuple[Any, ...], Any], int]] = {
+    "read": lambda args, result: len(result),
+    "write": lambda args, result: result,
+}
+"""Ops that move data, and how many bytes a call moved (from its arguments and result)."""
+
+
+class MountMetrics:
+    """One mount's metrics, served over HTTP at ``/metrics`` from ``serve`` to ``close``."""
+
+    def __init__(self, ops: Base) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry: CollectorRegistry = CollectorRegistry()
+        self._requests: Counter = Counter(
+            "graben_requests",
+            "FUSE requests answered, by op and outcome (ok, or the errno's name)",
+            ("op", "outcome"),
+            registry=self.registry,
+        )
+        self._latency: Histogram = Histogram(
+            "graben_request_seconds",
+            "Seconds the daemon took to answer a FUSE request",
+            ("op",),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._bytes: Counter = Counter(
+            "graben_mount_bytes",
+            "Bytes read and written through the mount",
+            ("op",),
+            registry=self.registry,
+        )
+        self.registry.register(_State(ops))
+        self._http: tuple[WSGIServer, threading.Thread] | None = None
+
+    def instrument(self, ops: Base) -> None:
+        """Count and time every FUSE request ``ops`` answers from now on."""
+        for name, handler in inspect.getmembers(ops, inspect.iscoroutinefunction):
+            if hasattr(pyfuse3.Operations, name) and not name.startswith("_"):
+                setattr(ops, name, self._observed(name, handler))
+
+    def _observed(
+        self, op: str, handler: Callable[..., Coroutine[Any, Any, Any]]
+    ) -> Callable[..., Coroutine[Any, Any, Any]]:
+        moved = BYTES_OF.get(op)
+
+        @functools.wraps(handler)
+        async def observed(*args: Any, **kwargs: Any) -> Any:
+            start, outcome = time.perf_counter(), "ok"
+            try:
+                result = await handler(*args, **kwargs)
+            except pyfuse3.FUSEError as exc:
+                outcome = errno.errorcode.get(exc.errno, str(exc.errno))
+                raise
+            finally:
+                self._requests.labels(op, outcome).inc()
+                self._latency.labels(op).observe(time.perf_counter() - start)
+            if moved is not None:
+                self._bytes.labels(op).inc(moved(args, result))
+            return result
+
+        return observed
+
+    def serve(self, host: str, port: int) -> str:
+        """Serve ``/metrics`` on ``host:port`` until ``close``; the address bound."""
+        from prometheus_client import start_http_server
+
+        try:
+            self._http = start_http_server(port, host, registry=self.registry)
+        except OSError as exc:
+            why = exc.strerror or exc
+            raise Unavailable(f"cannot serve metrics on {host}:{port}: {why}") from None
+        return f"{host}:{self._http[0].server_port}"
+
+    def close(self) -> None:
+        """Stop serving ``/metrics``."""
+        if self._http is not None:
+            server, thread = self._http
+            self._http = None
+            server.shutdown()
+            server.server_close()
+            thread.join()
+
+
+class _State:
+    """The gauges and counters read off the mount's state at each scrape."""
+
+    def __init__(self, ops: Base) -> None:
+        self._ops = ops
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        ops, ahead = self._ops, self._ops.read_ahead
+        yield GaugeMetricFamily(
+            "graben_mount_spool_bytes", "Bytes staged in the spool", value=ops.spool.used
+        )
+        yield GaugeMetricFamily(
+            "graben_mount_spool_limit_bytes",
+            "Bytes the spool may hold (--spool-limit)",
+            value=ops.spool.limit,
+        )
+        yield GaugeMetricFamily("graben_mount_open_files", "Files open", value=ops.open_files)
+        yield GaugeMetricFamily("graben_mount_handles", "Open handles", value=ops.open_handles)
+        yield CounterMetricFamily(
+            "graben_mount_read_ahead_hits",
+            "Kernel reads answered from a block fetched ahead (or being fetched)",
+            value=ahead.hits,
+        )
+        yield CounterMetricFamily(
+            "graben_mount_read_ahead_misses",
+            "Kernel reads that had to start fetching their block",
+            value=ahead.misses,
+        )
