@@ -63,12 +63,18 @@ class MountMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self._bytes: Counter = Counter(
-            "graben_mount_bytes",
-            "Bytes read and written through the mount",
+        # Named as the servers' bytes: what a request brought (a write's data)
+        # and what its reply took back (a read's), so ``graben stats`` reads both.
+        received = Counter(
+            "graben_request_bytes",
+            "Bytes written through the mount",
             ("op",),
             registry=self.registry,
         )
+        sent = Counter(
+            "graben_response_bytes", "Bytes read through the mount", ("op",), registry=self.registry
+        )
+        self._bytes: dict[str, Counter] = {"write": received, "read": sent}
         self.registry.register(_State(ops))
         self._http: tuple[WSGIServer, threading.Thread] | None = None
 
@@ -95,7 +101,7 @@ class MountMetrics:
                 self._requests.labels(op, outcome).inc()
                 self._latency.labels(op).observe(time.perf_counter() - start)
             if moved is not None:
-                self._bytes.labels(op).inc(moved(args, result))
+                self._bytes[op].labels(op).inc(moved(args, result))
             return result
 
         return observed

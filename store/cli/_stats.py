@@ -1,12 +1,12 @@
 """``graben stats HOST:PORT ...``: a live view of servers' metrics, as ``juicefs stats``.
 
-Reads each server's ``/metrics`` (``--metrics`` on ``meta serve`` and
-``node serve``) every ``--interval`` seconds and shows, per server and op,
+Reads each server's ``/metrics`` (``--metrics`` on ``meta serve``, ``node serve``
+and ``mount``) every ``--interval`` seconds and shows, per server and op,
 the rates since the last read: requests and errors per second, mean
 latency, bytes in and out per second; then the gauges (chunks short of
-copies, the repair queue, free bytes). ``--once`` prints one table, over
-one interval, and exits (for scripts and tests); otherwise it redraws until
-Ctrl-C.
+copies, the repair queue, free bytes, a mount's spool and open files).
+``--once`` prints one table, over one interval, and exits (for scripts and
+tests); otherwise it redraws until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -32,7 +32,13 @@ if TYPE_CHECKING:
 
 Samples: TypeAlias = dict[tuple[str, str, str], float]
 """A server's samples by (name, op label, outcome label)."""
-GAUGES = ("graben_chunks_short", "graben_repair_queue", "graben_free_bytes")
+GAUGES = (
+    "graben_chunks_short",
+    "graben_repair_queue",
+    "graben_free_bytes",
+    "graben_mount_spool_bytes",
+    "graben_mount_open_files",
+)
 SCRAPE_TIMEOUT_S = 5.0
 
 

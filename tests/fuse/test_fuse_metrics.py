@@ -54,8 +54,8 @@ def test_mount_metrics_move_with_reads_writes_and_failures(tmp_path: Path) -> No
     assert during["graben_mount_open_files"] >= 1
     assert during["graben_mount_spool_bytes"] >= 3 * MiB  # the open file is staged
     assert after["graben_mount_open_files"] == 0
-    assert after['graben_mount_bytes_total{op="write"}'] == 3 * MiB + 1
-    assert after['graben_mount_bytes_total{op="read"}'] >= len(data)
+    assert after['graben_request_bytes_total{op="write"}'] == 3 * MiB + 1
+    assert after['graben_response_bytes_total{op="read"}'] >= len(data)
     assert after['graben_requests_total{op="lookup",outcome="ENOENT"}'] >= 1
     assert _sum(after, r'graben_requests_total\{op="write",outcome="ok"\}') >= 1
     assert _sum(after, r'graben_request_seconds_count\{op="read"\}') >= 1
