@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from time import perf_counter
 
 from graben.store import AsyncClient, Client, Unavailable, connect
@@ -25,6 +26,8 @@ from graben.store.transport._requests import Prepare
 
 from .._context import Context
 from .._kit import BLOCK, block_buffer, drain, gbps, random_data, write_all
+from .._postgres import NoPostgres, PgServer
+from .._postgres import start as start_postgres
 from .._registry import Result, Skip, workload
 
 GBPS = "GB/s"
@@ -186,38 +189,112 @@ def cluster_read(ctx: Context) -> list[Result]:
     ]
 
 
+SQLITE_CLUSTER = f"graben cluster, {CLIENTS} clients"
+"""The SQLite cluster's row: the PostgreSQL rows' baseline."""
+ENGINES = ((1, "PostgreSQL, 1 service"), (2, "PostgreSQL, 2 services"))
+"""The PostgreSQL clusters measured beside SQLite: metadata services, and the row's name."""
+
+
+@contextmanager
+def postgres(ctx: Context) -> Iterator[PgServer | str]:
+    """A fixture: a throwaway PostgreSQL server for the whole run, or why there is none."""
+    try:
+        server = start_postgres()
+    except NoPostgres as exc:
+        yield str(exc)
+        return
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _pg_cluster(services: int) -> Callable[[Context], AbstractContextManager[str]]:
+    """A fixture: 3 nodes and ``services`` metadata services on a database of their own."""
+
+    @contextmanager
+    def cluster(ctx: Context) -> Iterator[str]:
+        server = ctx.fixture(postgres)
+        if isinstance(server, str):
+            raise Skip(server)
+        engine = server.url(server.create_database())
+        root = ctx.shared / f"cluster-pg-{services}"
+        root.mkdir(parents=True, exist_ok=True)
+        secret = Path(os.environ["GRABEN_SECRET_FILE"])  # the SQLite cluster's, made first
+        with running_cluster(root, 3, secret, engine=engine, services=services) as url:
+            yield url
+
+    return cluster
+
+
+PG_CLUSTERS = {services: _pg_cluster(services) for services, _ in ENGINES}
+
+
+def _with_postgres(
+    ctx: Context, measure: Callable[[list[str]], float], name: str, unit: str
+) -> list[Result]:
+    """Rows of ``measure`` (count per second of its endpoints) on each PostgreSQL cluster,
+    against the SQLite cluster's row; left out, saying why, where PostgreSQL cannot run."""
+    results = []
+    for services, system in ENGINES:
+        try:
+            url = ctx.fixture(PG_CLUSTERS[services])
+        except Skip as exc:
+            ctx.console.print(f"{name}: {system} left out: {exc}")
+            continue
+        results.append(Result(name, system, measure(endpoints(url)), unit, SQLITE_CLUSTER))
+    return results
+
+
+def endpoints(url: str) -> list[str]:
+    """One URL per metadata service of a cluster's ``graben://h1:p1,h2:p2`` URL."""
+    hosts = url.removeprefix("graben://").split("/", 1)[0]
+    return [f"graben://{host}" for host in hosts.split(",")]
+
+
 @workload("cluster-small-files", f"4 KiB file create+commit/s, {CLIENTS} clients, vs plain files")
 def cluster_small_files(ctx: Context) -> list[Result]:
-    """Many small files from 64 concurrent clients; the peer creates and fsyncs plain files."""
+    """Many small files from 64 concurrent clients; the peer creates and fsyncs plain files.
+
+    On PostgreSQL too, with one metadata service and with two (the clients
+    spread over them), against the SQLite cluster.
+    """
     url = ctx.fixture(local_cluster)
     count = 1000 if ctx.quick else 4000
     payloads = [os.urandom(SMALL) for _ in range(count)]
-    graben = asyncio.run(_small_graben(url, payloads, ctx))
-    plain = _small_plain(ctx, payloads)
+
+    def measure(urls: list[str]) -> float:
+        return count / asyncio.run(_small_graben(urls, payloads, ctx))
+
     name, unit = "cluster-small-files", "files/s"
+    graben = measure([url])
+    plain = count / _small_plain(ctx, payloads)
     return [
-        Result(
-            name, f"graben cluster, {CLIENTS} clients", count / graben, unit, "plain create+fsync"
-        ),
-        Result(name, "plain create+fsync", count / plain, unit, "plain create+fsync"),
+        Result(name, SQLITE_CLUSTER, graben, unit, "plain create+fsync"),
+        Result(name, "plain create+fsync", plain, unit, "plain create+fsync"),
+        *_with_postgres(ctx, measure, name, unit),
     ]
 
 
-async def _small_graben(url: str, payloads: list[bytes], ctx: Context) -> float:
-    async with AsyncClient(url) as client:
+async def _small_graben(urls: list[str], payloads: list[bytes], ctx: Context) -> float:
+    clients = [AsyncClient(url) for url in urls]
+    try:
         queue = list(enumerate(payloads))
 
-        async def worker() -> None:
+        async def worker(client: AsyncClient) -> None:
             while queue:
                 i, data = queue.pop()
                 await client.put(f"/bench/small/{i}", data, replication=1)
 
         with ctx.step(f"cluster small files, {CLIENTS} clients", len(payloads)) as tick:
             start = perf_counter()
-            await asyncio.gather(*(worker() for _ in range(CLIENTS)))
+            await asyncio.gather(*(worker(clients[i % len(clients)]) for i in range(CLIENTS)))
             seconds = perf_counter() - start
             tick(len(payloads))
-        await client.rm("/bench/small", recursive=True)
+        await clients[0].rm("/bench/small", recursive=True)
+    finally:
+        for client in clients:
+            await client.close()
     return seconds
 
 
@@ -241,30 +318,44 @@ def _small_plain(ctx: Context, payloads: list[bytes]) -> float:
 
 @workload("cluster-meta-ops", f"stat calls/s from {CLIENTS} concurrent clients vs embedded")
 def cluster_meta_ops(ctx: Context) -> list[Result]:
-    """Metadata read rate over the wire beside the same calls on an embedded store."""
+    """Metadata read rate over the wire beside the same calls on an embedded store; on
+    PostgreSQL too, with one metadata service and two."""
     url = ctx.fixture(local_cluster)
     calls = 5000 if ctx.quick else 20000
-    remote = asyncio.run(_stats(url, calls))
-    local = asyncio.run(_stats(str(ctx.scratch / "embedded"), calls))
+
+    def measure(urls: list[str]) -> float:
+        return calls / asyncio.run(_stats(urls, calls))
+
     name, unit = "cluster-meta-ops", "ops/s"
     return [
-        Result(name, f"graben cluster, {CLIENTS} clients", calls / remote, unit, "graben embedded"),
-        Result(name, "graben embedded", calls / local, unit, "graben embedded"),
+        Result(name, SQLITE_CLUSTER, measure([url]), unit, "graben embedded"),
+        Result(
+            name,
+            "graben embedded",
+            measure([str(ctx.scratch / "embedded")]),
+            unit,
+            "graben embedded",
+        ),
+        *_with_postgres(ctx, measure, name, unit),
     ]
 
 
-async def _stats(url: str, calls: int) -> float:
-    async with AsyncClient(url) as client:
-        await client.put("/bench/stat-me", b"x")
+async def _stats(urls: list[str], calls: int) -> float:
+    clients = [AsyncClient(url) for url in urls]
+    try:
+        await clients[0].put("/bench/stat-me", b"x")
         left = [calls]
 
-        async def worker() -> None:
+        async def worker(client: AsyncClient) -> None:
             while left[0] > 0:
                 left[0] -= 1
                 await client.stat("/bench/stat-me")
 
         start = perf_counter()
-        await asyncio.gather(*(worker() for _ in range(CLIENTS)))
+        await asyncio.gather(*(worker(clients[i % len(clients)]) for i in range(CLIENTS)))
         seconds = perf_counter() - start
-        await client.rm("/bench/stat-me")
+        await clients[0].rm("/bench/stat-me")
+    finally:
+        for client in clients:
+            await client.close()
     return seconds

@@ -148,6 +148,18 @@ def add_cluster(sub: Subparsers) -> None:
         "0: any free ports, for the service and the nodes",
     )
     up.add_argument("--replication", type=int, default=None, help="default: min(3, nodes)")
+    up.add_argument(
+        "--engine",
+        default=None,
+        metavar="URL",
+        help="the metadata's engine, e.g. postgresql://USER@HOST:PORT/DB (default: ROOT/meta.db)",
+    )
+    up.add_argument(
+        "--services",
+        type=int,
+        default=1,
+        help="metadata services on the engine, on PORT, PORT+1, ... (default: 1)",
+    )
     up.add_argument("--heartbeat-timeout", type=float, default=10.0)
     up.add_argument(
         "--secret-file",
@@ -155,7 +167,11 @@ def add_cluster(sub: Subparsers) -> None:
         default=None,
         help="cluster secret (default: ROOT/secret, made on first start)",
     )
-    metrics_arg(up, "the metadata service's on PORT, node i's on PORT+1+i (0: any free ports)")
+    metrics_arg(
+        up,
+        "the metadata service's on PORT, node i's on PORT+1+i, more services' after the "
+        "nodes' (0: any free ports)",
+    )
     log_arg(up)
     config_arg(up, "cluster")  # and its servers read [meta] and [node] of the same file
     up.set_defaults(run=_cluster_up)
@@ -337,17 +353,25 @@ def _spawn(*argv: str) -> tuple[subprocess.Popen[str], str]:
 
 
 @contextlib.contextmanager
-def local_cluster(root: Path, nodes: int = 3, secret_file: Path | None = None) -> Iterator[str]:
+def local_cluster(
+    root: Path,
+    nodes: int = 3,
+    secret_file: Path | None = None,
+    *,
+    engine: str | None = None,
+    services: int = 1,
+) -> Iterator[str]:
     """``graben cluster up`` in a child process for the block, on any free ports;
-    yields the cluster's URL.
+    yields the cluster's URL (every metadata service's address in it).
 
     Its secret is ``secret_file``, else ``root/secret``; clients need it too.
     """
     secret = ("--secret-file", str(secret_file)) if secret_file else ()
+    metadata = ("--services", str(services), *(("--engine", engine) if engine else ()))
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "graben.store.cli", "cluster", "up"),
-            *("--nodes", str(nodes), "--root", str(root), "--port", "0", *secret),
+            *("--nodes", str(nodes), "--root", str(root), "--port", "0", *secret, *metadata),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -376,22 +400,26 @@ def _cluster_up(args: argparse.Namespace) -> int:
     procs: list[subprocess.Popen[str]] = []
     started = time.time()
     try:
-        meta, address = _spawn(
-            "meta",
-            "serve",
-            *_first_start(root),
-            "--engine",
-            f"sqlite:///{root.resolve() / 'meta.db'}",
-            "--listen",
-            f"127.0.0.1:{args.port}",
-            "--replication",
-            str(replication),
-            "--heartbeat-timeout",
-            str(args.heartbeat_timeout),
-            *metrics_at(args.metrics, 0),
-            *shared,
-        )
-        procs.append(meta)
+        addresses = []
+        for i, first in enumerate(_services(args.services, _first_start(root, args.engine))):
+            meta, address = _spawn(
+                "meta",
+                "serve",
+                *first,
+                "--engine",
+                args.engine or f"sqlite:///{root.resolve() / 'meta.db'}",
+                "--listen",
+                f"127.0.0.1:{args.port + i if args.port else 0}",
+                "--replication",
+                str(replication),
+                "--heartbeat-timeout",
+                str(args.heartbeat_timeout),
+                *metrics_at(args.metrics, i and args.nodes + i),  # after the nodes' ports
+                *shared,
+            )
+            procs.append(meta)
+            addresses.append(address)
+        address = addresses[0]
         for i in range(args.nodes):
             node, _ = _spawn(
                 "node",
@@ -407,9 +435,9 @@ def _cluster_up(args: argparse.Namespace) -> int:
                 *shared,
             )
             procs.append(node)
-        url = f"graben://{address}"
-        _wait_for_nodes(url, args.nodes, auth.client_token(auth.load_secret(secret_file)), started)
-        print(url, flush=True)
+        token = auth.client_token(auth.load_secret(secret_file))
+        _wait_for_nodes(f"graben://{address}", args.nodes, token, started)
+        print(f"graben://{','.join(addresses)}", flush=True)
         print(
             f"graben cluster: {args.nodes} data nodes, replication {replication}; Ctrl-C stops it\n"
             f"clients need its secret: export GRABEN_SECRET_FILE={secret_file}",
@@ -422,12 +450,25 @@ def _cluster_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _first_start(root: Path) -> tuple[str, ...]:
+def _services(count: int, first: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+    """The extra arguments of each of ``count`` metadata services: ``first``'s for the
+    first (which makes the store if it is new), none for the others."""
+    if count < 1:
+        raise InvalidArgument("a cluster needs at least one metadata service")
+    yield first
+    for _ in range(count - 1):
+        yield ()
+
+
+def _first_start(root: Path, engine: str | None = None) -> tuple[str, ...]:
     """``("--init",)`` when the cluster in ``root`` is new; refuse a lost ``meta.db``
-    beside data nodes that already belong to a store."""
+    beside data nodes that already belong to a store. With another ``engine``, the
+    store is new if no data node in ``root`` belongs to one."""
+    joined = sorted(str(p.parent) for p in root.glob("node*/store-id"))
+    if engine is not None:
+        return () if joined else ("--init",)
     if (root / "meta.db").exists():
         return ()
-    joined = sorted(str(p.parent) for p in root.glob("node*/store-id"))
     if joined:
         raise IntegrityError(
             f"the metadata database is missing, but data nodes already belong to a store "
