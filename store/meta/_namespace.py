@@ -67,6 +67,8 @@ R = TypeVar("R")
 Placer = Callable[[ChunkRef, int, int, tuple[str, ...]], tuple[str, ...]]
 """(chunk, replication, fewest acceptable, nodes to avoid) -> the nodes to store it on."""
 ROOT = Inode(ROOT_INODE, "directory", 0, 0o755, 0, 1, 1)
+Directories = dict[tuple[str, ...], Inode]
+"""Directories one write transaction resolved, by their path's parts."""
 DIR_MODE = 0o755
 PERMISSION_BITS = 0o7777
 """What a new version keeps of the mode of the one it replaces (not a symlink's type bits)."""
@@ -168,10 +170,23 @@ class Namespace(Bookkeeping):
             raise NotADirectory("not a directory", _paths.join_parts(parts))
         return node
 
-    def _ensure_dirs(self, tx: Tx, parts: tuple[str, ...], path: str) -> Inode:
-        """Resolve a directory, creating the missing ones on the way."""
+    def _ensure_dirs(
+        self, tx: Tx, parts: tuple[str, ...], path: str, known: Directories | None = None
+    ) -> Inode:
+        """Resolve a directory, creating the missing ones on the way.
+
+        ``known`` holds directories this write transaction resolved or made
+        already (a commit group's files mostly share a few): no lookup for
+        them again. The writer holds the engine's write lock, so nobody else
+        can move them meanwhile.
+        """
+        if known is not None and parts in known:
+            return known[parts]
         node = ROOT
         for depth, name in enumerate(parts):
+            if known is not None and parts[: depth + 1] in known:
+                node = known[parts[: depth + 1]]
+                continue
             found = tx.lookup(node.id, name)
             if found is None:
                 found = tx.create("directory", 0, DIR_MODE, time.time_ns(), 1, 1)
@@ -180,6 +195,8 @@ class Namespace(Bookkeeping):
                 where = _paths.join_parts(parts[: depth + 1])
                 raise NotADirectory(f"{where} is a file, not a directory", path)
             node = found
+            if known is not None:
+                known[parts[: depth + 1]] = node
         return node
 
     # -- reads ----------------------------------------------------------------
@@ -404,7 +421,8 @@ class Namespace(Bookkeeping):
     def commit(self, files: tuple[FileCommit, ...]) -> list[FileInfo]:
         """Make each file visible; all of the batch or none of it."""
         with self.repo.write() as tx:
-            return [self._commit_one(tx, f) for f in files]
+            known: Directories = {}
+            return [self._commit_one(tx, f, known) for f in files]
 
     def commit_group(
         self, batches: Sequence[tuple[FileCommit, ...]]
@@ -413,33 +431,62 @@ class Namespace(Bookkeeping):
 
         Each batch is all or nothing, as with ``commit``; a batch that fails
         gets its error in its place and leaves the others alone.
+
+        Batches rarely fail, so they go together first, without a savepoint
+        each (two round trips per batch on PostgreSQL). If one fails, that
+        transaction is rolled back whole and the group goes again, each batch
+        in a savepoint of its own.
         """
+        if len(batches) > 1:
+            try:
+                return self._commit_together(batches)
+            except _BatchFailed:
+                pass
+        return self._commit_apart(batches)
+
+    def _commit_together(
+        self, batches: Sequence[tuple[FileCommit, ...]]
+    ) -> list[list[FileInfo] | GrabenError]:
+        with self.repo.write() as tx:
+            known: Directories = {}
+            try:
+                return [[self._commit_one(tx, f, known) for f in files] for files in batches]
+            except GrabenError as exc:
+                raise _BatchFailed from exc  # out of the block: the transaction rolls back
+
+    def _commit_apart(
+        self, batches: Sequence[tuple[FileCommit, ...]]
+    ) -> list[list[FileInfo] | GrabenError]:
         results: list[list[FileInfo] | GrabenError] = []
         with self.repo.write() as tx:
+            known: Directories = {}
             for files in batches:
                 try:
                     with tx.savepoint():
-                        results.append([self._commit_one(tx, f) for f in files])
+                        results.append([self._commit_one(tx, f, known) for f in files])
                 except GrabenError as exc:
                     results.append(exc)
+                    known.clear()  # directories it made were rolled back with it
         return results
 
-    def _commit_one(self, tx: Tx, commit: FileCommit) -> FileInfo:
+    def _commit_one(self, tx: Tx, commit: FileCommit, known: Directories) -> FileInfo:
         parts = _paths.split(commit.path)
         clean = _paths.join_parts(parts)
         if not parts:
             raise IsADirectory("cannot write to the root", clean)
         size = _check_extents(commit.extents, clean)
         tx.add_chunks((s.chunk, s.nodes) for s in commit.stored)
-        used = {x.chunk.id for x in commit.extents}
-        missing = used - tx.known(used)
+        # What the commit stores itself is known now; only chunks it reuses are asked for.
+        missing = {x.chunk.id for x in commit.extents} - {s.chunk.id for s in commit.stored}
+        if missing:
+            missing -= tx.known(missing)
         if missing:
             raise IntegrityError(
                 f"commit names {len(missing)} chunk(s) the store does not hold "
                 f"(collected while the writer was open?): {sorted(missing)[0]}",
                 clean,
             )
-        parent = self._ensure_dirs(tx, parts[:-1], commit.path)
+        parent = self._ensure_dirs(tx, parts[:-1], commit.path, known)
         old = tx.lookup(parent.id, parts[-1])
         if old is not None and commit.mode == "create":
             raise AlreadyExists("file exists", clean)
@@ -455,6 +502,10 @@ class Namespace(Bookkeeping):
             tx.delete(old.id)
         tx.link(parent.id, parts[-1], node.id)
         return _info(clean, node)
+
+
+class _BatchFailed(Exception):
+    """A batch of a group committed together failed: the group goes again, apart."""
 
 
 def _page(asked: int, default: int) -> int:

@@ -209,6 +209,20 @@ def test_a_commit_group_keeps_each_batch_whole(ns: Namespace) -> None:
     assert ns.check_metadata() == []
 
 
+def test_a_failed_batch_takes_its_new_directories_with_it(ns: Namespace) -> None:
+    ns.commit((file("/taken", [chunk(1)]),))
+    results = ns.commit_group(
+        [
+            (file("/d/e/a", [chunk(2)]), file("/taken", [chunk(3)], mode="create")),
+            (file("/d/e/b", [chunk(4)]),),  # its directories are made again, not remembered
+        ]
+    )
+    assert isinstance(results[0], AlreadyExists)
+    assert isinstance(results[1], list)
+    assert names(ns, "/d/e") == ["b"]
+    assert ns.check_metadata() == []
+
+
 def test_pages_of_extents_and_chunks(engine: Engine) -> None:
     ns = Namespace(engine.open())
     chunks = [chunk(i) for i in range(10)]
