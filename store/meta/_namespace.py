@@ -61,7 +61,7 @@ from ..transport import (
     Usage,
 )
 from ._bookkeeping import Bookkeeping
-from ._repo import ROOT_INODE, Inode, Repository, Tx
+from ._repo import ROOT_INODE, Inode, NewFile, Repository, Tx
 
 R = TypeVar("R")
 Placer = Callable[[ChunkRef, int, int, tuple[str, ...]], tuple[str, ...]]
@@ -495,13 +495,11 @@ class Namespace(Bookkeeping):
         generation = 1 if old is None else old.generation + 1
         copies = self._replication(commit.replication)
         mode = commit.permissions or (FILE_MODE if old is None else old.mode & PERMISSION_BITS)
-        node = tx.create("file", size, mode, time.time_ns(), generation, copies)
-        tx.set_extents(node.id, commit.extents)
         if old is not None:
             tx.unlink(parent.id, parts[-1])
             tx.delete(old.id)
-        tx.link(parent.id, parts[-1], node.id)
-        return _info(clean, node)
+        new = NewFile(size, mode, time.time_ns(), generation, copies, commit.extents)
+        return _info(clean, tx.create_file(parent.id, parts[-1], new))
 
 
 class _BatchFailed(Exception):

@@ -48,6 +48,29 @@ class Inode:
     """Copies kept of each chunk."""
 
 
+@dataclass(frozen=True, slots=True)
+class NewFile:
+    """What ``Tx.create_file`` makes: a file inode's attributes and content."""
+
+    size: int
+    """Bytes in the file."""
+    mode: int
+    """Permission bits."""
+    mtime_ns: int
+    """Modification time, ns since the epoch."""
+    generation: int
+    """Version count of the path it is committed to."""
+    replication: int
+    """Copies kept of each chunk."""
+    extents: tuple[Extent, ...]
+    """Its content, tiling it from offset 0."""
+
+    def inode(self, number: int) -> Inode:
+        """The inode it is, once numbered."""
+        size, mode, mtime, generation = self.size, self.mode, self.mtime_ns, self.generation
+        return Inode(number, "file", size, mode, mtime, generation, self.replication)
+
+
 class Tx(Protocol):
     """One transaction on the three layers."""
 
@@ -73,6 +96,11 @@ class Tx(Protocol):
         self, kind: Kind, size: int, mode: int, mtime_ns: int, generation: int, replication: int
     ) -> Inode:
         """A new inode, not yet linked anywhere."""
+
+    def create_file(self, parent: int, name: str, file: NewFile) -> Inode:
+        """A new file inode with its extents (a reference taken on each chunk), linked
+        at ``name`` in ``parent`` (the name must be free): ``create``, ``set_extents``
+        and ``link`` at once (one round trip where the engine is across a network)."""
 
     def set_attributes(self, inode: int, mode: int, mtime_ns: int) -> Inode:
         """Set an inode's mode bits and modification time; the updated inode."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,7 +21,7 @@ from psycopg.pq import TransactionStatus
 
 from ..._errors import IntegrityError
 from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState
-from .._repo import ROOT_INODE, ChunkRecord, Inode
+from .._repo import ROOT_INODE, ChunkRecord, Inode, NewFile
 from ._postgres_schema import Connection, inconsistencies
 from ._rows import PAGE_ROWS_MAX, CheckedRows, checked_inode, chunk_ref, inode_of
 
@@ -35,6 +35,30 @@ _EXTENT_ROWS = (
     'SELECT x."offset", x.length, x.chunk, c.length, c.crc32c, x.chunk_offset '
     "FROM extents x LEFT JOIN chunks c ON c.id = x.chunk "
 )
+
+_ADD_EXTENTS = (
+    "added AS (INSERT INTO extents "
+    '(inode, "offset", length, chunk, chunk_offset) SELECT {inode}, * FROM '
+    "unnest(%s::bigint[], %s::bigint[], %s::text[], %s::bigint[])), "
+    "counted AS (UPDATE chunks c SET refs = c.refs + u.n "
+    "FROM unnest(%s::text[], %s::bigint[]) AS u (id, n) WHERE c.id = u.id) "
+)
+"""A file's extents added, and a reference taken on each of their chunks (the last parts
+of a ``WITH``; ``{inode}``: the file's number, or a query for it; parameters:
+``_extent_arrays``)."""
+
+
+def _extent_arrays(extents: Sequence[Extent]) -> tuple[list[Any], ...]:
+    """``_ADD_EXTENTS``'s parameters: the extents' columns, then each chunk's uses."""
+    uses = Counter(x.chunk.id for x in extents)
+    return (
+        [x.offset for x in extents],
+        [x.length for x in extents],
+        [x.chunk.id for x in extents],
+        [x.chunk_offset for x in extents],
+        list(uses),
+        list(uses.values()),
+    )
 
 
 class PostgresTx(CheckedRows):
@@ -105,6 +129,22 @@ class PostgresTx(CheckedRows):
         assert row is not None
         return Inode(row[0], kind, size, mode, mtime_ns, generation, replication)
 
+    def create_file(self, parent: int, name: str, file: NewFile) -> Inode:
+        f = file
+        row = self._one(
+            "WITH node AS (INSERT INTO inodes (kind, size, mode, mtime_ns, generation, "
+            "replication) VALUES ('file', %s, %s, %s, %s, %s) RETURNING id), "
+            "named AS (INSERT INTO entries (parent, name, inode) SELECT %s, %s, id FROM node), "
+            + _ADD_EXTENTS.format(inode="(SELECT id FROM node)")
+            + "SELECT id FROM node",
+            (
+                *(f.size, f.mode, f.mtime_ns, f.generation, f.replication, parent, name),
+                *_extent_arrays(f.extents),
+            ),
+        )
+        assert row is not None
+        return f.inode(row[0])
+
     def set_attributes(self, inode: int, mode: int, mtime_ns: int) -> Inode:
         row = self._one(
             f"UPDATE inodes SET mode = %s, mtime_ns = %s WHERE id = %s RETURNING {_INODE_COLUMNS}",
@@ -151,23 +191,9 @@ class PostgresTx(CheckedRows):
         return [self._extent(inode, *row) for row in rows]
 
     def set_extents(self, inode: int, extents: Iterable[Extent]) -> None:
-        extents = list(extents)
-        uses = Counter(x.chunk.id for x in extents)
         self._db.execute(
-            "WITH added AS (INSERT INTO extents "
-            '(inode, "offset", length, chunk, chunk_offset) SELECT %s, * FROM '
-            "unnest(%s::bigint[], %s::bigint[], %s::text[], %s::bigint[])) "
-            "UPDATE chunks c SET refs = c.refs + u.n "
-            "FROM unnest(%s::text[], %s::bigint[]) AS u (id, n) WHERE c.id = u.id",
-            (
-                inode,
-                [x.offset for x in extents],
-                [x.length for x in extents],
-                [x.chunk.id for x in extents],
-                [x.chunk_offset for x in extents],
-                list(uses),
-                list(uses.values()),
-            ),
+            "WITH " + _ADD_EXTENTS.format(inode="%s") + "SELECT 1",
+            (inode, *_extent_arrays(list(extents))),
         )
 
     # -- chunks -------------------------------------------------------------

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 from ..._errors import IntegrityError
 from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState
-from .._repo import ROOT_INODE, ChunkRecord, Inode
+from .._repo import ROOT_INODE, ChunkRecord, Inode, NewFile
 from ._rows import PAGE_ROWS_MAX, CheckedRows, checked_inode, chunk_ref, inode_of
 from ._sqlite_checks import inconsistencies
 
@@ -93,6 +93,13 @@ class SQLiteTx(CheckedRows):
         )
         assert cur.lastrowid is not None
         return Inode(cur.lastrowid, kind, size, mode, mtime_ns, generation, replication)
+
+    def create_file(self, parent: int, name: str, file: NewFile) -> Inode:
+        f = file
+        node = self.create("file", f.size, f.mode, f.mtime_ns, f.generation, f.replication)
+        self.set_extents(node.id, f.extents)
+        self.link(parent, name, node.id)
+        return node
 
     def set_attributes(self, inode: int, mode: int, mtime_ns: int) -> Inode:
         self._db.execute(
