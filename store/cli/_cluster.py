@@ -38,7 +38,7 @@ from ..wire import DEFAULT_IDLE_TIMEOUT, auth
 from ._listen import (
     META_PORT,
     NODE_PORT,
-    address_arg,
+    addresses_arg,
     advertised,
     check_advertise,
     listen_args,
@@ -120,7 +120,13 @@ def add_node(sub: Subparsers) -> None:
         "serve", help="Serve a chunk directory and heartbeat to the metadata service."
     )
     serve.add_argument("--data", type=Path, required=True, help="directory for chunk files")
-    serve.add_argument("--meta", type=address_arg, required=True, help="metadata service HOST:PORT")
+    serve.add_argument(
+        "--meta",
+        type=addresses_arg,
+        required=True,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the metadata services (the node moves to the next when one stops answering)",
+    )
     serve.add_argument("--rack", default="default", help="failure domain label")
     listen_args(
         serve, "127.0.0.1", f"default 127.0.0.1, on the first free port from {NODE_PORT} up"
@@ -427,7 +433,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
                 "--data",
                 str(root / f"node{i}"),
                 "--meta",
-                address,
+                ",".join(addresses),
                 "--rack",
                 f"rack{i}",
                 *(("--listen", "127.0.0.1:0") if args.port == 0 else ()),

@@ -31,6 +31,11 @@ def address_arg(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def addresses_arg(text: str) -> tuple[tuple[str, int], ...]:
+    """``HOST:PORT[,HOST:PORT...]``: every one of several servers."""
+    return tuple(address_arg(part.strip()) for part in text.split(","))
+
+
 def endpoint(text: str) -> tuple[str, int | None]:
     """``HOST:PORT`` or ``HOST`` alone (the server's default port)."""
     if ":" not in text:

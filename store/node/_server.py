@@ -37,7 +37,7 @@ from typing import Any
 
 from .._buffers import BufferPool
 from .._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, RESERVE, page_entries
-from .._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError
+from .._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError, Timeout, Unavailable
 from .._group import Batcher
 from .._types import (
     Capability,
@@ -91,7 +91,7 @@ class DataNode:
         root: Path,
         *,
         rack: str,
-        meta: tuple[str, int],
+        meta: tuple[tuple[str, int], ...],
         secret: bytes,
         io_threads: int = 4,
         scrub_interval: float = 3600.0,
@@ -99,7 +99,11 @@ class DataNode:
         metrics: tuple[str, int] | None = None,
     ):
         root.mkdir(DIR_MODE, parents=True, exist_ok=True)
-        self.root, self.rack, self.meta = root, rack, meta
+        self.root, self.rack = root, rack
+        self.metas = meta
+        """The metadata services it heartbeats to: one at a time, the next when it fails."""
+        self.meta = self.metas[0]
+        """The one it talks to now."""
         self.id = node_id(root)
         self.store_id = read_id(root / "store-id")
         """The store this node belongs to; ``None`` until its first heartbeat is answered."""
@@ -359,12 +363,30 @@ class DataNode:
     # -- heartbeats -------------------------------------------------------------
 
     async def _tell_meta(self, request: Request[Any]) -> Any:
-        if self._meta_conn is None or self._meta_conn.closed:
-            self._meta_conn = await Connection.open(*self.meta)
-        body, _ = await self._meta_conn.call(
-            "meta", encode(request), token=self._token, timeout=HEARTBEAT_S * 2
+        """Send to the metadata service at hand; if it cannot be reached, to the next."""
+        for left in range(len(self.metas) - 1, -1, -1):
+            try:
+                if self._meta_conn is None or self._meta_conn.closed:
+                    self._meta_conn = await Connection.open(*self.meta)
+                body, _ = await self._meta_conn.call(
+                    "meta", encode(request), token=self._token, timeout=HEARTBEAT_S * 2
+                )
+                return decode(body, request.response)
+            except (Unavailable, Timeout) as exc:
+                if not left:
+                    raise
+                await self._next_meta(exc)
+        raise AssertionError("unreachable")
+
+    async def _next_meta(self, failure: GrabenError) -> None:
+        if self._meta_conn is not None:
+            await self._meta_conn.close()
+            self._meta_conn = None
+        gone = self.meta
+        self.meta = self.metas[(self.metas.index(gone) + 1) % len(self.metas)]
+        log.warning(
+            "metadata service at %s:%s: %s; moving to %s:%s", *gone, failure.message, *self.meta
         )
-        return decode(body, request.response)
 
     async def _heartbeat(self) -> None:
         free, total = await self._run(self.store.capacity)
