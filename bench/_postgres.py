@@ -44,8 +44,11 @@ def server_binaries() -> Path | None:
 class PgServer:
     """One PostgreSQL cluster in a temporary directory, on 127.0.0.1."""
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, *, listen: str = "127.0.0.1") -> None:
         self.bindir = bindir
+        self.listen = listen
+        """Addresses it listens on (``listen_addresses``): loopback, and for tests whose
+        servers sit in network namespaces, their bridge's address too."""
         self.root = Path(tempfile.mkdtemp(prefix="graben-pg-"))
         self.data = self.root / "data"
         self.password = secrets.token_hex(16)
@@ -79,6 +82,8 @@ class PgServer:
             "--auth-host=scram-sha-256",
         )
         pwfile.unlink()
+        with open(self.data / "pg_hba.conf", "a") as hba:  # hosts on our own subnets log in too
+            hba.write("host all all samenet scram-sha-256\n")
 
     def start(self) -> None:
         """Start, on the port it had if it ran before, else on a free one (another, if
@@ -87,7 +92,7 @@ class PgServer:
         for attempt in range(3 if fresh else 1):
             self.port = free_port() if fresh else self.port
             options = (
-                f"-p {self.port} -c listen_addresses=127.0.0.1 "
+                f"-p {self.port} -c listen_addresses='{self.listen}' "
                 f"-c unix_socket_directories={self.root} -c fsync=on -c synchronous_commit=on "
                 "-c shared_buffers=32MB -c max_connections=200"
             )
@@ -162,8 +167,9 @@ class NoPostgres(Exception):
     """PostgreSQL cannot run here; the message says why."""
 
 
-def start() -> PgServer:
-    """A running server, or ``NoPostgres`` saying why there cannot be one."""
+def start(*, listen: str = "127.0.0.1") -> PgServer:
+    """A running server listening on ``listen``, or ``NoPostgres`` saying why there
+    cannot be one."""
     try:
         import psycopg  # noqa: F401
     except ImportError:
@@ -174,7 +180,7 @@ def start() -> PgServer:
     if os.geteuid() == 0 and shutil.which("runuser") is None:
         raise NoPostgres("running as root without runuser: PostgreSQL refuses to run as root")
     try:
-        server = PgServer(bindir)
+        server = PgServer(bindir, listen=listen)
     except (KeyError, LookupError, OSError) as exc:  # no postgres user to run it as
         raise NoPostgres(f"cannot prepare a PostgreSQL directory: {exc}") from None
     try:
