@@ -38,9 +38,9 @@ from ..wire import DEFAULT_IDLE_TIMEOUT, auth
 from ._listen import (
     META_PORT,
     NODE_PORT,
-    address_arg,
     advertised,
     check_advertise,
+    endpoints_arg,
     listen_args,
     metrics_arg,
     metrics_at,
@@ -120,7 +120,13 @@ def add_node(sub: Subparsers) -> None:
         "serve", help="Serve a chunk directory and heartbeat to the metadata service."
     )
     serve.add_argument("--data", type=Path, required=True, help="directory for chunk files")
-    serve.add_argument("--meta", type=address_arg, required=True, help="metadata service HOST:PORT")
+    serve.add_argument(
+        "--meta",
+        type=endpoints_arg,
+        required=True,
+        help="metadata service HOST:PORT; several (HOST:PORT,HOST:PORT) for a cluster with "
+        "more than one: heartbeats go to whichever answers",
+    )
     serve.add_argument("--rack", default="default", help="failure domain label")
     listen_args(
         serve, "127.0.0.1", f"default 127.0.0.1, on the first free port from {NODE_PORT} up"

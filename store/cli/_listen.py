@@ -31,6 +31,11 @@ def address_arg(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def endpoints_arg(text: str) -> tuple[tuple[str, int], ...]:
+    """``HOST:PORT[,HOST:PORT...]``: every metadata service a server may talk to."""
+    return tuple(dict.fromkeys(address_arg(item.strip()) for item in text.split(",")))
+
+
 def endpoint(text: str) -> tuple[str, int | None]:
     """``HOST:PORT`` or ``HOST`` alone (the server's default port)."""
     if ":" not in text:

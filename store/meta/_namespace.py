@@ -5,6 +5,11 @@ and a metadata service runs the same code for remote clients. Each mutation
 is one ``repo.write()`` transaction; one that carries an idempotency key is
 applied once for that key (``_once``). Placement of new chunks is a function
 handed in (embedded: the one local node).
+
+Over 500 lines: each mutation is an entry point and the part that looks and
+acts inside the one transaction ``write_once`` opens; the write path
+(prepare and commit) is the next to move to a module of its own, as the
+chunk and node records did (``_bookkeeping``).
 """
 
 from __future__ import annotations

@@ -5,13 +5,15 @@ mutations carry idempotency keys), the two protocols every client feature
 is written against (``_protocols``: ``MetaTransport`` for the metadata
 service, ``ChunkTransport`` for the data nodes) and their implementations
 over the wire (``_remote``: ``RemoteMeta``, ``RemoteChunks``, the
-capabilities at hand, a connection pool). The servers
+capabilities at hand, a connection pool; ``_endpoints``: the metadata
+services a client may use, and which one it is using). The servers
 use the remote transports too, to reach each other; the in-process
 implementations are the ``embedded`` layer's.
 
 May import: ``wire`` and the store's shared modules.
 """
 
+from ._endpoints import Endpoints
 from ._protocols import ChunkTransport, MetaTransport
 from ._remote import Grants, Pool, RemoteChunks, RemoteMeta, open_cluster
 from ._requests import (
@@ -56,6 +58,7 @@ __all__ = [
     "Collectable",
     "Commit",
     "CommitEach",
+    "Endpoints",
     "GetHealth",
     "GetLayout",
     "GetStoreId",
