@@ -73,8 +73,10 @@ class Options:
     """Copies a write needs when nodes are down (it goes on with fewer than ``replication``,
     and repair adds the rest); ``None`` takes the cluster's ``--min-replicas``."""
     timeout: float = 30.0
-    """Seconds a request safe to repeat keeps retrying while the metadata service is
-    unreachable (cannot connect, connection lost, timed out); refusals are never retried."""
+    """Seconds a request keeps retrying while the metadata service is unreachable (cannot
+    connect, connection lost, no answer), moving to another of the cluster's services
+    if there is one; refusals are never retried. Mutations are repeated with their
+    idempotency key (applied once), and for at most 300 s whatever this says."""
     max_inflight: int = 8
     """Chunks one writer hashes and uploads at once."""
     read_ahead: int = 16
@@ -122,12 +124,18 @@ def default_home() -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where a URL points: an embedded directory or a cluster address."""
+    """Where a URL points: an embedded directory or a cluster's metadata services."""
 
     embedded: Path | None = None
     """Root of an embedded store."""
-    address: tuple[str, int] | None = None
-    """(host, port) of a metadata service."""
+    addresses: tuple[tuple[str, int], ...] = ()
+    """(host, port) of each metadata service endpoint, in the order given (the first
+    is tried first); a name may stand for several services (all its addresses)."""
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """The first endpoint; ``None`` for an embedded store."""
+        return self.addresses[0] if self.addresses else None
 
 
 def resolve(url: str | os.PathLike[str] | None) -> Target:
@@ -145,9 +153,35 @@ def resolve(url: str | os.PathLike[str] | None) -> Target:
         raise InvalidArgument(f"unsupported store URL scheme {parts.scheme!r} in {text!r}")
     if not parts.netloc:
         return _default_target()
-    if parts.hostname is None or parts.port is None:
-        raise InvalidArgument(f"a cluster URL needs host:port, not {text!r}")
-    return Target(address=(parts.hostname, parts.port))
+    return Target(addresses=endpoints(parts.netloc, text))
+
+
+def endpoints(hosts: str, text: str) -> tuple[tuple[str, int], ...]:
+    """``h1:7100,h2:7100`` (``[v6]:port`` too) as (host, port) pairs, each once, in order;
+    ``text`` (the whole URL or flag) names what was wrong."""
+    found: dict[tuple[str, int], None] = {}
+    for item in hosts.split(","):
+        try:
+            parts = urlsplit(f"//{item.strip()}")
+            host, port = parts.hostname, parts.port
+        except ValueError as exc:  # urllib's word on a port that is not a number
+            raise InvalidArgument(
+                f"not a store URL: {item!r} in {text!r} is not host:port ({exc})"
+            ) from None
+        if not host or port is None:
+            raise InvalidArgument(
+                f"a cluster URL needs host:port for each metadata service "
+                f"(graben://h1:7100,h2:7100/path), not {item!r} in {text!r}"
+            )
+        found[(host, port)] = None
+    return tuple(found)
+
+
+def cluster_url(addresses: tuple[tuple[str, int], ...]) -> str:
+    """``graben://h1:7100,h2:7100``: the URL of a cluster with these endpoints."""
+    return "graben://" + ",".join(
+        f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in addresses
+    )
 
 
 def _default_target() -> Target:

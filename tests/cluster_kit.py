@@ -1,4 +1,4 @@
-"""A local cluster whose processes a test can kill: metadata service + N data nodes."""
+"""A local cluster whose processes a test can kill: metadata service(s) + N data nodes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from graben.store.cli._cluster import _spawn, _stop, _wait_for_nodes
 
 
 class LocalCluster:
-    """Real server processes on loopback; ``kill(i)`` sends SIGKILL to data node ``i``."""
+    """Real server processes on loopback; ``kill(i)`` sends SIGKILL to data node ``i``.
+
+    ``metas`` metadata services share the one engine; the URL names them all, in
+    order, and the nodes heartbeat to whichever of them answers."""
 
     def __init__(
         self,
@@ -27,9 +30,14 @@ class LocalCluster:
         node_args: tuple[str, ...] = (),
         node_args_of: Callable[[int], tuple[str, ...]] = lambda i: (),
         engine: str | None = None,
+        metas: int = 1,
+        nodes_meta_first: int = 0,
     ):
         self.root, self.scrub, self._node_args = root, scrub, node_args
         self._node_args_of = node_args_of
+        self._nodes_meta_first = nodes_meta_first
+        """The metadata service the nodes' ``--meta`` names first (they heartbeat to it
+        while it answers); the others follow in order."""
         """Flags for node ``i`` alone (its own ``--metrics`` port, say)."""
         self._started = time.time()
         self._meta_options = (
@@ -39,11 +47,17 @@ class LocalCluster:
         )
         self.engine = engine or f"sqlite:///{root / 'meta.db'}"
         """The metadata service's ``--engine`` (default: SQLite in ``root``)."""
-        self.meta, self.meta_address = _spawn(*self._meta_args(self.engine))
-        self.url = f"graben://{self.meta_address}"
+        self.metas: list[subprocess.Popen[str]] = []
+        self.meta_addresses: list[str] = []
         self.nodes: list[subprocess.Popen[str]] = []
         self.addresses: list[str] = []
         try:
+            for _ in range(metas):
+                proc, address = _spawn(*self._meta_args(self.engine))
+                self.metas.append(proc)
+                self.meta_addresses.append(address)
+            self.meta, self.meta_address = self.metas[0], self.meta_addresses[0]
+            self.url = f"graben://{','.join(self.meta_addresses)}"
             for i in range(nodes):
                 self.start_node(i)
             self.wait_alive(nodes)
@@ -69,12 +83,22 @@ class LocalCluster:
         time.sleep(down_s)
         args = self._meta_args(engine or self.engine)
         self.meta, _ = _spawn(*args, "--listen", self.meta_address)
+        self.metas[0] = self.meta
+
+    def kill_meta(self, i: int) -> None:
+        """SIGKILL metadata service ``i``."""
+        self.metas[i].send_signal(signal.SIGKILL)
+        self.metas[i].wait()
+        if self.metas[i].stdout is not None:
+            self.metas[i].stdout.close()
 
     def start_node(self, i: int, *, meta: str | None = None) -> None:
         """Start data node ``i`` (again), heartbeating to ``meta`` (default: this cluster's)."""
         proc, address = _spawn(
             *("node", "serve", "--data", str(self.root / f"node{i}")),
-            *("--meta", meta or self.meta_address, "--rack", f"rack{i}", "--listen", "127.0.0.1:0"),
+            *("--meta", meta or self._nodes_meta()),
+            *("--rack", f"rack{i}"),
+            *("--listen", "127.0.0.1:0"),
             *("--scrub-interval", str(self.scrub)),
             *self._node_args,
             *self._node_args_of(i),
@@ -84,6 +108,10 @@ class LocalCluster:
         else:
             self.nodes.append(proc)
             self.addresses.append(address)
+
+    def _nodes_meta(self) -> str:
+        first = self._nodes_meta_first
+        return ",".join(self.meta_addresses[first:] + self.meta_addresses[:first])
 
     def node_dir(self, i: int) -> Path:
         return self.root / f"node{i}"
@@ -101,4 +129,4 @@ class LocalCluster:
         _wait_for_nodes(self.url, count, since=self._started)
 
     def close(self) -> None:
-        _stop([self.meta, *self.nodes])
+        _stop([*self.metas, *self.nodes])

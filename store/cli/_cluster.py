@@ -38,9 +38,9 @@ from ..wire import DEFAULT_IDLE_TIMEOUT, auth
 from ._listen import (
     META_PORT,
     NODE_PORT,
-    addresses_arg,
     advertised,
     check_advertise,
+    endpoints_arg,
     listen_args,
     metrics_arg,
     metrics_at,
@@ -122,10 +122,10 @@ def add_node(sub: Subparsers) -> None:
     serve.add_argument("--data", type=Path, required=True, help="directory for chunk files")
     serve.add_argument(
         "--meta",
-        type=addresses_arg,
+        type=endpoints_arg,
         required=True,
-        metavar="HOST:PORT[,HOST:PORT...]",
-        help="the metadata services (the node moves to the next when one stops answering)",
+        help="metadata service HOST:PORT; several (HOST:PORT,HOST:PORT) for a cluster with "
+        "more than one: heartbeats go to whichever answers",
     )
     serve.add_argument("--rack", default="default", help="failure domain label")
     listen_args(

@@ -24,7 +24,8 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Run: TypeAlias = Callable[[argparse.Namespace], int]
 
 _STORE_HELP = (
-    "an embedded store directory or graben://host:port "
+    "an embedded store directory or graben://host:port (several metadata services: "
+    "graben://h1:7100,h2:7100) "
     "(default: $GRABEN_URL, else the embedded store at $GRABEN_HOME)"
 )
 _PATH_HELP = "store path, or a graben://host:port/path URL naming the store too"

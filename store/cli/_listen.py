@@ -31,9 +31,9 @@ def address_arg(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def addresses_arg(text: str) -> tuple[tuple[str, int], ...]:
-    """``HOST:PORT[,HOST:PORT...]``: every one of several servers."""
-    return tuple(address_arg(part.strip()) for part in text.split(","))
+def endpoints_arg(text: str) -> tuple[tuple[str, int], ...]:
+    """``HOST:PORT[,HOST:PORT...]``: every metadata service a server may talk to."""
+    return tuple(dict.fromkeys(address_arg(item.strip()) for item in text.split(",")))
 
 
 def endpoint(text: str) -> tuple[str, int | None]:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from .. import _paths
 from .._buffers import BufferPool
-from .._config import Options, resolve
+from .._config import Options, cluster_url, resolve
 from .._errors import AlreadyExists, InvalidArgument, IsADirectory, NotFound
 from .._hashing import crc32c, crc32c_combine
 from .._types import Buffer, Extent, FileCommit, FileInfo, FsckReport, Health, WriteMode
@@ -54,17 +54,15 @@ class AsyncClient:
     def __init__(self, url: str | os.PathLike[str] | None = None, **options: object) -> None:
         opts = Options(**options)  # type: ignore[arg-type]
         target = resolve(url)
-        if target.address is not None:
-            host, port = target.address
+        if target.addresses:
             remote, nodes = open_cluster(
-                host,
-                port,
+                target.addresses,
                 opts.hash_threads,
                 token=auth.cluster_token(opts.token),
                 read_ahead=opts.remote_read_ahead,
                 timeout=opts.timeout,
             )
-            self._setup(remote, nodes, opts, f"graben://{host}:{port}", report=True)
+            self._setup(remote, nodes, opts, cluster_url(target.addresses), report=True)
             return
         assert target.embedded is not None
         meta, chunks = open_store(target.embedded, opts.io_threads)

@@ -202,6 +202,9 @@ def connect(url: str | os.PathLike[str] | None = None, **options: object) -> Cli
     ``url``: ``None`` for ``$GRABEN_URL`` or else the embedded store at
     ``$GRABEN_HOME`` (default ``~/.local/share/graben``); a directory or
     ``file:///dir`` for an embedded store there; ``graben://host:port`` for a
-    cluster. ``options`` are the fields of ``graben.store.Options``.
+    cluster, ``graben://h1:7100,h2:7100`` for one with several metadata
+    services (a name with several addresses counts as several): the client
+    uses one and moves to the next when it stops answering. ``options`` are
+    the fields of ``graben.store.Options``.
     """
     return Client(url, **options)

@@ -65,7 +65,7 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
         """The store client underneath."""
         self._target = resolve(url)
         # what this store's URLs start with; None for an embedded store (it has none of its own)
-        self._base = _urls.url_of(self._target) if self._target.address else None
+        self._base = _urls.url_of(self._target) if self._target.addresses else None
 
     # -- which store a path names -------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Store URLs as ``GrabenFileSystem`` takes and gives them, and the routing of calls.
 
 A path is a store path (``/a/b``) or a URL naming its store too
-(``graben://host:port/a/b``; ``graben:///a/b`` for the default store).
+(``graben://host:port/a/b``, ``graben://h1:7100,h2:7100/a/b`` for a cluster with
+several metadata services; ``graben:///a/b`` for the default store).
 ``route_every_store_path`` wraps each method of the filesystem that takes
 store paths so that a call naming another store goes to that store's
 filesystem; the helpers below split URLs and name results in the form they
@@ -121,8 +122,8 @@ def resolve(base: str) -> Target:
 
 
 def url_of(target: Target) -> str:
-    """A URL ``connect`` takes for ``target``: ``graben://host:port``, or the directory."""
-    if target.address is None:
+    """A URL ``connect`` takes for ``target``: ``graben://host:port`` (every endpoint,
+    ``graben://h1:7100,h2:7100``), or the directory."""
+    if not target.addresses:
         return str(target.embedded)
-    host, port = target.address
-    return f"{PREFIX}[{host}]:{port}" if ":" in host else f"{PREFIX}{host}:{port}"
+    return _config.cluster_url(target.addresses)

@@ -2,7 +2,8 @@
 
 Owns the namespace logic (``_namespace``: every metadata request, each
 mutation one transaction; ``_bookkeeping``: the chunk and node records that
-fsck, collection and repair read), the repository interface an engine
+fsck, collection and repair read; ``_once``: mutations applied once per
+idempotency key), the repository interface an engine
 implements (``_repo``), the placement of new chunks on nodes (``_placement``:
 a pure function), the service that runs it all for a cluster
 (``_service``: RPC handlers, heartbeats, repair, collection) and the

@@ -18,7 +18,8 @@ import msgspec
 from .._config import PAGE_BYTES, page_entries
 from .._errors import InvalidArgument, PermissionDenied
 from .._types import LOCAL_NODE, ChunkPage, ChunkProblem, Degraded, Health, Joined, NodeState
-from ._repo import Repository
+from ._once import write_once
+from ._repo import Repository, Tx
 
 
 class Bookkeeping:
@@ -111,14 +112,19 @@ class Bookkeeping:
         with self.repo.write() as tx:
             tx.add_replicas(chunk, nodes)
 
-    def collectable(self, grace_s: float, limit: int = 0) -> list[tuple[str, tuple[str, ...]]]:
+    def collectable(
+        self, grace_s: float, limit: int = 0, *, key: str = ""
+    ) -> list[tuple[str, tuple[str, ...]]]:
         """Forget a page of chunks no file has used for ``grace_s`` seconds; their ids and
-        the nodes whose copies may now go."""
+        the nodes whose copies may now go (a repeat of ``key`` gets the same page)."""
         if not grace_s >= 0:
             raise InvalidArgument(f"the grace period must be 0 seconds or more, not {grace_s}")
         if math.isinf(grace_s):
             return []
         cutoff = time.time_ns() - int(grace_s * 1e9)
-        with self.repo.write() as tx:
+
+        def forget(tx: Tx) -> list[tuple[str, tuple[str, ...]]]:
             gone = tx.forget_unreferenced(cutoff, page_entries(limit))
-        return [(chunk.id, nodes) for chunk, nodes in gone]
+            return [(chunk.id, nodes) for chunk, nodes in gone]
+
+        return write_once(self.repo, key, list[tuple[str, tuple[str, ...]]], forget)

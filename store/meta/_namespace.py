@@ -2,8 +2,14 @@
 
 Stateless beyond its repository, so an embedded client runs it in-process
 and a metadata service runs the same code for remote clients. Each mutation
-is one ``repo.write()`` transaction; placement of new chunks is a function
+is one ``repo.write()`` transaction; one that carries an idempotency key is
+applied once for that key (``_once``). Placement of new chunks is a function
 handed in (embedded: the one local node).
+
+Over 500 lines: each mutation is an entry point and the part that looks and
+acts inside the one transaction ``write_once`` opens; the write path
+(prepare and commit) is the next to move to a module of its own, as the
+chunk and node records did (``_bookkeeping``).
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ from ..transport import (
     Usage,
 )
 from ._bookkeeping import Bookkeeping
+from ._once import record, recorded, replayed, write_once
 from ._repo import ROOT_INODE, Inode, NewFile, Repository, Tx
 
 R = TypeVar("R")
@@ -123,17 +130,17 @@ class Namespace(Bookkeeping):
         self._handlers: dict[type[Any], Callable[[Any], Any]] = {
             Stat: lambda r: self.stat(r.path),
             ListDir: lambda r: self.listdir(r.path, r.after, r.limit, r.directory),
-            MakeDir: lambda r: self.mkdir(r.path, r.parents, r.exist_ok),
-            Remove: lambda r: self.remove(r.path, r.recursive),
-            Rename: lambda r: self.rename(r.src, r.dst, r.replace, r.replace_tree),
-            SetAttributes: lambda r: self.set_attributes(r.path, r.mode, r.mtime_ns),
+            MakeDir: lambda r: self.mkdir(r.path, r.parents, r.exist_ok, key=r.key),
+            Remove: lambda r: self.remove(r.path, r.recursive, key=r.key),
+            Rename: lambda r: self.rename(r.src, r.dst, r.replace, r.replace_tree, key=r.key),
+            SetAttributes: lambda r: self.set_attributes(r.path, r.mode, r.mtime_ns, key=r.key),
             GetLayout: lambda r: self.layout(r.path, r.start, r.limit, r.inode),
             Prepare: lambda r: self.prepare(r.chunks, r.replication, r.avoid, r.min_replicas),
-            Commit: lambda r: self.commit(r.files),
+            Commit: lambda r: self.commit(r.files, key=r.key),
             Usage: lambda r: self.usage(r.path),
             ChunkRefs: lambda r: self.chunk_refs(r.after, r.limit),
             ChunkUsers: lambda r: self.chunk_users(r.chunk, r.after, r.limit),
-            Collectable: lambda r: self.collectable(r.grace_s, r.limit),
+            Collectable: lambda r: self.collectable(r.grace_s, r.limit, key=r.key),
             CheckMetadata: lambda r: self.check_metadata(r.limit),
             GetStoreId: lambda r: self.store_id,
             Heartbeat: lambda r: self.heartbeat(r.node, r.store_id),
@@ -273,7 +280,9 @@ class Namespace(Bookkeeping):
 
     # -- namespace mutations -----------------------------------------------------
 
-    def mkdir(self, path: str, parents: bool = False, exist_ok: bool = False) -> FileInfo:
+    def mkdir(
+        self, path: str, parents: bool = False, exist_ok: bool = False, *, key: str = ""
+    ) -> FileInfo:
         """Create a directory (and its parents with ``parents``)."""
         parts = _paths.split(path)
         clean = _paths.join_parts(parts)
@@ -281,35 +290,44 @@ class Namespace(Bookkeeping):
             if exist_ok:
                 return self.stat(clean)
             raise AlreadyExists("the root always exists", clean)
-        with self.repo.write() as tx:
-            if parents:
-                parent = self._ensure_dirs(tx, parts[:-1], path)
-            else:
-                parent = self._resolve_dir(tx, parts[:-1], path)
-            found = tx.lookup(parent.id, parts[-1])
-            if found is not None:
-                if exist_ok and found.kind == "directory":
-                    return _info(clean, found)
-                raise AlreadyExists("already exists", clean)
-            node = tx.create("directory", 0, DIR_MODE, time.time_ns(), 1, 1)
-            tx.link(parent.id, parts[-1], node.id)
-            return _info(clean, node)
+        return write_once(
+            self.repo, key, FileInfo, lambda tx: self._mkdir(tx, parts, path, parents, exist_ok)
+        )
 
-    def remove(self, path: str, recursive: bool = False) -> int:
+    def _mkdir(
+        self, tx: Tx, parts: tuple[str, ...], path: str, parents: bool, exist_ok: bool
+    ) -> FileInfo:
+        clean = _paths.join_parts(parts)
+        if parents:
+            parent = self._ensure_dirs(tx, parts[:-1], path)
+        else:
+            parent = self._resolve_dir(tx, parts[:-1], path)
+        found = tx.lookup(parent.id, parts[-1])
+        if found is not None:
+            if exist_ok and found.kind == "directory":
+                return _info(clean, found)
+            raise AlreadyExists("already exists", clean)
+        node = tx.create("directory", 0, DIR_MODE, time.time_ns(), 1, 1)
+        tx.link(parent.id, parts[-1], node.id)
+        return _info(clean, node)
+
+    def remove(self, path: str, recursive: bool = False, *, key: str = "") -> int:
         """Remove a file, or a directory (its contents too with ``recursive``)."""
         parts = _paths.split(path)
-        clean = _paths.join_parts(parts)
         if not parts:
-            raise InvalidPath("refusing to remove the root", clean)
-        with self.repo.write() as tx:
-            parent = self._resolve_dir(tx, parts[:-1], path)
-            node = tx.lookup(parent.id, parts[-1])
-            if node is None:
-                raise NotFound("no such file or directory", clean)
-            if node.kind == "directory" and not recursive and tx.has_children(node.id):
-                raise DirectoryNotEmpty("directory not empty (use recursive)", clean)
-            tx.unlink(parent.id, parts[-1])
-            return self._delete_tree(tx, node)
+            raise InvalidPath("refusing to remove the root", _paths.join_parts(parts))
+        return write_once(self.repo, key, int, lambda tx: self._remove(tx, parts, path, recursive))
+
+    def _remove(self, tx: Tx, parts: tuple[str, ...], path: str, recursive: bool) -> int:
+        clean = _paths.join_parts(parts)
+        parent = self._resolve_dir(tx, parts[:-1], path)
+        node = tx.lookup(parent.id, parts[-1])
+        if node is None:
+            raise NotFound("no such file or directory", clean)
+        if node.kind == "directory" and not recursive and tx.has_children(node.id):
+            raise DirectoryNotEmpty("directory not empty (use recursive)", clean)
+        tx.unlink(parent.id, parts[-1])
+        return self._delete_tree(tx, node)
 
     def _delete_tree(self, tx: Tx, node: Inode) -> int:
         count, pending = 0, [node]
@@ -324,7 +342,13 @@ class Namespace(Bookkeeping):
         return count
 
     def rename(
-        self, src: str, dst: str, replace: bool = True, replace_tree: bool = False
+        self,
+        src: str,
+        dst: str,
+        replace: bool = True,
+        replace_tree: bool = False,
+        *,
+        key: str = "",
     ) -> FileInfo:
         """Move ``src`` to ``dst`` in one transaction (``os.replace`` semantics).
 
@@ -332,27 +356,43 @@ class Namespace(Bookkeeping):
         readers see the old tree or the new one, never neither.
         """
         sparts, dparts = _paths.split(src), _paths.split(dst)
-        clean_src, clean_dst = _paths.join_parts(sparts), _paths.join_parts(dparts)
         if not sparts or not dparts:
+            clean_src, clean_dst = _paths.join_parts(sparts), _paths.join_parts(dparts)
             raise InvalidPath("cannot rename the root", clean_src if not sparts else clean_dst)
-        with self.repo.write() as tx:
-            sparent = self._resolve_dir(tx, sparts[:-1], src)
-            node = tx.lookup(sparent.id, sparts[-1])
-            if node is None:
-                raise NotFound("no such file or directory", clean_src)
-            if clean_src == clean_dst:
-                return _info(clean_dst, node)
-            if _paths.is_within(clean_dst, clean_src):
-                raise InvalidPath(f"cannot move {clean_src} into itself", clean_dst)
-            dparent = self._ensure_dirs(tx, dparts[:-1], dst)
-            target = tx.lookup(dparent.id, dparts[-1])
-            if target is not None:
-                self._check_replace(tx, node, target, replace, replace_tree, clean_dst)
-                tx.unlink(dparent.id, dparts[-1])
-                self._delete_tree(tx, target)
-            tx.unlink(sparent.id, sparts[-1])
-            tx.link(dparent.id, dparts[-1], node.id)
+        return write_once(
+            self.repo,
+            key,
+            FileInfo,
+            lambda tx: self._rename(tx, (sparts, src), (dparts, dst), replace, replace_tree),
+        )
+
+    def _rename(
+        self,
+        tx: Tx,
+        source: tuple[tuple[str, ...], str],
+        destination: tuple[tuple[str, ...], str],
+        replace: bool,
+        replace_tree: bool,
+    ) -> FileInfo:
+        (sparts, src), (dparts, dst) = source, destination
+        clean_src, clean_dst = _paths.join_parts(sparts), _paths.join_parts(dparts)
+        sparent = self._resolve_dir(tx, sparts[:-1], src)
+        node = tx.lookup(sparent.id, sparts[-1])
+        if node is None:
+            raise NotFound("no such file or directory", clean_src)
+        if clean_src == clean_dst:
             return _info(clean_dst, node)
+        if _paths.is_within(clean_dst, clean_src):
+            raise InvalidPath(f"cannot move {clean_src} into itself", clean_dst)
+        dparent = self._ensure_dirs(tx, dparts[:-1], dst)
+        target = tx.lookup(dparent.id, dparts[-1])
+        if target is not None:
+            self._check_replace(tx, node, target, replace, replace_tree, clean_dst)
+            tx.unlink(dparent.id, dparts[-1])
+            self._delete_tree(tx, target)
+        tx.unlink(sparent.id, sparts[-1])
+        tx.link(dparent.id, dparts[-1], node.id)
+        return _info(clean_dst, node)
 
     def _check_replace(
         self, tx: Tx, node: Inode, target: Inode, replace: bool, replace_tree: bool, dst: str
@@ -368,20 +408,25 @@ class Namespace(Bookkeeping):
 
     # -- the write path -------------------------------------------------------
 
-    def set_attributes(self, path: str, mode: int | None, mtime_ns: int | None) -> FileInfo:
+    def set_attributes(
+        self, path: str, mode: int | None, mtime_ns: int | None, *, key: str = ""
+    ) -> FileInfo:
         """Change mode bits and/or modification time in place."""
         parts = _paths.split(path)
         clean = _paths.join_parts(parts)
         if not parts:
             raise InvalidArgument("the root's attributes cannot change", clean)
-        with self.repo.write() as tx:
+
+        def change(tx: Tx) -> FileInfo:
             node = self._resolve(tx, parts, clean)
             changed = tx.set_attributes(
                 node.id,
                 node.mode if mode is None else mode,
                 node.mtime_ns if mtime_ns is None else mtime_ns,
             )
-        return _info(clean, changed)
+            return _info(clean, changed)
+
+        return write_once(self.repo, key, FileInfo, change)
 
     def prepare(
         self,
@@ -418,56 +463,77 @@ class Namespace(Bookkeeping):
             raise InvalidArgument(f"replication must be at least 1, not {asked}")
         return asked or self.default_replication
 
-    def commit(self, files: tuple[FileCommit, ...]) -> list[FileInfo]:
+    def commit(self, files: tuple[FileCommit, ...], *, key: str = "") -> list[FileInfo]:
         """Make each file visible; all of the batch or none of it."""
-        with self.repo.write() as tx:
-            known: Directories = {}
-            return [self._commit_one(tx, f, known) for f in files]
+        known: Directories = {}
+        return write_once(
+            self.repo,
+            key,
+            list[FileInfo],
+            lambda tx: [self._commit_one(tx, f, known) for f in files],
+        )
 
     def commit_group(
-        self, batches: Sequence[tuple[FileCommit, ...]]
+        self, batches: Sequence[tuple[FileCommit, ...]], keys: Sequence[str] = ()
     ) -> list[list[FileInfo] | GrabenError]:
         """Commit independent batches in one transaction (one fsync for all).
 
         Each batch is all or nothing, as with ``commit``; a batch that fails
-        gets its error in its place and leaves the others alone.
+        gets its error in its place and leaves the others alone. ``keys``
+        (one per batch, ``""`` for none) are recorded in the same transaction
+        with each committed batch's reply; a batch whose key is recorded
+        already gets that reply and is not committed again.
 
         Batches rarely fail, so they go together first, without a savepoint
         each (two round trips per batch on PostgreSQL). If one fails, that
         transaction is rolled back whole and the group goes again, each batch
         in a savepoint of its own.
         """
+        keys = list(keys) or [""] * len(batches)
         if len(batches) > 1:
             try:
-                return self._commit_together(batches)
+                return self._commit_keyed(batches, keys, together=True)
             except _BatchFailed:
                 pass
-        return self._commit_apart(batches)
+        return self._commit_keyed(batches, keys, together=False)
 
-    def _commit_together(
-        self, batches: Sequence[tuple[FileCommit, ...]]
-    ) -> list[list[FileInfo] | GrabenError]:
-        with self.repo.write() as tx:
-            known: Directories = {}
-            try:
-                return [[self._commit_one(tx, f, known) for f in files] for files in batches]
-            except GrabenError as exc:
-                raise _BatchFailed from exc  # out of the block: the transaction rolls back
-
-    def _commit_apart(
-        self, batches: Sequence[tuple[FileCommit, ...]]
+    def _commit_keyed(
+        self, batches: Sequence[tuple[FileCommit, ...]], keys: Sequence[str], *, together: bool
     ) -> list[list[FileInfo] | GrabenError]:
         results: list[list[FileInfo] | GrabenError] = []
         with self.repo.write() as tx:
+            done = recorded(tx, keys)
+            fresh: dict[str, list[FileInfo]] = {}  # a key twice in one group: applied once
             known: Directories = {}
-            for files in batches:
-                try:
-                    with tx.savepoint():
-                        results.append([self._commit_one(tx, f, known) for f in files])
-                except GrabenError as exc:
-                    results.append(exc)
-                    known.clear()  # directories it made were rolled back with it
+            for files, key in zip(batches, keys, strict=True):
+                if key in done:
+                    results.append(replayed(done[key], list[FileInfo], key))
+                elif key in fresh:
+                    results.append(fresh[key])
+                else:
+                    results.append(self._commit_batch(tx, files, known, together))
+                    if key and isinstance(results[-1], list):
+                        fresh[key] = results[-1]
+            if fresh:
+                record(tx, list(fresh.items()))
         return results
+
+    def _commit_batch(
+        self, tx: Tx, files: tuple[FileCommit, ...], known: Directories, together: bool
+    ) -> list[FileInfo] | GrabenError:
+        """One batch of a group: its files, or the error that undid it (``together``: no
+        savepoint; a failure raises ``_BatchFailed``, undoing the whole group)."""
+        if together:
+            try:
+                return [self._commit_one(tx, f, known) for f in files]
+            except GrabenError as exc:
+                raise _BatchFailed from exc  # out of the block: the transaction rolls back
+        try:
+            with tx.savepoint():
+                return [self._commit_one(tx, f, known) for f in files]
+        except GrabenError as exc:
+            known.clear()  # directories it made were rolled back with it
+            return exc
 
     def _commit_one(self, tx: Tx, commit: FileCommit, known: Directories) -> FileInfo:
         parts = _paths.split(commit.path)

@@ -171,6 +171,17 @@ class Tx(Protocol):
     def degraded(self, alive: Iterable[str], limit: int) -> list[Degraded]:
         """Referenced chunks with fewer copies on ``alive`` nodes than their files want."""
 
+    def outcomes(self, keys: Iterable[str]) -> dict[str, bytes]:
+        """Of these idempotency keys, those recorded, each with its recorded reply."""
+
+    def record_outcomes(self, outcomes: Iterable[tuple[str, bytes]], made_ns: int) -> None:
+        """Record each key's reply (applied at ``made_ns``); a key already recorded is an
+        error, so a mutation can never be recorded, and applied, twice."""
+
+    def forget_outcomes(self, older_than_ns: int, limit: int) -> int:
+        """Delete up to ``limit`` recorded replies made before ``older_than_ns``, oldest
+        first; how many went."""
+
     def upsert_node(self, node: NodeState) -> None:
         """Register a data node or refresh what is known of it."""
 

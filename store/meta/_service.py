@@ -5,6 +5,12 @@ serve one engine. One op, ``meta``, carries every ``Request`` of
 ``transport/_requests.py``; the engine's blocking calls run on a small thread pool, so
 many clients' requests proceed at once (SQLite serialises the writers).
 
+Mutations carry the client's idempotency keys: a commit group records each
+member's key with its reply in the group's one engine transaction, and a
+repeat (through this service or another) gets the recorded reply
+(``_once.py``). Op ``ping`` is answered on the event loop, never behind the
+engine, so a client kept waiting can tell a busy service from a hung one.
+
 Every call must carry the cluster's client token. Placements come with write
 capabilities and layouts (and fsck's chunk pages) with read capabilities,
 which data nodes check with the shared secret alone; ``Grant`` hands out
@@ -20,13 +26,12 @@ import math
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any, Union
 
 import msgspec
 from msgspec.structs import replace
 
-from .._errors import GrabenError, IntegrityError, NotFound, PermissionDenied
+from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound, PermissionDenied
 from .._group import Batcher
 from .._types import (
     Capability,
@@ -82,6 +87,8 @@ class _Tag(msgspec.Struct):
 
 def request_label(call: Call) -> str:
     """``meta.Lookup`` and so on: a ``meta`` call's name in the metrics."""
+    if call.op != "meta":
+        return call.op
     try:
         tag = msgspec.msgpack.decode(call.body, type=_Tag).type
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
@@ -136,7 +143,9 @@ class MetaService:
         self.idle_timeout = idle_timeout
         checker = ThreadPoolExecutor(2, thread_name_prefix="graben-repair")
         self._secret = secret
-        self._group = Batcher(partial(self._run, self.namespace.commit_group), size=len)
+        self._group: Batcher[Commit, list[FileInfo]] = Batcher(
+            self._commit_group, size=lambda c: len(c.files)
+        )
         self.chunks = RemoteChunks(
             self._list_nodes,
             checker,
@@ -157,7 +166,7 @@ class MetaService:
             log.info("metrics at http://%s/metrics", where)
         try:
             self.server = await Server.start(
-                {"meta": self._meta},
+                {"meta": self._meta, "ping": self._ping},
                 host,
                 port,
                 admit=self._admit,
@@ -185,6 +194,14 @@ class MetaService:
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+
+    async def _commit_group(self, commits: list[Commit]) -> list[list[FileInfo] | GrabenError]:
+        """A group of commits in one engine transaction, each batch's key recorded in it."""
+        run = self.namespace.commit_group
+        done: list[list[FileInfo] | GrabenError] = await self._run(
+            run, [c.files for c in commits], [c.key for c in commits]
+        )
+        return done
 
     async def _list_nodes(self) -> list[NodeState]:
         nodes: list[NodeState] = await self._run(self.namespace.nodes)
@@ -295,14 +312,29 @@ class MetaService:
         if isinstance(request, Grant):
             return Answer(encode(await self._run(self._grant, request)))
         if isinstance(request, Commit):
-            return Answer(encode(await self._group.submit(request.files)))
+            return Answer(encode(await self._group.submit(request)))
         if isinstance(request, CommitEach):
+            keys = request.keys or ("",) * len(request.batches)
+            if len(keys) != len(request.batches):
+                raise InvalidArgument(
+                    f"{len(request.batches)} batches to commit with {len(keys)} keys"
+                )
             outcomes = await asyncio.gather(
-                *(self._group.submit(files) for files in request.batches), return_exceptions=True
+                *(
+                    self._group.submit(Commit(files, key))
+                    for files, key in zip(request.batches, keys, strict=True)
+                ),
+                return_exceptions=True,
             )
             return Answer(encode([_committed(o) for o in outcomes]))
         result = await self._run(self.namespace.execute, request)
         return Answer(encode(self._with_grants(request, result)))
+
+    async def _ping(self, call: Call, payload: memoryview | None) -> Answer:
+        """Answered on the event loop, never queued behind the engine: a client waiting
+        long for a reply asks this to tell a busy service from one that stopped."""
+        auth.check_token(self._secret, call.token)
+        return Answer()
 
     # -- capabilities ------------------------------------------------------------
 

@@ -18,6 +18,10 @@ chunk and op, checked here with the shared secret alone; listings and
 cleaning need the client token. A refused call reads and writes nothing.
 A write that would leave less than ``RESERVE`` free on the disk, counting the
 writes still landing, is refused with ``NoSpace``.
+
+Heartbeats and reports go through a ``RemoteMeta`` to the cluster's metadata
+services (``--meta h1:7100,h2:7100``): to whichever answers, as a client's
+requests do, since they all record into the one engine.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import logging
 import mmap
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -37,7 +41,7 @@ from typing import Any
 
 from .._buffers import BufferPool
 from .._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, RESERVE, page_entries
-from .._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError, Timeout, Unavailable
+from .._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError
 from .._group import Batcher
 from .._types import (
     Capability,
@@ -50,12 +54,11 @@ from .._types import (
     Op,
     WireError,
 )
-from ..transport import Heartbeat, Pool, ReportBad, Request
+from ..transport import Heartbeat, Pool, RemoteMeta, ReportBad, Request
 from ..wire import (
     DEFAULT_IDLE_TIMEOUT,
     Answer,
     Call,
-    Connection,
     Handler,
     Metrics,
     PayloadSink,
@@ -91,7 +94,7 @@ class DataNode:
         root: Path,
         *,
         rack: str,
-        meta: tuple[tuple[str, int], ...],
+        meta: Sequence[tuple[str, int]],
         secret: bytes,
         io_threads: int = 4,
         scrub_interval: float = 3600.0,
@@ -100,10 +103,6 @@ class DataNode:
     ):
         root.mkdir(DIR_MODE, parents=True, exist_ok=True)
         self.root, self.rack = root, rack
-        self.metas = meta
-        """The metadata services it heartbeats to: one at a time, the next when it fails."""
-        self.meta = self.metas[0]
-        """The one it talks to now."""
         self.id = node_id(root)
         self.store_id = read_id(root / "store-id")
         """The store this node belongs to; ``None`` until its first heartbeat is answered."""
@@ -120,7 +119,9 @@ class DataNode:
         self._scrubbing: asyncio.Task[None] | None = None
         self.scrub_interval = scrub_interval
         self.idle_timeout = idle_timeout
-        self._meta_conn: Connection | None = None
+        # Heartbeats and reports go to whichever metadata service answers (any of them
+        # records them in the one engine they share).
+        self.meta = RemoteMeta(meta, self._token, timeout=HEARTBEAT_S * 2)
         self._peers = Pool()  # other data nodes, for chain replication
         self._small: Batcher[tuple[ChunkRef, memoryview], None] = Batcher(
             partial(self._run, self.store.write_group), max_size=256, concurrency=2
@@ -172,6 +173,7 @@ class DataNode:
     async def close(self) -> None:
         """Stop heartbeating and serving."""
         await stop(self._beating, self._scrubbing)
+        await self.meta.close()
         if self.server is not None:
             await self.server.close()
         await self._peers.close()
@@ -363,30 +365,7 @@ class DataNode:
     # -- heartbeats -------------------------------------------------------------
 
     async def _tell_meta(self, request: Request[Any]) -> Any:
-        """Send to the metadata service at hand; if it cannot be reached, to the next."""
-        for left in range(len(self.metas) - 1, -1, -1):
-            try:
-                if self._meta_conn is None or self._meta_conn.closed:
-                    self._meta_conn = await Connection.open(*self.meta)
-                body, _ = await self._meta_conn.call(
-                    "meta", encode(request), token=self._token, timeout=HEARTBEAT_S * 2
-                )
-                return decode(body, request.response)
-            except (Unavailable, Timeout) as exc:
-                if not left:
-                    raise
-                await self._next_meta(exc)
-        raise AssertionError("unreachable")
-
-    async def _next_meta(self, failure: GrabenError) -> None:
-        if self._meta_conn is not None:
-            await self._meta_conn.close()
-            self._meta_conn = None
-        gone = self.meta
-        self.meta = self.metas[(self.metas.index(gone) + 1) % len(self.metas)]
-        log.warning(
-            "metadata service at %s:%s: %s; moving to %s:%s", *gone, failure.message, *self.meta
-        )
+        return await self.meta.request(request)
 
     async def _heartbeat(self) -> None:
         free, total = await self._run(self.store.capacity)
@@ -395,7 +374,7 @@ class DataNode:
             joined: Joined = await self._tell_meta(Heartbeat(state, self.store_id or ""))
         except PermissionDenied as exc:  # another store's metadata, or the wrong secret
             log.error(
-                "the metadata service at %s:%s refused this node: %s", *self.meta, exc.message
+                "the metadata service at %s refused this node: %s", self.meta.address, exc.message
             )
             return
         if self.store_id is None:
@@ -404,9 +383,9 @@ class DataNode:
             log.info("data node %s joined store %s", self.id, self.store_id)
         elif joined.store_id != self.store_id:  # a service that did not check: serve it nothing
             log.error(
-                "the metadata service at %s:%s serves store %s; this node belongs to store %s "
+                "the metadata service at %s serves store %s; this node belongs to store %s "
                 "and refuses its capabilities and listings",
-                *self.meta,
+                self.meta.address,
                 joined.store_id,
                 self.store_id,
             )

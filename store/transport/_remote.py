@@ -1,6 +1,9 @@
 """The cluster's side of the transport seam: metadata and chunks over the wire.
 
-``RemoteMeta`` sends each ``Request`` to the metadata service as op ``meta``.
+``RemoteMeta`` sends each ``Request`` to a metadata service as op ``meta``:
+to the current one of the cluster's endpoints (``_endpoints``), moving to
+the next when it stops answering. Mutations carry an idempotency key, so a
+repeat after a lost reply is applied once.
 ``RemoteChunks`` keeps one multiplexed connection per data node (addresses
 from the metadata service's node list), sends chunk payloads from the
 caller's memory and receives reads straight into the reader's buffer, then
@@ -20,6 +23,7 @@ they log) sit beside the pooling and grants they depend on; splitting
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -27,6 +31,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
+
+import msgspec
 
 from .._config import page_entries
 from .._errors import GrabenError, IntegrityError, PermissionDenied, Timeout, Unavailable
@@ -46,8 +52,19 @@ from .._types import (
     Placement,
     WireError,
 )
-from ..wire import CLIENT_IDLE_S, DEFAULT_TIMEOUT, Connection, decode, encode, from_wire
+from ..wire import (
+    CLIENT_IDLE_S,
+    CONNECT_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    Connection,
+    decode,
+    encode,
+    from_wire,
+)
+from ._endpoints import ANSWER_WITHIN_S, Endpoints, Retry, watched
 from ._requests import (
+    KEYED,
+    RETRY_WITHIN_S,
     CheckMetadata,
     ChunkRefs,
     ChunkUsers,
@@ -65,6 +82,7 @@ from ._requests import (
     Request,
     Stat,
     Usage,
+    with_key,
 )
 
 R = TypeVar("R")
@@ -73,7 +91,7 @@ CALL_TIMEOUT = DEFAULT_TIMEOUT
 """Longest one metadata call waits for its reply, whatever the retry deadline."""
 
 RETRY_FOR_S = 30.0
-"""How long safe requests keep retrying while the metadata service is away."""
+"""How long requests keep retrying while the metadata service is away."""
 RETRYABLE = frozenset(
     {
         Stat,
@@ -92,7 +110,9 @@ RETRYABLE = frozenset(
         Grant,
     }
 )
-"""Requests that may be repeated: reads, and writes whose repeat changes nothing."""
+"""Requests that may be repeated as they are: reads, and writes whose repeat changes
+nothing. Mutations (``KEYED``, ``CommitEach``) are repeated too, with their key."""
+
 NodeLister = Callable[[], Awaitable[list[NodeState]]]
 GrantFetcher = Callable[[tuple[str, ...], Op], Awaitable[list[Capability]]]
 REFRESH_BEFORE_S = 60.0
@@ -108,16 +128,16 @@ GRANT_GROUP = 256
 
 
 def open_cluster(
-    host: str,
-    port: int,
+    endpoints: Sequence[tuple[str, int]],
     check_threads: int,
     *,
     token: str,
     read_ahead: int = 0,
     timeout: float = RETRY_FOR_S,
 ) -> tuple[RemoteMeta, RemoteChunks]:
-    """Transports to the cluster whose metadata service listens on ``host:port``."""
-    meta = RemoteMeta(host, port, token, timeout=timeout)
+    """Transports to the cluster whose metadata services listen at ``endpoints``
+    (``(host, port)`` each; a name stands for all its addresses)."""
+    meta = RemoteMeta(endpoints, token, timeout=timeout)
     checker = ThreadPoolExecutor(check_threads, thread_name_prefix="graben-check")
     nodes = RemoteChunks(
         lambda: meta.request(ListNodes()),
@@ -186,19 +206,20 @@ class Pool:
 
     def __init__(self) -> None:
         self._connections: dict[str, Connection] = {}
-        self._lock = asyncio.Lock()
+        # One lock per address: a connect hanging on a dead host holds up no other.
+        self._locks: dict[str, asyncio.Lock] = {}
 
-    async def get(self, address: str) -> Connection:
+    async def get(self, address: str, *, timeout: float = CONNECT_TIMEOUT) -> Connection:
         conn = self._connections.get(address)
         if conn is not None and _usable(conn):
             return conn
-        async with self._lock:
+        async with self._locks.setdefault(address, asyncio.Lock()):
             conn = self._connections.get(address)
             if conn is None or not _usable(conn):
                 if conn is not None:
                     await conn.close()
                 host, _, port = address.rpartition(":")
-                conn = await Connection.open(host, int(port))
+                conn = await Connection.open(host, int(port), timeout=timeout)
                 self._connections[address] = conn
             return conn
 
@@ -215,12 +236,15 @@ def _usable(conn: Connection) -> bool:
 
 
 class RemoteMeta:
-    """``MetaTransport`` to a metadata service."""
+    """``MetaTransport`` to a cluster's metadata services (one at a time)."""
 
-    def __init__(self, host: str, port: int, token: str, *, timeout: float = RETRY_FOR_S) -> None:
-        self.address = f"{host}:{port}"
+    def __init__(
+        self, endpoints: Sequence[tuple[str, int]], token: str, *, timeout: float = RETRY_FOR_S
+    ) -> None:
+        self.endpoints = Endpoints(endpoints)
+        """The services' addresses, and the one in use."""
         self.timeout = timeout
-        """Seconds a safe request keeps retrying transport failures."""
+        """Seconds a request keeps retrying transport failures."""
         self._pool = Pool()
         self._token = token
         self.grants = Grants(lambda chunks, op: self.request(Grant(chunks, op)))
@@ -235,18 +259,23 @@ class RemoteMeta:
             self._commit_each, size=lambda c: len(c.files), max_size=1024, concurrency=2
         )
 
+    @property
+    def address(self) -> str:
+        """The metadata service in use."""
+        return self.endpoints.using
+
     async def request(self, request: Request[R]) -> R:
         """Send one request; concurrent placements and commits go together.
 
         Merged commits stay independent: each batch is committed or fails on
-        its own, as if it had been sent alone.
+        its own, as if it had been sent alone, under its own idempotency key.
         """
         result: object
         if isinstance(request, Prepare) and not request.avoid:
             copies = (request.replication, request.min_replicas)
             result = await self._prepares[copies].submit(request)
         elif isinstance(request, Commit):
-            result = await self._commits.submit(request)
+            result = await self._commits.submit(with_key(request))
         else:
             return await self._send(request)
         return result  # type: ignore[return-value]
@@ -267,65 +296,96 @@ class RemoteMeta:
         if len(requests) == 1:
             infos: list[FileInfo] = await self._send(requests[0])
             return [infos]
-        outcomes = await self._send(CommitEach(tuple(r.files for r in requests)))
+        each = CommitEach(tuple(r.files for r in requests), tuple(r.key for r in requests))
+        outcomes = await self._send(each)
         return [o.infos if o.error is None else from_wire(o.error) for o in outcomes]
 
     async def _send(self, request: Request[R]) -> R:
-        """Send one request; safe-to-repeat ones ride out a restart of the service.
+        """Send one request; ride out a metadata service that stops answering.
 
-        Only transport failures (cannot connect, connection lost, timed out)
-        are retried, until ``timeout`` seconds have passed; a server's refusal
-        is its answer and goes straight to the caller. A mutation (commit,
-        rename, remove, mkdir) is never repeated: if the connection drops, its
-        reply is lost and it may or may not have happened (atomically either
-        way), so the caller gets ``Unavailable``.
+        Transport failures (cannot connect, connection lost, no answer in
+        time) are retried until ``timeout`` seconds have passed: at once
+        through the next endpoint if there is another (the client stays
+        there), else after a pause. A mutation carries an idempotency key,
+        the same in every repeat, so a repeat of one that was applied but
+        whose reply was lost gets the first outcome and applies nothing;
+        mutations are repeated only within ``RETRY_WITHIN_S`` of the first
+        try, while the service still holds their key. A server's refusal is
+        its answer and goes straight to the caller, never to another
+        endpoint; ``Unavailable`` from a service that answers (its engine is
+        away) is retried there after a pause.
         """
-        start = time.monotonic()
-        deadline, delay, tries = start + self.timeout, 0.05, 0
+        request = with_key(request)
+        retry = Retry(self._limit(request))
         while True:
+            address: str | None = None
             try:
-                conn = await self._pool.get(self.address)
-                body, _ = await conn.call(
-                    "meta",
-                    encode(request),
-                    token=self._token,
-                    timeout=self._wait(request, deadline),
-                )
+                address = await self.endpoints.current()
+                body = await self._call(address, encode(request), retry)
             except (Unavailable, Timeout) as exc:
-                tries += 1
-                if type(request) not in RETRYABLE:
-                    raise
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise type(exc)(
-                        f"gave up on {type(request).__name__} after retrying for "
-                        f"{time.monotonic() - start:.1f} s ({tries} tries; timeout "
-                        f"{self.timeout:g} s): {exc.message}",
-                        exc.path,
-                    ) from None
-                if tries == 1:
-                    log.warning(
-                        "metadata service at %s: %s; retrying %s until %s (timeout %g s)",
-                        self.address,
-                        exc.message,
-                        type(request).__name__,
-                        time.strftime("%H:%M:%S", time.localtime(time.time() + left)),
-                        self.timeout,
-                    )
-                await asyncio.sleep(min(delay, left))
-                delay = min(delay * 2, 1.0)
+                await self._after(request, retry, address, exc)
                 continue
+            self.endpoints.answered(address)
             result: R = decode(body, request.response)
             self._keep_grants(request, result)
             return result
 
-    @staticmethod
-    def _wait(request: Request[R], deadline: float) -> float:
-        """How long a call may wait for its reply: a safe one until the deadline (it
-        will be retried), a mutation as long as ever (its reply says what happened)."""
-        if type(request) not in RETRYABLE:
-            return CALL_TIMEOUT
-        return min(max(deadline - time.monotonic(), 0.1), CALL_TIMEOUT)
+    def _limit(self, request: Request[R]) -> float:
+        """How long ``request`` may be retried; 0: not at all."""
+        if type(request) in RETRYABLE:
+            return self.timeout
+        if type(request) in KEYED or isinstance(request, CommitEach):
+            return min(self.timeout, RETRY_WITHIN_S)
+        return 0.0
+
+    async def _call(self, address: str, body: msgspec.Raw, retry: Retry) -> msgspec.Raw:
+        """One try at ``address``; notes in ``retry`` whether a failure was the service's
+        own answer."""
+        retry.answered = False
+        several = self.endpoints.several
+        wait = min(max(retry.left(), 0.1), CALL_TIMEOUT)
+        conn = await self._pool.get(
+            address, timeout=min(ANSWER_WITHIN_S if several else CONNECT_TIMEOUT, wait)
+        )
+        try:
+            return await watched(conn, body, self._token, wait, ping=several)
+        except Unavailable:
+            retry.answered = not conn.closed  # a reply, not a lost connection
+            raise
+
+    async def _after(
+        self, request: Request[R], retry: Retry, address: str | None, exc: GrabenError
+    ) -> None:
+        """After a failed try: raise if it is over; else move to the next endpoint at once,
+        or, once every endpoint failed this round, pause."""
+        retry.tries += 1
+        if retry.limit <= 0:
+            raise exc
+        left = retry.left()
+        if left <= 0:
+            raise type(exc)(
+                f"gave up on {type(request).__name__} after retrying for "
+                f"{time.monotonic() - retry.start:.1f} s ({retry.tries} tries; timeout "
+                f"{retry.limit:g} s): {exc.message}",
+                exc.path,
+            ) from None
+        if address is not None and not retry.answered:
+            retry.tried.add(address)
+            if self.endpoints.move(address, exc.message) not in retry.tried:
+                return
+        if not retry.warned:
+            retry.warned = True
+            log.warning(
+                "metadata service at %s: %s; retrying %s until %s (timeout %g s)",
+                address or self.endpoints,
+                exc.message,
+                type(request).__name__,
+                time.strftime("%H:%M:%S", time.localtime(time.time() + left)),
+                retry.limit,
+            )
+        await retry.pause()
+        with contextlib.suppress(Unavailable):
+            await self.endpoints.refresh()  # the names may point elsewhere by now
 
     def _keep_grants(self, request: Request[R], result: R) -> None:
         if isinstance(request, Prepare):

@@ -4,10 +4,18 @@ Each request names its response type; the metadata logic (``meta``)
 executes them, an embedded client hands them over in-process and a remote
 one sends them over the wire (``_remote``). The values they carry and
 return are the shared ones of ``graben.store._types``.
+
+Mutations (``KEYED``, and ``CommitEach`` per batch) carry an idempotency
+key: a remote client gives each logical request one (``with_key``) and keeps
+it across retries; the metadata service records the key with the outcome in
+the transaction that applies the mutation, and answers a repeat with the
+recorded outcome instead of applying it again. An embedded client sends no
+key (it never repeats a request).
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, ClassVar, Generic, TypeVar
 
 import msgspec
@@ -69,6 +77,8 @@ class MakeDir(Request[FileInfo], frozen=True):
     path: str
     parents: bool = False
     exist_ok: bool = False
+    key: str = ""
+    """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
 
 
 class Remove(Request[int], frozen=True):
@@ -77,6 +87,8 @@ class Remove(Request[int], frozen=True):
     response = int
     path: str
     recursive: bool = False
+    key: str = ""
+    """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
 
 
 class Rename(Request[FileInfo], frozen=True):
@@ -88,6 +100,8 @@ class Rename(Request[FileInfo], frozen=True):
     replace: bool = True
     replace_tree: bool = False
     """Replace a non-empty directory too, deleting its tree in the same transaction."""
+    key: str = ""
+    """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
 
 
 class SetAttributes(Request[FileInfo], frozen=True):
@@ -99,6 +113,8 @@ class SetAttributes(Request[FileInfo], frozen=True):
     """New mode bits; ``None`` keeps them."""
     mtime_ns: int | None = None
     """New modification time; ``None`` keeps it."""
+    key: str = ""
+    """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
 
 
 class GetLayout(Request[FileLayout], frozen=True):
@@ -134,6 +150,8 @@ class Commit(Request[list[FileInfo]], frozen=True):
 
     response = list[FileInfo]
     files: tuple[FileCommit, ...]
+    key: str = ""
+    """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
 
 
 class Usage(Request[tuple[int, int]], frozen=True):
@@ -169,6 +187,8 @@ class Collectable(Request[list[tuple[str, tuple[str, ...]]]], frozen=True):
     response = list[tuple[str, tuple[str, ...]]]
     grace_s: float
     limit: int = 0
+    key: str = ""
+    """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
 
 
 class CheckMetadata(Request[list[ChunkProblem]], frozen=True):
@@ -220,6 +240,8 @@ class CommitEach(Request[list[Committed]], frozen=True):
 
     response = list[Committed]
     batches: tuple[tuple[FileCommit, ...], ...]
+    keys: tuple[str, ...] = ()
+    """Each batch's idempotency key (its ``Commit``'s), in order; none if empty."""
 
 
 class Grant(Request[list[Capability]], frozen=True):
@@ -234,6 +256,34 @@ class Grant(Request[list[Capability]], frozen=True):
     response = list[Capability]
     chunks: tuple[str, ...]
     op: Op
+
+
+Q = TypeVar("Q", bound="Request[Any]")
+KEY_LIFETIME_S = 600.0
+"""How long the metadata service keeps a mutation's key and reply (``meta/_once.py``)."""
+RETRY_WITHIN_S = KEY_LIFETIME_S / 2
+"""A client repeats a mutation only this long after first sending it, whatever its
+timeout: a repeat after the key is gone would be applied again. Half the lifetime
+leaves room for clocks that disagree and requests that wait in a queue."""
+KEYED: frozenset[type[Any]] = frozenset(
+    {MakeDir, Remove, Rename, SetAttributes, Commit, Collectable}
+)
+"""Mutations that carry one idempotency key (``CommitEach`` carries one per batch)."""
+
+
+def new_key() -> str:
+    """A fresh idempotency key: 16 random bytes in hex."""
+    return secrets.token_hex(16)
+
+
+def with_key(request: Q) -> Q:
+    """``request`` with an idempotency key, if it is a mutation without one yet."""
+    if type(request) in KEYED and not getattr(request, "key", ""):
+        return msgspec.structs.replace(request, key=new_key())
+    if isinstance(request, CommitEach) and len(request.keys) != len(request.batches):
+        keys = tuple(new_key() for _ in request.batches)
+        return msgspec.structs.replace(request, keys=keys)
+    return request
 
 
 def request_types() -> tuple[type[Request[Any]], ...]:

@@ -16,6 +16,7 @@ from ._frames import Call, decode, encode, from_wire, to_wire
 from ._metrics import Metrics
 from ._rpc import (
     CLIENT_IDLE_S,
+    CONNECT_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_TIMEOUT,
     Answer,
@@ -29,6 +30,7 @@ from ._rpc import (
 
 __all__ = [
     "CLIENT_IDLE_S",
+    "CONNECT_TIMEOUT",
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_TIMEOUT",
     "Answer",

@@ -242,15 +242,17 @@ def test_a_write_rides_out_a_metadata_service_restart(tmp_path: Path) -> None:
 def test_a_commit_while_the_metadata_service_is_down_fails_cleanly(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path, nodes=3)
     try:
-        with connect(cluster.url) as client:
+        with connect(cluster.url, timeout=2.0) as client:
             client.put("/f", b"old version")
             f = client.open("/f", "wb")
             f.write(os.urandom(client.chunk_size))  # a whole chunk: uploaded now, not at close
             time.sleep(1.0)  # let it land; only the commit is left
             cluster.meta.send_signal(signal.SIGKILL)
             cluster.meta.wait()
-            with pytest.raises(Unavailable):
-                f.close()  # the commit is never repeated blindly
+            began = time.monotonic()
+            with pytest.raises(Unavailable, match="gave up on Commit"):
+                f.close()  # repeated (with its key) until the client's timeout, then refused
+            assert time.monotonic() - began < 10
             cluster.restart_meta()
             assert client.get("/f") == b"old version"  # nothing half-committed
     finally:

@@ -67,7 +67,7 @@ def test_flags_on_the_command_line_override_the_file(tmp_path: Path) -> None:
     apply_config(parser, argv)
     args = parser.parse_args(argv)
     assert args.data == Path("/from/file")  # a required flag, given by the file
-    assert args.meta == ("10.0.0.1", 7100)  # parsed as the flag parses it
+    assert args.meta == (("10.0.0.1", 7100),)  # parsed as the flag parses it
     assert args.listen == ("0.0.0.0", None)
     assert args.scrub_interval == 60.0
     assert args.rack == "r2"  # the command line wins

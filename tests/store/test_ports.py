@@ -6,14 +6,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cluster_kit import LocalCluster
 
-from graben.store import connect
 from graben.store.cli._cluster import _spawn, _stop
 
 GRABEN = (sys.executable, "-m", "graben.store.cli")
@@ -116,34 +114,5 @@ def test_a_node_heartbeats_its_advertised_address(cluster: LocalCluster, tmp_pat
 
         with connect(cluster.url) as client:
             assert address in {n.address for n in client.health().nodes if n.alive}
-    finally:
-        _stop([proc])
-
-
-def test_a_node_given_several_metadata_services_heartbeats_to_one_that_answers(
-    cluster: LocalCluster, tmp_path: Path
-) -> None:
-    with socket.socket() as unused:  # a port nobody listens on: a dead service
-        unused.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{unused.getsockname()[1]}"
-    metas = f"{dead},{cluster.meta_address}"
-    proc, address = _spawn(
-        *(
-            "node",
-            "serve",
-            "--data",
-            str(tmp_path / "n"),
-            "--meta",
-            metas,
-            "--listen",
-            "127.0.0.1:0",
-        )
-    )
-    try:
-        with connect(cluster.url) as client:
-            deadline = time.monotonic() + 30
-            while address not in {n.address for n in client.health().nodes if n.alive}:
-                assert time.monotonic() < deadline, "the node never reached the live service"
-                time.sleep(0.2)
     finally:
         _stop([proc])

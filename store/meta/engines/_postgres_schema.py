@@ -98,8 +98,17 @@ MIGRATIONS: tuple[str | Callable[[Connection], None], ...] = (
     );
     """,
     _identity,
+    # 4: idempotency keys of applied mutations and their replies (see ``meta/_once.py``).
+    """
+    CREATE TABLE outcomes (
+        key TEXT COLLATE "C" PRIMARY KEY,
+        made_ns BIGINT NOT NULL,
+        reply BYTEA NOT NULL
+    );
+    CREATE INDEX outcomes_by_age ON outcomes (made_ns);
+    """,
 )
-TABLES = ("inodes", "entries", "chunks", "extents", "replicas", "nodes", "store")
+TABLES = ("inodes", "entries", "chunks", "extents", "replicas", "nodes", "store", "outcomes")
 
 
 # -- connections --------------------------------------------------------------------------

@@ -329,6 +329,28 @@ class PostgresTx(CheckedRows):
             for chunk, length, crc, nodes, want in rows
         ]
 
+    # -- idempotency keys ------------------------------------------------------
+
+    def outcomes(self, keys: Iterable[str]) -> dict[str, bytes]:
+        rows = self._rows("SELECT key, reply FROM outcomes WHERE key = ANY(%s)", (list(keys),))
+        return {key: bytes(reply) for key, reply in rows}
+
+    def record_outcomes(self, outcomes: Iterable[tuple[str, bytes]], made_ns: int) -> None:
+        pairs = list(outcomes)
+        self._db.execute(
+            "INSERT INTO outcomes (key, made_ns, reply) "
+            "SELECT key, %s, reply FROM unnest(%s::text[], %s::bytea[]) AS n (key, reply)",
+            (made_ns, [key for key, _ in pairs], [reply for _, reply in pairs]),
+        )
+
+    def forget_outcomes(self, older_than_ns: int, limit: int) -> int:
+        cur = self._db.execute(
+            "DELETE FROM outcomes WHERE key IN (SELECT key FROM outcomes "
+            "WHERE made_ns < %s ORDER BY made_ns LIMIT %s)",
+            (older_than_ns, limit),
+        )
+        return cur.rowcount
+
     # -- nodes --------------------------------------------------------------
 
     def upsert_node(self, node: NodeState) -> None:

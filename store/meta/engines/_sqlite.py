@@ -91,6 +91,15 @@ MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
     ) WITHOUT ROWID;
     """,
     _identity,
+    # 4: idempotency keys of applied mutations and their replies (see ``meta/_once.py``).
+    """
+    CREATE TABLE outcomes (
+        key TEXT PRIMARY KEY,
+        made_ns INTEGER NOT NULL,
+        reply BLOB NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX outcomes_by_age ON outcomes (made_ns);
+    """,
 )
 
 BUSY_TIMEOUT_S = 60.0

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import cast
 
 from ..._errors import IntegrityError
 from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState
@@ -304,6 +305,26 @@ class SQLiteTx(CheckedRows):
             Degraded(ChunkRef(chunk, length, crc), tuple(nodes.split(",")) if nodes else (), want)
             for chunk, length, crc, nodes, want in rows
         ]
+
+    # -- idempotency keys ------------------------------------------------------
+
+    def outcomes(self, keys: Iterable[str]) -> dict[str, bytes]:
+        sql = "SELECT key, reply FROM outcomes WHERE key IN ({})"
+        return {key: bytes(cast(bytes, reply)) for key, reply in self._in(sql, keys)}
+
+    def record_outcomes(self, outcomes: Iterable[tuple[str, bytes]], made_ns: int) -> None:
+        self._db.executemany(
+            "INSERT INTO outcomes (key, made_ns, reply) VALUES (?, ?, ?)",
+            [(key, made_ns, reply) for key, reply in outcomes],
+        )
+
+    def forget_outcomes(self, older_than_ns: int, limit: int) -> int:
+        cur = self._db.execute(
+            "DELETE FROM outcomes WHERE key IN (SELECT key FROM outcomes "
+            "WHERE made_ns < ? ORDER BY made_ns LIMIT ?)",
+            (older_than_ns, limit),
+        )
+        return cur.rowcount
 
     # -- nodes --------------------------------------------------------------
 
