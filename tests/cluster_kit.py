@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from graben.store import TLS
 from graben.store.cli._cluster import _spawn, _stop, _wait_for_nodes
 
 
@@ -27,8 +28,12 @@ class LocalCluster:
         node_args: tuple[str, ...] = (),
         node_args_of: Callable[[int], tuple[str, ...]] = lambda i: (),
         engine: str | None = None,
+        tls: TLS | None = None,
     ):
         self.root, self.scrub, self._node_args = root, scrub, node_args
+        self.tls = tls
+        """What this kit's own client uses to see the nodes report (servers take their TLS
+        flags in ``meta_args`` and ``node_args``)."""
         self._node_args_of = node_args_of
         """Flags for node ``i`` alone (its own ``--metrics`` port, say)."""
         self._started = time.time()
@@ -98,7 +103,7 @@ class LocalCluster:
             self.nodes[i].stdout.close()
 
     def wait_alive(self, count: int) -> None:
-        _wait_for_nodes(self.url, count, since=self._started)
+        _wait_for_nodes(self.url, count, since=self._started, tls=self.tls)
 
     def close(self) -> None:
         _stop([self.meta, *self.nodes])

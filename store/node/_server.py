@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .._buffers import BufferPool
-from .._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, RESERVE, page_entries
+from .._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, RESERVE, TLS, page_entries
 from .._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError
 from .._group import Batcher
 from .._types import (
@@ -66,6 +66,9 @@ from ..wire import (
     every,
     stop,
     to_wire,
+)
+from ..wire import (
+    tls as wire_tls,
 )
 from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, read_id, write_private
 
@@ -97,7 +100,12 @@ class DataNode:
         scrub_interval: float = 3600.0,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         metrics: tuple[str, int] | None = None,
+        tls: TLS | None = None,
     ):
+        """``tls``: serve over TLS only, and dial the metadata service (heartbeats)
+        and other nodes (chains) over TLS, showing this node's certificate."""
+        self._tls = None if tls is None else wire_tls.server_context(tls)
+        self._dial_tls = None if tls is None else wire_tls.client_context(tls)
         root.mkdir(DIR_MODE, parents=True, exist_ok=True)
         self.root, self.rack, self.meta = root, rack, meta
         self.id = node_id(root)
@@ -117,7 +125,7 @@ class DataNode:
         self.scrub_interval = scrub_interval
         self.idle_timeout = idle_timeout
         self._meta_conn: Connection | None = None
-        self._peers = Pool()  # other data nodes, for chain replication
+        self._peers = Pool(self._dial_tls)  # other data nodes, for chain replication
         self._small: Batcher[tuple[ChunkRef, memoryview], None] = Batcher(
             partial(self._run, self.store.write_group), max_size=256, concurrency=2
         )
@@ -151,6 +159,7 @@ class DataNode:
             admit=self._admit,
             idle_timeout=self.idle_timeout,
             metrics=self.metrics,
+            tls=self._tls,
         )
         told = advertise or host
         self.address = told if ":" in told else f"{told}:{self.server.port}"
@@ -360,7 +369,7 @@ class DataNode:
 
     async def _tell_meta(self, request: Request[Any]) -> Any:
         if self._meta_conn is None or self._meta_conn.closed:
-            self._meta_conn = await Connection.open(*self.meta)
+            self._meta_conn = await Connection.open(*self.meta, tls=self._dial_tls)
         body, _ = await self._meta_conn.call(
             "meta", encode(request), token=self._token, timeout=HEARTBEAT_S * 2
         )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -115,9 +116,11 @@ def open_cluster(
     token: str,
     read_ahead: int = 0,
     timeout: float = RETRY_FOR_S,
+    tls: ssl.SSLContext | None = None,
 ) -> tuple[RemoteMeta, RemoteChunks]:
-    """Transports to the cluster whose metadata service listens on ``host:port``."""
-    meta = RemoteMeta(host, port, token, timeout=timeout)
+    """Transports to the cluster whose metadata service listens on ``host:port``
+    (over TLS with the client context ``tls``, to the service and the data nodes)."""
+    meta = RemoteMeta(host, port, token, timeout=timeout, tls=tls)
     checker = ThreadPoolExecutor(check_threads, thread_name_prefix="graben-check")
     nodes = RemoteChunks(
         lambda: meta.request(ListNodes()),
@@ -126,6 +129,7 @@ def open_cluster(
         token=token,
         owns_checker=True,
         read_ahead=read_ahead,
+        tls=tls,
     )
     return meta, nodes
 
@@ -182,11 +186,13 @@ class Grants:
 
 
 class Pool:
-    """One lazily opened, re-opened-on-loss connection per address."""
+    """One lazily opened, re-opened-on-loss connection per address (over TLS with
+    the client context ``tls``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self._connections: dict[str, Connection] = {}
         self._lock = asyncio.Lock()
+        self._tls = tls
 
     async def get(self, address: str) -> Connection:
         conn = self._connections.get(address)
@@ -198,7 +204,7 @@ class Pool:
                 if conn is not None:
                     await conn.close()
                 host, _, port = address.rpartition(":")
-                conn = await Connection.open(host, int(port))
+                conn = await Connection.open(host, int(port), tls=self._tls)
                 self._connections[address] = conn
             return conn
 
@@ -217,11 +223,19 @@ def _usable(conn: Connection) -> bool:
 class RemoteMeta:
     """``MetaTransport`` to a metadata service."""
 
-    def __init__(self, host: str, port: int, token: str, *, timeout: float = RETRY_FOR_S) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: str,
+        *,
+        timeout: float = RETRY_FOR_S,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.address = f"{host}:{port}"
         self.timeout = timeout
         """Seconds a safe request keeps retrying transport failures."""
-        self._pool = Pool()
+        self._pool = Pool(tls)
         self._token = token
         self.grants = Grants(lambda chunks, op: self.request(Grant(chunks, op)))
         """Capabilities that came with replies; chunk transports use and refresh them."""
@@ -350,6 +364,7 @@ class RemoteChunks:
         token: str,
         owns_checker: bool = False,
         read_ahead: int = 0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._window = read_ahead
         self._grants, self._token = grants, token
@@ -363,7 +378,7 @@ class RemoteChunks:
         )
         self._list_nodes, self._checker, self._owns_checker = list_nodes, checker, owns_checker
         self._nodes: dict[str, NodeState] = {}
-        self._pool = Pool()
+        self._pool = Pool(tls)
         # Read-ahead: chunk id -> a fetch into a buffer of ours, at most the window.
         self._ahead: OrderedDict[str, asyncio.Task[bytearray]] = OrderedDict()
         self._spare: list[bytearray] = []  # touched buffers: fresh memory faults at ~1.5 GB/s

@@ -38,8 +38,9 @@ from typing import Any, Final, cast
 
 import msgspec
 
-from .._errors import GrabenError, InvalidArgument, ProtocolError, error_from_code
+from .._errors import GrabenError, InvalidArgument, ProtocolError, TLSError, error_from_code
 from .._types import WireError
+from ._tls import ALERT, looks_like_tls
 
 log = logging.getLogger("graben.wire")
 
@@ -187,9 +188,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
         inbox: int = INBOX,
         budget: MemoryBudget | None = None,
         on_refused: OnRefused | None = None,
+        on_made: Callable[[], None] | None = None,
     ) -> None:
         self._sink, self._on_frame, self._on_lost = sink, on_frame, on_lost
-        self._on_refused = on_refused
+        self._on_refused, self._on_made = on_refused, on_made
         self._max_payload = max_payload
         self._base, self._budget = inbox, budget
         self._inbox = bytearray(inbox)
@@ -218,8 +220,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.transport = cast(asyncio.Transport, transport)
         # Pause as soon as anything is left unsent, so ``send`` returns only
         # once the kernel has the bytes: callers may then reuse payload buffers
-        # (a transport may keep a reference instead of a copy).
-        self.transport.set_write_buffer_limits(high=0)
+        # (a transport may keep a reference instead of a copy). Over TLS, once
+        # bytes are encrypted the transport holds its own copy, so only bytes
+        # not yet encrypted count; and asyncio's TLS transport pauses at
+        # ``>= high``, not ``> high``: high=0 would pause it after every write.
+        tls = transport.get_extra_info("ssl_object") is not None
+        self.transport.set_write_buffer_limits(high=1 if tls else 0)
+        if self._on_made is not None:
+            self._on_made()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._target is not None:
@@ -238,7 +246,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             else:
                 self._end += nbytes
             self._parse()
-        except ProtocolError as exc:
+        except (ProtocolError, TLSError) as exc:
             self.fail(exc)
         except Exception as exc:  # a bug must cost this connection only, never the server
             log.exception("dropping a connection after an internal error")
@@ -297,6 +305,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def _parse_header(self) -> bool:
         """Parse one frame's prefix and header if they are all here; whether one was."""
+        if looks_like_tls(self._inbox, self._start, self._end):  # two bytes tell (an alert is 7)
+            self._end_tls(self._inbox[self._start])
+            return False
         if self._end - self._start < PREFIX.size:
             self._shrink()
             return False
@@ -317,6 +328,16 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._start = frame_start + header_length
         self._take_payload(header, payload_length)
         return True
+
+    def _end_tls(self, record: int) -> None:
+        """The peer speaks TLS and we do not. A client's hello gets TLS's own refusal
+        (``ALERT``), so the client can say what went wrong instead of retrying a lost
+        connection; an alert means a TLS server refused us."""
+        if record != 0x16 or self.transport is None:
+            raise TLSError("the peer answered in TLS")
+        self.broken = TLSError("a TLS client dialled this plaintext server")
+        self.transport.write(ALERT)
+        self.transport.close()  # not abort(): the alert goes out first
 
     def _grow(self, need: int) -> None:
         """Make the inbox hold ``need`` bytes (a large header), charged to the budget."""

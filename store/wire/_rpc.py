@@ -1,13 +1,16 @@
 """Requests over the wire: a multiplexed client connection and a server.
 
-Call order (client): ``conn = await Connection.open(host, port)``, then any
+Call order (client): ``conn = await Connection.open(host, port, tls=...)``, then any
 number of concurrent ``await conn.call(op, body, payload=..., into=...)``,
 then ``await conn.close()``. Replies are matched to calls by id, so one
 connection carries many requests at once; a reply's payload lands straight
 in the caller's ``into``. A dropped connection fails every call in flight
-with ``Unavailable``; a call past its deadline fails with ``Timeout``.
+with ``Unavailable``; a call past its deadline fails with ``Timeout``; TLS that
+fails (an untrusted server, a client certificate refused, TLS on one side
+only) fails with ``TLSError``, a refusal: see ``_tls``.
 
-Server: ``await Server.start(handlers, host, port)``. Each ``Call`` runs its
+Server: ``await Server.start(handlers, host, port, tls=...)`` (with a server
+``ssl.SSLContext``, it speaks TLS only). Each ``Call`` runs its
 handler in a task of its own; a ``GrabenError`` goes back as the same error,
 anything else as an internal error, and a frame that breaks the protocol
 drops that connection only. A server never dies of what a peer sends.
@@ -19,6 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,7 +30,14 @@ from typing import NamedTuple
 
 import msgspec
 
-from .._errors import GrabenError, InvalidArgument, ProtocolError, Timeout, Unavailable
+from .._errors import (
+    GrabenError,
+    InvalidArgument,
+    ProtocolError,
+    Timeout,
+    TLSError,
+    Unavailable,
+)
 from ._frames import (
     INLINE_BODY_MAX,
     NIL,
@@ -40,6 +51,7 @@ from ._frames import (
     to_wire,
 )
 from ._metrics import Metrics  # cheap: prometheus_client is imported only when used
+from ._tls import HANDSHAKE_TIMEOUT_S, failure, speaks_tls
 
 log = logging.getLogger("graben.rpc")
 
@@ -130,14 +142,29 @@ class Connection:
         """When a call last went out (pools drop connections idle for long)."""
 
     @classmethod
-    async def open(cls, host: str, port: int, *, timeout: float = CONNECT_TIMEOUT) -> Connection:
-        """Connect; ``Unavailable`` if nobody answers."""
+    async def open(
+        cls,
+        host: str,
+        port: int,
+        *,
+        timeout: float = CONNECT_TIMEOUT,
+        tls: ssl.SSLContext | None = None,
+    ) -> Connection:
+        """Connect (over TLS with a client context ``tls``, checking the server's
+        certificate names ``host``); ``Unavailable`` if nobody answers, ``TLSError``
+        if TLS fails."""
         connection = cls(f"{host}:{port}")
         loop = asyncio.get_running_loop()
+        named = None if tls is None else host  # the name the server's certificate must hold
         try:
             await asyncio.wait_for(
-                loop.create_connection(lambda: connection._protocol, host, port), timeout
+                loop.create_connection(
+                    lambda: connection._protocol, host, port, ssl=tls, server_hostname=named
+                ),
+                timeout,
             )
+        except ssl.SSLError as exc:  # before OSError, which it is too
+            raise failure(exc, connection.where) from None
         except (OSError, TimeoutError) as exc:
             raise Unavailable(f"cannot connect to {connection.where}: {exc}") from None
         return connection
@@ -225,7 +252,15 @@ class Connection:
             pending.future.set_result((header.body, 0 if payload is None else payload.nbytes))
 
     def _lost(self, exc: BaseException) -> None:
-        self._fail_all(Unavailable(f"connection to {self.where} lost: {exc}"))
+        # A refusal in TLS (a client certificate the server wants, with TLS 1.3 told
+        # only after the handshake; a server that speaks TLS to a plaintext client)
+        # is no lost connection: asking again gets the same answer.
+        if isinstance(exc, ssl.SSLError):
+            self._fail_all(failure(exc, self.where))
+        elif isinstance(exc, TLSError):
+            self._fail_all(speaks_tls(self.where))
+        else:
+            self._fail_all(Unavailable(f"connection to {self.where} lost: {exc}"))
 
     def _fail_all(self, exc: GrabenError) -> None:
         for pending in self._pending.values():
@@ -278,8 +313,10 @@ class Server:
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         metrics: Metrics | None = None,
         label: Label | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> Server:
-        """Listen on ``host:port`` (0: any free port; see ``port``)."""
+        """Listen on ``host:port`` (0: any free port; see ``port``); with a server
+        context ``tls``, for TLS connections only."""
         server = cls(
             handlers,
             sinks or {},
@@ -291,7 +328,13 @@ class Server:
         )
         loop = asyncio.get_running_loop()
         try:
-            server.server = await loop.create_server(server._protocol, host, port)
+            server.server = await loop.create_server(
+                server._protocol,
+                host,
+                port,
+                ssl=tls,
+                ssl_handshake_timeout=None if tls is None else HANDSHAKE_TIMEOUT_S,
+            )
         except OSError as exc:
             raise Unavailable(f"cannot listen on {host}:{port}: {exc.strerror}") from None
         server._sweeping = every(min(5.0, idle_timeout / 4), server._sweep, "idle sweep")
@@ -384,10 +427,15 @@ class _Session:
             inbox=SERVER_INBOX,
             budget=server.headers,
             on_refused=self._on_refused,
+            on_made=self._made,
         )
         self._receiving = 0  # budget held for the payload arriving now
         self.calls = 0  # calls being served
-        server.sessions.add(self)
+
+    def _made(self) -> None:
+        # Counted once connected: a TLS handshake that fails never gets here, and
+        # must leave nothing behind in the server.
+        self._server.sessions.add(self)
 
     @property
     def busy(self) -> bool:
@@ -395,9 +443,16 @@ class _Session:
         return bool(self.calls or self._receiving)
 
     def _lost(self, exc: BaseException) -> None:
+        if isinstance(exc, TLSError):  # the CLI's logging keeps a flood to a line a while
+            log.warning("refused a connection from %s: %s", self._peer(), exc.message)
         self._server.sessions.discard(self)
         self._give(self._receiving)
         self._receiving = 0
+
+    def _peer(self) -> str:
+        transport = self.protocol.transport
+        peer = None if transport is None else transport.get_extra_info("peername")
+        return "?" if not peer else f"{peer[0]}:{peer[1]}"
 
     def _give(self, n: int) -> None:
         if n:
