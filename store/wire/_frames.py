@@ -335,6 +335,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
         connection; an alert means a TLS server refused us."""
         if record != 0x16 or self.transport is None:
             raise TLSError("the peer answered in TLS")
+        peer = self.transport.get_extra_info("peername") or ("?", "?")
+        # The CLI's logging keeps a flood of these to one line per interval.
+        log.warning("refused %s:%s: a TLS client dialled this plaintext server", *peer[:2])
         self.broken = TLSError("a TLS client dialled this plaintext server")
         self.transport.write(ALERT)
         self.transport.close()  # not abort(): the alert goes out first

@@ -1,16 +1,14 @@
 """Requests over the wire: a multiplexed client connection and a server.
 
-Call order (client): ``conn = await Connection.open(host, port, tls=...)``, then any
+Call order (client): ``conn = await Connection.open(host, port)``, then any
 number of concurrent ``await conn.call(op, body, payload=..., into=...)``,
 then ``await conn.close()``. Replies are matched to calls by id, so one
 connection carries many requests at once; a reply's payload lands straight
 in the caller's ``into``. A dropped connection fails every call in flight
-with ``Unavailable``; a call past its deadline fails with ``Timeout``; TLS that
-fails (an untrusted server, a client certificate refused, TLS on one side
-only) fails with ``TLSError``, a refusal: see ``_tls``.
+with ``Unavailable``; a call past its deadline fails with ``Timeout``; TLS
+that fails is a ``TLSError`` (``_tls``). Both ends take ``tls=`` a context.
 
-Server: ``await Server.start(handlers, host, port, tls=...)`` (with a server
-``ssl.SSLContext``, it speaks TLS only). Each ``Call`` runs its
+Server: ``await Server.start(handlers, host, port)``. Each ``Call`` runs its
 handler in a task of its own; a ``GrabenError`` goes back as the same error,
 anything else as an internal error, and a frame that breaks the protocol
 drops that connection only. A server never dies of what a peer sends.
@@ -30,14 +28,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from .._errors import (
-    GrabenError,
-    InvalidArgument,
-    ProtocolError,
-    Timeout,
-    TLSError,
-    Unavailable,
-)
+from .._errors import GrabenError, InvalidArgument, ProtocolError, Timeout, Unavailable
 from ._frames import (
     INLINE_BODY_MAX,
     NIL,
@@ -51,7 +42,7 @@ from ._frames import (
     to_wire,
 )
 from ._metrics import Metrics  # cheap: prometheus_client is imported only when used
-from ._tls import HANDSHAKE_TIMEOUT_S, failure, speaks_tls
+from ._tls import HANDSHAKE_TIMEOUT_S, failure, lost
 
 log = logging.getLogger("graben.rpc")
 
@@ -150,9 +141,8 @@ class Connection:
         timeout: float = CONNECT_TIMEOUT,
         tls: ssl.SSLContext | None = None,
     ) -> Connection:
-        """Connect (over TLS with a client context ``tls``, checking the server's
-        certificate names ``host``); ``Unavailable`` if nobody answers, ``TLSError``
-        if TLS fails."""
+        """Connect (over TLS with a client context ``tls``: the server's certificate
+        must name ``host``); ``Unavailable`` if nobody answers, ``TLSError`` if TLS fails."""
         connection = cls(f"{host}:{port}")
         loop = asyncio.get_running_loop()
         named = None if tls is None else host  # the name the server's certificate must hold
@@ -252,15 +242,7 @@ class Connection:
             pending.future.set_result((header.body, 0 if payload is None else payload.nbytes))
 
     def _lost(self, exc: BaseException) -> None:
-        # A refusal in TLS (a client certificate the server wants, with TLS 1.3 told
-        # only after the handshake; a server that speaks TLS to a plaintext client)
-        # is no lost connection: asking again gets the same answer.
-        if isinstance(exc, ssl.SSLError):
-            self._fail_all(failure(exc, self.where))
-        elif isinstance(exc, TLSError):
-            self._fail_all(speaks_tls(self.where))
-        else:
-            self._fail_all(Unavailable(f"connection to {self.where} lost: {exc}"))
+        self._fail_all(lost(exc, self.where))
 
     def _fail_all(self, exc: GrabenError) -> None:
         for pending in self._pending.values():
@@ -327,13 +309,10 @@ class Server:
             label=label,
         )
         loop = asyncio.get_running_loop()
+        handshake = None if tls is None else HANDSHAKE_TIMEOUT_S
         try:
             server.server = await loop.create_server(
-                server._protocol,
-                host,
-                port,
-                ssl=tls,
-                ssl_handshake_timeout=None if tls is None else HANDSHAKE_TIMEOUT_S,
+                server._protocol, host, port, ssl=tls, ssl_handshake_timeout=handshake
             )
         except OSError as exc:
             raise Unavailable(f"cannot listen on {host}:{port}: {exc.strerror}") from None
@@ -443,16 +422,9 @@ class _Session:
         return bool(self.calls or self._receiving)
 
     def _lost(self, exc: BaseException) -> None:
-        if isinstance(exc, TLSError):  # the CLI's logging keeps a flood to a line a while
-            log.warning("refused a connection from %s: %s", self._peer(), exc.message)
         self._server.sessions.discard(self)
         self._give(self._receiving)
         self._receiving = 0
-
-    def _peer(self) -> str:
-        transport = self.protocol.transport
-        peer = None if transport is None else transport.get_extra_info("peername")
-        return "?" if not peer else f"{peer[0]}:{peer[1]}"
 
     def _give(self, n: int) -> None:
         if n:

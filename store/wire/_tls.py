@@ -25,7 +25,7 @@ import ssl
 from typing import Final
 
 from .._config import TLS
-from .._errors import InvalidArgument, NotFound, TLSError
+from .._errors import GrabenError, InvalidArgument, NotFound, TLSError, Unavailable
 
 log = logging.getLogger("graben.tls")
 
@@ -134,6 +134,20 @@ def failure(exc: ssl.SSLError, where: str) -> TLSError:
             "by the cluster's CA"
         )
     return TLSError(f"TLS with {where} failed: {_why(exc)}")
+
+
+def lost(exc: BaseException, where: str) -> GrabenError:
+    """What a client's calls fail with when its connection to ``where`` ends with ``exc``.
+
+    A refusal in TLS (a client certificate the server wants, which TLS 1.3 tells
+    only after the handshake; a server answering a plaintext client in TLS) is
+    no lost connection: asking again gets the same answer.
+    """
+    if isinstance(exc, ssl.SSLError):
+        return failure(exc, where)
+    if isinstance(exc, TLSError):
+        return speaks_tls(where)
+    return Unavailable(f"connection to {where} lost: {exc}")
 
 
 def speaks_tls(where: str) -> TLSError:

@@ -199,7 +199,7 @@ def test_a_plaintext_server_logs_a_tls_client(pki: Pki, caplog: pytest.LogCaptur
         await _refused(server, TLS(ca=pki.ca))
         await asyncio.sleep(0.1)
 
-    with caplog.at_level(logging.WARNING, "graben.rpc"):
+    with caplog.at_level(logging.WARNING, "graben.wire"):
         serving(None, test)
     assert any("TLS client dialled this plaintext" in r.getMessage() for r in caplog.records)
 
