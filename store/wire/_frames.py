@@ -55,6 +55,8 @@ SERVER_INBOX: Final = 64 << 10
 header larger than it grows the buffer against the server's memory budget."""
 INLINE_BODY_MAX: Final = 64 << 10
 """Bodies larger than this travel as a bulk payload, not in the header."""
+TLS_SLICE: Final = 256 << 10
+"""Bytes of a payload handed to a TLS transport at once (see ``_send_sliced``)."""
 
 NIL: Final = msgspec.Raw(b"\xc0")  # msgpack nil
 
@@ -205,6 +207,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._refused: tuple[Header, GrabenError] | None = None
         self._stalled = False  # reading paused until ``retry``
         self.transport: asyncio.Transport | None = None
+        self._tls = False  # the transport encrypts (asyncio's TLS)
+        self._sending = asyncio.Lock()  # over TLS, a frame goes in slices: one at a time
         self._writable = asyncio.Event()
         self._writable.set()
         self.broken: BaseException | None = None
@@ -224,8 +228,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         # bytes are encrypted the transport holds its own copy, so only bytes
         # not yet encrypted count; and asyncio's TLS transport pauses at
         # ``>= high``, not ``> high``: high=0 would pause it after every write.
-        tls = transport.get_extra_info("ssl_object") is not None
-        self.transport.set_write_buffer_limits(high=1 if tls else 0)
+        self._tls = transport.get_extra_info("ssl_object") is not None
+        self.transport.set_write_buffer_limits(high=1 if self._tls else 0)
         if self._on_made is not None:
             self._on_made()
 
@@ -439,10 +443,36 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self.broken is not None or self.transport is None:
             raise ConnectionResetError("connection closed")
         size = 0 if payload is None else payload.nbytes
+        if self._tls:
+            async with self._sending:
+                await self._send_sliced(frame_prefix(header, size), payload)
+            return
         self.transport.write(frame_prefix(header, size))
         if payload is not None and size:
             self.transport.write(payload)
         await self._writable.wait()
+        if self.broken is not None:
+            raise ConnectionResetError("connection closed")
+
+    async def _send_sliced(self, prefix: bytes, payload: memoryview | None) -> None:
+        """A frame to a TLS transport, its payload a slice at a time, each once the last
+        has left the TLS layer (callers hold ``_sending``: another frame must not come
+        between two slices). Whole, an 8 MiB chunk is encrypted into a fresh 8 MiB
+        buffer, copied again into the socket's and sent from there: measured on
+        loopback here, slices read chunks twice as fast (1.0 against 0.5 GB/s)."""
+        parts = [memoryview(prefix)]
+        if payload is not None:
+            parts += [payload[i : i + TLS_SLICE] for i in range(0, payload.nbytes, TLS_SLICE)]
+        for sent, part in enumerate(parts):
+            if self.broken is not None or self.transport is None:
+                raise ConnectionResetError("connection closed")
+            self.transport.write(part)
+            try:
+                await self._writable.wait()
+            except BaseException:  # cancelled: the peer would read the next frame as this one's
+                if sent + 1 < len(parts):
+                    self.fail(ConnectionResetError("a frame was cut short"))
+                raise
         if self.broken is not None:
             raise ConnectionResetError("connection closed")
 

@@ -95,6 +95,27 @@ def test_many_calls_share_one_tls_connection(pki: Pki) -> None:
     serving(pki.server, test)
 
 
+def test_concurrent_large_payloads_on_one_tls_connection_stay_whole(pki: Pki) -> None:
+    async def test(server: Server) -> None:
+        conn = await Connection.open("127.0.0.1", server.port, tls=tls.client_context(pki.client))
+        blobs = [os.urandom((1 << 20) + 4099 * i) for i in range(8)]
+        intos = [bytearray(len(b)) for b in blobs]
+
+        async def one(i: int) -> int:
+            _, n = await conn.call(
+                "echo", encode(i), payload=memoryview(blobs[i]), into=memoryview(intos[i])
+            )
+            return n
+
+        try:
+            assert await asyncio.gather(*(one(i) for i in range(8))) == [len(b) for b in blobs]
+            assert intos == blobs
+        finally:
+            await conn.close()
+
+    serving(pki.server, test)
+
+
 def test_a_client_without_the_ca_is_told_the_server_is_not_trusted(pki: Pki) -> None:
     async def test(server: Server) -> None:
         message = await _refused(server, TLS())  # the system's CAs only
