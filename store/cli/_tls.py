@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .._config import TLS, tls_from_env
 from .._errors import InvalidArgument
+from ..wire import tls as wire_tls
 
 
 def server_tls_args(serve: argparse.ArgumentParser) -> None:
@@ -56,7 +57,8 @@ def server_tls_args(serve: argparse.ArgumentParser) -> None:
 
 
 def server_tls(args: argparse.Namespace) -> TLS | None:
-    """The TLS a server's flags ask for; ``None``: plaintext."""
+    """The TLS a server's flags ask for, its files checked (before a server touches its
+    engine or disk); ``None``: plaintext."""
     auth_required = args.tls_client_auth == "required"
     if args.tls_cert is None:
         if args.tls_key is not None or args.tls_ca is not None or auth_required:
@@ -69,7 +71,9 @@ def server_tls(args: argparse.Namespace) -> TLS | None:
         raise InvalidArgument(
             "--tls-client-auth required needs --tls-ca, the CA that signs client certificates"
         )
-    return TLS(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, client_auth=auth_required)
+    tls = TLS(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, client_auth=auth_required)
+    wire_tls.server_context(tls)  # loads every file: a bad one stops the server now
+    return tls
 
 
 def tls_flags(args: argparse.Namespace) -> tuple[str, ...]:

@@ -290,3 +290,38 @@ def test_a_flood_of_failed_handshakes_is_one_log_line(pki: Pki, tmp_path: Path) 
     refused = [line for line in log.splitlines() if "refused a TLS connection" in line]
     assert len(refused) == 1, log  # the rest held back, counted on the next line after 10 s
     assert "http request" in refused[0] and "WARNING graben.tls" in refused[0]
+
+
+# -- flags that cannot work ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (("--tls-key", "server.key"), "need --tls-cert"),
+        (("--tls-ca", "ca.pem"), "need --tls-cert"),
+        (("--tls-cert", "CERT", "--tls-client-auth", "required"), "needs --tls-ca"),
+        (("--tls-cert", "missing.pem"), "no such TLS certificate or key file"),
+        (("--tls-cert", "CERT", "--tls-key", "OTHER_KEY"), "cannot load the TLS certificate"),
+    ],
+)
+def test_tls_flags_that_cannot_work_stop_a_server_at_start(
+    pki: Pki, tmp_path: Path, flags: tuple[str, ...], says: str
+) -> None:
+    real = {"CERT": str(pki.server.cert), "OTHER_KEY": str(pki.client.key)}
+    argv = [real.get(f, f) for f in flags]
+    done = _graben("node", "serve", "--data", str(tmp_path / "d"), "--meta", "127.0.0.1:9", *argv)
+    assert done.returncode == 1
+    assert says in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_bad_tls_file_stops_the_metadata_service_before_it_makes_a_store(
+    pki: Pki, tmp_path: Path
+) -> None:
+    engine = tmp_path / "meta.db"
+    done = _graben(
+        *("meta", "serve", "--init", "--engine", f"sqlite:///{engine}", "--listen", "127.0.0.1:0"),
+        *("--tls-cert", str(pki.server.cert), "--tls-key", str(pki.client.key)),
+    )
+    assert done.returncode == 1 and "cannot load the TLS certificate" in done.stderr
+    assert not engine.exists()
