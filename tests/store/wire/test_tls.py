@@ -116,6 +116,26 @@ def test_concurrent_large_payloads_on_one_tls_connection_stay_whole(pki: Pki) ->
     serving(pki.server, test)
 
 
+def test_a_call_cancelled_mid_payload_drops_its_tls_connection(pki: Pki) -> None:
+    """Over TLS a payload goes out in slices: one cut short must not leave the stream
+    for the next frame to be read as its rest."""
+
+    async def test(server: Server) -> None:
+        conn = await Connection.open("127.0.0.1", server.port, tls=tls.client_context(pki.client))
+        data = memoryview(bytearray(256 << 20))
+        sending = asyncio.ensure_future(conn.call("echo", encode(0), payload=data))
+        while conn._protocol._writable.is_set():  # until the socket is full, mid-payload
+            await asyncio.sleep(0)
+        sending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sending
+        assert conn.closed
+        await conn.close()
+        assert await _echo(server, pki.client, b"next") == b"next"
+
+    serving(pki.server, test)
+
+
 def test_a_client_without_the_ca_is_told_the_server_is_not_trusted(pki: Pki) -> None:
     async def test(server: Server) -> None:
         message = await _refused(server, TLS())  # the system's CAs only
