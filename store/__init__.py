@@ -1,11 +1,12 @@
 """graben.store: the chunked, replicated object store and its clients.
 
 ``connect(url)`` opens a store and returns a ``Client``; ``AsyncClient`` is
-the same API for asyncio code. Every error is a ``GrabenError`` that also
-subclasses the builtin it means.
+the same API for asyncio code; ``TLS`` says how to reach a cluster over TLS
+(``connect(url, tls=TLS(ca=...))``, or ``$GRABEN_TLS_CA``). Every error is a
+``GrabenError`` that also subclasses the builtin it means.
 """
 
-from ._config import Options, split_url
+from ._config import TLS, Options, split_url
 from ._errors import (
     AlreadyExists,
     CannotPlace,
@@ -22,6 +23,7 @@ from ._errors import (
     ProtocolError,
     Refused,
     Timeout,
+    TLSError,
     Unavailable,
 )
 from ._paths import normalize as normalize_path
@@ -38,6 +40,7 @@ from .client import (
 from .fsspec import GrabenFileSystem
 
 __all__ = [
+    "TLS",
     "AlreadyExists",
     "AsyncClient",
     "AsyncReadFile",
@@ -62,6 +65,7 @@ __all__ = [
     "ProtocolError",
     "ReadFile",
     "Refused",
+    "TLSError",
     "Timeout",
     "Unavailable",
     "WriteFile",

@@ -2,8 +2,9 @@
 credentials aside: they are read where they are used, in ``wire/_auth.py``).
 
 Precedence, highest first: arguments to ``connect``/``Options``, then the
-environment (``GRABEN_URL``, ``GRABEN_HOME``, ``GRABEN_CHUNK_SIZE``, and for a
-cluster ``GRABEN_TOKEN``, then ``GRABEN_SECRET`` / ``GRABEN_SECRET_FILE``, read
+environment (``GRABEN_URL``, ``GRABEN_HOME``, ``GRABEN_CHUNK_SIZE``, for a
+cluster ``GRABEN_TLS_CA`` / ``GRABEN_TLS_CERT`` / ``GRABEN_TLS_KEY`` (``tls_from_env``)
+and ``GRABEN_TOKEN``, then ``GRABEN_SECRET`` / ``GRABEN_SECRET_FILE``, read
 by ``wire/_auth.py``: ``cluster_token``, ``load_secret``), then the defaults
 below. Servers read ``GRABEN_PAGE_ENTRIES`` (``page_entries``) on every page
 they serve.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -59,6 +61,61 @@ def page_entries(asked: int = 0, default: int = PAGE_ENTRIES) -> int:
     return min(asked, most) if asked > 0 else most
 
 
+ENV_TLS_CA = "GRABEN_TLS_CA"
+ENV_TLS_CERT = "GRABEN_TLS_CERT"
+ENV_TLS_KEY = "GRABEN_TLS_KEY"
+FilePath = str | os.PathLike[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TLS:
+    """The TLS files of one process: the CA it trusts, the certificate it shows.
+
+    A client needs ``ca`` (unless the cluster's certificates chain to the
+    system's trust store), and ``cert``/``key`` only for a cluster that
+    requires client certificates. A server needs ``cert``/``key``; ``ca``
+    verifies its own peers (and, with ``client_auth``, every client).
+    """
+
+    ca: FilePath | None = None
+    """PEM file of the CA certificates a peer's certificate must chain to (``None``:
+    the system's trust store)."""
+    cert: FilePath | None = None
+    """PEM file of this process's certificate (chain): a server's own, or a client's
+    for mutual TLS."""
+    key: FilePath | None = None
+    """PEM file of ``cert``'s private key (``None``: it is in the ``cert`` file)."""
+    client_auth: bool = False
+    """A server only: require every client to show a certificate signed by ``ca``."""
+
+    def __post_init__(self) -> None:
+        if self.key is not None and self.cert is None:
+            raise InvalidArgument("a TLS key needs its certificate too (cert=..., --tls-cert)")
+        if self.client_auth and self.ca is None:
+            raise InvalidArgument(
+                "requiring client certificates needs the CA that signs them (ca=..., --tls-ca)"
+            )
+
+
+def tls_from_env(
+    *, ca: FilePath | None = None, cert: FilePath | None = None, key: FilePath | None = None
+) -> TLS | None:
+    """A client's ``TLS``: each file given here, else ``$GRABEN_TLS_CA``,
+    ``$GRABEN_TLS_CERT``, ``$GRABEN_TLS_KEY``; ``None`` (plaintext) when none is
+    given or set. An empty variable counts as unset."""
+    ca = ca or os.environ.get(ENV_TLS_CA) or None
+    cert = cert or os.environ.get(ENV_TLS_CERT) or None
+    key = key or os.environ.get(ENV_TLS_KEY) or None
+    if ca is None and cert is None and key is None:
+        return None
+    if key is not None and cert is None:
+        raise InvalidArgument(
+            f"a TLS key (${ENV_TLS_KEY}, --tls-key) needs its certificate too "
+            f"(${ENV_TLS_CERT}, --tls-cert)"
+        )
+    return TLS(ca=ca, cert=cert, key=key)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Options:
     """How a client reads and writes. Every field is keyword-only."""
@@ -95,6 +152,10 @@ class Options:
     token: str | None = field(default=None, repr=False)
     """A cluster's client token; ``None`` takes ``$GRABEN_TOKEN``, else the one
     computed from the cluster secret (``$GRABEN_SECRET_FILE``). Ignored embedded."""
+    tls: TLS | ssl.SSLContext | None = field(default_factory=tls_from_env)
+    """How to reach a cluster over TLS (a ``TLS``, or a client ``ssl.SSLContext`` of the
+    caller's own); ``None``: plaintext. Default: ``$GRABEN_TLS_CA`` and friends, else
+    plaintext. The server's name is checked against the host dialled. Ignored embedded."""
 
     def __post_init__(self) -> None:
         if not 4096 <= self.chunk_size <= MAX_CHUNK_SIZE:

@@ -121,6 +121,15 @@ class CannotPlace(Refused, OSError):
     errno_value = _errno.EHOSTDOWN
 
 
+class TLSError(Refused, OSError):
+    """A TLS connection could not be made: the server's certificate is not trusted, the
+    server wants a client certificate, or one side speaks TLS and the other does not.
+    A refusal, never retried: it holds until someone changes a certificate or a setting."""
+
+    code = "tls"
+    errno_value = _errno.EPROTO
+
+
 class Unavailable(GrabenError, ConnectionError):
     """Transport: a server could not be reached or went away mid-request (or, from the
     metadata service, its database is busy). Safe requests retry it until their deadline."""
@@ -163,6 +172,7 @@ ERRORS: dict[str, type[GrabenError]] = {
         PermissionDenied,
         Refused,
         CannotPlace,
+        TLSError,
         Unavailable,
         Timeout,
         ProtocolError,

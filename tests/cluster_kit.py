@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from graben.store import TLS
 from graben.store.cli._cluster import _spawn, _stop, _wait_for_nodes
 
 
@@ -32,13 +33,17 @@ class LocalCluster:
         engine: str | None = None,
         metas: int = 1,
         nodes_meta_first: int = 0,
+        tls: TLS | None = None,
     ):
         self.root, self.scrub, self._node_args = root, scrub, node_args
+        self.tls = tls
+        """What this kit's own client uses to see the nodes report (servers take their TLS
+        flags in ``meta_args`` and ``node_args``)."""
         self._node_args_of = node_args_of
+        """Flags for node ``i`` alone (its own ``--metrics`` port, say)."""
         self._nodes_meta_first = nodes_meta_first
         """The metadata service the nodes' ``--meta`` names first (they heartbeat to it
         while it answers); the others follow in order."""
-        """Flags for node ``i`` alone (its own ``--metrics`` port, say)."""
         self._started = time.time()
         self._meta_options = (
             *("--replication", str(replication)),
@@ -126,7 +131,7 @@ class LocalCluster:
             self.nodes[i].stdout.close()
 
     def wait_alive(self, count: int) -> None:
-        _wait_for_nodes(self.url, count, since=self._started)
+        _wait_for_nodes(self.url, count, since=self._started, tls=self.tls)
 
     def close(self) -> None:
         _stop([*self.metas, *self.nodes])

@@ -15,6 +15,12 @@ root, and refuses a root whose ``meta.db`` is gone while its nodes remain.
 Every server needs the cluster secret: ``--secret-file``, else
 ``$GRABEN_SECRET`` / ``$GRABEN_SECRET_FILE``. ``cluster up`` makes one in its
 root (mode 0600) unless given one, and says what clients should export.
+
+TLS: every server takes ``--tls-cert``, ``--tls-key``, ``--tls-ca`` and
+``--tls-client-auth`` (``_tls``); ``cluster up`` passes them to its servers.
+
+Over 500 lines: the server commands, the local cluster that spawns them and
+``status`` share their flags and helpers; ``status`` is the next to move out.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import urlsplit
 
-from .._config import resolve
+from .._config import TLS, resolve
 from .._errors import IntegrityError, InvalidArgument, NotFound, Unavailable
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
 from ._listen import (
@@ -49,6 +55,7 @@ from ._listen import (
 from ._logs import log_arg
 from ._main import config_arg
 from ._stores import timeout_arg
+from ._tls import client_tls, server_tls, server_tls_args, tls_arg, tls_flags, tls_hint
 
 if TYPE_CHECKING:
     from ..meta import Repository, SQLiteRepository
@@ -58,7 +65,8 @@ READY_TIMEOUT_S = 30.0
 
 
 def _server_args(serve: argparse.ArgumentParser, section: str) -> None:
-    """What every server takes: idle timeout, metrics, secret, log level, config ``[section]``."""
+    """What every server takes: idle timeout, metrics, secret, TLS, log level, config
+    ``[section]``."""
     serve.add_argument(
         "--idle-timeout",
         type=float,
@@ -72,6 +80,7 @@ def _server_args(serve: argparse.ArgumentParser, section: str) -> None:
         default=None,
         help="file holding the cluster secret, mode 0600 (default: $GRABEN_SECRET_FILE)",
     )
+    server_tls_args(serve)
     log_arg(serve)
     config_arg(serve, section)
 
@@ -173,6 +182,7 @@ def add_cluster(sub: Subparsers) -> None:
         default=None,
         help="cluster secret (default: ROOT/secret, made on first start)",
     )
+    server_tls_args(up)
     metrics_arg(
         up,
         "the metadata service's on PORT, node i's on PORT+1+i, more services' after the "
@@ -193,6 +203,7 @@ def add_status(sub: Subparsers) -> None:
     )
     status.add_argument("--json", action="store_true", help="print JSON")
     timeout_arg(status)
+    tls_arg(status)
     status.set_defaults(run=_status)
 
 
@@ -201,7 +212,7 @@ def _status(args: argparse.Namespace) -> int:
 
     from ._stores import open_client
 
-    with open_client(args.store, create=True, timeout=args.timeout) as client:
+    with open_client(args.store, create=True, timeout=args.timeout, tls=client_tls(args)) as client:
         health = client.health()
     cluster = resolve(args.store).address is not None
     dead = cluster and not any(n.alive for n in health.nodes)
@@ -269,6 +280,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
     path = None if is_postgres(args.engine) else _engine_path(args.engine)
     check_advertise(args.listen, args.advertise)
     secret = auth.load_secret(args.secret_file)
+    tls = server_tls(args)
     if path is None:
         repo: Repository = _open_postgres(args.engine, init=args.init)
     else:
@@ -285,6 +297,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
             repair_interval=args.repair_interval,
             idle_timeout=args.idle_timeout,
             metrics=args.metrics,
+            tls=tls,
         )
         server = await service.start(host, META_PORT if port is None else port)
         return advertised(args.listen, server.port, args.advertise), service.close
@@ -323,6 +336,7 @@ def _node_serve(args: argparse.Namespace) -> int:
 
     check_advertise(args.listen, args.advertise)
     secret = auth.load_secret(args.secret_file)
+    tls = server_tls(args)
 
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
         node = DataNode(
@@ -333,6 +347,7 @@ def _node_serve(args: argparse.Namespace) -> int:
             scrub_interval=args.scrub_interval,
             idle_timeout=args.idle_timeout,
             metrics=args.metrics,
+            tls=tls,
         )
         await start_node(node, args.listen, args.advertise)
         return node.address, node.close
@@ -366,9 +381,11 @@ def local_cluster(
     *,
     engine: str | None = None,
     services: int = 1,
+    extra: tuple[str, ...] = (),
 ) -> Iterator[str]:
     """``graben cluster up`` in a child process for the block, on any free ports;
-    yields the cluster's URL (every metadata service's address in it).
+    yields the cluster's URL (every metadata service's address in it). ``extra``:
+    more of its flags (``--tls-cert ...``).
 
     Its secret is ``secret_file``, else ``root/secret``; clients need it too.
     """
@@ -377,7 +394,17 @@ def local_cluster(
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "graben.store.cli", "cluster", "up"),
-            *("--nodes", str(nodes), "--root", str(root), "--port", "0", *secret, *metadata),
+            *(
+                "--nodes",
+                str(nodes),
+                "--root",
+                str(root),
+                "--port",
+                "0",
+                *secret,
+                *metadata,
+                *extra,
+            ),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -399,7 +426,8 @@ def _cluster_up(args: argparse.Namespace) -> int:
     root.mkdir(0o700, parents=True, exist_ok=True)
     replication = args.replication or min(3, args.nodes)
     secret_file: Path = (args.secret_file or make_secret_file(root / "secret")).resolve()
-    shared: tuple[str, ...] = ("--secret-file", str(secret_file))
+    tls = server_tls(args)
+    shared: tuple[str, ...] = ("--secret-file", str(secret_file), *tls_flags(args))
     shared = (*shared, "--log-level", args.log_level)
     if args.config is not None:  # the servers take their own tables of it
         shared = (*shared, "--config", str(args.config.resolve()))
@@ -442,11 +470,11 @@ def _cluster_up(args: argparse.Namespace) -> int:
             )
             procs.append(node)
         token = auth.client_token(auth.load_secret(secret_file))
-        _wait_for_nodes(f"graben://{address}", args.nodes, token, started)
+        _wait_for_nodes(f"graben://{address}", args.nodes, token, started, tls=tls)
         print(f"graben://{','.join(addresses)}", flush=True)
         print(
             f"graben cluster: {args.nodes} data nodes, replication {replication}; Ctrl-C stops it\n"
-            f"clients need its secret: export GRABEN_SECRET_FILE={secret_file}",
+            f"clients need its secret: export GRABEN_SECRET_FILE={secret_file}" + tls_hint(tls),
             file=sys.stderr,
             flush=True,
         )
@@ -496,15 +524,18 @@ def make_secret_file(path: Path) -> Path:
     return path
 
 
-def _wait_for_nodes(url: str, count: int, token: str | None = None, since: float = 0.0) -> None:
+def _wait_for_nodes(
+    url: str, count: int, token: str | None = None, since: float = 0.0, *, tls: TLS | None = None
+) -> None:
     """Return once ``count`` data nodes have heartbeated to the cluster at ``url`` (at or
     after unix time ``since``: a restarted cluster's engine still lists its nodes' old
-    addresses, alive for a while yet)."""
+    addresses, alive for a while yet). ``tls``: the servers' own TLS (``None``:
+    plaintext, whatever the environment says)."""
     from ..client import connect, run_sync
     from ..transport import ListNodes
 
     deadline = time.monotonic() + READY_TIMEOUT_S
-    with connect(url, token=token) as client:
+    with connect(url, token=token, tls=tls) as client:
         while time.monotonic() < deadline:
             nodes = run_sync(client.aio.meta.request(ListNodes()))
             if sum(n.alive and n.last_seen >= since for n in nodes) >= count:

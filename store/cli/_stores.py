@@ -13,7 +13,7 @@ import posixpath
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .._config import resolve, split_url
+from .._config import TLS, resolve, split_url
 from .._errors import GrabenError, InvalidArgument, NotADirectory, NotFound, from_os_error
 from ..client import Client, connect
 
@@ -48,16 +48,22 @@ def timeout_arg(parser: argparse.ArgumentParser) -> None:
 
 @contextmanager
 def open_client(
-    store: str | None, *, create: bool = False, timeout: float | None = None
+    store: str | None,
+    *,
+    create: bool = False,
+    timeout: float | None = None,
+    tls: TLS | None = None,
 ) -> Iterator[Client]:
-    """A client of ``store``; commands that only read refuse to create a store.
+    """A client of ``store``; commands that only read refuse to create a store. ``tls``
+    (``client_tls``) reaches a cluster over TLS; ``None``: plaintext.
 
     Opening an embedded store creates its directory, so a mistyped
     ``--store`` on ``ls`` would otherwise leave a new empty store behind.
     """
     if not create:
         _require_store(store)
-    with connect(store, **({} if timeout is None else {"timeout": timeout})) as client:
+    options = {} if timeout is None else {"timeout": timeout}
+    with connect(store, tls=tls, **options) as client:
         yield client
 
 

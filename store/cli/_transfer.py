@@ -24,7 +24,14 @@ from .._errors import InvalidArgument, IsADirectory
 from .._paths import normalize
 from ..client import Client, ReadFile
 from . import _render as out
-from ._stores import local_errors, locate, open_client, remote_dest, remote_is_dir
+from ._stores import (
+    local_errors,
+    locate,
+    open_client,
+    remote_dest,
+    remote_is_dir,
+)
+from ._tls import client_tls
 
 WriteMode: TypeAlias = Literal["wb", "xb"]
 STDIO = "-"
@@ -34,7 +41,10 @@ STDIO = "-"
 def cat(args: argparse.Namespace) -> int:
     start, end = args.range or (0, None)
     store, (path,) = locate(args.store, args.path)
-    with open_client(store, timeout=args.timeout) as client, client.open(path, "rb") as src:
+    with (
+        open_client(store, timeout=args.timeout, tls=client_tls(args)) as client,
+        client.open(path, "rb") as src,
+    ):
         size = src.info.size
         stop = size if end is None else min(end, size)
         src.seek(min(start, size))
@@ -44,7 +54,10 @@ def cat(args: argparse.Namespace) -> int:
 
 def get(args: argparse.Namespace) -> int:
     store, (remote,) = locate(args.store, args.remote)
-    with open_client(store, timeout=args.timeout) as client, client.open(remote, "rb") as src:
+    with (
+        open_client(store, timeout=args.timeout, tls=client_tls(args)) as client,
+        client.open(remote, "rb") as src,
+    ):
         size = src.info.size
         if args.local == STDIO:
             _to_stdout(client, src, size, remote)
@@ -115,7 +128,7 @@ def _umask() -> int:
 def put(args: argparse.Namespace) -> int:
     store, (remote,) = locate(args.store, args.remote)
     mode: WriteMode = "xb" if args.exclusive else "wb"
-    with open_client(store, create=True, timeout=args.timeout) as client:
+    with open_client(store, create=True, timeout=args.timeout, tls=client_tls(args)) as client:
         if args.local == STDIO:
             _put_stdin(client, remote, mode)
             return 0

@@ -30,7 +30,7 @@ from ..transport import (
     Usage,
     open_cluster,
 )
-from ..wire import auth
+from ..wire import auth, tls
 from . import _pages
 from ._afiles import AsyncFileOpener
 from ._fsck import Fsck
@@ -61,6 +61,7 @@ class AsyncClient:
                 token=auth.cluster_token(opts.token),
                 read_ahead=opts.remote_read_ahead,
                 timeout=opts.timeout,
+                tls=None if opts.tls is None else tls.client_context(opts.tls),
             )
             self._setup(remote, nodes, opts, cluster_url(target.addresses), report=True)
             return

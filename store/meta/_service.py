@@ -31,6 +31,7 @@ from typing import Any, Union
 import msgspec
 from msgspec.structs import replace
 
+from .._config import TLS
 from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound, PermissionDenied
 from .._group import Batcher
 from .._types import (
@@ -67,6 +68,9 @@ from ..wire import (
     every,
     stop,
     to_wire,
+)
+from ..wire import (
+    tls as wire_tls,
 )
 from ._namespace import Namespace
 from ._placement import place
@@ -128,7 +132,10 @@ class MetaService:
         threads: int = 8,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         metrics: tuple[str, int] | None = None,
+        tls: TLS | None = None,
     ) -> None:
+        """``tls``: serve over TLS only, and dial the data nodes (repair) over TLS."""
+        self._tls = None if tls is None else wire_tls.server_context(tls)
         self.namespace = Namespace(
             repo,
             self._place,
@@ -152,6 +159,7 @@ class MetaService:
             Grants(self._mint),
             token=auth.client_token(secret),
             owns_checker=True,
+            tls=None if tls is None else wire_tls.client_context(tls),
         )
         self._repairing: asyncio.Task[None] | None = None
         self._metrics_at = metrics
@@ -173,6 +181,7 @@ class MetaService:
                 idle_timeout=self.idle_timeout,
                 metrics=self.metrics,
                 label=request_label,
+                tls=self._tls,
             )
         except BaseException:
             if self.metrics is not None:

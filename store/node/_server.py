@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .._buffers import BufferPool
-from .._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, RESERVE, page_entries
+from .._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, RESERVE, TLS, page_entries
 from .._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError
 from .._group import Batcher
 from .._types import (
@@ -69,6 +69,9 @@ from ..wire import (
     every,
     stop,
     to_wire,
+)
+from ..wire import (
+    tls as wire_tls,
 )
 from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, read_id, write_private
 
@@ -100,7 +103,12 @@ class DataNode:
         scrub_interval: float = 3600.0,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         metrics: tuple[str, int] | None = None,
+        tls: TLS | None = None,
     ):
+        """``tls``: serve over TLS only, and dial the metadata service (heartbeats)
+        and other nodes (chains) over TLS, showing this node's certificate."""
+        self._tls = None if tls is None else wire_tls.server_context(tls)
+        self._dial_tls = None if tls is None else wire_tls.client_context(tls)
         root.mkdir(DIR_MODE, parents=True, exist_ok=True)
         self.root, self.rack = root, rack
         self.id = node_id(root)
@@ -121,8 +129,8 @@ class DataNode:
         self.idle_timeout = idle_timeout
         # Heartbeats and reports go to whichever metadata service answers (any of them
         # records them in the one engine they share).
-        self.meta = RemoteMeta(meta, self._token, timeout=HEARTBEAT_S * 2)
-        self._peers = Pool()  # other data nodes, for chain replication
+        self.meta = RemoteMeta(meta, self._token, timeout=HEARTBEAT_S * 2, tls=self._dial_tls)
+        self._peers = Pool(self._dial_tls)  # other data nodes, for chain replication
         self._small: Batcher[tuple[ChunkRef, memoryview], None] = Batcher(
             partial(self._run, self.store.write_group), max_size=256, concurrency=2
         )
@@ -156,6 +164,7 @@ class DataNode:
             admit=self._admit,
             idle_timeout=self.idle_timeout,
             metrics=self.metrics,
+            tls=self._tls,
         )
         told = advertise or host
         self.address = told if ":" in told else f"{told}:{self.server.port}"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -134,10 +135,12 @@ def open_cluster(
     token: str,
     read_ahead: int = 0,
     timeout: float = RETRY_FOR_S,
+    tls: ssl.SSLContext | None = None,
 ) -> tuple[RemoteMeta, RemoteChunks]:
     """Transports to the cluster whose metadata services listen at ``endpoints``
-    (``(host, port)`` each; a name stands for all its addresses)."""
-    meta = RemoteMeta(endpoints, token, timeout=timeout)
+    (``(host, port)`` each; a name stands for all its addresses), over TLS with the
+    client context ``tls`` (to the services and the data nodes)."""
+    meta = RemoteMeta(endpoints, token, timeout=timeout, tls=tls)
     checker = ThreadPoolExecutor(check_threads, thread_name_prefix="graben-check")
     nodes = RemoteChunks(
         lambda: meta.request(ListNodes()),
@@ -146,6 +149,7 @@ def open_cluster(
         token=token,
         owns_checker=True,
         read_ahead=read_ahead,
+        tls=tls,
     )
     return meta, nodes
 
@@ -202,12 +206,14 @@ class Grants:
 
 
 class Pool:
-    """One lazily opened, re-opened-on-loss connection per address."""
+    """One lazily opened, re-opened-on-loss connection per address (over TLS with
+    the client context ``tls``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self._connections: dict[str, Connection] = {}
         # One lock per address: a connect hanging on a dead host holds up no other.
         self._locks: dict[str, asyncio.Lock] = {}
+        self._tls = tls
 
     async def get(self, address: str, *, timeout: float = CONNECT_TIMEOUT) -> Connection:
         conn = self._connections.get(address)
@@ -219,7 +225,7 @@ class Pool:
                 if conn is not None:
                     await conn.close()
                 host, _, port = address.rpartition(":")
-                conn = await Connection.open(host, int(port), timeout=timeout)
+                conn = await Connection.open(host, int(port), timeout=timeout, tls=self._tls)
                 self._connections[address] = conn
             return conn
 
@@ -239,13 +245,18 @@ class RemoteMeta:
     """``MetaTransport`` to a cluster's metadata services (one at a time)."""
 
     def __init__(
-        self, endpoints: Sequence[tuple[str, int]], token: str, *, timeout: float = RETRY_FOR_S
+        self,
+        endpoints: Sequence[tuple[str, int]],
+        token: str,
+        *,
+        timeout: float = RETRY_FOR_S,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.endpoints = Endpoints(endpoints)
         """The services' addresses, and the one in use."""
         self.timeout = timeout
         """Seconds a request keeps retrying transport failures."""
-        self._pool = Pool()
+        self._pool = Pool(tls)
         self._token = token
         self.grants = Grants(lambda chunks, op: self.request(Grant(chunks, op)))
         """Capabilities that came with replies; chunk transports use and refresh them."""
@@ -410,6 +421,7 @@ class RemoteChunks:
         token: str,
         owns_checker: bool = False,
         read_ahead: int = 0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._window = read_ahead
         self._grants, self._token = grants, token
@@ -423,7 +435,7 @@ class RemoteChunks:
         )
         self._list_nodes, self._checker, self._owns_checker = list_nodes, checker, owns_checker
         self._nodes: dict[str, NodeState] = {}
-        self._pool = Pool()
+        self._pool = Pool(tls)
         # Read-ahead: chunk id -> a fetch into a buffer of ours, at most the window.
         self._ahead: OrderedDict[str, asyncio.Task[bytearray]] = OrderedDict()
         self._spare: list[bytearray] = []  # touched buffers: fresh memory faults at ~1.5 GB/s

@@ -4,14 +4,15 @@ Owns the frame protocol (``_frames``: length-prefixed frames, a msgpack
 header, a payload received straight into the receiver's buffer), RPC on top
 of it (``_rpc``: multiplexed client connections, servers, periodic tasks),
 the cluster's auth primitives (``auth``: the shared secret, client tokens,
-chunk capabilities) and each server's Prometheus metrics (``_metrics``).
-TLS belongs here too.
+chunk capabilities), TLS (``tls``: contexts from ``TLS`` values, failures
+told as refusals) and each server's Prometheus metrics (``_metrics``).
 
 May import: the store's shared modules only (``graben.store._types``,
 ``_errors``, ...); every other layer may import this one.
 """
 
 from . import _auth as auth
+from . import _tls as tls
 from ._frames import Call, decode, encode, from_wire, to_wire
 from ._metrics import Metrics
 from ._rpc import (
@@ -46,5 +47,6 @@ __all__ = [
     "every",
     "from_wire",
     "stop",
+    "tls",
     "to_wire",
 ]

@@ -38,8 +38,9 @@ from typing import Any, Final, cast
 
 import msgspec
 
-from .._errors import GrabenError, InvalidArgument, ProtocolError, error_from_code
+from .._errors import GrabenError, InvalidArgument, ProtocolError, TLSError, error_from_code
 from .._types import WireError
+from ._tls import ALERT, looks_like_tls
 
 log = logging.getLogger("graben.wire")
 
@@ -54,6 +55,8 @@ SERVER_INBOX: Final = 64 << 10
 header larger than it grows the buffer against the server's memory budget."""
 INLINE_BODY_MAX: Final = 64 << 10
 """Bodies larger than this travel as a bulk payload, not in the header."""
+TLS_SLICE: Final = 256 << 10
+"""Bytes of a payload handed to a TLS transport at once (see ``_send_sliced``)."""
 
 NIL: Final = msgspec.Raw(b"\xc0")  # msgpack nil
 
@@ -187,9 +190,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
         inbox: int = INBOX,
         budget: MemoryBudget | None = None,
         on_refused: OnRefused | None = None,
+        on_made: Callable[[], None] | None = None,
     ) -> None:
         self._sink, self._on_frame, self._on_lost = sink, on_frame, on_lost
-        self._on_refused = on_refused
+        self._on_refused, self._on_made = on_refused, on_made
         self._max_payload = max_payload
         self._base, self._budget = inbox, budget
         self._inbox = bytearray(inbox)
@@ -203,6 +207,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._refused: tuple[Header, GrabenError] | None = None
         self._stalled = False  # reading paused until ``retry``
         self.transport: asyncio.Transport | None = None
+        self._tls = False  # the transport encrypts (asyncio's TLS)
+        self._sending = asyncio.Lock()  # over TLS, a frame goes in slices: one at a time
         self._writable = asyncio.Event()
         self._writable.set()
         self.broken: BaseException | None = None
@@ -218,8 +224,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.transport = cast(asyncio.Transport, transport)
         # Pause as soon as anything is left unsent, so ``send`` returns only
         # once the kernel has the bytes: callers may then reuse payload buffers
-        # (a transport may keep a reference instead of a copy).
-        self.transport.set_write_buffer_limits(high=0)
+        # (a transport may keep a reference instead of a copy). Over TLS, once
+        # bytes are encrypted the transport holds its own copy, so only bytes
+        # not yet encrypted count; and asyncio's TLS transport pauses at
+        # ``>= high``, not ``> high``: high=0 would pause it after every write.
+        self._tls = transport.get_extra_info("ssl_object") is not None
+        self.transport.set_write_buffer_limits(high=1 if self._tls else 0)
+        if self._on_made is not None:
+            self._on_made()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._target is not None:
@@ -238,7 +250,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             else:
                 self._end += nbytes
             self._parse()
-        except ProtocolError as exc:
+        except (ProtocolError, TLSError) as exc:
             self.fail(exc)
         except Exception as exc:  # a bug must cost this connection only, never the server
             log.exception("dropping a connection after an internal error")
@@ -297,6 +309,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def _parse_header(self) -> bool:
         """Parse one frame's prefix and header if they are all here; whether one was."""
+        if looks_like_tls(self._inbox, self._start, self._end):  # two bytes tell (an alert is 7)
+            self._end_tls(self._inbox[self._start])
+            return False
         if self._end - self._start < PREFIX.size:
             self._shrink()
             return False
@@ -317,6 +332,19 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._start = frame_start + header_length
         self._take_payload(header, payload_length)
         return True
+
+    def _end_tls(self, record: int) -> None:
+        """The peer speaks TLS and we do not. A client's hello gets TLS's own refusal
+        (``ALERT``), so the client can say what went wrong instead of retrying a lost
+        connection; an alert means a TLS server refused us."""
+        if record != 0x16 or self.transport is None:
+            raise TLSError("the peer answered in TLS")
+        peer = self.transport.get_extra_info("peername") or ("?", "?")
+        # The CLI's logging keeps a flood of these to one line per interval.
+        log.warning("refused %s:%s: a TLS client dialled this plaintext server", *peer[:2])
+        self.broken = TLSError("a TLS client dialled this plaintext server")
+        self.transport.write(ALERT)
+        self.transport.close()  # not abort(): the alert goes out first
 
     def _grow(self, need: int) -> None:
         """Make the inbox hold ``need`` bytes (a large header), charged to the budget."""
@@ -415,10 +443,36 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self.broken is not None or self.transport is None:
             raise ConnectionResetError("connection closed")
         size = 0 if payload is None else payload.nbytes
+        if self._tls:
+            async with self._sending:
+                await self._send_sliced(frame_prefix(header, size), payload)
+            return
         self.transport.write(frame_prefix(header, size))
         if payload is not None and size:
             self.transport.write(payload)
         await self._writable.wait()
+        if self.broken is not None:
+            raise ConnectionResetError("connection closed")
+
+    async def _send_sliced(self, prefix: bytes, payload: memoryview | None) -> None:
+        """A frame to a TLS transport, its payload a slice at a time, each once the last
+        has left the TLS layer (callers hold ``_sending``: another frame must not come
+        between two slices). Whole, an 8 MiB chunk is encrypted into a fresh 8 MiB
+        buffer, copied again into the socket's and sent from there: measured on
+        loopback here, slices read chunks twice as fast (1.0 against 0.5 GB/s)."""
+        parts = [memoryview(prefix)]
+        if payload is not None:
+            parts += [payload[i : i + TLS_SLICE] for i in range(0, payload.nbytes, TLS_SLICE)]
+        for sent, part in enumerate(parts):
+            if self.broken is not None or self.transport is None:
+                raise ConnectionResetError("connection closed")
+            self.transport.write(part)
+            try:
+                await self._writable.wait()
+            except BaseException:  # cancelled: the peer would read the next frame as this one's
+                if sent + 1 < len(parts):
+                    self.fail(ConnectionResetError("a frame was cut short"))
+                raise
         if self.broken is not None:
             raise ConnectionResetError("connection closed")
 

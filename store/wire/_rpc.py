@@ -5,7 +5,8 @@ number of concurrent ``await conn.call(op, body, payload=..., into=...)``,
 then ``await conn.close()``. Replies are matched to calls by id, so one
 connection carries many requests at once; a reply's payload lands straight
 in the caller's ``into``. A dropped connection fails every call in flight
-with ``Unavailable``; a call past its deadline fails with ``Timeout``.
+with ``Unavailable``; a call past its deadline fails with ``Timeout``; TLS
+that fails is a ``TLSError`` (``_tls``). Both ends take ``tls=`` a context.
 
 Server: ``await Server.start(handlers, host, port)``. Each ``Call`` runs its
 handler in a task of its own; a ``GrabenError`` goes back as the same error,
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -40,6 +42,7 @@ from ._frames import (
     to_wire,
 )
 from ._metrics import Metrics  # cheap: prometheus_client is imported only when used
+from ._tls import HANDSHAKE_TIMEOUT_S, failure, lost
 
 log = logging.getLogger("graben.rpc")
 
@@ -130,14 +133,28 @@ class Connection:
         """When a call last went out (pools drop connections idle for long)."""
 
     @classmethod
-    async def open(cls, host: str, port: int, *, timeout: float = CONNECT_TIMEOUT) -> Connection:
-        """Connect; ``Unavailable`` if nobody answers."""
+    async def open(
+        cls,
+        host: str,
+        port: int,
+        *,
+        timeout: float = CONNECT_TIMEOUT,
+        tls: ssl.SSLContext | None = None,
+    ) -> Connection:
+        """Connect (over TLS with a client context ``tls``: the server's certificate
+        must name ``host``); ``Unavailable`` if nobody answers, ``TLSError`` if TLS fails."""
         connection = cls(f"{host}:{port}")
         loop = asyncio.get_running_loop()
+        named = None if tls is None else host  # the name the server's certificate must hold
         try:
             await asyncio.wait_for(
-                loop.create_connection(lambda: connection._protocol, host, port), timeout
+                loop.create_connection(
+                    lambda: connection._protocol, host, port, ssl=tls, server_hostname=named
+                ),
+                timeout,
             )
+        except ssl.SSLError as exc:  # before OSError, which it is too
+            raise failure(exc, connection.where) from None
         except (OSError, TimeoutError) as exc:
             raise Unavailable(f"cannot connect to {connection.where}: {exc}") from None
         return connection
@@ -225,7 +242,7 @@ class Connection:
             pending.future.set_result((header.body, 0 if payload is None else payload.nbytes))
 
     def _lost(self, exc: BaseException) -> None:
-        self._fail_all(Unavailable(f"connection to {self.where} lost: {exc}"))
+        self._fail_all(lost(exc, self.where))
 
     def _fail_all(self, exc: GrabenError) -> None:
         for pending in self._pending.values():
@@ -278,8 +295,10 @@ class Server:
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         metrics: Metrics | None = None,
         label: Label | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> Server:
-        """Listen on ``host:port`` (0: any free port; see ``port``)."""
+        """Listen on ``host:port`` (0: any free port; see ``port``); with a server
+        context ``tls``, for TLS connections only."""
         server = cls(
             handlers,
             sinks or {},
@@ -290,8 +309,11 @@ class Server:
             label=label,
         )
         loop = asyncio.get_running_loop()
+        handshake = None if tls is None else HANDSHAKE_TIMEOUT_S
         try:
-            server.server = await loop.create_server(server._protocol, host, port)
+            server.server = await loop.create_server(
+                server._protocol, host, port, ssl=tls, ssl_handshake_timeout=handshake
+            )
         except OSError as exc:
             raise Unavailable(f"cannot listen on {host}:{port}: {exc.strerror}") from None
         server._sweeping = every(min(5.0, idle_timeout / 4), server._sweep, "idle sweep")
@@ -384,10 +406,15 @@ class _Session:
             inbox=SERVER_INBOX,
             budget=server.headers,
             on_refused=self._on_refused,
+            on_made=self._made,
         )
         self._receiving = 0  # budget held for the payload arriving now
         self.calls = 0  # calls being served
-        server.sessions.add(self)
+
+    def _made(self) -> None:
+        # Counted once connected: a TLS handshake that fails never gets here, and
+        # must leave nothing behind in the server.
+        self._server.sessions.add(self)
 
     @property
     def busy(self) -> bool:

@@ -292,3 +292,16 @@ def test_the_dataset_workload_measures_cold_and_warm_beside_pyarrow(tmp_path: Pa
     ):
         assert {(system, "samples/s"), (f"{system}, in bytes", "GB/s")} <= systems
     assert all(r["value"] > 0 and r["workload"] == "dataset-epoch" for r in rows)
+
+
+@pytest.mark.slow
+def test_the_tls_workloads_measure_tls_beside_plaintext(tmp_path: Path) -> None:
+    """A tiny run of cluster-tls-*: a plaintext and a TLS cluster, both measured each trial."""
+    rows = _quiet_run(tmp_path, "cluster-tls", "--size-mib", "8", "--quick")
+    systems = {(r["workload"], r["system"]) for r in rows}
+    for name in ("cluster-tls-write", "cluster-tls-read"):
+        assert {
+            (name, "graben cluster RF=1, plaintext"),
+            (name, "graben cluster RF=1, TLS"),
+        } == {s for s in systems if s[0] == name}
+    assert all(r["value"] > 0 and r["baseline"] == "graben cluster RF=1, plaintext" for r in rows)
