@@ -38,7 +38,7 @@ from graben.store._types import ChunkRef, Extent, FileCommit, StoredChunk
 from graben.store.meta._namespace import Namespace
 
 USER = "graben"
-MIGRATIONS = 3
+MIGRATIONS = 4
 """The schema version graben writes today."""
 START_TIMEOUT_S = 60
 
