@@ -281,6 +281,23 @@ class Degraded(msgspec.Struct, frozen=True):
     """Copies its most demanding file asks for."""
 
 
+class ServiceState(msgspec.Struct, frozen=True):
+    """A metadata service as the engine knows it (each records itself there)."""
+
+    id: str
+    """Made when the service starts: a restarted service is a new one."""
+    address: str
+    """``host:port`` it advertises to clients."""
+    engine: str
+    """``sqlite`` or ``postgresql``."""
+    started: float
+    """Unix time it started, by the engine's clock."""
+    last_seen: float
+    """Unix time of its last heartbeat, by the engine's clock."""
+    alive: bool = True
+    """Heard from within the last few seconds."""
+
+
 class Health(msgspec.Struct, frozen=True):
     """What ``graben status`` shows."""
 
@@ -294,6 +311,14 @@ class Health(msgspec.Struct, frozen=True):
     """The store's default copies per chunk."""
     store_id: str = ""
     """The store's id (every data node keeps it too)."""
+    services: list[ServiceState] = msgspec.field(default_factory=list)
+    """Metadata services sharing the engine (none for an embedded store)."""
+    leader: str = ""
+    """The id of the service whose lease runs the background duties; ``""``: none now."""
+    fence: int = 0
+    """The lease's fencing number: it grows each time another service takes the lease."""
+    engine: str = ""
+    """The engine: ``sqlite:///path`` or ``postgresql://user@host:port/db`` (no password)."""
 
 
 class NodeQuery(msgspec.Struct, frozen=True):

@@ -51,6 +51,7 @@ from ._listen import (
     metrics_arg,
     metrics_at,
     start_node,
+    told,
 )
 from ._logs import log_arg
 from ._main import config_arg
@@ -196,7 +197,9 @@ def add_cluster(sub: Subparsers) -> None:
 def add_status(sub: Subparsers) -> None:
     """``graben status``."""
     status = sub.add_parser(
-        "status", help="Show data nodes, capacity, and chunks short of copies or damaged."
+        "status",
+        help="Show the engine, the metadata services and which one leads, data nodes, "
+        "capacity, and chunks short of copies or damaged.",
     )
     status.add_argument(
         "--store", default=None, help="store URL or directory (default: $GRABEN_URL)"
@@ -210,6 +213,7 @@ def add_status(sub: Subparsers) -> None:
 def _status(args: argparse.Namespace) -> int:
     import msgspec
 
+    from ._render import emit_lines, status_lines
     from ._stores import open_client
 
     with open_client(args.store, create=True, timeout=args.timeout, tls=client_tls(args)) as client:
@@ -221,27 +225,8 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(msgspec.json.encode(health).decode())
         return 0 if healthy else 1
-    print(f"store {health.store_id}")
-    print(f"{'node':12} {'address':21} {'rack':10} {'state':6} {'used':>10} {'total':>10}")
-    for node in health.nodes:
-        state = "up" if node.alive else "DEAD"
-        used = _gib(node.total - node.free)
-        print(
-            f"{node.id[:12]:12} {node.address:21} {node.rack:10} {state:6} {used:>10} "
-            f"{_gib(node.total):>10}"
-        )
-    alive = sum(n.alive for n in health.nodes)
-    print(
-        f"{alive}/{len(health.nodes)} nodes up; replication {health.replication}; "
-        f"{health.degraded} chunks short of copies; {health.bad} damaged copies awaiting repair"
-    )
-    if dead:
-        print("no data node is alive: nothing can be read or written")
+    emit_lines(status_lines(health, cluster=cluster))
     return 0 if healthy else 1
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB"
 
 
 # -- serving ------------------------------------------------------------------
@@ -299,7 +284,9 @@ def _meta_serve(args: argparse.Namespace) -> int:
             metrics=args.metrics,
             tls=tls,
         )
-        server = await service.start(host, META_PORT if port is None else port)
+        server = await service.start(
+            host, META_PORT if port is None else port, advertise=told(args.advertise)
+        )
         return advertised(args.listen, server.port, args.advertise), service.close
 
     return _serve(start)

@@ -30,7 +30,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from .._types import ChunkProblem, FileInfo, FsckReport
+from .._types import ChunkProblem, FileInfo, FsckReport, Health
 
 LARGE = 64 << 20
 """Work smaller than this finishes before a progress bar would help."""
@@ -190,6 +190,48 @@ def fsck_json(report: FsckReport) -> dict[str, Any]:
     data: dict[str, Any] = msgspec.to_builtins(report)
     data["ok"] = report.ok
     return data
+
+
+def status_lines(health: Health, *, cluster: bool) -> list[str]:
+    """``status`` output: the store and its engine, the metadata services and which
+    leads, the data nodes, a summary."""
+    lines = [f"store {health.store_id}"]
+    if health.engine:
+        lines.append(f"engine {health.engine}")
+    if cluster:
+        lines.extend(_service_lines(health))
+    lines.append(f"{'node':12} {'address':21} {'rack':10} {'state':6} {'used':>10} {'total':>10}")
+    for node in health.nodes:
+        state = "up" if node.alive else "DEAD"
+        used = _gib(node.total - node.free)
+        lines.append(
+            f"{node.id[:12]:12} {node.address:21} {node.rack:10} {state:6} {used:>10} "
+            f"{_gib(node.total):>10}"
+        )
+    alive = sum(n.alive for n in health.nodes)
+    lines.append(
+        f"{alive}/{len(health.nodes)} nodes up; replication {health.replication}; "
+        f"{health.degraded} chunks short of copies; {health.bad} damaged copies awaiting repair"
+    )
+    if cluster and not alive:
+        lines.append("no data node is alive: nothing can be read or written")
+    return lines
+
+
+def _service_lines(health: Health) -> list[str]:
+    """One line per metadata service; the leader's says so, with its fence number."""
+    lines = [f"{'service':12} {'address':21} {'state':6} role"]
+    for service in health.services:
+        state = "up" if service.alive else "GONE"
+        role = f"leader (fence {health.fence})" if service.id == health.leader else "standby"
+        lines.append(f"{service.id[:12]:12} {service.address:21} {state:6} {role}")
+    if not health.leader:
+        lines.append("no metadata service holds the lease now: repair waits for one")
+    return lines
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
 
 
 # --- stdout ---------------------------------------------------------------------

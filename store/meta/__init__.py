@@ -6,7 +6,8 @@ fsck, collection and repair read; ``_once``: mutations applied once per
 idempotency key), the repository interface an engine
 implements (``_repo``), the placement of new chunks on nodes (``_placement``:
 a pure function), the service that runs it all for a cluster
-(``_service``: RPC handlers, heartbeats, repair, collection) and the
+(``_service``: RPC handlers, heartbeats, repair, collection), the lease that
+makes one of several services the leader (``_leader``) and the
 engines themselves (``engines``: SQLite for one host, PostgreSQL for
 several). The embedded store runs the same namespace logic in-process.
 

@@ -4,7 +4,9 @@
 files: pages of the chunk records and of a chunk's users (fsck), the
 engine's own consistency check, heartbeats and the node registry, health,
 copies reported bad, repair's new copies and collection. ``Namespace``
-inherits it, so one object executes every metadata request.
+inherits it, so one object executes every metadata request. The writes
+repair makes take the leader's fence (``_leader.py``): a deposed leader's
+are refused.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import msgspec
 from .._config import PAGE_BYTES, page_entries
 from .._errors import InvalidArgument, PermissionDenied
 from .._types import LOCAL_NODE, ChunkPage, ChunkProblem, Degraded, Health, Joined, NodeState
+from ._leader import GONE_S, fenced_write
 from ._once import write_once
 from ._repo import Repository, Tx
 
@@ -34,8 +37,6 @@ class Bookkeeping:
     """Copies of each chunk unless a file asks otherwise."""
     heartbeat_timeout: float
     """Seconds after its last heartbeat a node counts as dead."""
-    bad: list[tuple[str, str, str]]
-    """Copies reported bad and not yet deleted: (chunk, node, reason)."""
 
     def chunk_refs(self, after: str = "", limit: int = 0) -> ChunkPage:
         """A page of the chunk layer: chunks with ids after ``after``."""
@@ -86,11 +87,29 @@ class Bookkeeping:
         cutoff = time.time() - self.heartbeat_timeout
         return [msgspec.structs.replace(n, alive=n.last_seen >= cutoff) for n in found]
 
-    def report_bad(self, chunk: str, node: str, reason: str) -> None:
-        """Forget a copy a reader found damaged; repair will place a new one."""
-        with self.repo.write() as tx:
+    def report_bad(self, chunk: str, node: str, reason: str, fence: int | None = None) -> None:
+        """Forget a copy a reader found damaged; repair will delete it and place a new one.
+
+        ``fence``: repair's own report, refused if its leader has been deposed.
+        """
+        with fenced_write(self.repo, fence, f"forgetting the copy of {chunk} on {node}") as tx:
             tx.drop_replica(chunk, node)
-        self.bad.append((chunk, node, reason))
+            tx.add_bad(chunk, node, reason)
+
+    def bad_copies(self, limit: int = 1000) -> list[tuple[str, str, str]]:
+        """Copies reported damaged and not yet deleted: (chunk, node, reason)."""
+        with self.repo.read() as tx:
+            return tx.bad_copies(limit)
+
+    def bad_count(self) -> int:
+        """How many copies reported damaged await deletion."""
+        with self.repo.read() as tx:
+            return tx.bad_count()
+
+    def forget_bad(self, chunk: str, node: str, fence: int | None = None) -> None:
+        """Repair has dealt with a damaged copy (under ``fence``, if given)."""
+        with fenced_write(self.repo, fence, f"forgetting the damaged copy of {chunk}") as tx:
+            tx.forget_bad(chunk, node)
 
     def degraded(self, limit: int = 1000) -> list[Degraded]:
         """Referenced chunks short of copies on live nodes (what repair works on)."""
@@ -99,17 +118,29 @@ class Bookkeeping:
             return tx.degraded(alive, limit)
 
     def health(self) -> Health:
-        """Nodes, and how many chunks are short of copies (counted up to 100,000)."""
+        """Nodes, how many chunks are short of copies (counted up to 100,000), the
+        metadata services and which of them leads."""
         nodes = self.nodes()
         alive = [n.id for n in nodes if n.alive]
         with self.repo.read() as tx:
             # Embedded stores have no registry: their one node is always there.
             short = tx.degraded(alive or [LOCAL_NODE], 100_000)
-        return Health(nodes, len(short), len(self.bad), self.default_replication, self.store_id)
+            bad, now, lease, services = tx.bad_count(), tx.now(), tx.lease(), tx.services()
+        return Health(
+            nodes,
+            len(short),
+            bad,
+            self.default_replication,
+            self.store_id,
+            [msgspec.structs.replace(s, alive=s.last_seen >= now - GONE_S) for s in services],
+            lease.holder if lease.expires > now else "",
+            lease.fence,
+            self.repo.location,
+        )
 
-    def add_replicas(self, chunk: str, nodes: tuple[str, ...]) -> None:
-        """Record copies repair has made."""
-        with self.repo.write() as tx:
+    def add_replicas(self, chunk: str, nodes: tuple[str, ...], fence: int | None = None) -> None:
+        """Record copies repair has made (under ``fence``, if given)."""
+        with fenced_write(self.repo, fence, f"recording copies of {chunk} on {nodes}") as tx:
             tx.add_replicas(chunk, nodes)
 
     def collectable(

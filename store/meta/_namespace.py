@@ -122,8 +122,6 @@ class Namespace(Bookkeeping):
         self.min_replicas = min_replicas
         """Copies a write needs at least (0: one fewer than it asks for, at least 1)."""
         self.heartbeat_timeout = heartbeat_timeout
-        self.bad: list[tuple[str, str, str]] = []
-        """Copies reported bad and not yet deleted: (chunk, node, reason)."""
         with repo.read() as tx:
             self.store_id = tx.store_id()
             """The store's id: data nodes and capabilities of another store are refused."""

@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from .._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState
+from .._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState, ServiceState
 
 ROOT_INODE = 1
 ChunkRecord = tuple[ChunkRef, tuple[str, ...]]
@@ -69,6 +69,18 @@ class NewFile:
         """The inode it is, once numbered."""
         size, mode, mtime, generation = self.size, self.mode, self.mtime_ns, self.generation
         return Inode(number, "file", size, mode, mtime, generation, self.replication)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The one row saying which metadata service runs the background duties."""
+
+    holder: str
+    """The service id holding it; ``""`` before any has."""
+    fence: int
+    """Grows by one each time the lease passes to another holder."""
+    expires: float
+    """Unix time, by the engine's clock, after which another service may take it."""
 
 
 class Tx(Protocol):
@@ -188,6 +200,36 @@ class Tx(Protocol):
     def nodes(self) -> list[NodeState]:
         """Every registered data node."""
 
+    def now(self) -> float:
+        """Unix time by the engine's clock: every service judges leases and liveness by it."""
+
+    def lease(self) -> Lease:
+        """The leader's lease as it stands."""
+
+    def set_lease(self, lease: Lease) -> None:
+        """Replace the lease (the caller has looked at it in this transaction)."""
+
+    def upsert_service(self, service: ServiceState) -> None:
+        """Record a metadata service, or refresh what is known of it."""
+
+    def services(self) -> list[ServiceState]:
+        """Every recorded metadata service, by id."""
+
+    def forget_services(self, ids: Iterable[str] = (), seen_before: float = 0.0) -> None:
+        """Drop the services named, and those last seen before ``seen_before``."""
+
+    def add_bad(self, chunk: str, node: str, reason: str) -> None:
+        """Remember a copy reported damaged, for the leader to delete."""
+
+    def bad_copies(self, limit: int) -> list[tuple[str, str, str]]:
+        """Up to ``limit`` copies reported damaged: (chunk, node, reason)."""
+
+    def bad_count(self) -> int:
+        """How many copies reported damaged await deletion."""
+
+    def forget_bad(self, chunk: str, node: str) -> None:
+        """Drop one reported copy (the leader has dealt with it)."""
+
 
 class Repository(Protocol):
     """An engine: hands out transactions."""
@@ -197,6 +239,11 @@ class Repository(Protocol):
 
     def write(self) -> AbstractContextManager[Tx]:
         """A transaction that commits durably on a clean exit."""
+
+    @property
+    def location(self) -> str:
+        """The engine as an operator names it, without secrets: ``sqlite:///path`` or
+        ``postgresql://user@host:port/db``."""
 
     def close(self) -> None:
         """Release the engine's connections."""

@@ -5,6 +5,10 @@ serve one engine. One op, ``meta``, carries every ``Request`` of
 ``transport/_requests.py``; the engine's blocking calls run on a small thread pool, so
 many clients' requests proceed at once (SQLite serialises the writers).
 
+Several services may share one engine: each records itself there, and the
+one holding the lease (``_leader.py``) runs the repair rounds; every write a
+round makes to the engine is fenced, so a deposed leader's is refused.
+
 Mutations carry the client's idempotency keys: a commit group records each
 member's key with its reply in the group's one engine transaction, and a
 repeat (through this service or another) gets the recorded reply
@@ -24,6 +28,7 @@ import asyncio
 import logging
 import math
 import time
+import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Union
@@ -45,6 +50,7 @@ from .._types import (
     NodeState,
     Op,
     Placement,
+    ServiceState,
 )
 from ..transport import (
     Commit,
@@ -72,6 +78,7 @@ from ..wire import (
 from ..wire import (
     tls as wire_tls,
 )
+from ._leader import BEAT_S, LEASE_S, Deposed, Leadership
 from ._namespace import Namespace
 from ._placement import place
 from ._repo import Repository
@@ -133,6 +140,7 @@ class MetaService:
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         metrics: tuple[str, int] | None = None,
         tls: TLS | None = None,
+        lease_s: float = LEASE_S,
     ) -> None:
         """``tls``: serve over TLS only, and dial the data nodes (repair) over TLS."""
         self._tls = None if tls is None else wire_tls.server_context(tls)
@@ -166,9 +174,20 @@ class MetaService:
         self.metrics = None if metrics is None else Metrics()
         """Served at ``metrics`` (``HOST:PORT``) from ``start`` to ``close``, if given."""
         self._repair_metrics = None if self.metrics is None else _RepairMetrics(self.metrics)
+        self.id = uuid.uuid4().hex[:12]
+        """This service's id in the engine's registry of services (new at each start)."""
+        self._lease_s = lease_s
+        self.leadership: Leadership | None = None
+        """The lease, from ``start``: only its holder repairs."""
+        self._beating: asyncio.Task[None] | None = None
 
-    async def start(self, host: str, port: int) -> Server:
-        """Listen for clients (and serve metrics, if asked); repair in the background."""
+    async def start(self, host: str, port: int, *, advertise: str | None = None) -> Server:
+        """Listen for clients (and serve metrics, if asked), record the service in the
+        engine and try for the lease; heartbeat, and repair while leading, in the
+        background.
+
+        ``advertise`` (``HOST:PORT``, or ``HOST`` with the bound port) is the address
+        the registry of services shows (default: the bound one)."""
         if self.metrics is not None and self._metrics_at is not None:
             where = self.metrics.serve(*self._metrics_at)
             log.info("metrics at http://%s/metrics", where)
@@ -187,12 +206,27 @@ class MetaService:
             if self.metrics is not None:
                 self.metrics.close()
             raise
-        self._repairing = every(self.repair_interval, self.repair_once, "repair")
+        told = advertise or host
+        me = ServiceState(
+            self.id,
+            told if ":" in told else f"{told}:{self.server.port}",
+            self.namespace.repo.location.partition(":")[0],
+            0.0,
+            0.0,
+        )
+        self.leadership = Leadership(
+            self.namespace.repo, me, lease_s=self._lease_s, metrics=self.metrics
+        )
+        await self.leadership.beat()  # a lone service leads before it answers anyone
+        self._beating = every(BEAT_S, self.leadership.beat, "heartbeat")
+        self._repairing = every(self.repair_interval, self._duties, "repair")
         return self.server
 
     async def close(self) -> None:
-        """Stop serving and repairing; release the engine."""
-        await stop(self._repairing)
+        """Stop serving and repairing; give the lease up; release the engine."""
+        await stop(self._repairing, self._beating)
+        if self.leadership is not None:
+            await self.leadership.close()
         if self.server is not None:
             await self.server.close()
         if self.metrics is not None:
@@ -218,12 +252,32 @@ class MetaService:
 
     # -- repair ----------------------------------------------------------------
 
+    def _fence(self) -> int:
+        """The fence this service leads under (``Deposed`` if it does not lead)."""
+        if self.leadership is None:
+            raise Deposed(f"metadata service {self.id} has not started")
+        return self.leadership.check()
+
+    async def _duties(self) -> None:
+        """The leader's round of duties; the others' turn to wait."""
+        if self.leadership is None or not self.leadership.leading:
+            return
+        try:
+            await self.repair_once()
+        except Deposed as exc:
+            log.warning("repair stopped: %s", exc.message)
+            self.leadership.lose(exc.message)
+
     async def repair_once(self) -> int:
-        """Delete reported bad copies, then copy short chunks to new nodes; copies made."""
+        """Delete reported bad copies, then copy short chunks to new nodes; copies made.
+
+        Only while leading: ``Deposed`` if the lease is lost before or during the round.
+        """
+        self._fence()
         await self._drop_bad()
         degraded: list[Degraded] = await self._run(self.namespace.degraded)
         if not degraded:
-            self._report_round(0, 0, 0)
+            await self._report_round(0, 0, 0)
             return 0
         nodes = await self._list_nodes()
         await self.chunks.nodes()  # fresh addresses: a node back from the dead may have moved
@@ -232,7 +286,7 @@ class MetaService:
             copies = await self._repair(chunk, nodes, stuck, lost)
             made += copies
             left += copies < chunk.want - len(chunk.live)
-        self._report_round(len(degraded), left, made)
+        await self._report_round(len(degraded), left, made)
         # One line per round, not one per chunk: a cluster short of nodes would say
         # the same thing for every chunk, every round.
         if lost:
@@ -247,22 +301,25 @@ class MetaService:
             )
         return made
 
-    def _report_round(self, short: int, left: int, made: int) -> None:
+    async def _report_round(self, short: int, left: int, made: int) -> None:
         """A repair round's outcome in the metrics, if any."""
         if self._repair_metrics is not None:
+            bad: int = await self._run(self.namespace.bad_count)
             self._repair_metrics.short.set(short)
-            self._repair_metrics.queue.set(left + len(self.namespace.bad))
+            self._repair_metrics.queue.set(left + bad)
             self._repair_metrics.copies.inc(made)
 
     async def _drop_bad(self) -> None:
-        bad = self.namespace.bad
-        while bad:
-            chunk, node, reason = bad.pop(0)
+        """Delete the copies reported damaged (to this service or any other)."""
+        bad: list[tuple[str, str, str]] = await self._run(self.namespace.bad_copies)
+        for chunk, node, reason in bad:
+            fence = self._fence()  # a data node cannot check the fence: look before each
             log.info("deleting bad copy of %s on %s (%s)", chunk, node, reason)
             try:
                 await self.chunks.delete(node, chunk, math.inf)
             except GrabenError as exc:
                 log.warning("could not delete bad copy of %s on %s: %s", chunk, node, exc)
+            await self._run(self.namespace.forget_bad, chunk, node, fence)
 
     async def _repair(
         self,
@@ -292,12 +349,13 @@ class MetaService:
         data = memoryview(bytearray(chunk.length))
         if not await self._read_any(chunk, degraded.live, data):
             return 0
+        fence = self._fence()  # a data node cannot check the fence: look before writing
         results = await asyncio.gather(
             *(self.chunks.write(node, chunk, data) for node in targets), return_exceptions=True
         )
         done = tuple(node for node, r in zip(targets, results, strict=True) if r is None)
         if done:
-            await self._run(self.namespace.add_replicas, chunk.id, done)
+            await self._run(self.namespace.add_replicas, chunk.id, done, fence)
         return len(done)
 
     async def _read_any(self, chunk: ChunkRef, sources: tuple[str, ...], into: memoryview) -> bool:
@@ -306,7 +364,8 @@ class MetaService:
                 await self.chunks.read(node, chunk, into)
                 return True
             except (IntegrityError, NotFound) as exc:
-                await self._run(self.namespace.report_bad, chunk.id, node, exc.message)
+                fence = self._fence()
+                await self._run(self.namespace.report_bad, chunk.id, node, exc.message, fence)
             except GrabenError as exc:
                 log.warning("repair could not read %s from %s: %s", chunk.id, node, exc)
         return False

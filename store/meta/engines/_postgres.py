@@ -100,6 +100,8 @@ class PostgresRepository:
         self.url = url
         self.where = display_url(url)
         """The URL without its password: what messages name."""
+        self.location = self.where
+        """The engine as an operator names it (``graben status`` shows it)."""
         self._wait_s = wait_s
         try:
             with open_database(url, self.where, create=create) as db:

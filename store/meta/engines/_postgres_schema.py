@@ -107,8 +107,35 @@ MIGRATIONS: tuple[str | Callable[[Connection], None], ...] = (
     );
     CREATE INDEX outcomes_by_age ON outcomes (made_ns);
     """,
+    # 5: the metadata services, the leader's lease and the copies reported damaged
+    # (shared: whichever service hears of a damaged copy, the leader deletes it).
+    """
+    CREATE TABLE services (
+        id TEXT COLLATE "C" PRIMARY KEY,
+        address TEXT NOT NULL,
+        engine TEXT NOT NULL,
+        started DOUBLE PRECISION NOT NULL,
+        last_seen DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE lease (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        holder TEXT NOT NULL,
+        fence BIGINT NOT NULL,
+        expires DOUBLE PRECISION NOT NULL
+    );
+    INSERT INTO lease VALUES (1, '', 0, 0);
+    CREATE TABLE bad_copies (
+        chunk TEXT COLLATE "C" NOT NULL,
+        node TEXT COLLATE "C" NOT NULL,
+        reason TEXT NOT NULL,
+        PRIMARY KEY (chunk, node)
+    );
+    """,
 )
-TABLES = ("inodes", "entries", "chunks", "extents", "replicas", "nodes", "store", "outcomes")
+TABLES = (
+    *("inodes", "entries", "chunks", "extents", "replicas", "nodes", "store"),
+    *("outcomes", "services", "lease", "bad_copies"),
+)
 
 
 # -- connections --------------------------------------------------------------------------

@@ -20,8 +20,8 @@ from typing import Any
 from psycopg.pq import TransactionStatus
 
 from ..._errors import IntegrityError
-from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState
-from .._repo import ROOT_INODE, ChunkRecord, Inode, NewFile
+from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState, ServiceState
+from .._repo import ROOT_INODE, ChunkRecord, Inode, Lease, NewFile
 from ._postgres_schema import Connection, inconsistencies
 from ._rows import PAGE_ROWS_MAX, CheckedRows, checked_inode, chunk_ref, inode_of
 
@@ -365,6 +365,66 @@ class PostgresTx(CheckedRows):
     def nodes(self) -> list[NodeState]:
         rows = self._rows("SELECT id, address, rack, free, total, last_seen FROM nodes ORDER BY id")
         return [NodeState(*row) for row in rows]
+
+    # -- metadata services, the lease, damaged copies -----------------------------
+
+    def now(self) -> float:
+        # The server's clock, not this host's: services on several hosts judge by one.
+        row = self._one("SELECT extract(epoch FROM clock_timestamp())::float8")
+        assert row is not None
+        return float(row[0])
+
+    def lease(self) -> Lease:
+        row = self._one("SELECT holder, fence, expires FROM lease WHERE id = 1")
+        if row is None:
+            raise IntegrityError("metadata damaged: the leader's lease row is missing")
+        return Lease(*row)
+
+    def set_lease(self, lease: Lease) -> None:
+        self._db.execute(
+            "UPDATE lease SET holder = %s, fence = %s, expires = %s WHERE id = 1",
+            (lease.holder, lease.fence, lease.expires),
+        )
+
+    def upsert_service(self, service: ServiceState) -> None:
+        self._db.execute(
+            "INSERT INTO services (id, address, engine, started, last_seen) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+            "address = excluded.address, last_seen = excluded.last_seen",
+            (service.id, service.address, service.engine, service.started, service.last_seen),
+        )
+
+    def services(self) -> list[ServiceState]:
+        rows = self._rows(
+            "SELECT id, address, engine, started, last_seen FROM services ORDER BY id"
+        )
+        return [ServiceState(*row) for row in rows]
+
+    def forget_services(self, ids: Iterable[str] = (), seen_before: float = 0.0) -> None:
+        self._db.execute(
+            "DELETE FROM services WHERE id = ANY(%s) OR last_seen < %s", (list(ids), seen_before)
+        )
+
+    def add_bad(self, chunk: str, node: str, reason: str) -> None:
+        self._db.execute(
+            "INSERT INTO bad_copies (chunk, node, reason) VALUES (%s, %s, %s) "
+            "ON CONFLICT (chunk, node) DO UPDATE SET reason = excluded.reason",
+            (chunk, node, reason),
+        )
+
+    def bad_copies(self, limit: int) -> list[tuple[str, str, str]]:
+        rows = self._rows(
+            "SELECT chunk, node, reason FROM bad_copies ORDER BY chunk, node LIMIT %s",
+            (min(limit, PAGE_ROWS_MAX),),
+        )
+        return [(chunk, node, reason) for chunk, node, reason in rows]
+
+    def bad_count(self) -> int:
+        row = self._one("SELECT COUNT(*) FROM bad_copies")
+        return int(row[0]) if row else 0
+
+    def forget_bad(self, chunk: str, node: str) -> None:
+        self._db.execute("DELETE FROM bad_copies WHERE chunk = %s AND node = %s", (chunk, node))
 
 
 def _grouped(rows: Iterable[tuple[Any, ...]]) -> dict[str, tuple[str, ...]]:

@@ -100,6 +100,30 @@ MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX outcomes_by_age ON outcomes (made_ns);
     """,
+    # 5: the metadata services, the leader's lease and the copies reported damaged
+    # (shared: whichever service hears of a damaged copy, the leader deletes it).
+    """
+    CREATE TABLE services (
+        id TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        engine TEXT NOT NULL,
+        started REAL NOT NULL,
+        last_seen REAL NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE lease (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        holder TEXT NOT NULL,
+        fence INTEGER NOT NULL,
+        expires REAL NOT NULL
+    );
+    INSERT INTO lease VALUES (1, '', 0, 0);
+    CREATE TABLE bad_copies (
+        chunk TEXT NOT NULL,
+        node TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        PRIMARY KEY (chunk, node)
+    ) WITHOUT ROWID;
+    """,
 )
 
 BUSY_TIMEOUT_S = 60.0
@@ -137,6 +161,8 @@ class SQLiteRepository:
         say), is ``NotFound`` and is left as it was.
         """
         self.path = str(path)
+        self.location = f"sqlite://{Path(path).absolute()}"
+        """The engine as an operator names it (``graben status`` shows it)."""
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()

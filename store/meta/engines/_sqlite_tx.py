@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from typing import cast
 
 from ..._errors import IntegrityError
-from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState
-from .._repo import ROOT_INODE, ChunkRecord, Inode, NewFile
+from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState, ServiceState
+from .._repo import ROOT_INODE, ChunkRecord, Inode, Lease, NewFile
 from ._rows import PAGE_ROWS_MAX, CheckedRows, checked_inode, chunk_ref, inode_of
 from ._sqlite_checks import inconsistencies
 
@@ -342,3 +342,59 @@ class SQLiteTx(CheckedRows):
             "SELECT id, address, rack, free, total, last_seen FROM nodes ORDER BY id"
         )
         return [NodeState(*row) for row in rows]
+
+    # -- metadata services, the lease, damaged copies -----------------------------
+
+    def now(self) -> float:
+        # Every process sharing the file runs on its host: its clock is the engine's.
+        return time.time()
+
+    def lease(self) -> Lease:
+        row = self._db.execute("SELECT holder, fence, expires FROM lease WHERE id = 1").fetchone()
+        if row is None:
+            raise IntegrityError("metadata damaged: the leader's lease row is missing")
+        return Lease(*row)
+
+    def set_lease(self, lease: Lease) -> None:
+        self._db.execute(
+            "UPDATE lease SET holder = ?, fence = ?, expires = ? WHERE id = 1",
+            (lease.holder, lease.fence, lease.expires),
+        )
+
+    def upsert_service(self, service: ServiceState) -> None:
+        self._db.execute(
+            "INSERT INTO services (id, address, engine, started, last_seen) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+            "address = excluded.address, last_seen = excluded.last_seen",
+            (service.id, service.address, service.engine, service.started, service.last_seen),
+        )
+
+    def services(self) -> list[ServiceState]:
+        rows = self._db.execute(
+            "SELECT id, address, engine, started, last_seen FROM services ORDER BY id"
+        )
+        return [ServiceState(*row) for row in rows]
+
+    def forget_services(self, ids: Iterable[str] = (), seen_before: float = 0.0) -> None:
+        self._db.executemany("DELETE FROM services WHERE id = ?", [(i,) for i in ids])
+        self._db.execute("DELETE FROM services WHERE last_seen < ?", (seen_before,))
+
+    def add_bad(self, chunk: str, node: str, reason: str) -> None:
+        self._db.execute(
+            "INSERT INTO bad_copies (chunk, node, reason) VALUES (?, ?, ?) "
+            "ON CONFLICT (chunk, node) DO UPDATE SET reason = excluded.reason",
+            (chunk, node, reason),
+        )
+
+    def bad_copies(self, limit: int) -> list[tuple[str, str, str]]:
+        rows = self._db.execute(
+            "SELECT chunk, node, reason FROM bad_copies ORDER BY chunk, node LIMIT ?",
+            (min(limit, PAGE_ROWS_MAX),),
+        )
+        return [(chunk, node, reason) for chunk, node, reason in rows]
+
+    def bad_count(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM bad_copies").fetchone()[0])
+
+    def forget_bad(self, chunk: str, node: str) -> None:
+        self._db.execute("DELETE FROM bad_copies WHERE chunk = ? AND node = ?", (chunk, node))
