@@ -191,13 +191,21 @@ class Connection:
         header = Call(call_id, op, body, token)
         if payload is None and len(body) > INLINE_BODY_MAX:
             header, payload = Call(call_id, op, NIL, token, bulk=True), memoryview(body)
+        sent = False
         try:
-            await self._protocol.send(header, payload)
-            return await asyncio.wait_for(future, timeout)
+            # The deadline covers the send too: a peer cut off (a pulled cable, no
+            # reset) stops taking bytes, and the kernel would wait ~15 min to say so.
+            async with asyncio.timeout(timeout):
+                await self._protocol.send(header, payload)
+                sent = True
+                return await future
         except (TimeoutError, ConnectionError) as exc:
             if pending.replied:
                 raise  # the server's own error reply, told as it was sent
             if isinstance(exc, TimeoutError):
+                if not sent:  # what is queued behind this frame would wait as long
+                    self._protocol.fail(ConnectionResetError(f"{op} could not be sent"))
+                    self._fail_all(Unavailable(f"connection to {self.where} stopped taking data"))
                 raise Timeout(f"{op} to {self.where} took longer than {timeout} s") from None
             why = exc.message if isinstance(exc, GrabenError) else str(exc) or type(exc).__name__
             raise Unavailable(f"{op} to {self.where} failed: {why}") from None

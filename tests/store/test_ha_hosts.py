@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -74,6 +73,13 @@ class Cluster:
             *("--meta", ",".join(self.metas), "--listen", f"{self.hosts.address(i)}:7200"),
         )
 
+    def close(self) -> None:
+        """Stop every server (before the database they use goes)."""
+        for proc in [*self.meta_procs.values(), *self.node_procs.values()]:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+
     def kill(self, proc: subprocess.Popen[str]) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -122,14 +128,17 @@ def postgres(hosts: Hosts) -> Iterator[PgServer]:
 @pytest.fixture
 def cluster(
     hosts: Hosts, postgres: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Cluster:
+) -> Iterator[Cluster]:
     monkeypatch.setenv("GRABEN_SECRET_FILE", str(make_secret_file(tmp_path / "secret")))
     database = postgres.create_database()
     engine = postgres.url(database).replace("@127.0.0.1:", f"@{hosts.prefix}.1:")
     kit = Cluster(hosts, engine, tmp_path)
-    with connect(kit.url) as client:
-        _eventually(lambda: _alive(client) == len(NODES), 60.0)
-    return kit
+    try:
+        with connect(kit.url) as client:
+            _eventually(lambda: _alive(client) == len(NODES), 60.0)
+        yield kit
+    finally:
+        kit.close()
 
 
 def _alive(client: Client) -> int:
@@ -152,12 +161,11 @@ def _eventually(check: Callable[[], bool], seconds: float = 60.0) -> float:
 
 
 async def _storm(
-    url: str, count: int, clients: int, kill_after: int, kill: Callable[[], None]
-) -> tuple[set[int], dict[int, str]]:
-    """``count`` small files committed by ``clients`` concurrent writers (8 connections'
-    worth of clients), calling ``kill`` once ``kill_after`` have returned; the files
-    whose commit returned, and the errors of those that failed."""
-    done: set[int] = set()
+    url: str, count: int, clients: int, done: set[int], kill_after: int, kill: Callable[[], None]
+) -> dict[int, str]:
+    """``count`` small files committed by ``clients`` concurrent writers sharing 8
+    client objects, calling ``kill`` once ``kill_after`` have returned; the files whose
+    commit returned go in ``done``; the errors of those that failed are returned."""
     failed: dict[int, str] = {}
     queue = list(range(count))
     connections = [AsyncClient(url, timeout=120.0) for _ in range(8)]
@@ -182,7 +190,7 @@ async def _storm(
     finally:
         for client in connections:
             await client.close()
-    return done, failed
+    return failed
 
 
 def test_the_leading_service_killed_under_64_writers_loses_nothing_and_repair_moves_on(
@@ -190,16 +198,17 @@ def test_the_leading_service_killed_under_64_writers_loses_nothing_and_repair_mo
 ) -> None:
     leader = cluster.leader()
     fence = cluster.status()["fence"]
-    killed_at: list[float] = []
+    killed_at: list[int] = []
 
     def kill() -> None:
-        killed_at.append(time.monotonic())
+        killed_at.append(len(done))
         cluster.kill(cluster.meta_procs[leader])
 
     started = time.monotonic()
-    done, failed = asyncio.run(_storm(cluster.url, 5000, 64, 1500, kill))
+    done: set[int] = set()
+    failed = asyncio.run(_storm(cluster.url, 5000, 64, done, 1500, kill))
     took = time.monotonic() - started
-    print(f"5000 files from 64 writers in {took:.1f} s, the leader killed at {len(done)}+")
+    print(f"5000 files from 64 writers in {took:.1f} s, the leader killed after {killed_at}")
     assert killed_at, "the storm ended before the kill"
     assert not failed, f"{len(failed)} commits failed, e.g. {next(iter(failed.items()))}"
     assert len(done) == 5000
@@ -217,10 +226,10 @@ def test_the_leading_service_killed_under_64_writers_loses_nothing_and_repair_mo
         assert cluster.status()["fence"] > fence
         data = os.urandom(4 * MiB)
         client.put("/after/kill.bin", data)
-        assert _copies(client, "/after/kill.bin") == [3, 3, 3, 3]
+        assert set(_copies(client, "/after/kill.bin")) == {3}
         cluster.kill(cluster.node_procs[NODES[0]])
         _eventually(lambda: _alive(client) == len(NODES) - 1)
-        _eventually(lambda: _copies(client, "/after/kill.bin") == [3, 3, 3, 3])
+        _eventually(lambda: set(_copies(client, "/after/kill.bin")) == {3})
         assert client.get("/after/kill.bin") == data
         _eventually(lambda: cluster.status()["degraded"] == 0)
 
@@ -230,34 +239,29 @@ def test_a_node_cut_off_mid_write_costs_copies_not_data_and_gets_them_back(
 ) -> None:
     data = os.urandom(48 * MiB)
     cut = NODES[1]
-    outcome: list[BaseException | None] = []
-
-    def write() -> None:
-        try:
-            with connect(cluster.url, chunk_size=MiB, timeout=60.0) as writer:
-                writer.put("/cut/big.bin", data)
-            outcome.append(None)
-        except BaseException as exc:  # the outcome is the test's to judge
-            outcome.append(exc)
-
-    thread = threading.Thread(target=write)
-    thread.start()
-    time.sleep(0.3)
-    cluster.hosts.cut(cut)
+    outcome: GrabenError | None = None
+    started = time.monotonic()
     try:
-        thread.join(120)
-        assert not thread.is_alive(), "the write never ended"
+        with connect(cluster.url, chunk_size=MiB, timeout=60.0) as writer:
+            try:
+                with writer.open("/cut/big.bin", "wb") as f:
+                    f.write(data[: 8 * MiB])
+                    cluster.hosts.cut(cut)  # mid-write: its copies of the rest never arrive
+                    f.write(data[8 * MiB :])
+            except GrabenError as exc:
+                outcome = exc
+        took = time.monotonic() - started
+        print(f"the write with a node cut off mid-way ended in {took:.1f} s: {outcome or 'ok'}")
         with connect(cluster.url) as client:
-            if outcome[0] is None:
+            if outcome is None:
                 assert client.get("/cut/big.bin") == data
             else:  # failed cleanly: nothing of it is visible
-                assert isinstance(outcome[0], GrabenError), repr(outcome[0])
                 assert not client.exists("/cut/big.bin")
     finally:
         cluster.hosts.cut(cut, down=False)
     with connect(cluster.url) as client:
-        if outcome[0] is not None:
+        if outcome is not None:
             client.put("/cut/big.bin", data)  # the link is back: it goes through now
         _eventually(lambda: _alive(client) == len(NODES))
-        _eventually(lambda: all(n >= 3 for n in _copies(client, "/cut/big.bin")), 90.0)
+        _eventually(lambda: set(_copies(client, "/cut/big.bin")) == {3}, 90.0)
         assert client.get("/cut/big.bin") == data
