@@ -38,6 +38,7 @@ import os
 import secrets
 import stat
 import tempfile
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ from ._manifest import Shard
 
 LOCKS = ".locks"
 TEMP = ".fill-"
+FULL_WAIT_S = 60.0
+"""How long a fill waits for room while other processes' fills fill the cache."""
 KEY_TAIL = 200
 """Bytes of a shard's name kept in its cache file's name (a file name holds 255)."""
 READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -214,9 +217,26 @@ class NodeCache:
             raise
 
     def _reserve(self, temp: str, size: int) -> int:
-        """``temp``, ``size`` bytes long and open for writing: others count it from now on."""
+        """``temp``, ``size`` bytes long and open for writing: others count it from now on.
+
+        A cache full of other processes' fills in progress has no room to make
+        until one of them ends (then it may be evicted): wait for that, up to
+        ``FULL_WAIT_S``.
+        """
+        deadline = time.monotonic() + FULL_WAIT_S
+        while (fd := self._try_reserve(temp, size)) is None:
+            if time.monotonic() > deadline:
+                raise OSError(
+                    f"the cache at {self.root} stayed full of fills in progress for "
+                    f"{FULL_WAIT_S:g} s"
+                )
+            time.sleep(0.02)
+        return fd
+
+    def _try_reserve(self, temp: str, size: int) -> int | None:
         with self._directory_locked():
-            self._make_room(size)
+            if not self._make_room(size):
+                return None
             flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(temp, flags, 0o600, dir_fd=self._dir)
             try:
@@ -227,23 +247,24 @@ class NodeCache:
                 raise
             return fd
 
-    def _make_room(self, need: int) -> None:
+    def _make_room(self, need: int) -> bool:
+        """Evict least recently used shards until ``need`` more bytes fit; whether they do
+        (not while other processes' fills in progress fill the cache)."""
         if self.limit is None:
-            return
+            return True
         if need > self.limit:
             raise OSError(f"a shard of {need} bytes cannot fit a cache limited to {self.limit}")
         files = sorted(self._files(), key=lambda f: f[2])  # least recently used first
         used = sum(size for _, size, _ in files)
         for name, size, _ in files:
             if used + need <= self.limit:
-                return
+                return True
             if name.startswith(TEMP):
                 continue  # another process's fill in progress
             self._unlink(name)
             used -= size
             self.stats.evicted += 1
-        if used + need > self.limit:
-            raise OSError(f"the cache at {self.root} is full of fills in progress")
+        return used + need <= self.limit
 
     def _files(self) -> Iterator[tuple[str, int, float]]:
         """``(name, size, mtime)`` of each file: cached shards and fills."""

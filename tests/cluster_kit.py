@@ -1,15 +1,20 @@
-"""A local cluster whose processes a test can kill: metadata service(s) + N data nodes."""
+"""A local cluster whose processes a test can kill: metadata service(s) + N data nodes;
+and what tests ask of any cluster: copies of a file's chunks, live nodes, metrics."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from graben.store import TLS
+from graben.store import TLS, Client
 from graben.store.cli._cluster import _spawn, _stop, _wait_for_nodes
+from graben.store.client import _loop
+from graben.store.transport._requests import GetLayout, ListNodes
 
 
 class LocalCluster:
@@ -135,3 +140,42 @@ class LocalCluster:
 
     def close(self) -> None:
         _stop([*self.metas, *self.nodes])
+
+
+def copies(client: Client, path: str) -> list[int]:
+    """Copies of each chunk of ``path`` on nodes the metadata service thinks alive."""
+    layout = _loop.run(client.aio.meta.request(GetLayout(path)))
+    live = {n.id for n in _loop.run(client.aio.meta.request(ListNodes())) if n.alive}
+    return [len(set(layout.replicas[x.chunk.id]) & live) for x in layout.extents]
+
+
+def alive(client: Client) -> int:
+    """Data nodes the metadata service thinks alive."""
+    return sum(n.alive for n in _loop.run(client.aio.meta.request(ListNodes())))
+
+
+def eventually(check: Callable[[], bool], seconds: float = 30.0) -> float:
+    """Seconds until ``check`` held (polled every 0.2 s); fails after ``seconds``."""
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < seconds, "did not happen in time"
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def scrape(port: int) -> dict[str, float]:
+    """``/metrics`` at 127.0.0.1:``port``: each sample line's value by its name and labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        assert reply.status == 200
+        text = reply.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def sum_of(samples: dict[str, float], pattern: str) -> float:
+    """The sum of the samples whose name and labels match ``pattern`` whole."""
+    return sum(v for k, v in samples.items() if re.fullmatch(pattern, k))

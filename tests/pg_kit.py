@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_kit import LocalCluster
 
 from graben.bench._postgres import NoPostgres, PgServer, start
 from graben.store._types import ChunkRef, Extent, FileCommit, StoredChunk
@@ -47,6 +48,23 @@ def pg_server_fixture() -> Iterator[PgServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="module", name="pg_cluster")
+def pg_cluster_fixture(
+    pg_server: PgServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A 3-node cluster whose metadata service runs on PostgreSQL, for the module; its URL."""
+    database = pg_server.create_database()
+    root = tmp_path_factory.mktemp("pg-cluster")
+    try:
+        cluster = LocalCluster(root, nodes=3, engine=pg_server.url(database))
+        try:
+            yield cluster.url
+        finally:
+            cluster.close()
+    finally:
+        pg_server.drop_database(database)
 
 
 @pytest.fixture(name="pg_database")

@@ -561,9 +561,11 @@ class Namespace(Bookkeeping):
         mode = commit.permissions or (FILE_MODE if old is None else old.mode & PERMISSION_BITS)
         if old is not None:
             tx.unlink(parent.id, parts[-1])
-            tx.delete(old.id)
         new = NewFile(size, mode, time.time_ns(), generation, copies, commit.extents)
-        return _info(clean, tx.create_file(parent.id, parts[-1], new))
+        node = tx.create_file(parent.id, parts[-1], new)
+        if old is not None:  # after the new one is numbered: SQLite would reuse its number
+            tx.delete(old.id)
+        return _info(clean, node)
 
 
 class _BatchFailed(Exception):

@@ -2,7 +2,7 @@
 
 Owns the frame protocol (``_frames``: length-prefixed frames, a msgpack
 header, a payload received straight into the receiver's buffer), RPC on top
-of it (``_rpc``: multiplexed client connections, servers, periodic tasks),
+of it (``_rpc``: multiplexed client connections, servers; ``_tasks``: periodic tasks),
 the cluster's auth primitives (``auth``: the shared secret, client tokens,
 chunk capabilities), TLS (``tls``: contexts from ``TLS`` values, failures
 told as refusals) and each server's Prometheus metrics (``_metrics``).
@@ -25,9 +25,8 @@ from ._rpc import (
     Handler,
     PayloadSink,
     Server,
-    every,
-    stop,
 )
+from ._tasks import every, stop
 
 __all__ = [
     "CLIENT_IDLE_S",

@@ -1,4 +1,5 @@
-"""Requests over the wire: a multiplexed client connection and a server.
+"""Requests over the wire: a multiplexed client connection and a server (their
+periodic tasks: ``_tasks``).
 
 Call order (client): ``conn = await Connection.open(host, port)``, then any
 number of concurrent ``await conn.call(op, body, payload=..., into=...)``,
@@ -42,6 +43,7 @@ from ._frames import (
     to_wire,
 )
 from ._metrics import Metrics  # cheap: prometheus_client is imported only when used
+from ._tasks import every, stop
 from ._tls import HANDSHAKE_TIMEOUT_S, failure, lost
 
 log = logging.getLogger("graben.rpc")
@@ -77,38 +79,6 @@ Admit = Callable[[Call, int], None]
 """Checks a call whose payload of ``n`` bytes is about to arrive; raises to refuse."""
 Label = Callable[[Call], str]
 """A known op's name in the metrics (the metadata service adds its request's type)."""
-
-
-def every(
-    seconds: float, work: Callable[[], Awaitable[object]], what: str, *, at_once: bool = False
-) -> asyncio.Task[None]:
-    """Run ``work`` every ``seconds`` until the task is cancelled.
-
-    A failure is logged and the next round runs anyway: a server's heartbeat
-    or repair loop must never die of one bad round.
-    """
-
-    async def loop() -> None:
-        if not at_once:
-            await asyncio.sleep(seconds)
-        while True:
-            try:
-                await work()
-            except GrabenError as exc:  # expected now and then (a peer is away): one line
-                log.warning("%s failed: %s; trying again in %s s", what, exc, seconds)
-            except Exception:  # a bug: the traceback, but the loop lives on
-                log.exception("%s failed; trying again in %s s", what, seconds)
-            await asyncio.sleep(seconds)
-
-    return asyncio.ensure_future(loop())
-
-
-async def stop(*tasks: asyncio.Task[None] | None) -> None:
-    """Cancel background tasks and wait until they are gone."""
-    live = [t for t in tasks if t is not None]
-    for task in live:
-        task.cancel()
-    await asyncio.gather(*live, return_exceptions=True)
 
 
 @dataclass
@@ -205,7 +175,6 @@ class Connection:
             if isinstance(exc, TimeoutError):
                 if not sent:  # what is queued behind this frame would wait as long
                     self._protocol.fail(ConnectionResetError(f"{op} could not be sent"))
-                    self._fail_all(Unavailable(f"connection to {self.where} stopped taking data"))
                 raise Timeout(f"{op} to {self.where} took longer than {timeout} s") from None
             why = exc.message if isinstance(exc, GrabenError) else str(exc) or type(exc).__name__
             raise Unavailable(f"{op} to {self.where} failed: {why}") from None

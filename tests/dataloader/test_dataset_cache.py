@@ -179,3 +179,46 @@ def test_a_fill_that_lands_while_another_looks_is_used_not_fetched_again(tmp_pat
     assert bytes(mine.open("ds", shard, fetch)) == data
     assert len(fetched) == 1, "the shard was fetched twice"
     assert mine.stats.refetched == 0
+
+
+def test_a_fill_waits_for_room_while_others_fills_take_the_whole_cache(tmp_path: Path) -> None:
+    # Two fills in progress take the whole limit; a third fill must wait for one
+    # of them to land (then it may be evicted), not fail with "cache full".
+    import threading
+
+    import crc32c
+
+    from graben.dataloader._cache import NodeCache
+
+    blobs = [os.urandom(1000) for _ in range(3)]
+    shards = [Shard(f"s{i}", 1, 1000, crc32c.crc32c(b)) for i, b in enumerate(blobs)]
+    go = threading.Event()
+
+    def slow(i: int):  # type: ignore[no-untyped-def]
+        def fetch(start: int, end: int) -> bytes:
+            go.wait(30)
+            return blobs[i][start:end]
+
+        return fetch
+
+    cache = NodeCache(tmp_path / "c", limit=2000)
+    results: dict[int, bytes] = {}
+
+    def fill(i: int) -> None:
+        view = cache.open("ds", shards[i], slow(i))
+        results[i] = bytes(view)
+        view.release()
+
+    stuck = [threading.Thread(target=fill, args=(i,)) for i in (0, 1)]
+    for t in stuck:
+        t.start()
+    while cache.used() < 2000:  # both fills have their room
+        threading.Event().wait(0.01)
+    threading.Timer(0.3, go.set).start()
+    third = cache.open("ds", shards[2], slow(2))
+    assert bytes(third) == blobs[2]
+    third.release()
+    for t in stuck:
+        t.join(30)
+    assert results == {0: blobs[0], 1: blobs[1]}
+    assert cache.used() <= 2000

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import re
-import urllib.request
 from pathlib import Path
 
 import pytest
+from cluster_kit import scrape, sum_of
 from fuse_kit import mounted, needs_fuse
 from ranks_kit import free_port
 
@@ -18,22 +18,6 @@ pytestmark = needs_fuse
 MiB = 1 << 20
 
 
-def _scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        assert reply.status == 200
-        text = reply.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
-
-
-def _sum(samples: dict[str, float], pattern: str) -> float:
-    return sum(v for k, v in samples.items() if re.fullmatch(pattern, k))
-
-
 def test_mount_metrics_move_with_reads_writes_and_failures(tmp_path: Path) -> None:
     store = tmp_path / "store"
     data = os.urandom(9 * MiB)
@@ -41,24 +25,24 @@ def test_mount_metrics_move_with_reads_writes_and_failures(tmp_path: Path) -> No
         client.put("/made-elsewhere", data)  # never in this mount's page cache
     port = free_port()
     with mounted(os.fspath(store), tmp_path, metrics=f"127.0.0.1:{port}") as point:
-        before = _scrape(port)
+        before = scrape(port)
         assert before["graben_mount_spool_bytes"] == 0
         assert before["graben_mount_spool_limit_bytes"] == MountOptions().spool_limit
         (point / "written").write_bytes(data[: 3 * MiB])
         with open(point / "written", "rb+") as held:
             held.write(b"x")
-            during = _scrape(port)
+            during = scrape(port)
         assert (point / "made-elsewhere").read_bytes() == data
         assert not (point / "missing").exists()
-        after = _scrape(port)
+        after = scrape(port)
     assert during["graben_mount_open_files"] >= 1
     assert during["graben_mount_spool_bytes"] >= 3 * MiB  # the open file is staged
     assert after["graben_mount_open_files"] == 0
     assert after['graben_request_bytes_total{op="write"}'] == 3 * MiB + 1
     assert after['graben_response_bytes_total{op="read"}'] >= len(data)
     assert after['graben_requests_total{op="lookup",outcome="ENOENT"}'] >= 1
-    assert _sum(after, r'graben_requests_total\{op="write",outcome="ok"\}') >= 1
-    assert _sum(after, r'graben_request_seconds_count\{op="read"\}') >= 1
+    assert sum_of(after, r'graben_requests_total\{op="write",outcome="ok"\}') >= 1
+    assert sum_of(after, r'graben_request_seconds_count\{op="read"\}') >= 1
     # 9 MiB read front to back: blocks fetched ahead answer most of the kernel's reads.
     assert (
         after["graben_mount_read_ahead_hits_total"] > after["graben_mount_read_ahead_misses_total"]

@@ -9,17 +9,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from cluster_kit import LocalCluster
+from cluster_kit import LocalCluster, alive, copies, eventually
 
 from graben.store import CannotPlace, Client, NoSpace, Unavailable, connect
-from graben.store.client import _loop
 from graben.store.meta._service import NODES_TTL_S
-from graben.store.transport._requests import GetLayout, ListNodes
 
 MiB = 1 << 20
 HEARTBEAT_TIMEOUT = 5.0
@@ -30,20 +28,9 @@ def _node_id(cluster: LocalCluster, i: int) -> str:
     return (cluster.node_dir(i) / "node-id").read_text().strip()
 
 
-def _copies(client: Client, path: str) -> list[int]:
-    """Copies of each chunk of ``path`` on nodes the metadata service thinks alive."""
-    layout = _loop.run(client.aio.meta.request(GetLayout(path)))
-    alive = {n.id for n in _loop.run(client.aio.meta.request(ListNodes())) if n.alive}
-    return [len(set(layout.replicas[x.chunk.id]) & alive) for x in layout.extents]
-
-
-def _alive(client: Client) -> int:
-    return sum(n.alive for n in _loop.run(client.aio.meta.request(ListNodes())))
-
-
 def _wait_alive(client: Client, count: int) -> None:
     """Until ``count`` nodes are alive, and placement's cached node list (1 s) knows it."""
-    _eventually(lambda: _alive(client) == count)
+    eventually(lambda: alive(client) == count)
     time.sleep(NODES_TTL_S + 0.2)
 
 
@@ -55,13 +42,6 @@ def _status(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
         check=False,
         timeout=60,
     )
-
-
-def _eventually(check: Callable[[], bool], seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "did not happen in time"
-        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -86,14 +66,14 @@ def test_one_dead_node_of_three_writes_go_on_at_two_copies_and_repair_adds_the_t
         print(f"degraded write of 4 chunks took {took:.3f} s")
         assert took < 5.0
         assert client.get("/during") == data
-        assert _copies(client, "/during") == [2, 2, 2, 2]
+        assert copies(client, "/during") == [2, 2, 2, 2]
         _wait_alive(client, 2)
         data = os.urandom(4 * MiB)
         started = time.monotonic()
         client.put("/later", data)  # placement now knows: two nodes, no failed write
         print(f"degraded write after the heartbeat timeout took {time.monotonic() - started:.3f} s")
         assert time.monotonic() - started < 5.0
-        assert _copies(client, "/later") == [2, 2, 2, 2]
+        assert copies(client, "/later") == [2, 2, 2, 2]
 
         text = _status(cluster3.url)
         assert text.returncode == 1, text.stdout + text.stderr
@@ -105,10 +85,10 @@ def test_one_dead_node_of_three_writes_go_on_at_two_copies_and_repair_adds_the_t
         assert json.loads(as_json.stdout)["degraded"] == short
 
         cluster3.start_node(1)
-        _eventually(lambda: _copies(client, "/during") == [3, 3, 3, 3])
-        _eventually(lambda: _copies(client, "/later") == [3, 3, 3, 3])
+        eventually(lambda: copies(client, "/during") == [3, 3, 3, 3])
+        eventually(lambda: copies(client, "/later") == [3, 3, 3, 3])
         assert client.get("/later") == data
-        _eventually(lambda: _status(cluster3.url, "--json").returncode == 0)
+        eventually(lambda: _status(cluster3.url, "--json").returncode == 0)
 
 
 def test_two_dead_nodes_of_three_a_write_fails_at_once_naming_them(
@@ -153,10 +133,10 @@ def test_min_replicas_three_refuses_a_degraded_write(tmp_path: Path) -> None:
                 client.put("/f", b"x" * 1000)
         with connect(cluster.url, min_replicas=1) as client:  # the client may ask for less
             client.put("/f", b"x" * 1000)
-            assert _copies(client, "/f") == [2]
+            assert copies(client, "/f") == [2]
         with connect(cluster.url) as client:  # and so may one file
             client.put("/g", b"y" * 1000, min_replicas=2)
-            assert _copies(client, "/g") == [2]
+            assert copies(client, "/g") == [2]
             with pytest.raises(CannotPlace, match="need 3 nodes"):
                 client.put_parts("/h", [b"z" * 1000], min_replicas=3)
             lenient = connect(cluster.url, min_replicas=1)  # the file's setting wins

@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_kit import alive, copies, eventually
 from netns_kit import Hosts, needs_netns
 
 from graben.bench._postgres import NoPostgres, PgServer
 from graben.bench._postgres import start as start_postgres
-from graben.store import AsyncClient, Client, GrabenError, connect
+from graben.store import AsyncClient, GrabenError, connect
 from graben.store.cli._cluster import make_secret_file
-from graben.store.client import _loop
-from graben.store.transport._requests import GetLayout, ListNodes
 
 pytestmark = [needs_netns, pytest.mark.slow]
 MiB = 1 << 20
@@ -135,29 +134,10 @@ def cluster(
     kit = Cluster(hosts, engine, tmp_path)
     try:
         with connect(kit.url) as client:
-            _eventually(lambda: _alive(client) == len(NODES), 60.0)
+            eventually(lambda: alive(client) == len(NODES), 60.0)
         yield kit
     finally:
         kit.close()
-
-
-def _alive(client: Client) -> int:
-    return sum(n.alive for n in _loop.run(client.aio.meta.request(ListNodes())))
-
-
-def _copies(client: Client, path: str) -> list[int]:
-    """Copies of each chunk of ``path`` on nodes the metadata service thinks alive."""
-    layout = _loop.run(client.aio.meta.request(GetLayout(path)))
-    alive = {n.id for n in _loop.run(client.aio.meta.request(ListNodes())) if n.alive}
-    return [len(set(layout.replicas[x.chunk.id]) & alive) for x in layout.extents]
-
-
-def _eventually(check: Callable[[], bool], seconds: float = 60.0) -> float:
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < seconds, "did not happen in time"
-        time.sleep(0.2)
-    return time.monotonic() - started
 
 
 async def _storm(
@@ -221,17 +201,17 @@ def test_the_leading_service_killed_under_64_writers_loses_nothing_and_repair_mo
 
         # Repair goes on under the other service: a node lost now is made up for.
         survivor = 1 - leader
-        took = _eventually(lambda: cluster.leader() == survivor, 30.0)
+        took = eventually(lambda: cluster.leader() == survivor, 30.0)
         print(f"the other service leads {took:.1f} s after the storm")
         assert cluster.status()["fence"] > fence
         data = os.urandom(4 * MiB)
         client.put("/after/kill.bin", data)
-        assert set(_copies(client, "/after/kill.bin")) == {3}
+        assert set(copies(client, "/after/kill.bin")) == {3}
         cluster.kill(cluster.node_procs[NODES[0]])
-        _eventually(lambda: _alive(client) == len(NODES) - 1)
-        _eventually(lambda: set(_copies(client, "/after/kill.bin")) == {3})
+        eventually(lambda: alive(client) == len(NODES) - 1)
+        eventually(lambda: set(copies(client, "/after/kill.bin")) == {3})
         assert client.get("/after/kill.bin") == data
-        _eventually(lambda: cluster.status()["degraded"] == 0)
+        eventually(lambda: cluster.status()["degraded"] == 0)
 
 
 def test_a_node_cut_off_mid_write_costs_copies_not_data_and_gets_them_back(
@@ -262,6 +242,6 @@ def test_a_node_cut_off_mid_write_costs_copies_not_data_and_gets_them_back(
     with connect(cluster.url) as client:
         if outcome is not None:
             client.put("/cut/big.bin", data)  # the link is back: it goes through now
-        _eventually(lambda: _alive(client) == len(NODES))
-        _eventually(lambda: set(_copies(client, "/cut/big.bin")) == {3}, 90.0)
+        eventually(lambda: alive(client) == len(NODES))
+        eventually(lambda: set(copies(client, "/cut/big.bin")) == {3}, 90.0)
         assert client.get("/cut/big.bin") == data

@@ -17,12 +17,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from cluster_kit import alive, copies, eventually
 from pg_kit import (  # noqa: F401  (fixtures)
     Engine,
     pg_database_fixture,
@@ -31,11 +32,11 @@ from pg_kit import (  # noqa: F401  (fixtures)
 )
 from ranks_kit import free_port
 
-from graben.store import Client, connect
+from graben.store import connect
 from graben.store.cli._cluster import _spawn, _stop
 from graben.store.client import _loop
 from graben.store.meta.engines._postgres_url import display_url
-from graben.store.transport._requests import GetLayout, ListNodes
+from graben.store.transport._requests import GetLayout
 
 GRABEN = (sys.executable, "-m", "graben.store.cli")
 MiB = 1 << 20
@@ -129,15 +130,6 @@ def two(engine: str, tmp_path: Path) -> Iterator[tuple[Meta, Meta]]:
             print(f"--- {meta.log.name}\n{meta.log.read_text()}")
 
 
-def _eventually(check: Callable[[], bool], seconds: float = 30.0) -> float:
-    """Seconds until ``check`` held."""
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < seconds, "did not happen in time"
-        time.sleep(0.2)
-    return time.monotonic() - started
-
-
 def _leads(meta: Meta, health: dict[str, Any]) -> bool:
     return bool(health["leader"]) and health["leader"] == meta.me(health)["id"]
 
@@ -172,17 +164,6 @@ def test_two_services_one_leads_and_status_shows_both_and_the_engine(
     assert first.scrape()["graben_meta_leader"] == 1
     assert second.scrape()["graben_meta_leader"] == 0
     assert second.scrape()["graben_meta_fence"] == health["fence"]
-
-
-def _copies(client: Client, path: str) -> list[int]:
-    """Copies of each chunk of ``path`` on nodes the metadata service thinks alive."""
-    layout = _loop.run(client.aio.meta.request(GetLayout(path)))
-    alive = {n.id for n in _loop.run(client.aio.meta.request(ListNodes())) if n.alive}
-    return [len(set(layout.replicas[x.chunk.id]) & alive) for x in layout.extents]
-
-
-def _alive(client: Client) -> int:
-    return sum(n.alive for n in _loop.run(client.aio.meta.request(ListNodes())))
 
 
 def _node(root: Path, i: int, meta: Meta) -> tuple[subprocess.Popen[str], str]:
@@ -223,23 +204,23 @@ def test_the_leader_killed_the_other_takes_over_and_repairs(
     nodes = [_node(tmp_path, i, other)[0] for i in range(3)]  # they heartbeat to the survivor
     try:
         with connect(other.url, chunk_size=MiB) as client:
-            _eventually(lambda: _alive(client) == 3)
+            eventually(lambda: alive(client) == 3)
             _kill(nodes[1])
             data = os.urandom(4 * MiB)
             client.put("/during", data)  # replication 3, at least 2 copies: 2 now
-            assert _copies(client, "/during") == [2, 2, 2, 2]
+            assert copies(client, "/during") == [2, 2, 2, 2]
 
             _kill(leader.proc)
-            took = _eventually(lambda: _leads(other, other.health()), TAKEOVER_S)
+            took = eventually(lambda: _leads(other, other.health()), TAKEOVER_S)
             print(f"the other service took over in {took:.1f} s")
             assert other.health()["fence"] == fence + 1
             assert other.scrape()["graben_meta_leader"] == 1
 
             nodes[1], _ = _node(tmp_path, 1, other)
-            _eventually(lambda: _copies(client, "/during") == [3, 3, 3, 3])
+            eventually(lambda: copies(client, "/during") == [3, 3, 3, 3])
             assert client.get("/during") == data
             assert f"leads (fence {fence + 1})" in other.log.read_text()
-            _eventually(lambda: not leader.me(other.health())["alive"], 10.0)  # silent 5 s: gone
+            eventually(lambda: not leader.me(other.health())["alive"], 10.0)  # silent 5 s: gone
             assert "GONE" in other.status().stdout
     finally:
         _stop(nodes)
@@ -251,10 +232,10 @@ def test_a_leader_stopped_past_its_lease_is_deposed_and_stays_so(
     leader, other = two
     fence = leader.health()["fence"]
     leader.signal(signal.SIGSTOP)  # a long pause: it cannot renew, nor know it failed to
-    took = _eventually(lambda: _leads(other, other.health()), TAKEOVER_S)
+    took = eventually(lambda: _leads(other, other.health()), TAKEOVER_S)
     print(f"the other service took over in {took:.1f} s")
     leader.signal(signal.SIGCONT)
-    _eventually(lambda: "stops leading" in leader.log.read_text(), 10.0)
+    eventually(lambda: "stops leading" in leader.log.read_text(), 10.0)
     log = leader.log.read_text()
     assert re.search(
         rf"stops leading \(fence {fence}\): its lease was not renewed in time", log
@@ -281,12 +262,12 @@ def test_a_deposed_leaders_late_repair_write_is_refused_by_the_fence(
     ids = [""] * 4
     try:
         with connect(other.url, chunk_size=MiB) as client:
-            _eventually(lambda: _alive(client) == 3)
+            eventually(lambda: alive(client) == 3)
             client.put("/f", os.urandom(MiB))  # on nodes 0, 1 and 2
             proc, node3 = _node(tmp_path, 3, other)
             nodes.append(proc)
             ids = [(tmp_path / f"node{i}" / "node-id").read_text().strip() for i in range(4)]
-            _eventually(lambda: _alive(client) == 4)
+            eventually(lambda: alive(client) == 4)
             (chunk,) = _loop.run(client.aio.meta.request(GetLayout("/f"))).replicas
         port = int(node3.rpartition(":")[2])
         nodes[3].send_signal(signal.SIGSTOP)  # a copy sent to it waits
@@ -298,15 +279,15 @@ def test_a_deposed_leaders_late_repair_write_is_refused_by_the_fence(
         )
         sql.sql("UPDATE nodes SET last_seen = 0 WHERE id = %s", ids[0])  # dead at once
         # The leader's next round copies to the one place left, node 3, and waits.
-        _eventually(lambda: _talks_to(leader.proc.pid, port), 10.0)
+        eventually(lambda: _talks_to(leader.proc.pid, port), 10.0)
         leader.signal(signal.SIGSTOP)
-        _eventually(lambda: _leads(other, other.health()), TAKEOVER_S)
+        eventually(lambda: _leads(other, other.health()), TAKEOVER_S)
         other.signal(signal.SIGKILL)  # the new leader does nothing more; its lease stands
         leader.signal(signal.SIGCONT)
-        _eventually(lambda: "stops leading" in leader.log.read_text(), 10.0)
+        eventually(lambda: "stops leading" in leader.log.read_text(), 10.0)
         nodes[3].send_signal(signal.SIGCONT)
         refused = rf"repair stopped: recording copies of {chunk} on \('{ids[3]}',\) refused"
-        _eventually(lambda: re.search(refused, leader.log.read_text()) is not None, 30.0)
+        eventually(lambda: re.search(refused, leader.log.read_text()) is not None, 30.0)
         assert f"led under fence {fence}, but service" in leader.log.read_text()
         assert list((tmp_path / "node3" / "chunks").glob(f"??/??/{chunk}"))  # the copy is there
         held = [n for (n,) in sql.sql("SELECT node FROM replicas WHERE chunk = %s", chunk)]

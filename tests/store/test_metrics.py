@@ -4,40 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_kit import LocalCluster
+from cluster_kit import LocalCluster, scrape, sum_of
 from ranks_kit import free_port
 
 from graben.store import connect
 from graben.store.cli._cluster import _spawn, _stop
 
 MiB = 1 << 20
-
-
-def _scrape(port: int) -> dict[str, float]:
-    """``/metrics`` of the server at ``port``: each sample line's value by its name and labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        assert reply.status == 200
-        text = reply.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
-
-
-def _sum(samples: dict[str, float], pattern: str) -> float:
-    return sum(v for k, v in samples.items() if re.fullmatch(pattern, k))
 
 
 @pytest.fixture
@@ -59,8 +40,8 @@ def cluster(tmp_path: Path) -> Iterator[tuple[LocalCluster, int, list[int]]]:
 
 def test_metrics_move_under_puts_and_gets(cluster: tuple[LocalCluster, int, list[int]]) -> None:
     c, meta_port, node_ports = cluster
-    before_meta = _scrape(meta_port)
-    before_nodes = [_scrape(p) for p in node_ports]
+    before_meta = scrape(meta_port)
+    before_nodes = [scrape(p) for p in node_ports]
     assert before_nodes[0]["graben_free_bytes"] > 0
 
     data = os.urandom(3 * MiB)  # three distinct chunks (equal ones would be stored once)
@@ -69,22 +50,22 @@ def test_metrics_move_under_puts_and_gets(cluster: tuple[LocalCluster, int, list
         assert client.get("/a") == data
 
     deadline = time.monotonic() + 20  # a repair round (every 0.3 s) sets the gauges
-    while (meta := _scrape(meta_port))["graben_chunks_short"] < 3 and time.monotonic() < deadline:
+    while (meta := scrape(meta_port))["graben_chunks_short"] < 3 and time.monotonic() < deadline:
         time.sleep(0.1)
-    nodes = [_scrape(p) for p in node_ports]
+    nodes = [scrape(p) for p in node_ports]
 
     # Requests by op, the metadata service's by request type: counts, latencies, bytes.
     prepare = 'graben_requests_total{op="meta.Prepare",outcome="ok"}'
     assert meta[prepare] > before_meta.get(prepare, 0)
     assert meta['graben_request_seconds_count{op="meta.Prepare"}'] >= 1
-    assert _sum(meta, r'graben_request_bytes_total\{op="meta\.\w+"\}') > _sum(
+    assert sum_of(meta, r'graben_request_bytes_total\{op="meta\.\w+"\}') > sum_of(
         before_meta, r'graben_request_bytes_total\{op="meta\.\w+"\}'
     )
     # Three 1 MiB chunks, each on both nodes; read back from one or the other.
     writes = sum(n["graben_chunk_writes_total"] for n in nodes)
     assert writes - sum(n["graben_chunk_writes_total"] for n in before_nodes) == 6
     assert sum(n["graben_chunk_reads_total"] for n in nodes) >= 3
-    received = sum(_sum(n, r'graben_request_bytes_total\{op="chunk\.write\w*"\}') for n in nodes)
+    received = sum(sum_of(n, r'graben_request_bytes_total\{op="chunk\.write\w*"\}') for n in nodes)
     assert received >= 6 * MiB
     sent = sum(n.get('graben_response_bytes_total{op="chunk.read"}', 0) for n in nodes)
     assert sent >= 3 * MiB
@@ -123,7 +104,7 @@ def test_cluster_up_serves_each_servers_metrics_on_ports_in_a_row(tmp_path: Path
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith("graben://")
-        meta, *nodes = (_scrape(port) for port in range(base, base + 3))
+        meta, *nodes = (scrape(port) for port in range(base, base + 3))
         assert any(k.startswith('graben_requests_total{op="meta.Heartbeat"') for k in meta)
         assert all(n["graben_free_bytes"] > 0 for n in nodes)
     finally:
@@ -160,7 +141,7 @@ def test_metrics_from_the_config_file(tmp_path: Path) -> None:
     )
     proc, _ = _spawn("meta", "serve", "--config", str(config))
     try:
-        assert "graben_repair_queue" in _scrape(port)
+        assert "graben_repair_queue" in scrape(port)
     finally:
         _stop([proc])
 

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import test_store_api
-from cluster_kit import LocalCluster
-from pg_kit import PgServer, pg_server_fixture  # noqa: F401  (fixtures)
+from pg_kit import PgServer, pg_cluster_fixture, pg_server_fixture  # noqa: F401  (fixtures)
 from store_kit import SMALL_CHUNK
 
 from graben.store import AsyncClient, Client, connect
@@ -31,21 +30,6 @@ globals().update(
     for name, test in vars(test_store_api).items()
     if name.startswith("test_") and "client" in inspect.signature(test).parameters
 )
-
-
-@pytest.fixture(scope="module")
-def pg_cluster(pg_server: PgServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A 3-node cluster whose metadata service runs on PostgreSQL, for the module."""
-    database = pg_server.create_database()
-    root = tmp_path_factory.mktemp("pg-cluster")
-    try:
-        cluster = LocalCluster(root, nodes=3, engine=pg_server.url(database))
-        try:
-            yield cluster.url
-        finally:
-            cluster.close()
-    finally:
-        pg_server.drop_database(database)
 
 
 def _embedded(url: str, root: Path) -> Client:

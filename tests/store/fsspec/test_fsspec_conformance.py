@@ -1,7 +1,8 @@
 """fsspec's own conformance suite (``fsspec.tests.abstract``) on ``graben://``.
 
-Run against an embedded store and against the session's 3-node cluster;
-nothing is skipped.
+Run against an embedded store, the session's 3-node cluster, and a 3-node
+cluster whose metadata lives in PostgreSQL; nothing is skipped (but the
+last where PostgreSQL is missing, saying so).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from fsspec.tests.abstract import (
     AbstractPipeTests,
     AbstractPutTests,
 )
+from pg_kit import pg_cluster_fixture, pg_server_fixture  # noqa: F401  (fixtures)
 
 from graben.store import GrabenFileSystem
 
 
-@pytest.fixture(scope="module", params=["embedded", "cluster"])
+@pytest.fixture(scope="module", params=["embedded", "cluster", "cluster on PostgreSQL"])
 def graben_fs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GrabenFileSystem]:
@@ -34,7 +36,8 @@ def graben_fs(
         root: Path = tmp_path_factory.mktemp("fsspec-embedded")
         fs = GrabenFileSystem(url=str(root), skip_instance_cache=True)
     else:
-        url = request.getfixturevalue("cluster_url")
+        name = "cluster_url" if request.param == "cluster" else "pg_cluster"
+        url = request.getfixturevalue(name)
         fs, _ = fsspec.core.url_to_fs(f"{url}/", skip_instance_cache=True)
         assert isinstance(fs, GrabenFileSystem)
     yield fs

@@ -249,7 +249,7 @@ def test_nil_body_decodes_as_none() -> None:
 
 
 def test_a_periodic_task_outlives_failing_rounds() -> None:
-    from graben.store.wire._rpc import every, stop
+    from graben.store.wire import every, stop
 
     rounds: list[int] = []
 
