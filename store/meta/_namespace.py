@@ -6,16 +6,15 @@ is one ``repo.write()`` transaction; one that carries an idempotency key is
 applied once for that key (``_once``). Placement of new chunks is a function
 handed in (embedded: the one local node).
 
-Over 500 lines: each mutation is an entry point and the part that looks and
-acts inside the one transaction ``write_once`` opens; the write path
-(prepare and commit) is the next to move to a module of its own, as the
-chunk and node records did (``_bookkeeping``).
+Its parts: path resolution (``_walk``), the write path (``_commits``:
+placing chunks, committing files) and the chunk and node records
+(``_bookkeeping``); ``Namespace`` inherits the last two.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from .. import _paths
@@ -23,8 +22,6 @@ from .._config import page_entries
 from .._errors import (
     AlreadyExists,
     DirectoryNotEmpty,
-    GrabenError,
-    IntegrityError,
     InvalidArgument,
     InvalidPath,
     IsADirectory,
@@ -37,12 +34,9 @@ from .._types import (
     LOCAL_NODE,
     MAX_PAGE,
     ChunkRef,
-    Extent,
-    FileCommit,
     FileInfo,
     FileLayout,
     Listing,
-    Placement,
 )
 from ..transport import (
     CheckMetadata,
@@ -67,19 +61,12 @@ from ..transport import (
     Usage,
 )
 from ._bookkeeping import Bookkeeping
-from ._once import record, recorded, replayed, write_once
-from ._repo import ROOT_INODE, Inode, NewFile, Repository, Tx
+from ._commits import Commits, Placer
+from ._once import write_once
+from ._repo import Inode, Repository, Tx
+from ._walk import DIR_MODE, ensure_dirs, info, resolve, resolve_dir
 
 R = TypeVar("R")
-Placer = Callable[[ChunkRef, int, int, tuple[str, ...]], tuple[str, ...]]
-"""(chunk, replication, fewest acceptable, nodes to avoid) -> the nodes to store it on."""
-ROOT = Inode(ROOT_INODE, "directory", 0, 0o755, 0, 1, 1)
-Directories = dict[tuple[str, ...], Inode]
-"""Directories one write transaction resolved, by their path's parts."""
-DIR_MODE = 0o755
-PERMISSION_BITS = 0o7777
-"""What a new version keeps of the mode of the one it replaces (not a symlink's type bits)."""
-FILE_MODE = 0o644
 
 
 def local_placement(
@@ -89,20 +76,7 @@ def local_placement(
     return (LOCAL_NODE,)
 
 
-def _info(path: str, inode: Inode) -> FileInfo:
-    return FileInfo(
-        path,
-        inode.kind,
-        inode.size,
-        inode.mtime_ns,
-        inode.id,
-        inode.generation,
-        inode.replication,
-        inode.mode,
-    )
-
-
-class Namespace(Bookkeeping):
+class Namespace(Commits, Bookkeeping):
     """Executes metadata ``Request``s against a repository."""
 
     def __init__(
@@ -155,62 +129,13 @@ class Namespace(Bookkeeping):
         result: R = handler(request)
         return result
 
-    # -- resolution -----------------------------------------------------------
-
-    def _resolve(self, tx: Tx, parts: tuple[str, ...], path: str) -> Inode:
-        node = ROOT
-        for depth, name in enumerate(parts):
-            if node.kind != "directory":
-                where = _paths.join_parts(parts[:depth])
-                raise NotADirectory(f"{where} is a file, not a directory", path)
-            found = tx.lookup(node.id, name)
-            if found is None:
-                raise NotFound("no such file or directory", path)
-            node = found
-        return node
-
-    def _resolve_dir(self, tx: Tx, parts: tuple[str, ...], path: str) -> Inode:
-        node = self._resolve(tx, parts, path)
-        if node.kind != "directory":
-            raise NotADirectory("not a directory", _paths.join_parts(parts))
-        return node
-
-    def _ensure_dirs(
-        self, tx: Tx, parts: tuple[str, ...], path: str, known: Directories | None = None
-    ) -> Inode:
-        """Resolve a directory, creating the missing ones on the way.
-
-        ``known`` holds directories this write transaction resolved or made
-        already (a commit group's files mostly share a few): no lookup for
-        them again. The writer holds the engine's write lock, so nobody else
-        can move them meanwhile.
-        """
-        if known is not None and parts in known:
-            return known[parts]
-        node = ROOT
-        for depth, name in enumerate(parts):
-            if known is not None and parts[: depth + 1] in known:
-                node = known[parts[: depth + 1]]
-                continue
-            found = tx.lookup(node.id, name)
-            if found is None:
-                found = tx.create("directory", 0, DIR_MODE, time.time_ns(), 1, 1)
-                tx.link(node.id, name, found.id)
-            elif found.kind != "directory":
-                where = _paths.join_parts(parts[: depth + 1])
-                raise NotADirectory(f"{where} is a file, not a directory", path)
-            node = found
-            if known is not None:
-                known[parts[: depth + 1]] = node
-        return node
-
     # -- reads ----------------------------------------------------------------
 
     def stat(self, path: str) -> FileInfo:
         """Attributes of one path."""
         parts = _paths.split(path)
         with self.repo.read() as tx:
-            return _info(_paths.join_parts(parts), self._resolve(tx, parts, path))
+            return info(_paths.join_parts(parts), resolve(tx, parts, path))
 
     def listdir(self, path: str, after: str = "", limit: int = 0, directory: int = 0) -> Listing:
         """A page of a directory's entries sorted by name; a file lists as itself.
@@ -222,14 +147,14 @@ class Namespace(Bookkeeping):
         base = _paths.join_parts(parts)
         limit = _page(limit, LIST_PAGE)
         with self.repo.read() as tx:
-            node = tx.get(directory) if directory else self._resolve(tx, parts, path)
+            node = tx.get(directory) if directory else resolve(tx, parts, path)
             if node is None or (directory and node.kind != "directory"):
                 raise NotFound("the directory was removed while being listed", base)
             if node.kind == "file":
-                return Listing([_info(base, node)])
+                return Listing([info(base, node)])
             page = tx.children_page(node.id, after, limit + 1)
         prefix = base.rstrip("/")
-        entries = [_info(f"{prefix}/{name}", child) for name, child in page[:limit]]
+        entries = [info(f"{prefix}/{name}", child) for name, child in page[:limit]]
         return Listing(entries, node.id, len(page) > limit)
 
     def layout(self, path: str, start: int = 0, limit: int = 0, inode: int = 0) -> FileLayout:
@@ -242,7 +167,7 @@ class Namespace(Bookkeeping):
         clean = _paths.join_parts(parts)
         limit = _page(limit, LAYOUT_PAGE)
         with self.repo.read() as tx:
-            node = tx.get(inode) if inode else self._resolve(tx, parts, path)
+            node = tx.get(inode) if inode else resolve(tx, parts, path)
             if node is None:
                 raise NotFound("the file was replaced while being opened", clean)
             if node.kind == "directory":
@@ -250,7 +175,7 @@ class Namespace(Bookkeeping):
             extents = tx.extents_page(node.id, start, limit + 1)
             replicas = tx.replicas({x.chunk.id for x in extents[:limit]})
         more = len(extents) > limit
-        return FileLayout(_info(clean, node), tuple(extents[:limit]), replicas, more=more)
+        return FileLayout(info(clean, node), tuple(extents[:limit]), replicas, more=more)
 
     def known(self, chunks: Iterable[str]) -> set[str]:
         """Which of these chunk ids any metadata names (a chunk row, an extent, a replica)."""
@@ -267,7 +192,7 @@ class Namespace(Bookkeeping):
         parts = _paths.split(path)
         files = size = 0
         with self.repo.read() as tx:
-            pending = [self._resolve(tx, parts, path)]
+            pending = [resolve(tx, parts, path)]
             while pending:
                 node = pending.pop()
                 if node.kind == "file":
@@ -296,18 +221,16 @@ class Namespace(Bookkeeping):
         self, tx: Tx, parts: tuple[str, ...], path: str, parents: bool, exist_ok: bool
     ) -> FileInfo:
         clean = _paths.join_parts(parts)
-        if parents:
-            parent = self._ensure_dirs(tx, parts[:-1], path)
-        else:
-            parent = self._resolve_dir(tx, parts[:-1], path)
+        find = ensure_dirs if parents else resolve_dir
+        parent = find(tx, parts[:-1], path)
         found = tx.lookup(parent.id, parts[-1])
         if found is not None:
             if exist_ok and found.kind == "directory":
-                return _info(clean, found)
+                return info(clean, found)
             raise AlreadyExists("already exists", clean)
         node = tx.create("directory", 0, DIR_MODE, time.time_ns(), 1, 1)
         tx.link(parent.id, parts[-1], node.id)
-        return _info(clean, node)
+        return info(clean, node)
 
     def remove(self, path: str, recursive: bool = False, *, key: str = "") -> int:
         """Remove a file, or a directory (its contents too with ``recursive``)."""
@@ -318,7 +241,7 @@ class Namespace(Bookkeeping):
 
     def _remove(self, tx: Tx, parts: tuple[str, ...], path: str, recursive: bool) -> int:
         clean = _paths.join_parts(parts)
-        parent = self._resolve_dir(tx, parts[:-1], path)
+        parent = resolve_dir(tx, parts[:-1], path)
         node = tx.lookup(parent.id, parts[-1])
         if node is None:
             raise NotFound("no such file or directory", clean)
@@ -374,15 +297,15 @@ class Namespace(Bookkeeping):
     ) -> FileInfo:
         (sparts, src), (dparts, dst) = source, destination
         clean_src, clean_dst = _paths.join_parts(sparts), _paths.join_parts(dparts)
-        sparent = self._resolve_dir(tx, sparts[:-1], src)
+        sparent = resolve_dir(tx, sparts[:-1], src)
         node = tx.lookup(sparent.id, sparts[-1])
         if node is None:
             raise NotFound("no such file or directory", clean_src)
         if clean_src == clean_dst:
-            return _info(clean_dst, node)
+            return info(clean_dst, node)
         if _paths.is_within(clean_dst, clean_src):
             raise InvalidPath(f"cannot move {clean_src} into itself", clean_dst)
-        dparent = self._ensure_dirs(tx, dparts[:-1], dst)
+        dparent = ensure_dirs(tx, dparts[:-1], dst)
         target = tx.lookup(dparent.id, dparts[-1])
         if target is not None:
             self._check_replace(tx, node, target, replace, replace_tree, clean_dst)
@@ -390,7 +313,7 @@ class Namespace(Bookkeeping):
             self._delete_tree(tx, target)
         tx.unlink(sparent.id, sparts[-1])
         tx.link(dparent.id, dparts[-1], node.id)
-        return _info(clean_dst, node)
+        return info(clean_dst, node)
 
     def _check_replace(
         self, tx: Tx, node: Inode, target: Inode, replace: bool, replace_tree: bool, dst: str
@@ -416,160 +339,15 @@ class Namespace(Bookkeeping):
             raise InvalidArgument("the root's attributes cannot change", clean)
 
         def change(tx: Tx) -> FileInfo:
-            node = self._resolve(tx, parts, clean)
+            node = resolve(tx, parts, clean)
             changed = tx.set_attributes(
                 node.id,
                 node.mode if mode is None else mode,
                 node.mtime_ns if mtime_ns is None else mtime_ns,
             )
-            return _info(clean, changed)
+            return info(clean, changed)
 
         return write_once(self.repo, key, FileInfo, change)
-
-    def prepare(
-        self,
-        chunks: tuple[ChunkRef, ...],
-        replication: int,
-        avoid: tuple[str, ...] = (),
-        min_replicas: int = 0,
-    ) -> list[Placement]:
-        """For each chunk: skip it if a live file already uses it, else where to send it.
-
-        With too few live nodes for every copy, a placement names as many as
-        there are, down to the write's minimum (``Placement.minimum``).
-        """
-        copies = self._replication(replication)
-        least = self._minimum(copies, min_replicas)
-        with self.repo.read() as tx:
-            held = tx.referenced(c.id for c in chunks)
-        return [
-            Placement(c, False, held[c.id], minimum=least)
-            if c.id in held
-            else Placement(c, True, self._place(c, copies, least, avoid), minimum=least)
-            for c in chunks
-        ]
-
-    def _minimum(self, copies: int, asked: int) -> int:
-        """Copies a write of ``copies`` needs: asked, else the store's, else one fewer."""
-        if asked < 0:
-            raise InvalidArgument(f"min_replicas must be at least 1, not {asked}")
-        least = asked or self.min_replicas or copies - 1
-        return max(1, min(least, copies))
-
-    def _replication(self, asked: int) -> int:
-        if asked < 0:
-            raise InvalidArgument(f"replication must be at least 1, not {asked}")
-        return asked or self.default_replication
-
-    def commit(self, files: tuple[FileCommit, ...], *, key: str = "") -> list[FileInfo]:
-        """Make each file visible; all of the batch or none of it."""
-        known: Directories = {}
-        return write_once(
-            self.repo,
-            key,
-            list[FileInfo],
-            lambda tx: [self._commit_one(tx, f, known) for f in files],
-        )
-
-    def commit_group(
-        self, batches: Sequence[tuple[FileCommit, ...]], keys: Sequence[str] = ()
-    ) -> list[list[FileInfo] | GrabenError]:
-        """Commit independent batches in one transaction (one fsync for all).
-
-        Each batch is all or nothing, as with ``commit``; a batch that fails
-        gets its error in its place and leaves the others alone. ``keys``
-        (one per batch, ``""`` for none) are recorded in the same transaction
-        with each committed batch's reply; a batch whose key is recorded
-        already gets that reply and is not committed again.
-
-        Batches rarely fail, so they go together first, without a savepoint
-        each (two round trips per batch on PostgreSQL). If one fails, that
-        transaction is rolled back whole and the group goes again, each batch
-        in a savepoint of its own.
-        """
-        keys = list(keys) or [""] * len(batches)
-        if len(batches) > 1:
-            try:
-                return self._commit_keyed(batches, keys, together=True)
-            except _BatchFailed:
-                pass
-        return self._commit_keyed(batches, keys, together=False)
-
-    def _commit_keyed(
-        self, batches: Sequence[tuple[FileCommit, ...]], keys: Sequence[str], *, together: bool
-    ) -> list[list[FileInfo] | GrabenError]:
-        results: list[list[FileInfo] | GrabenError] = []
-        with self.repo.write() as tx:
-            done = recorded(tx, keys)
-            fresh: dict[str, list[FileInfo]] = {}  # a key twice in one group: applied once
-            known: Directories = {}
-            for files, key in zip(batches, keys, strict=True):
-                if key in done:
-                    results.append(replayed(done[key], list[FileInfo], key))
-                elif key in fresh:
-                    results.append(fresh[key])
-                else:
-                    results.append(self._commit_batch(tx, files, known, together))
-                    if key and isinstance(results[-1], list):
-                        fresh[key] = results[-1]
-            if fresh:
-                record(tx, list(fresh.items()))
-        return results
-
-    def _commit_batch(
-        self, tx: Tx, files: tuple[FileCommit, ...], known: Directories, together: bool
-    ) -> list[FileInfo] | GrabenError:
-        """One batch of a group: its files, or the error that undid it (``together``: no
-        savepoint; a failure raises ``_BatchFailed``, undoing the whole group)."""
-        if together:
-            try:
-                return [self._commit_one(tx, f, known) for f in files]
-            except GrabenError as exc:
-                raise _BatchFailed from exc  # out of the block: the transaction rolls back
-        try:
-            with tx.savepoint():
-                return [self._commit_one(tx, f, known) for f in files]
-        except GrabenError as exc:
-            known.clear()  # directories it made were rolled back with it
-            return exc
-
-    def _commit_one(self, tx: Tx, commit: FileCommit, known: Directories) -> FileInfo:
-        parts = _paths.split(commit.path)
-        clean = _paths.join_parts(parts)
-        if not parts:
-            raise IsADirectory("cannot write to the root", clean)
-        size = _check_extents(commit.extents, clean)
-        tx.add_chunks((s.chunk, s.nodes) for s in commit.stored)
-        # What the commit stores itself is known now; only chunks it reuses are asked for.
-        missing = {x.chunk.id for x in commit.extents} - {s.chunk.id for s in commit.stored}
-        if missing:
-            missing -= tx.known(missing)
-        if missing:
-            raise IntegrityError(
-                f"commit names {len(missing)} chunk(s) the store does not hold "
-                f"(collected while the writer was open?): {sorted(missing)[0]}",
-                clean,
-            )
-        parent = self._ensure_dirs(tx, parts[:-1], commit.path, known)
-        old = tx.lookup(parent.id, parts[-1])
-        if old is not None and commit.mode == "create":
-            raise AlreadyExists("file exists", clean)
-        if old is not None and old.kind == "directory":
-            raise IsADirectory("a directory has this name", clean)
-        generation = 1 if old is None else old.generation + 1
-        copies = self._replication(commit.replication)
-        mode = commit.permissions or (FILE_MODE if old is None else old.mode & PERMISSION_BITS)
-        if old is not None:
-            tx.unlink(parent.id, parts[-1])
-        new = NewFile(size, mode, time.time_ns(), generation, copies, commit.extents)
-        node = tx.create_file(parent.id, parts[-1], new)
-        if old is not None:  # after the new one is numbered: SQLite would reuse its number
-            tx.delete(old.id)
-        return _info(clean, node)
-
-
-class _BatchFailed(Exception):
-    """A batch of a group committed together failed: the group goes again, apart."""
 
 
 def _page(asked: int, default: int) -> int:
@@ -577,15 +355,3 @@ def _page(asked: int, default: int) -> int:
     if asked < 0:
         raise InvalidArgument(f"a page size must not be negative, not {asked}")
     return min(page_entries(asked, default), MAX_PAGE)
-
-
-def _check_extents(extents: tuple[Extent, ...], path: str) -> int:
-    """Extents must tile the file from 0 without gaps; returns the size."""
-    size = 0
-    for extent in extents:
-        if extent.offset != size or extent.length <= 0:
-            raise InvalidArgument(f"extents do not tile the file at offset {size}", path)
-        if extent.chunk_offset < 0 or extent.chunk_offset + extent.length > extent.chunk.length:
-            raise InvalidArgument(f"extent at {size} overruns its chunk", path)
-        size += extent.length
-    return size

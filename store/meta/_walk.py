@@ -1,0 +1,85 @@
+"""Names to inodes inside one transaction: resolving a path, making missing directories.
+
+Pure functions of a ``Tx`` (no state of their own), shared by the namespace's
+reads and mutations (``_namespace``) and its write path (``_commits``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from .. import _paths
+from .._errors import NotADirectory, NotFound
+from .._types import FileInfo
+from ._repo import ROOT_INODE, Inode, Tx
+
+ROOT = Inode(ROOT_INODE, "directory", 0, 0o755, 0, 1, 1)
+Directories = dict[tuple[str, ...], Inode]
+"""Directories one write transaction resolved, by their path's parts."""
+DIR_MODE = 0o755
+
+
+def info(path: str, inode: Inode) -> FileInfo:
+    """The ``FileInfo`` of ``inode`` at ``path``."""
+    return FileInfo(
+        path,
+        inode.kind,
+        inode.size,
+        inode.mtime_ns,
+        inode.id,
+        inode.generation,
+        inode.replication,
+        inode.mode,
+    )
+
+
+def resolve(tx: Tx, parts: tuple[str, ...], path: str) -> Inode:
+    """The inode ``parts`` names (``NotFound``, ``NotADirectory`` on the way)."""
+    node = ROOT
+    for depth, name in enumerate(parts):
+        if node.kind != "directory":
+            where = _paths.join_parts(parts[:depth])
+            raise NotADirectory(f"{where} is a file, not a directory", path)
+        found = tx.lookup(node.id, name)
+        if found is None:
+            raise NotFound("no such file or directory", path)
+        node = found
+    return node
+
+
+def resolve_dir(tx: Tx, parts: tuple[str, ...], path: str) -> Inode:
+    """The directory ``parts`` names (``NotADirectory`` if it is a file)."""
+    node = resolve(tx, parts, path)
+    if node.kind != "directory":
+        raise NotADirectory("not a directory", _paths.join_parts(parts))
+    return node
+
+
+def ensure_dirs(
+    tx: Tx, parts: tuple[str, ...], path: str, known: Directories | None = None
+) -> Inode:
+    """Resolve a directory, creating the missing ones on the way.
+
+    ``known`` holds directories this write transaction resolved or made
+    already (a commit group's files mostly share a few): no lookup for
+    them again. The writer holds the engine's write lock, so nobody else
+    can move them meanwhile.
+    """
+    if known is not None and parts in known:
+        return known[parts]
+    node = ROOT
+    for depth, name in enumerate(parts):
+        if known is not None and parts[: depth + 1] in known:
+            node = known[parts[: depth + 1]]
+            continue
+        found = tx.lookup(node.id, name)
+        if found is None:
+            found = tx.create("directory", 0, DIR_MODE, time.time_ns(), 1, 1)
+            tx.link(node.id, name, found.id)
+        elif found.kind != "directory":
+            where = _paths.join_parts(parts[: depth + 1])
+            raise NotADirectory(f"{where} is a file, not a directory", path)
+        node = found
+        if known is not None:
+            known[parts[: depth + 1]] = node
+    return node
