@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from graben.store import TLS, Client
-from graben.store.cli._cluster import _spawn, _stop, _wait_for_nodes
+from graben.store.cli._local import _spawn, _stop, _wait_for_nodes
 from graben.store.client import _loop
 from graben.store.transport._requests import GetLayout, ListNodes
 

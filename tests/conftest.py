@@ -19,7 +19,7 @@ import pytest
 from store_kit import SMALL_CHUNK
 
 from graben.store import Client, connect
-from graben.store.cli._cluster import local_cluster, make_secret_file
+from graben.store.cli._local import local_cluster, make_secret_file
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -19,8 +19,8 @@ from time import perf_counter
 
 from graben.store import AsyncClient, Client, Unavailable, connect
 from graben.store._hashing import chunk_ref
-from graben.store.cli._cluster import local_cluster as running_cluster
-from graben.store.cli._cluster import make_secret_file
+from graben.store.cli._local import local_cluster as running_cluster
+from graben.store.cli._local import make_secret_file
 from graben.store.transport._remote import RemoteChunks
 from graben.store.transport._requests import Prepare
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from time import perf_counter
 
 from graben.store import TLS, Client, Unavailable, connect
-from graben.store.cli._cluster import local_cluster as running_cluster
+from graben.store.cli._local import local_cluster as running_cluster
 
 from .._context import Context
 from .._kit import block_buffer, drain, gbps, random_data

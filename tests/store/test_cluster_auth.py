@@ -16,7 +16,7 @@ import pytest
 from graben.store import Client, PermissionDenied, Unavailable, connect
 from graben.store._hashing import chunk_ref
 from graben.store._types import Capability, ChunkCall, ChunkRef, NodeQuery, Op, WireError
-from graben.store.cli._cluster import local_cluster
+from graben.store.cli._local import local_cluster
 from graben.store.client import _loop
 from graben.store.transport._remote import REFRESH_BEFORE_S, Grants, RemoteChunks
 from graben.store.transport._requests import GetLayout, Grant, Prepare

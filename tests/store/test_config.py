@@ -12,7 +12,7 @@ import pytest
 
 from graben.store import InvalidArgument, connect
 from graben.store._config import config_defaults, load_config
-from graben.store.cli._cluster import _stop
+from graben.store.cli._local import _stop
 from graben.store.cli._main import apply_config, build_parser
 
 GRABEN = (sys.executable, "-m", "graben.store.cli")

@@ -34,7 +34,7 @@ from store_kit import SMALL_CHUNK
 
 from graben.store import Client, InvalidArgument, connect, split_url
 from graben.store._config import resolve
-from graben.store.cli._cluster import _spawn, _stop
+from graben.store.cli._local import _spawn, _stop
 from graben.store.cli._main import build_parser
 from graben.store.fsspec._urls import url_of
 

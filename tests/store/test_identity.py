@@ -255,7 +255,7 @@ def test_the_cli_says_why_it_refuses_and_force_overrides(tmp_path: Path) -> None
 
 
 def test_cluster_up_creates_its_store_once_and_restarts_on_it(tmp_path: Path) -> None:
-    from graben.store.cli._cluster import local_cluster
+    from graben.store.cli._local import local_cluster
 
     secret = Path(os.environ["GRABEN_SECRET_FILE"])
     with local_cluster(tmp_path, nodes=1, secret_file=secret) as url, connect(url) as client:

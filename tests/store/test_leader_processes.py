@@ -33,7 +33,7 @@ from pg_kit import (  # noqa: F401  (fixtures)
 from ranks_kit import free_port
 
 from graben.store import connect
-from graben.store.cli._cluster import _spawn, _stop
+from graben.store.cli._local import _spawn, _stop
 from graben.store.client import _loop
 from graben.store.meta.engines._postgres_url import display_url
 from graben.store.transport._requests import GetLayout

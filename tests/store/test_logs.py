@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from graben.store import connect
-from graben.store.cli._cluster import _spawn, _stop, _wait_for_nodes
+from graben.store.cli._local import _spawn, _stop, _wait_for_nodes
 from graben.store.cli._logs import Repeats
 
 LINE = re.compile(

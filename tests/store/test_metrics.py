@@ -16,7 +16,7 @@ from cluster_kit import LocalCluster, scrape, sum_of
 from ranks_kit import free_port
 
 from graben.store import connect
-from graben.store.cli._cluster import _spawn, _stop
+from graben.store.cli._local import _spawn, _stop
 
 MiB = 1 << 20
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cluster_kit import LocalCluster
 
-from graben.store.cli._cluster import _spawn, _stop
+from graben.store.cli._local import _spawn, _stop
 
 GRABEN = (sys.executable, "-m", "graben.store.cli")
 

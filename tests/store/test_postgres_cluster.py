@@ -28,7 +28,7 @@ from store_kit import SMALL_CHUNK
 
 from graben.store import NotFound, Unavailable, connect
 from graben.store._types import DAMAGE
-from graben.store.cli._cluster import _spawn, _stop, make_secret_file
+from graben.store.cli._local import _spawn, _stop, make_secret_file
 from graben.store.meta.engines._postgres_url import display_url
 
 GRABEN = (sys.executable, "-m", "graben.store.cli")

@@ -21,7 +21,7 @@ from store_kit import SMALL_CHUNK
 from tls_kit import Pki, make_pki
 
 from graben.store import TLS, Client, TLSError, connect
-from graben.store.cli._cluster import _stop
+from graben.store.cli._local import _stop
 from graben.store.client import _loop
 from graben.store.transport._requests import GetLayout
 

@@ -21,7 +21,7 @@ import pytest
 from ranks_kit import free_port
 
 from graben.store import Client, GrabenFileSystem, InvalidArgument, NotFound, connect
-from graben.store.cli._cluster import local_cluster
+from graben.store.cli._local import local_cluster
 
 DECOY = b"decoy: the wrong store"
 TRUTH = b"truth: the store the URL names " * 3
