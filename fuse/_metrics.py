@@ -9,7 +9,9 @@ kernel read answered from a block already fetched or in flight) and misses.
 The names follow the servers' (``graben_requests_total``,
 ``graben_request_seconds``), with ``graben_mount_`` for the mount's own. As
 there, the registry is this mount's alone, and prometheus_client is imported
-only when metrics are asked for.
+only when metrics are asked for. (Serving them repeats a few lines of the
+servers' ``wire/_metrics.py``: a door uses only ``graben.store``'s public
+names.)
 """
 
 from __future__ import annotations
