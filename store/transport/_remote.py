@@ -39,6 +39,7 @@ from .._config import page_entries
 from .._errors import GrabenError, IntegrityError, PermissionDenied, Timeout, Unavailable
 from .._group import Batcher, Batchers
 from .._hashing import crc32c
+from .._threads import in_thread
 from .._types import (
     Capability,
     ChunkCall,
@@ -517,8 +518,7 @@ class RemoteChunks:
             raise IntegrityError(
                 f"chunk {chunk.id} from {node} came with {got} bytes, not {chunk.length}"
             )
-        loop = asyncio.get_running_loop()
-        actual = await loop.run_in_executor(self._checker, crc32c, view)
+        actual = await in_thread(self._checker, crc32c, view)  # ``into`` is the caller's
         if actual != chunk.crc32c:
             raise IntegrityError(
                 f"chunk {chunk.id} from {node} is corrupt: crc32c {actual:08x}, "
