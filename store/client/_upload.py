@@ -17,10 +17,9 @@ import mmap
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 
-from .._buffers import BufferPool
+from .._buffers import BufferPool, in_thread
 from .._errors import CannotPlace, GrabenError, IntegrityError, NoSpace, Timeout, Unavailable
 from .._hashing import chunk_ref
-from .._threads import in_thread
 from .._types import Buffer, ChunkRef, Extent, FileCommit, FileInfo, StoredChunk, WriteMode
 from ..transport import ChunkTransport, Commit, MetaTransport, Prepare
 

@@ -35,11 +35,11 @@ from typing import TypeVar
 
 import msgspec
 
+from .._buffers import in_thread
 from .._config import page_entries
 from .._errors import GrabenError, IntegrityError, PermissionDenied, Timeout, Unavailable
 from .._group import Batcher, Batchers
 from .._hashing import crc32c
-from .._threads import in_thread
 from .._types import (
     Capability,
     ChunkCall,
