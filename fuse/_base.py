@@ -88,6 +88,9 @@ class OpenFile:
     stream: Stream | None = None
     """The upload following its writes while they go front to back."""
     mtime_ns: int = field(default_factory=time.time_ns)
+    mtime_set: int | None = None
+    """A modification time set (utimens) since its last write: its next commit keeps it
+    (``cp -p``, ``tar x`` set the time before they close)."""
     lock: trio.Lock = field(default_factory=trio.Lock)
     """Held while the spool is committed: its mapping must not change meanwhile."""
 

@@ -148,7 +148,7 @@ class FileHandles(Base):
             if file.stream is not None:
                 assert self.nursery is not None
                 file.stream.advance(spool, self.nursery)
-        file.mtime_ns = time.time_ns()
+        file.mtime_ns, file.mtime_set = time.time_ns(), None
         file.abandoned = False  # written by a live process: it is its content now
         return written
 
@@ -206,7 +206,7 @@ class FileHandles(Base):
             async with file.lock:
                 await self._unstream(file)
                 spool.truncate(size)
-            file.mtime_ns = time.time_ns()
+            file.mtime_ns, file.mtime_set = time.time_ns(), None
             if commit:
                 await self._commit(inode, file)
         finally:
@@ -226,9 +226,14 @@ class FileHandles(Base):
             try:
                 if stream is None or not await stream.finish(spool):
                     await self._call(_put_spooled, self.client, path, spool, file.permissions)
-                elif file.permissions not in (0, FILE_MODE):  # a stream commits 0o644
-                    await self._call(self.client.set_attributes, path, mode=file.permissions)
-                file.permissions = 0
+                    mode = None
+                else:  # a stream commits 0o644
+                    mode = None if file.permissions in (0, FILE_MODE) else file.permissions
+                if mode is not None or file.mtime_set is not None:
+                    await self._call(
+                        self.client.set_attributes, path, mode=mode, mtime_ns=file.mtime_set
+                    )
+                file.permissions, file.mtime_set = 0, None
             except BaseException:
                 spool.dirty = True
                 raise

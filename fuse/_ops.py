@@ -96,6 +96,8 @@ class Operations(FileHandles):
         file = self._open.get(inode)
         if file is not None and mode is not None:
             file.permissions = mode  # for a commit still to come
+        if file is not None and file.spool is not None and mtime is not None:
+            file.mtime_ns = file.mtime_set = mtime  # else its commit would stamp "now"
         if file is not None and file.created:
             return
         path = self._path(inode)

@@ -58,22 +58,29 @@ class Batcher(Generic[T, R]):
 
     async def _drain_queue(self) -> None:
         while self._queue:
-            group = self._take()
-            try:
-                results = await self._run([item for item, _ in group])
-            except Exception as exc:  # the whole group failed: so did each item
-                results = [exc] * len(group)
-            except BaseException:  # cancelled: so are the callers' waits
-                for _, future in group:
-                    future.cancel()
-                raise
-            for (_, future), result in zip(group, results, strict=True):
-                if future.done():  # its caller gave up waiting
-                    continue
-                if isinstance(result, Exception):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
+            await self._run_group(self._take())
+
+    async def _run_group(self, group: list[tuple[T, asyncio.Future[R]]]) -> None:
+        """Run one group and hand each caller its result.
+
+        A frame of its own: the group's items (callers' buffers, say) must not
+        stay referenced while the next group runs, past their callers' return.
+        """
+        try:
+            results = await self._run([item for item, _ in group])
+        except Exception as exc:  # the whole group failed: so did each item
+            results = [exc] * len(group)
+        except BaseException:  # cancelled: so are the callers' waits
+            for _, future in group:
+                future.cancel()
+            raise
+        for (_, future), result in zip(group, results, strict=True):
+            if future.done():  # its caller gave up waiting
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
 
     def _take(self) -> list[tuple[T, asyncio.Future[R]]]:
         group = [self._queue.popleft()]

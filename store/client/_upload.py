@@ -17,7 +17,7 @@ import mmap
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 
-from .._buffers import BufferPool
+from .._buffers import BufferPool, in_thread
 from .._errors import CannotPlace, GrabenError, IntegrityError, NoSpace, Timeout, Unavailable
 from .._hashing import chunk_ref
 from .._types import Buffer, ChunkRef, Extent, FileCommit, FileInfo, StoredChunk, WriteMode
@@ -89,11 +89,10 @@ class Upload:
         self, data: memoryview, release: Release | None
     ) -> tuple[ChunkRef, StoredChunk | None]:
         try:
-            loop = asyncio.get_running_loop()
             if data.nbytes <= HASH_INLINE_MAX:  # cheaper than the hop to a thread
                 ref = chunk_ref(data)
             else:
-                ref = await loop.run_in_executor(self._hasher, chunk_ref, data)
+                ref = await in_thread(self._hasher, chunk_ref, data)
             [placement] = await self._meta.request(
                 Prepare((ref,), self._replication, min_replicas=self._min_replicas)
             )

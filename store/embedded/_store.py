@@ -23,6 +23,7 @@ from typing import Any, TypeVar, cast
 
 import msgspec
 
+from .._buffers import in_thread
 from .._config import page_entries
 from .._errors import IntegrityError, NotADirectory, NotFound, Unavailable, from_os_error
 from .._group import Batcher
@@ -155,8 +156,7 @@ class LocalChunks:
     async def _run(self, node: str, fn: Any, *args: Any, pool: Executor | None = None) -> Any:
         if node != LOCAL_NODE:
             raise Unavailable(f"an embedded store has no node {node!r}")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(pool or self._pool, partial(fn, *args))
+        return await in_thread(pool or self._pool, fn, *args)
 
     async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
         if node != LOCAL_NODE:

@@ -35,6 +35,7 @@ from typing import TypeVar
 
 import msgspec
 
+from .._buffers import in_thread
 from .._config import page_entries
 from .._errors import GrabenError, IntegrityError, PermissionDenied, Timeout, Unavailable
 from .._group import Batcher, Batchers
@@ -517,8 +518,7 @@ class RemoteChunks:
             raise IntegrityError(
                 f"chunk {chunk.id} from {node} came with {got} bytes, not {chunk.length}"
             )
-        loop = asyncio.get_running_loop()
-        actual = await loop.run_in_executor(self._checker, crc32c, view)
+        actual = await in_thread(self._checker, crc32c, view)  # ``into`` is the caller's
         if actual != chunk.crc32c:
             raise IntegrityError(
                 f"chunk {chunk.id} from {node} is corrupt: crc32c {actual:08x}, "
