@@ -53,7 +53,7 @@ class Client:
                 return
             if self._how is None:
                 raise InvalidArgument(
-                    "a client made with Client.wrap cannot follow a fork: connect again in the child"
+                    "a client made with Client.wrap cannot follow a fork: connect in the child"
                 )
             _loop.abandon(self._aio)
             self._aio, self._pid = _loop.run(_make(*self._how)), os.getpid()

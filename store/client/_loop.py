@@ -34,10 +34,9 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _lock
     _abandoned.extend(_state.values())
     _state.clear()
-    _lock = threading.Lock()
+    _lock.release()  # taken by the thread that forked, the child's only one
 
 
 os.register_at_fork(
