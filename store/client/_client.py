@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Literal, overload
 
+from .._errors import InvalidArgument
 from .._types import Buffer, FileInfo, FsckReport, Health
 from . import _loop
 from ._aclient import AsyncClient, Progress
@@ -22,15 +24,39 @@ class Client:
     """
 
     def __init__(self, url: str | os.PathLike[str] | None = None, **options: object) -> None:
-        self.aio: AsyncClient = _loop.run(_make(url, options))
-        """The ``AsyncClient`` underneath (to use from async code)."""
+        self._how: tuple[str | os.PathLike[str] | None, dict[str, object]] | None = (url, options)
+        self._aio, self._pid = _loop.run(_make(url, options)), os.getpid()
+        self._lock = threading.Lock()
 
     @classmethod
     def wrap(cls, aio: AsyncClient) -> Client:
-        """A sync facade over an existing async client."""
+        """A sync facade over an existing async client (not usable in a forked child)."""
         client = cls.__new__(cls)
-        client.aio = aio
+        client._how, client._aio, client._pid = None, aio, os.getpid()
+        client._lock = threading.Lock()
         return client
+
+    @property
+    def aio(self) -> AsyncClient:
+        """The ``AsyncClient`` underneath (to use from async code).
+
+        In a forked child (a DataLoader worker), a new one on first use: the
+        parent's connections and threads belong to the parent, and are left alone.
+        """
+        if self._pid != os.getpid():
+            self._reopen()
+        return self._aio
+
+    def _reopen(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            if self._how is None:
+                raise InvalidArgument(
+                    "a client made with Client.wrap cannot follow a fork: connect in the child"
+                )
+            _loop.abandon(self._aio)
+            self._aio, self._pid = _loop.run(_make(*self._how)), os.getpid()
 
     def __enter__(self) -> Client:
         return self

@@ -1,7 +1,8 @@
 """One event loop on one background thread: the sync facade's engine.
 
 Sync callers hand coroutines to ``run``; they never spin a loop per call. The
-loop is per process (re-created after ``fork``).
+loop is per process: a forked child drops its parent's (whose thread did not
+follow it into the child) without touching it, and starts its own on first use.
 """
 
 from __future__ import annotations
@@ -19,6 +20,33 @@ T = TypeVar("T")
 _lock = threading.Lock()
 _state: dict[int, asyncio.AbstractEventLoop] = {}
 _exiting = threading.Event()
+_abandoned: list[object] = []
+"""A parent's loop (and clients) as a forked child inherits them: kept, never used
+nor closed, since closing would act on the parent's file descriptors."""
+
+
+def _before_fork() -> None:
+    _lock.acquire()  # no child inherits the lock half-way through a loop's start
+
+
+def _after_fork_in_parent() -> None:
+    _lock.release()
+
+
+def _after_fork_in_child() -> None:
+    _abandoned.extend(_state.values())
+    _state.clear()
+    _lock.release()  # taken by the thread that forked, the child's only one
+
+
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+)
+
+
+def abandon(thing: object) -> None:
+    """Keep ``thing`` (a parent's client, in a forked child) alive and untouched for good."""
+    _abandoned.append(thing)
 
 
 @atexit.register

@@ -35,7 +35,7 @@ from .._config import Options, Target, resolve
 from .._errors import InvalidArgument, IsADirectory, NotFound
 from .._types import Buffer, FileInfo, WriteMode
 from ..client import Client, ReadFile, Staging, WriteFile, connect, run_sync
-from . import _urls
+from . import _exit, _urls
 
 _OPTIONS = frozenset(Options.__dataclass_fields__)
 _MODES: dict[str, WriteMode] = {"wb": "overwrite", "xb": "create"}
@@ -66,6 +66,7 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
         self._target = resolve(url)
         # what this store's URLs start with; None for an embedded store (it has none of its own)
         self._base = _urls.url_of(self._target) if self._target.addresses else None
+        _exit.track_filesystem(self)
 
     # -- which store a path names -------------------------------------------------
 
@@ -375,11 +376,15 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
         **kwargs: Any,
     ) -> ReadFile | WriteFile:
         path = self._strip_protocol(path)
-        if mode == "rb":
-            return self.client.open(path, "rb")
-        if mode not in _MODES:
+        if mode not in ("rb", *_MODES):
             raise InvalidArgument(f"graben files open as 'rb', 'wb' or 'xb', not {mode!r}", path)
-        return self._writer(path, mode, autocommit=autocommit)
+        file = (
+            self.client.open(path, "rb")
+            if mode == "rb"
+            else self._writer(path, mode, autocommit=autocommit)
+        )
+        _exit.track_file(file)  # pyarrow may hold it to exit
+        return file
 
     def _writer(self, path: str, mode: str, *, autocommit: bool = True) -> WriteFile:
         aio = self.client.aio
