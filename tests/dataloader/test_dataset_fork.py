@@ -11,6 +11,7 @@ import pytest
 import torch.utils.data
 
 from graben.dataloader import CachedDataset, write_dataset
+from graben.store import GrabenFileSystem
 
 N = 203  # 11 shards of 20: a peek fetches a few, the workers fetch the rest
 
@@ -26,7 +27,16 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         home = tmp_path_factory.mktemp("home")
         patch.setenv("GRABEN_HOME", str(home))
         patch.delenv("GRABEN_URL", raising=False)
+        _forget_default_stores()  # an earlier test's default store may be cached
         yield home
+        _forget_default_stores()
+
+
+def _forget_default_stores() -> None:
+    """Drop fsspec's cached filesystems (and their clients), whichever store they opened."""
+    for fs in list(GrabenFileSystem._cache.values()):
+        fs.client.close()
+    GrabenFileSystem.clear_instance_cache()
 
 
 @pytest.fixture(params=["embedded", "cluster"])
