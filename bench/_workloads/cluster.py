@@ -16,8 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from time import perf_counter
+from urllib.parse import urlsplit
 
 from graben.store import AsyncClient, Client, Unavailable, connect
+from graben.store._config import cluster_url
+from graben.store._config import endpoints as parse_endpoints
 from graben.store._hashing import chunk_ref
 from graben.store.cli._local import local_cluster as running_cluster
 from graben.store.cli._local import make_secret_file
@@ -248,8 +251,8 @@ def _with_postgres(
 
 def endpoints(url: str) -> list[str]:
     """One URL per metadata service of a cluster's ``graben://h1:p1,h2:p2`` URL."""
-    hosts = url.removeprefix("graben://").split("/", 1)[0]
-    return [f"graben://{host}" for host in hosts.split(",")]
+    hosts = urlsplit(url).netloc
+    return [cluster_url((address,)) for address in parse_endpoints(hosts, url)]
 
 
 @workload("cluster-small-files", f"4 KiB file create+commit/s, {CLIENTS} clients, vs plain files")

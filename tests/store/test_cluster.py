@@ -10,11 +10,11 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_kit import LocalCluster
+from cluster_kit import LocalCluster, eventually
 
 from graben.store import Client, NoSpace, Unavailable, connect
 from graben.store._hashing import chunk_ref
@@ -139,13 +139,6 @@ def _node_id(cluster: LocalCluster, i: int) -> str:
     return (cluster.node_dir(i) / "node-id").read_text().strip()
 
 
-def _eventually(check: Callable[[], bool], seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "did not happen in time"
-        time.sleep(0.2)
-
-
 def test_a_dead_nodes_chunks_return_to_three_copies(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path, nodes=4, timeout=2.0, repair=0.5)
     try:
@@ -154,7 +147,7 @@ def test_a_dead_nodes_chunks_return_to_three_copies(tmp_path: Path) -> None:
             client.put("/f", data)
             holder = next(i for i in range(4) if cluster.chunk_files(i))
             cluster.kill(holder)
-            _eventually(lambda: _live_copies(client, "/f") == [3, 3, 3])
+            eventually(lambda: _live_copies(client, "/f") == [3, 3, 3])
             assert client.get("/f") == data
     finally:
         cluster.close()
@@ -172,7 +165,7 @@ def test_a_corrupt_copy_found_by_a_reader_is_repaired(tmp_path: Path) -> None:
             [victim] = cluster.chunk_files(holder)
             victim.write_bytes(b"rot" + victim.read_bytes()[3:])
             assert client.get("/f") == data  # good copy served, bad one reported
-            _eventually(lambda: _live_copies(client, "/f") == [3] and client.fsck().ok)
+            eventually(lambda: _live_copies(client, "/f") == [3] and client.fsck().ok)
             assert not client.fsck().problems
     finally:
         cluster.close()
@@ -186,7 +179,7 @@ def test_the_scrubber_finds_rot_nobody_reads(tmp_path: Path) -> None:
             holder = next(i for i in range(4) if cluster.chunk_files(i))
             [victim] = cluster.chunk_files(holder)
             victim.write_bytes(b"rot" + victim.read_bytes()[3:])
-            _eventually(lambda: _live_copies(client, "/cold") == [3] and not client.fsck().problems)
+            eventually(lambda: _live_copies(client, "/cold") == [3] and not client.fsck().problems)
     finally:
         cluster.close()
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_kit import LocalCluster
+from cluster_kit import LocalCluster, eventually
 from store_kit import SMALL_CHUNK
 
 from graben.store import IntegrityError, PermissionDenied, connect
@@ -178,15 +178,8 @@ def test_the_scrubber_finds_a_forged_copy_and_repair_replaces_it(tmp_path: Path)
             client.put("/f", data)
         victim = _chunk_files(cluster.root)[0]
         victim.write_bytes(forge(data))
-        _eventually(lambda: victim.exists() and victim.read_bytes() == data)
+        eventually(lambda: victim.exists() and victim.read_bytes() == data)
         with connect(cluster.url) as client:
             assert not client.fsck().problems
     finally:
         cluster.close()
-
-
-def _eventually(check: Callable[[], bool], seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "did not happen in time"
-        time.sleep(0.2)
