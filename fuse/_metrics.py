@@ -38,11 +38,9 @@ if TYPE_CHECKING:
 
 LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10)
 """Seconds: a cached getattr takes microseconds, a close that commits a big file seconds."""
-BYTES_OF: dict[str, Callable[[tuple[Any, ...], Any], int]] = {
-    "read": lambda args, result: len(result),
-    "write": lambda args, result: result,
-}
-"""Ops that move data, and how many bytes a call moved (from its arguments and result)."""
+BYTES_OF: dict[str, Callable[[Any], int]] = {"read": len, "write": int}
+"""Ops that move data, and how many bytes a call moved, from its result (``read``: the
+bytes; ``write``: their count)."""
 
 
 class MountMetrics:
@@ -103,7 +101,7 @@ class MountMetrics:
                 self._requests.labels(op, outcome).inc()
                 self._latency.labels(op).observe(time.perf_counter() - start)
             if moved is not None:
-                self._bytes[op].labels(op).inc(moved(args, result))
+                self._bytes[op].labels(op).inc(moved(result))
             return result
 
         return observed
