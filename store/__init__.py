@@ -2,11 +2,12 @@
 
 ``connect(url)`` opens a store and returns a ``Client``; ``AsyncClient`` is
 the same API for asyncio code; ``TLS`` says how to reach a cluster over TLS
-(``connect(url, tls=TLS(ca=...))``, or ``$GRABEN_TLS_CA``). Every error is a
-``GrabenError`` that also subclasses the builtin it means.
+(``connect(url, tls=TLS(ca=...))``, or ``$GRABEN_TLS_CA``); ``parse_size``
+reads a size as people write it (``"50G"``). Every error is a ``GrabenError``
+that also subclasses the builtin it means.
 """
 
-from ._config import TLS, Options, split_url
+from ._config import TLS, Options, parse_size, split_url
 from ._errors import (
     AlreadyExists,
     CannotPlace,
@@ -71,5 +72,6 @@ __all__ = [
     "WriteFile",
     "connect",
     "normalize_path",
+    "parse_size",
     "split_url",
 ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import ssl
 import tomllib
 from collections.abc import Mapping
@@ -335,3 +336,26 @@ def _one_value(action: argparse.Action, value: Any, where: str) -> Any:
     if action.choices is not None and parsed not in action.choices:
         raise InvalidArgument(f"{where} must be one of {', '.join(map(str, action.choices))}")
     return parsed
+
+
+# --- sizes as people write them ---------------------------------------------------
+
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+_SIZE = re.compile(r"\s*(\d+)(?:\.(\d+))?\s*(?:([kmgtp])(?:i?b)?|b)?\s*", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in ``text``: a plain count (``"4096"``) or a number with a binary unit.
+
+    ``K``, ``M``, ``G``, ``T``, ``P`` (also ``KiB``, ``MB``, ...) are powers of
+    1024, as in ``df -h`` and ``dd``: ``"50G"`` is 50 GiB, ``"1.5M"`` 1,572,864.
+    Anything else is ``InvalidArgument`` (a ``ValueError``) naming what was given.
+    """
+    if isinstance(text, int) and text >= 0:
+        return text
+    match = _SIZE.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise InvalidArgument(f"not a size: {text!r} (say 4096, 512K, 256MiB, 50G or 1T)")
+    whole, fraction, unit = match.group(1), match.group(2) or "", (match.group(3) or "").lower()
+    scale = 1 << (10 * _POWERS[unit])
+    return int(whole) * scale + int(fraction or "0") * scale // 10 ** len(fraction)
