@@ -358,4 +358,5 @@ def parse_size(text: str | int) -> int:
         raise InvalidArgument(f"not a size: {text!r} (say 4096, 512K, 256MiB, 50G or 1T)")
     whole, fraction, unit = match.group(1), match.group(2) or "", (match.group(3) or "").lower()
     scale = 1 << (10 * _POWERS[unit])
-    return int(whole) * scale + int(fraction or "0") * scale // 10 ** len(fraction)
+    tenths: int = 10 ** len(fraction)
+    return int(whole) * scale + int(fraction or "0") * scale // tenths
