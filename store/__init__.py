@@ -17,6 +17,7 @@ from ._errors import (
     InvalidArgument,
     InvalidPath,
     IsADirectory,
+    MissingExtra,
     NoSpace,
     NotADirectory,
     NotFound,
@@ -27,6 +28,7 @@ from ._errors import (
     TLSError,
     Unavailable,
 )
+from ._extras import optional_door
 from ._paths import normalize as normalize_path
 from ._types import ChunkProblem, FileInfo, FsckReport
 from .client import (
@@ -58,6 +60,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidPath",
     "IsADirectory",
+    "MissingExtra",
     "NoSpace",
     "NotADirectory",
     "NotFound",
@@ -72,6 +75,7 @@ __all__ = [
     "WriteFile",
     "connect",
     "normalize_path",
+    "optional_door",
     "parse_size",
     "split_url",
 ]
