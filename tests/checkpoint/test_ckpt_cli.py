@@ -1,4 +1,4 @@
-"""``graben ckpt`` on wrong input: one line saying what is wrong and what to do, never a traceback."""
+"""``graben ckpt`` on wrong input: one line saying what is wrong and what to do, no traceback."""
 
 from __future__ import annotations
 
@@ -99,6 +99,7 @@ def test_ls_of_an_empty_root_says_so(home: Path, capsys: pytest.CaptureFixture[s
 def test_rm_of_a_root_or_nothing_is_refused(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _fails(capsys, ["ckpt", "rm", ROOT], "checkpoint root", STEP, "--keep-last")
     _fails(capsys, ["ckpt", "rm", "graben:///runs/nope"], "no such checkpoint")
-    _fails(capsys, ["ckpt", "rm", "graben:///runs/b", "--keep-last", "1"], "no such checkpoint root")
+    retention = ["ckpt", "rm", "graben:///runs/b", "--keep-last", "1"]
+    _fails(capsys, retention, "no such checkpoint root")
     with CheckpointManager(ROOT) as manager:
         assert [c.step for c in manager.list()] == [100, 200]  # nothing was lost
