@@ -95,7 +95,7 @@ def test_help_is_quick_and_quiet(plain: Path) -> None:
         assert done.stderr == ""  # no "command unavailable" warning
     assert min(timings) < HELP_BUDGET_S, timings
     listing = " ".join(done.stdout.split())
-    for command in ("ls", "put", "get", "mount", "ckpt", "dataset", "bench"):
+    for command in ("ls", "put", "get", "cp", "mount", "ckpt", "dataset", "bench"):
         assert f" {command} " in listing, command
     assert "pip install 'graben[fuse]'" in listing
     assert "pip install 'graben[checkpoint]'" in listing
