@@ -33,7 +33,7 @@ from ._stores import (
     remote_is_dir,
 )
 from ._tls import client_tls
-from ._trees import Entry, walk
+from ._trees import Entry, walk, without_links
 
 WriteMode: TypeAlias = Literal["wb", "xb"]
 STDIO = "-"
@@ -61,7 +61,8 @@ def get(args: argparse.Namespace) -> int:
             with client.open(remote, "rb") as src:
                 _to_stdout(client, src, src.info.size, remote)
             return 0
-        entries = walk(client, remote) if args.recursive else [Entry((), client.stat(remote))]
+        listed = walk(client, remote) if args.recursive else [Entry((), client.stat(remote))]
+        entries = without_links(listed, "get")
         if entries[0].info.is_dir and not args.recursive:
             raise IsADirectory("is a directory (use get -r to download a tree)", remote)
         dest = _local_dest(args.local, posixpath.basename(normalize(remote)))

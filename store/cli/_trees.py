@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 import posixpath
+import stat
+import sys
 from dataclasses import dataclass
 
 from .._errors import InvalidArgument, InvalidPath, IsADirectory
 from .._paths import is_within, normalize
 from .._types import FileInfo
 from ..client import Client, file_layout, run_sync
+from ._render import shown
 from ._stores import locate, open_client, remote_dest
 from ._tls import client_tls
 
@@ -52,6 +55,22 @@ def _plain(name: str) -> str:
     return name
 
 
+def without_links(entries: list[Entry], command: str) -> list[Entry]:
+    """``entries`` less the symbolic links (made through a mount), each named on stderr:
+    neither followed nor made again here, so that no link can lead a copy out of its
+    destination. A link named itself is refused."""
+    if entries and stat.S_ISLNK(entries[0].info.mode):
+        why = f"is a symbolic link ({command} copies files and directories)"
+        raise InvalidArgument(why, entries[0].info.path)
+    kept = []
+    for entry in entries:
+        if stat.S_ISLNK(entry.info.mode):
+            print(f"graben: skipped the symbolic link {shown(entry.info.path)}", file=sys.stderr)
+        else:
+            kept.append(entry)
+    return kept
+
+
 def physical(client: Client, root: str) -> tuple[int, int]:
     """``(bytes, chunks)`` the store holds for the files at or below ``root``: each
     distinct chunk once, times the copies the metadata knows of (shared with files
@@ -70,7 +89,8 @@ def physical(client: Client, root: str) -> tuple[int, int]:
 def cp(args: argparse.Namespace) -> int:
     store, (src, dst) = locate(args.store, args.src, args.dst)
     with open_client(store, timeout=args.timeout, tls=client_tls(args)) as client:
-        info = client.stat(src)
+        [entry] = without_links([Entry((), client.stat(src))], "cp")
+        info = entry.info
         dest = remote_dest(client, dst, posixpath.basename(normalize(src)))
         if not info.is_dir:
             client.copy(src, dest, exclusive=args.no_clobber)
@@ -85,7 +105,7 @@ def _copy_tree(client: Client, src: str, dest: str, *, exclusive: bool) -> None:
     """Copy a tree file by file, each a metadata commit sharing the source's chunks."""
     if is_within(normalize(dest), normalize(src)):
         raise InvalidArgument(f"cannot copy {src} into itself", dest)
-    for entry in walk(client, src):
+    for entry in without_links(walk(client, src), "cp"):
         target = posixpath.join(dest, *entry.parts)
         if entry.info.is_dir:
             client.mkdir(target, parents=True, exist_ok=True)

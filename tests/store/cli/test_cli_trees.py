@@ -7,12 +7,14 @@ the session's 3-node cluster too, where each chunk has three copies.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
+import msgspec
 import pytest
 from cli_kit import Graben, MiB, chunk_files, failed, write
 
-from graben.store import connect
+from graben.store import Client, FileInfo, connect
 
 
 def _tree(graben: Graben, root: str = "/runs/ckpt") -> None:
@@ -187,3 +189,39 @@ def test_du_physical_counts_every_copy_on_a_cluster(
     finally:
         with connect(cluster_url) as client:
             client.rm(root.removeprefix(cluster_url), recursive=True)
+
+
+@pytest.mark.parametrize("name", ["..", ".", ""])
+def test_get_recursive_refuses_a_listed_name_that_would_escape(
+    graben: Graben, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # The store's paths never hold such a name; a damaged or hostile listing could.
+    graben("put", "-", "/d/f", stdin=b"payload")
+    real_ls = Client.ls
+
+    def hostile_ls(client: Client, path: str = "/") -> list[FileInfo]:
+        listed = real_ls(client, path)
+        return [msgspec.structs.replace(i, path=f"{path.rstrip('/')}/{name}") for i in listed]
+
+    monkeypatch.setattr(Client, "ls", hostile_ls)
+    (tmp_path / "dl").mkdir()
+    failed(graben("get", "-r", "/d", str(tmp_path / "dl")), "not one plain name")
+    assert os.listdir(tmp_path / "dl") == []  # refused while listing: nothing written
+    assert sorted(os.listdir(tmp_path)) == ["dl", "store"]
+
+
+def test_links_made_through_a_mount_are_neither_followed_nor_made(
+    graben: Graben, tmp_path: Path
+) -> None:
+    _tree(graben)
+    with connect(graben.store) as client:  # what a mount's symlink(2) stores
+        client.put("/runs/ckpt/escape", b"/etc", permissions=stat.S_IFLNK | 0o777)
+    got = graben("get", "-r", "/runs/ckpt", str(tmp_path / "dl"))
+    assert got.code == 0
+    assert got.err == "graben: skipped the symbolic link /runs/ckpt/escape\n"
+    assert _local_tree(tmp_path / "dl") == CKPT  # no link made, nothing written outside
+
+    assert graben("cp", "-r", "/runs/ckpt", "/copy").code == 0
+    assert graben("stat", "/copy/escape").code == 1
+    failed(graben("get", "/runs/ckpt/escape", str(tmp_path / "x")), "symbolic link")
+    failed(graben("cp", "/runs/ckpt/escape", "/x"), "symbolic link")
