@@ -4,7 +4,9 @@
 the same API for asyncio code; ``TLS`` says how to reach a cluster over TLS
 (``connect(url, tls=TLS(ca=...))``, or ``$GRABEN_TLS_CA``); ``parse_size``
 reads a size as people write it (``"50G"``). Every error is a ``GrabenError``
-that also subclasses the builtin it means.
+that also subclasses the builtin it means. ``optional_door`` is for graben's
+own doors: importing one without its extra raises ``MissingExtra`` (an
+``ImportError``) naming it.
 """
 
 from ._config import TLS, Options, parse_size, split_url

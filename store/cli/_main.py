@@ -4,7 +4,9 @@ Each entry point is named after its subcommand and loads a function
 ``add(subparsers) -> None`` that adds one parser and sets ``run`` on it:
 ``parser.set_defaults(run=fn)`` where ``fn(args) -> int`` is the exit code.
 The store's own commands are registered the same way as every other
-package's, so this module knows nothing of them.
+package's, so this module knows nothing of them. A door installed without its
+extra fails to load with ``MissingExtra``: its command is still listed, with
+the extra to install, and running it says so in one line (exit 2).
 
 A command that calls ``config_arg(parser, section)`` takes ``--config FILE``:
 the table ``[section]`` of that TOML file gives defaults for any of its flags
