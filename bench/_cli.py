@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from graben.store import GrabenError
+from graben.store import GrabenError, parse_size
 
 from . import _runner
 from ._machine import Machine, describe
@@ -51,9 +51,10 @@ def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
     sizes = parser.add_mutually_exclusive_group()
     sizes.add_argument(
         "--size",
-        type=_positive(float),
-        metavar="GIB",
-        help=f"GiB each sequential workload moves (default {DEFAULT_GIB:g})",
+        type=_bench_size,
+        metavar="SIZE",
+        help="what each sequential workload moves: GiB (2, 0.5) or a size (512M, 3GiB) "
+        f"(default {DEFAULT_GIB:g} GiB)",
     )
     sizes.add_argument(
         "--size-mib", type=_positive(int), metavar="MIB", help="the same in MiB, for tiny runs"
@@ -91,6 +92,21 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
     return parse
 
 
+def _bench_size(text: str) -> int:
+    """``--size``: bytes; a bare number is GiB (``2``, ``0.5``), else a size (``512M``)."""
+    try:
+        gib = float(text)
+    except ValueError:
+        gib = None
+    try:
+        size = parse_size(text) if gib is None else int(gib * GiB) if gib < 1 << 20 else -1
+    except ValueError as exc:  # parse_size's message says what it takes
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if size <= 0:  # nan, inf, 0 and below, a tiny fraction
+        raise argparse.ArgumentTypeError(f"must be a positive size, not {text}")
+    return size
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the ``bench`` subcommand."""
     available = discover()
@@ -118,8 +134,9 @@ def run(args: argparse.Namespace) -> int:
 def _size(args: argparse.Namespace) -> int:
     if args.size_mib is not None:
         return int(args.size_mib) * MiB
-    gib = args.size if args.size is not None else QUICK_GIB if args.quick else DEFAULT_GIB
-    return int(gib * GiB)
+    if args.size is not None:
+        return int(args.size)
+    return int((QUICK_GIB if args.quick else DEFAULT_GIB) * GiB)
 
 
 def _title(settings: _runner.Settings) -> str:

@@ -11,10 +11,15 @@ calls) keep planning flat as the world grows: plans cached across steps,
 and each loading rank reads only the metadata of the ranks it needs.
 """
 
-from ._manager import CheckpointInfo, CheckpointManager, Retention
-from ._planner import GrabenLoadPlanner, GrabenSavePlanner
-from ._reader import GrabenReader
-from ._writer import GrabenWriter
+from typing import TYPE_CHECKING
+
+from graben.store import optional_door as _optional_door
+
+if TYPE_CHECKING:
+    from ._manager import CheckpointInfo, CheckpointManager, Retention
+    from ._planner import GrabenLoadPlanner, GrabenSavePlanner
+    from ._reader import GrabenReader
+    from ._writer import GrabenWriter
 
 __all__ = [
     "CheckpointInfo",
@@ -25,3 +30,17 @@ __all__ = [
     "GrabenWriter",
     "Retention",
 ]
+
+# Without its extra, importing the door fails naming it; with it, each name's
+# module is imported when the name is first used (``graben --help`` stays quick).
+__getattr__ = _optional_door(
+    __name__,
+    "checkpoint",
+    needs=("torch", "numpy"),
+    names={
+        "._manager": ("CheckpointInfo", "CheckpointManager", "Retention"),
+        "._planner": ("GrabenLoadPlanner", "GrabenSavePlanner"),
+        "._reader": ("GrabenReader",),
+        "._writer": ("GrabenWriter",),
+    },
+)

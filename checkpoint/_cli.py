@@ -8,13 +8,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import posixpath
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from graben.store import InvalidArgument, NotFound, connect, split_url
+from graben.store import (
+    Client,
+    FileInfo,
+    GrabenError,
+    InvalidArgument,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+    connect,
+    split_url,
+)
 
 _URL_HELP = "graben://host:port/path, or graben:///path for the default store"
 
@@ -45,6 +56,7 @@ def add_ckpt(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _ls(args: argparse.Namespace) -> int:
     from ._manager import CheckpointManager
 
+    _require_root(args.root)
     with CheckpointManager(args.root, keep_last=None) as manager:
         checkpoints = manager.list()
         latest = manager.latest()
@@ -62,6 +74,8 @@ def _ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
+    if not rows:
+        print(f"no checkpoints in {args.root}", file=sys.stderr)
     for row in rows:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["published"]))
         mark = "  <- latest" if row["latest"] else ""
@@ -71,53 +85,133 @@ def _ls(args: argparse.Namespace) -> int:
 
 def _rm(args: argparse.Namespace) -> int:
     from ._manager import CheckpointManager
-    from ._storage import METADATA
 
     if args.keep_last is not None:
         if len(args.urls) != 1 or args.keep_last < 1:
             raise InvalidArgument("--keep-last takes one root and N >= 1")
+        _require_root(args.urls[0])
         with CheckpointManager(args.urls[0], keep_last=args.keep_last) as manager:
             for step in manager.apply_retention():
                 print(f"removed {manager.url_of(step)}")
         return 0
     for url in args.urls:
-        store, path = split_url(url)
+        keep = "or keep the newest N: graben ckpt rm ROOT --keep-last N"
+        _require_checkpoint(url, "remove", keep)
+        store, path = _split(url)
         with connect(store) as client:
-            if not client.exists(posixpath.join(path, METADATA)):  # a typo must not wipe a tree
-                raise NotFound("not a checkpoint (no .metadata in it)", path)
             client.rm(path, recursive=True)
         print(f"removed {url}")
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
-    import torch
+    out: Path = args.out
+    _require_checkpoint(args.url, "export", "graben ckpt ls ROOT lists them")
+    if out.is_dir():
+        raise IsADirectory("is a directory: name the file to write (.pt or .safetensors)", str(out))
+    if not out.parent.is_dir():
+        raise NotFound("no such local directory", str(out.parent))
+    state = _load(args.url)
+    part = out.with_name(f".{out.name}.part")  # renamed over ``out`` once whole
+    try:
+        with open(part, "wb") as sink:
+            _write_state(state, out.suffix, sink)
+        os.replace(part, out)
+    except OSError as exc:
+        raise GrabenError(f"cannot write the export: {exc.strerror or exc}", str(out)) from exc
+    finally:
+        part.unlink(missing_ok=True)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _load(url: str) -> dict[str, Any]:
+    """The whole checkpoint at ``url``, as DCP loads it without a process group."""
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     from ._reader import GrabenReader
 
     state: dict[str, Any] = {}
-    reader = GrabenReader(args.url)
-    _load_state_dict(
-        state,
-        storage_reader=reader,
-        planner=_EmptyStateDictLoadPlanner(),  # type: ignore[no-untyped-call]
-        no_dist=True,
-    )
-    if args.out.suffix == ".safetensors":
-        _save_safetensors(state, args.out)
+    try:
+        _load_state_dict(
+            state,
+            storage_reader=GrabenReader(url),
+            planner=_EmptyStateDictLoadPlanner(),  # type: ignore[no-untyped-call]
+            no_dist=True,
+        )
+    except (Exception, CheckpointException) as exc:  # DCP wraps what failed (a BaseException)
+        raise GrabenError(f"cannot read the checkpoint ({_last_line(exc)})", url) from exc
+    return state
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[-1].strip() if lines else type(exc).__name__
+
+
+def _write_state(state: dict[str, Any], suffix: str, sink: BinaryIO) -> None:
+    import torch
+
+    if suffix == ".safetensors":
+        sink.write(_safetensors(state))
     else:
-        torch.save(state, args.out)
-    print(f"wrote {args.out}", file=sys.stderr)
-    return 0
+        torch.save(state, sink)
 
 
-def _save_safetensors(state: dict[str, Any], out: Path) -> None:
+def _split(url: str) -> tuple[str | None, str]:
+    """``(store, path)`` of a ``graben://`` URL (or a path in the default store)."""
+    scheme, sep, _ = url.partition("://")
+    if sep and scheme != "graben":
+        raise InvalidArgument(f"not a graben:// URL ({_URL_HELP})", url)
+    return split_url(url)
+
+
+def _require_root(url: str) -> None:
+    """Refuse, in one line, a root that is missing or a file."""
+    store, path = _split(url)
+    with connect(store) as client:
+        info = _stat(client, path, url, "no such checkpoint root")
+    if not info.is_dir:
+        raise NotADirectory("not a checkpoint root but a file", url)
+
+
+def _require_checkpoint(url: str, verb: str, hint: str) -> None:
+    """Refuse, in one line, anything but one checkpoint (a directory holding its
+    ``.metadata``); a root's error names one of its steps (``verb`` that one)."""
+    from ._manager import checkpoint_steps
+    from ._storage import METADATA
+
+    store, path = _split(url)
+    with connect(store) as client:
+        info = _stat(client, path, url, "no such checkpoint")
+        if not info.is_dir:
+            raise NotADirectory("not a checkpoint but a file", url)
+        if client.exists(posixpath.join(path, METADATA)):
+            return
+        steps = checkpoint_steps(client.ls(path))
+    if not steps:
+        raise InvalidArgument(f"not a checkpoint (no {METADATA} in it)", url)
+    newest = f"{url.rstrip('/')}/{steps[-1]}"
+    raise InvalidArgument(
+        f"{url} is a checkpoint root, not a checkpoint: {verb} one of its {len(steps)} "
+        f"steps, e.g. {newest} (the newest; {hint.replace('ROOT', url)})"
+    )
+
+
+def _stat(client: Client, path: str, url: str, missing: str) -> FileInfo:
+    try:
+        return client.stat(path)
+    except NotFound:
+        raise NotFound(missing, url) from None
+
+
+def _safetensors(state: dict[str, Any]) -> bytes:
     import torch
 
     try:
-        from safetensors.torch import save_file
+        from safetensors.torch import save
     except ImportError:
         raise InvalidArgument("export to .safetensors needs: pip install safetensors") from None
     flat: dict[str, torch.Tensor] = {}
@@ -127,7 +221,8 @@ def _save_safetensors(state: dict[str, Any], out: Path) -> None:
             flat[key] = value.contiguous()
         else:
             extra[key] = repr(value)  # safetensors holds tensors; the rest goes in metadata
-    save_file(flat, str(out), metadata=extra or None)
+    data: bytes = save(flat, metadata=extra or None)
+    return data
 
 
 def _flatten(tree: Any, prefix: str = "") -> list[tuple[str, Any]]:

@@ -14,7 +14,7 @@ import builtins
 import posixpath
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -253,6 +253,11 @@ class CheckpointManager:
             return self._client.ls(self.root)
         except NotFound:
             return []
+
+
+def checkpoint_steps(entries: Iterable[FileInfo]) -> list[str]:
+    """The names of the complete checkpoints among a root's entries, oldest first."""
+    return sorted(e.name for e in entries if e.is_dir and _STEP.fullmatch(e.name))
 
 
 def _name(step: int) -> str:

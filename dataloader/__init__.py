@@ -10,11 +10,16 @@ order fixed by ``(seed, epoch)``, resumable mid-epoch on any world size;
 ``index_files(url)`` makes files already in place a dataset, one sample a file.
 """
 
-from ._cache import CacheStats, NodeCache
-from ._dataset import CachedDataset
-from ._loader import CachedLoader
-from ._manifest import Manifest, Shard
-from ._writer import index_files, read_manifest, write_dataset
+from typing import TYPE_CHECKING
+
+from graben.store import optional_door as _optional_door
+
+if TYPE_CHECKING:
+    from ._cache import CacheStats, NodeCache
+    from ._dataset import CachedDataset
+    from ._loader import CachedLoader
+    from ._manifest import Manifest, Shard
+    from ._writer import index_files, read_manifest, write_dataset
 
 __all__ = [
     "CacheStats",
@@ -27,3 +32,18 @@ __all__ = [
     "read_manifest",
     "write_dataset",
 ]
+
+# Without its extra, importing the door fails naming it; with it, each name's
+# module is imported when the name is first used (``graben --help`` stays quick).
+__getattr__ = _optional_door(
+    __name__,
+    "dataset",
+    needs=("pyarrow", "torch", "numpy"),
+    names={
+        "._cache": ("CacheStats", "NodeCache"),
+        "._dataset": ("CachedDataset",),
+        "._loader": ("CachedLoader",),
+        "._manifest": ("Manifest", "Shard"),
+        "._writer": ("index_files", "read_manifest", "write_dataset"),
+    },
+)

@@ -7,6 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
+from graben.store import parse_size
+
 from ._options import MountOptions
 
 _URL_HELP = "an embedded store directory, or graben://host:port for a cluster"
@@ -43,10 +45,11 @@ def _mount_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--spool-limit",
-        type=int,
+        type=_size,
         default=defaults.spool_limit,
-        metavar="BYTES",
-        help="bytes the spool may hold (default: %(default)s)",
+        metavar="SIZE",
+        help="what the spool may hold: bytes, or 512M, 50G, 1TiB "
+        f"(default: {defaults.spool_limit >> 30} GiB)",
     )
     parser.add_argument(
         "--timeout",
@@ -69,6 +72,13 @@ def _mount_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--allow-other", action="store_true", help="let other users in")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:  # its message says what it takes; argparse's would not
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _options(args: argparse.Namespace) -> MountOptions:

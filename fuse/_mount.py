@@ -69,7 +69,9 @@ def mount(
     target = Path(mountpoint).absolute()
     clean_stale(target)
     if os.path.ismount(target):
-        raise MountError("already mounted", str(target))
+        raise MountError("already mounted (graben umount it first)", str(target))
+    if not target.exists():
+        raise MountError("no such directory: make the mount point first", str(target))
     if not target.is_dir():
         raise MountError("the mount point must be a directory", str(target))
     if foreground:
@@ -119,32 +121,71 @@ def clean_stale(target: Path) -> bool:
 
 
 def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = None) -> None:
-    """Run the mount in this process until it is unmounted or signalled."""
-    spool = Spool(private_directory(options.spool_dir), options.spool_limit)
+    """Run the mount in this process until it is unmounted or signalled.
+
+    With ``ready_fd``, tell the process that started this one how it went:
+    ``b"1"`` once mounted, or ``b"0"`` and one line saying why not; then close it.
+    """
     with contextlib.ExitStack() as stack:
-        stack.callback(spool.close)
-        client = stack.enter_context(connect(url))
-        client.stat("/")  # an unreachable store fails the mount, not every call after it
-        ops = Operations(client, spool, read_only=options.read_only, timeout=options.timeout)
-        metrics = _serve_metrics(ops, options.metrics)
-        if metrics is not None:
-            stack.callback(metrics.close)
-        fuse_options = set(pyfuse3.default_options) | {"fsname=graben", "subtype=graben"}
-        if options.read_only:
-            fuse_options.add("ro")
-        if options.allow_other:
-            fuse_options.add("allow_other")
-        pyfuse3.init(ops, os.fspath(target), fuse_options)
         try:
-            ops.device = _device(target)
+            ops = _mounted(stack, url, target, options)
+        except Exception as exc:
             if ready_fd is not None:
-                os.write(ready_fd, b"1")
-                os.close(ready_fd)
-            log.info("mounted %s on %s", url, target)
-            trio.run(_main, ops)
-        finally:
-            pyfuse3.close(unmount=True)
-            log.info("unmounted %s", target)
+                _tell(ready_fd, b"0" + _one_line(exc).encode(errors="replace"))
+            raise
+        if ready_fd is not None:
+            _tell(ready_fd, b"1")
+        log.info("mounted %s on %s", url, target)
+        trio.run(_main, ops)
+
+
+def _mounted(
+    stack: contextlib.ExitStack, url: str, target: Path, options: MountOptions
+) -> Operations:
+    """Everything a mount needs, set up, with FUSE mounted on ``target``; ``stack``
+    takes it all down again (the mount first)."""
+    spool = Spool(private_directory(options.spool_dir), options.spool_limit)
+    stack.callback(spool.close)
+    client = stack.enter_context(connect(url))
+    client.stat("/")  # an unreachable store fails the mount, not every call after it
+    ops = Operations(client, spool, read_only=options.read_only, timeout=options.timeout)
+    metrics = _serve_metrics(ops, options.metrics)
+    if metrics is not None:
+        stack.callback(metrics.close)
+    fuse_options = set(pyfuse3.default_options) | {"fsname=graben", "subtype=graben"}
+    if options.read_only:
+        fuse_options.add("ro")
+    if options.allow_other:
+        fuse_options.add("allow_other")
+    try:
+        pyfuse3.init(ops, os.fspath(target), fuse_options)
+    except RuntimeError as exc:  # pyfuse3 says only which libfuse call failed
+        why = f"FUSE refused the mount ({exc}): is /dev/fuse there, and fusermount3?"
+        raise MountError(why, os.fspath(target)) from exc
+    stack.callback(_unmounted, target)
+    ops.device = _device(target)
+    return ops
+
+
+def _unmounted(target: Path) -> None:
+    pyfuse3.close(unmount=True)
+    log.info("unmounted %s", target)
+
+
+def _tell(fd: int, message: bytes) -> None:
+    try:
+        os.write(fd, message[:4096])  # one write under PIPE_BUF: the reader gets it whole
+    finally:
+        os.close(fd)
+
+
+def _one_line(exc: BaseException) -> str:
+    """What went wrong, as the command line shows an error: one line."""
+    if isinstance(exc, GrabenError):
+        text = exc.message if exc.path is None else f"{exc.message}: {exc.path}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())
 
 
 def _serve_metrics(ops: Operations, where: str | None) -> MountMetrics | None:
@@ -298,35 +339,39 @@ def _start_daemon(url: str, target: Path, options: MountOptions) -> int:
         os.close(log_out)
     os.close(write)
     try:
-        ready = _wait_ready(read, process)
+        ready, why = _wait_ready(read, process)
     finally:
         os.close(read)
     if not ready:
         with contextlib.suppress(ProcessLookupError):
             process.kill()
         process.wait()
-        why = f"the mount daemon did not start; see {log_file}:\n{_tail(log_file)}"
-        raise MountError(why, str(target))
+        why = why or _tail(log_file) or "it died without a word"
+        raise MountError(f"cannot mount on {target}: {why} (the daemon's log: {log_file})")
     _daemons[os.fspath(target)] = process
     return process.pid
 
 
-def _wait_ready(read: int, process: subprocess.Popen[bytes]) -> bool:
+def _wait_ready(read: int, process: subprocess.Popen[bytes]) -> tuple[bool, str]:
+    """Whether the daemon mounted, else why not (``""`` if it did not say)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         ready, _, _ = select.select([read], [], [], 0.2)
         if ready:
-            return os.read(read, 1) == b"1"  # b"" if it died first
+            said = os.read(read, 4096)  # b"" if it died first
+            return said == b"1", said[1:].decode(errors="replace")
         if process.poll() is not None:
-            return False
-    return False
+            return False, ""
+    return False, f"not mounted after {READY_TIMEOUT_S:.0f} s"
 
 
-def _tail(path: Path, lines: int = 20) -> str:
+def _tail(path: Path) -> str:
+    """The log's last line: the error of a daemon that died without saying."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return ""
+    return lines[-1].strip() if lines else ""
 
 
 def daemon_args(url: str, target: Path, options: MountOptions) -> list[str]:

@@ -4,7 +4,9 @@
 the same API for asyncio code; ``TLS`` says how to reach a cluster over TLS
 (``connect(url, tls=TLS(ca=...))``, or ``$GRABEN_TLS_CA``); ``parse_size``
 reads a size as people write it (``"50G"``). Every error is a ``GrabenError``
-that also subclasses the builtin it means.
+that also subclasses the builtin it means. ``optional_door`` is for graben's
+own doors: importing one without its extra raises ``MissingExtra`` (an
+``ImportError``) naming it.
 """
 
 from ._config import TLS, Options, parse_size, split_url
@@ -17,6 +19,7 @@ from ._errors import (
     InvalidArgument,
     InvalidPath,
     IsADirectory,
+    MissingExtra,
     NoSpace,
     NotADirectory,
     NotFound,
@@ -27,6 +30,7 @@ from ._errors import (
     TLSError,
     Unavailable,
 )
+from ._extras import optional_door
 from ._paths import normalize as normalize_path
 from ._types import ChunkProblem, FileInfo, FsckReport
 from .client import (
@@ -58,6 +62,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidPath",
     "IsADirectory",
+    "MissingExtra",
     "NoSpace",
     "NotADirectory",
     "NotFound",
@@ -72,6 +77,7 @@ __all__ = [
     "WriteFile",
     "connect",
     "normalize_path",
+    "optional_door",
     "parse_size",
     "split_url",
 ]

@@ -152,6 +152,14 @@ class ProtocolError(GrabenError, OSError):
     errno_value = _errno.EPROTO
 
 
+class MissingExtra(GrabenError, ImportError):
+    """A door's optional dependencies are not installed (``import graben.fuse`` without
+    pyfuse3); the message names the extra that brings them: ``pip install
+    'graben[fuse]'``. Not in ``ERRORS``: it never crosses the wire."""
+
+    code = "missing_extra"
+
+
 def _is_os_error(exc: GrabenError) -> bool:
     return isinstance(exc, OSError)
 

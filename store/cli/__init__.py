@@ -2,10 +2,10 @@
 
 Owns the dispatcher (``_main``: finds every package's subcommands through the
 ``graben.commands`` entry points, prints errors as one line), the store's
-commands (``_cmds``: ls stat du mkdir rm mv fsck; ``_transfer``: cat get
-put), the cluster's (``_cluster``: meta serve, node serve, status;
-``_local``: cluster up) and what they print (``_render``). ``python -m graben.store.cli``
-runs it.
+commands (``_cmds``: ls stat du mkdir rm mv cp fsck; ``_transfer``: cat get
+put; ``_trees``: walking a tree for cp, get -r and du --physical), the
+cluster's (``_cluster``: meta serve, node serve, status; ``_local``: cluster
+up) and what they print (``_render``). ``python -m graben.store.cli`` runs it.
 
 May import: every layer of the store (it is the top one); nothing below
 imports it.

@@ -1,10 +1,11 @@
-"""The store's ``graben`` subcommands: ls stat du mkdir rm mv cat put get fsck.
+"""The store's ``graben`` subcommands: ls stat du mkdir rm mv cp cat put get fsck.
 
 Each ``add_X`` is a ``graben.commands`` entry point (see ``_main``): it adds one
 parser whose ``run`` returns the exit code. Store errors are simply raised;
 the dispatcher prints them as one line and exits 1. Local-disk errors are
 turned into store errors first, for the same reason (``_stores``). The
-commands that move bytes (cat, get, put) run in ``_transfer``.
+commands that move bytes (cat, get, put) run in ``_transfer``; those that walk
+a tree (cp, du --physical, get -r) use ``_trees``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TypeAlias
 from .._errors import DirectoryNotEmpty
 from .._paths import normalize
 from . import _render as out
-from . import _transfer
+from . import _transfer, _trees
 from ._stores import locate, open_client, remote_dest, timeout_arg
 from ._tls import client_tls, tls_arg
 
@@ -74,9 +75,15 @@ def add_stat(sub: Subparsers) -> None:
 
 
 def add_du(sub: Subparsers) -> None:
-    """``graben du [PATH] [-H] [--json]``."""
+    """``graben du [PATH] [--physical] [-H] [--json]``."""
     parser = _command(sub, "du", "Count the files and bytes at or below a path.", _du)
     parser.add_argument("path", nargs="?", default="/", help=f"{_PATH_HELP} (default: /)")
+    parser.add_argument(
+        "--physical",
+        action="store_true",
+        help="the bytes the store holds for them: each distinct chunk once, times its "
+        "copies (reads every file's layout)",
+    )
     _human_flag(parser)
     _json_flag(parser)
 
@@ -141,14 +148,39 @@ def add_put(sub: Subparsers) -> None:
 
 
 def add_get(sub: Subparsers) -> None:
-    """``graben get REMOTE LOCAL``."""
+    """``graben get REMOTE LOCAL [--exclusive] [-r]``."""
     parser = _command(
         sub, "get", "Download a file from the store (LOCAL - for stdout).", _transfer.get
     )
     parser.add_argument("remote", help=_PATH_HELP)
     parser.add_argument(
-        "local", help="local file or directory, or - for stdout; written whole or not at all"
+        "local",
+        help="local file or directory (an existing one, or a trailing /, gets the remote "
+        "name), or - for stdout; each file written whole or not at all",
     )
+    parser.add_argument(
+        "-x",
+        "--exclusive",
+        action="store_true",
+        help="fail, before writing anything, if a local file would be replaced",
+    )
+    parser.add_argument(
+        "-r", "--recursive", action="store_true", help="download a store directory tree"
+    )
+
+
+def add_cp(sub: Subparsers) -> None:
+    """``graben cp SRC DST [--no-clobber] [-r]``."""
+    summary = "Copy a file or tree inside the store: the copy shares the chunks, no byte moves."
+    parser = _command(sub, "cp", summary, _trees.cp)
+    parser.add_argument("src", help=_PATH_HELP)
+    parser.add_argument(
+        "dst", help="destination path; an existing directory (or a trailing /) gets SRC's name"
+    )
+    parser.add_argument(
+        "-n", "--no-clobber", action="store_true", help="fail instead of replacing a file"
+    )
+    parser.add_argument("-r", "--recursive", action="store_true", help="copy a directory tree")
 
 
 def add_fsck(sub: Subparsers) -> None:
@@ -233,11 +265,13 @@ def _du(args: argparse.Namespace) -> int:
     store, (path,) = locate(args.store, args.path)
     with open_client(store, timeout=args.timeout, tls=client_tls(args)) as client:
         files, size = client.du(path)
+        held, chunks = _trees.physical(client, path) if args.physical else (size, 0)
     clean = normalize(path)
     if args.json:
-        out.emit_json({"path": clean, "files": files, "bytes": size})
+        extra = {"physical_bytes": held, "chunks": chunks} if args.physical else {}
+        out.emit_json({"path": clean, "files": files, "bytes": size, **extra})
     else:
-        out.emit_lines([out.du_line(clean, files, size, human=args.human)])
+        out.emit_lines([out.du_line(clean, files, held, human=args.human)])
     return 0
 
 

@@ -4,7 +4,9 @@ Each entry point is named after its subcommand and loads a function
 ``add(subparsers) -> None`` that adds one parser and sets ``run`` on it:
 ``parser.set_defaults(run=fn)`` where ``fn(args) -> int`` is the exit code.
 The store's own commands are registered the same way as every other
-package's, so this module knows nothing of them.
+package's, so this module knows nothing of them. A door installed without its
+extra fails to load with ``MissingExtra``: its command is still listed, with
+the extra to install, and running it says so in one line (exit 2).
 
 A command that calls ``config_arg(parser, section)`` takes ``--config FILE``:
 the table ``[section]`` of that TOML file gives defaults for any of its flags
@@ -16,18 +18,24 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
+from importlib.metadata import entry_points, version
 from pathlib import Path
+from typing import TypeAlias
 
 from rich.console import Console
 from rich.text import Text
 
 from .._config import config_defaults, load_config
-from .._errors import GrabenError
+from .._errors import GrabenError, MissingExtra
 from ._logs import configure
 
 GROUP = "graben.commands"
-Add = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+FAILED, USAGE, INTERRUPTED = 1, 2, 130
+"""Exit codes besides 0 (docs/store.md "Exit codes"): the command failed (a store
+error, bad input it read); it was called wrongly (argparse's code too; a bad
+``--config``; a door not installed); Ctrl-C."""
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Add = Callable[[Subparsers], None]
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -39,6 +47,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graben", description="graben: storage for ML training clusters."
     )
+    parser.add_argument("--version", action="version", version=f"graben {version('graben')}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     entries = sorted(entry_points(group=GROUP), key=lambda e: e.name)
     if any(e.name == command for e in entries):
@@ -47,9 +56,23 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         try:
             add: Add = entry.load()
             add(sub)
+        except MissingExtra as exc:  # a door installed without its extra
+            _not_installed(sub, entry.name, exc)
         except Exception as exc:  # one broken plug-in must not take every command down
             _err(f"warning: command {entry.name!r} is unavailable ({entry.value}): {exc}")
     return parser
+
+
+def _not_installed(sub: Subparsers, name: str, missing: MissingExtra) -> None:
+    """``name`` listed with the extra it needs; running it only says so (``main``)."""
+    parser = sub.add_parser(name, help=missing.message, description=missing.message)
+    parser.set_defaults(missing_extra=missing.message)
+
+
+def _missing_extra(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """What the command ``argv`` selects needs installed, if it is not."""
+    missing: str | None = _leaf(parser, argv).get_default("missing_extra")
+    return missing
 
 
 def config_arg(parser: argparse.ArgumentParser, section: str) -> None:
@@ -104,11 +127,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``graben`` script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv[0] if argv else None)
+    missing = _missing_extra(parser, argv)
+    if missing is not None:
+        _err(f"graben {argv[0]}: {missing}")
+        return USAGE
     try:
         apply_config(parser, argv)
     except GrabenError as exc:
         _err(f"graben: {describe(exc)}")
-        return 2
+        return USAGE
     args = parser.parse_args(argv)
     if getattr(args, "log_level", None) is not None:
         configure(args.log_level)
@@ -116,9 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except GrabenError as exc:
         _err(f"graben: {describe(exc)}")
-        return 1
+        return FAILED
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
     except BrokenPipeError:
         return 0
     return code

@@ -12,15 +12,16 @@ import argparse
 import io
 import os
 import posixpath
+import secrets
+import stat
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO, Literal, TypeAlias
 
 from .._buffers import ReadInto, Tick, pump, transfer_buffer
-from .._errors import InvalidArgument, IsADirectory
+from .._errors import AlreadyExists, InvalidArgument, IsADirectory, NotADirectory
 from .._paths import normalize
 from ..client import Client, ReadFile
 from . import _render as out
@@ -32,6 +33,7 @@ from ._stores import (
     remote_is_dir,
 )
 from ._tls import client_tls
+from ._trees import Entry, walk, without_links
 
 WriteMode: TypeAlias = Literal["wb", "xb"]
 STDIO = "-"
@@ -54,16 +56,17 @@ def cat(args: argparse.Namespace) -> int:
 
 def get(args: argparse.Namespace) -> int:
     store, (remote,) = locate(args.store, args.remote)
-    with (
-        open_client(store, timeout=args.timeout, tls=client_tls(args)) as client,
-        client.open(remote, "rb") as src,
-    ):
-        size = src.info.size
+    with open_client(store, timeout=args.timeout, tls=client_tls(args)) as client:
         if args.local == STDIO:
-            _to_stdout(client, src, size, remote)
-        else:
-            dest = _local_dest(args.local, posixpath.basename(normalize(remote)))
-            _to_local(client, src, size, dest)
+            with client.open(remote, "rb") as src:
+                _to_stdout(client, src, src.info.size, remote)
+            return 0
+        listed = walk(client, remote) if args.recursive else [Entry((), client.stat(remote))]
+        entries = without_links(listed, "get")
+        if entries[0].info.is_dir and not args.recursive:
+            raise IsADirectory("is a directory (use get -r to download a tree)", remote)
+        dest = _local_dest(args.local, posixpath.basename(normalize(remote)))
+        _get_entries(client, entries, dest, exclusive=args.exclusive)
     return 0
 
 
@@ -87,42 +90,107 @@ def _local_dest(local: str, name: str) -> Path:
     return path
 
 
-def _to_local(client: Client, src: ReadFile, size: int, dest: Path) -> None:
-    """Stream ``src`` into the local file ``dest``, whole or not at all."""
-    allowed = out.progress_allowed()
+def _get_entries(client: Client, entries: list[Entry], dest: Path, *, exclusive: bool) -> None:
+    """Write a walked file or tree at ``dest``: each file whole or not at all.
+
+    Everything is reached through directory descriptors opened without
+    following links, so a link planted in ``dest``'s tree is refused, never
+    written through; only ``dest``'s own parent is taken as the user named it.
+    """
+    top = dest.parent
+    if exclusive:
+        _refuse_existing(top, dest.name, entries)
+    size = sum(e.info.size for e in entries if not e.info.is_dir)
+    label = dest.name if len(entries) == 1 else f"{len(entries)} entries"
     with (
-        local_errors(dest),
-        _replacing(dest) as sink,
+        local_errors(top),
+        _DirectoryStack(top) as dirs,
         transfer_buffer(client.chunk_size) as block,
-        out.Meter(dest.name, size, enabled=allowed) as meter,
+        out.Meter(label, size, enabled=out.progress_allowed()) as meter,
     ):
+        for entry in entries:
+            parts = (dest.name, *entry.parts)
+            parent = dirs.parent_of(parts)
+            with local_errors(top.joinpath(*parts)):
+                if entry.info.is_dir:
+                    dirs.enter(parent, parts[-1], top.joinpath(*parts))
+                else:
+                    _download(client.open(entry.info.path, "rb"), parent, parts[-1], block, meter)
+
+
+def _download(src: ReadFile, parent: int, name: str, block: memoryview, meter: Tick) -> None:
+    """Stream ``src`` into ``name`` in the directory ``parent``, whole or not at all."""
+    with src, _replacing(parent, name) as sink:
         pump(src.readinto, sink.write, block, meter)
 
 
-@contextmanager
-def _replacing(dest: Path) -> Iterator[BinaryIO]:
-    """A new file beside ``dest``: renamed over it if the block succeeds, deleted if not.
+def _refuse_existing(top: Path, name: str, entries: list[Entry]) -> None:
+    """``get -x``: refuse before writing anything if any file would replace one."""
+    for entry in entries:
+        path = top.joinpath(name, *entry.parts)
+        if not entry.info.is_dir and os.path.lexists(path):
+            raise AlreadyExists("exists (local; get -x replaces nothing)", str(path))
 
-    So ``dest`` holds either its old content or the whole new file, never a
-    piece: a failed or interrupted get leaves nothing behind.
+
+class _DirectoryStack:
+    """Open directories from ``top`` down to where a walk is, each opened beneath
+    its parent's descriptor without following a link."""
+
+    def __init__(self, top: Path) -> None:
+        self._top = top
+        self._fds: list[int] = []
+
+    def __enter__(self) -> _DirectoryStack:
+        self._fds.append(os.open(self._top, os.O_RDONLY | os.O_DIRECTORY))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close_to(0)
+
+    def parent_of(self, parts: tuple[str, ...]) -> int:
+        """The descriptor of ``parts``' parent: a walk lists each directory before its
+        entries, so it is the last one opened at that depth."""
+        self._close_to(len(parts))
+        return self._fds[-1]
+
+    def enter(self, parent: int, name: str, path: Path) -> None:
+        """Make (if missing) and open the directory ``name`` (at ``path``) beneath ``parent``."""
+        with suppress(FileExistsError):
+            os.mkdir(name, dir_fd=parent)
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+        try:
+            self._fds.append(os.open(name, flags, dir_fd=parent))
+        except OSError:
+            if stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                raise NotADirectory("a symbolic link, never followed (local)", str(path)) from None
+            raise
+
+    def _close_to(self, depth: int) -> None:
+        while len(self._fds) > depth:
+            os.close(self._fds.pop())
+
+
+@contextmanager
+def _replacing(parent: int, name: str) -> Iterator[BinaryIO]:
+    """A new file beside ``name`` in the directory ``parent``: renamed over it if the
+    block succeeds, deleted if not.
+
+    So ``name`` holds either its old content or the whole new file, never a
+    piece: a failed or interrupted get leaves nothing behind. A link at
+    ``name`` is replaced, not written through.
     """
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    short = name.encode()[:200].decode(errors="ignore")  # room for the rest in 255 bytes
+    tmp = f".{short}.{secrets.token_hex(4)}.part"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o666, dir_fd=parent)  # the mode a plain open() gives
     try:
         with open(fd, "wb") as sink:
-            os.fchmod(fd, 0o666 & ~_umask())  # what a plain open() would have given
             yield sink
-        os.replace(tmp, dest)
+        os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
     except BaseException:
         with suppress(FileNotFoundError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=parent)
         raise
-
-
-def _umask() -> int:
-    # The only way to read the umask is to set it; set it straight back.
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def put(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from ._afiles import AsyncReadFile, AsyncWriteFile
 from ._client import Client, connect
 from ._files import ReadFile, WriteFile
 from ._loop import run as run_sync
+from ._pages import layout as file_layout
 from ._upload import Staging
 
 __all__ = [
@@ -28,5 +29,6 @@ __all__ = [
     "Staging",
     "WriteFile",
     "connect",
+    "file_layout",
     "run_sync",
 ]

@@ -17,7 +17,7 @@ from graben.bench import Context, Rated, Result, Skip, Workload, discover, rate,
 from graben.bench._plot import plot
 from graben.bench._runner import Settings, combine, run
 from graben.store import InvalidArgument
-from graben.store.cli._main import main
+from graben.store.cli._main import build_parser, main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RESULT_KEYS = {"workload", "system", "value", "unit", "baseline", "ratio"}
@@ -177,11 +177,27 @@ def test_sizes_must_be_positive() -> None:
         main(["bench", "--size", "0"])
 
 
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("2", 2 << 30), ("0.5", 512 << 20), ("512M", 512 << 20), ("3GiB", 3 << 30), ("1k", 1024)],
+)
+def test_size_is_gib_or_a_human_size(text: str, size: int) -> None:
+    assert build_parser("bench").parse_args(["bench", "--size", text]).size == size
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "nan", "inf", "5X", "1e30", "0.0000000001"])
+def test_size_refuses_what_is_no_size(text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", "--size", text])
+    assert exit.value.code == 2
+    assert "--size" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], str]:
     """One tiny end-to-end run of every sequential workload, twice each."""
     root = tmp_path_factory.mktemp("bench")
-    args = ["bench", *sorted(SEQUENTIAL), "--size-mib", "3", "--repeat", "2"]
+    args = ["bench", *sorted(SEQUENTIAL), "--size", "3MiB", "--repeat", "2"]
     args += ["--dir", str(root / "scratch"), "--json", str(root / "r.json")]
     args += ["--plot", str(root / "r.png")]
     capture = io.StringIO()

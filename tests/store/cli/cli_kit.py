@@ -15,7 +15,7 @@ import pytest
 from graben.store.cli import _main
 
 MiB = 1 << 20
-COMMANDS = ("cat", "du", "fsck", "get", "ls", "mkdir", "mv", "put", "rm", "stat")
+COMMANDS = ("cat", "cp", "du", "fsck", "get", "ls", "mkdir", "mv", "put", "rm", "stat")
 
 
 @dataclass(frozen=True)
