@@ -233,7 +233,9 @@ def endpoints(hosts: str, text: str) -> tuple[tuple[str, int], ...]:
         if not host or port is None:
             raise InvalidArgument(
                 f"a cluster URL needs host:port for each metadata service "
-                f"(graben://h1:7100,h2:7100/path), not {item!r} in {text!r}"
+                f"(graben://h1:7100,h2:7100/path), not {item!r} in {text!r}; "
+                f"the default store is graben:///path, with three slashes (a tool that "
+                f"treats URLs as file paths, like Hugging Face streaming, folds them to two)"
             )
         found[(host, port)] = None
     return tuple(found)

@@ -103,16 +103,11 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
+        """fsspec's form: ``graben://h:p/a/b`` -> ``h:p/a/b`` (the store stays, as an S3
+        bucket does); ``graben:///a/b`` and ``/a/b`` -> ``/a/b``."""
         if isinstance(path, list):
             return [cls._strip_protocol(p) for p in path]
-        path = stringify_path(path)
-        if path.startswith(_urls.PREFIX):
-            rest = path[len(_urls.PREFIX) :]
-            slash = rest.find("/")
-            path = "/" if slash < 0 else rest[slash:]
-        elif path.startswith(f"{_urls.PROTOCOL}:"):
-            path = path[len(_urls.PROTOCOL) + 1 :]
-        return "/" + path.strip("/")
+        return _urls.stripped(stringify_path(path))
 
     @staticmethod
     def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
@@ -124,15 +119,16 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     @classmethod
     def _parent(cls, path: Any) -> Any:
-        base, _ = _urls.split(stringify_path(path))
-        parent = super()._parent(path)
-        return parent if base is None else base + parent
+        base, local = _urls.split(stringify_path(path))
+        return _urls.named(base, super()._parent(_urls.store_path(local)))
 
     def unstrip_protocol(self, name: str) -> str:
-        """The URL of a name: a URL as it is; a store path on this filesystem's store."""
-        if name.startswith(_urls.PREFIX):
-            return name
-        return f"{self._own_prefix()}{self._strip_protocol(name)}"
+        """The URL of a name: a URL as it is; ``h:p/a`` as ``graben://h:p/a``; a store
+        path on this filesystem's store."""
+        base, local = _urls.split(name)
+        if base is not None:
+            return _urls.full(base) + _urls.store_path(local)
+        return f"{self._own_prefix()}{_urls.store_path(name)}"
 
     def _own_prefix(self) -> str:
         if self._base is not None:
@@ -148,11 +144,11 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
     # -- listing and attributes: names in the form asked ------------------------------
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
-        return _entry(self.client.stat(self._strip_protocol(path)), _urls.split(path)[0])
+        return _entry(self.client.stat(_urls.store_path(path)), _urls.split(path)[0])
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         base = _urls.split(path)[0]
-        entries = self.client.ls(self._strip_protocol(path))
+        entries = self.client.ls(_urls.store_path(path))
         if detail:
             return [_entry(e, base) for e in entries]
         return [_urls.named(base, e.path) for e in entries]
@@ -207,43 +203,43 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def exists(self, path: str, **kwargs: Any) -> bool:
         try:
-            return self.client.exists(self._strip_protocol(path))
+            return self.client.exists(_urls.store_path(path))
         except (ValueError, NotADirectoryError):  # hostile path, or a file on the way
             return False
 
     def modified(self, path: str) -> datetime.datetime:
-        info = self.client.stat(self._strip_protocol(path))
+        info = self.client.stat(_urls.store_path(path))
         return datetime.datetime.fromtimestamp(info.mtime_ns / 1e9, datetime.UTC)
 
     created = modified  # a version is created by its commit
 
     def checksum(self, path: str) -> int:
         """Changes whenever a new version is committed at ``path``."""
-        info = self.client.stat(self._strip_protocol(path))
+        info = self.client.stat(_urls.store_path(path))
         return hash((info.inode, info.generation, info.size))
 
     # -- namespace ----------------------------------------------------------------
 
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
-        self.client.mkdir(self._strip_protocol(path), parents=create_parents)
+        self.client.mkdir(_urls.store_path(path), parents=create_parents)
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        self.client.mkdir(self._strip_protocol(path), parents=True, exist_ok=exist_ok)
+        self.client.mkdir(_urls.store_path(path), parents=True, exist_ok=exist_ok)
 
     def rmdir(self, path: str) -> None:
-        path = self._strip_protocol(path)
+        path = _urls.store_path(path)
         if not self.client.stat(path).is_dir:
             raise NotADirectoryError(f"not a directory: {path}")
         self.client.rm(path)
 
     def rm_file(self, path: str) -> None:
-        path = self._strip_protocol(path)
+        path = _urls.store_path(path)
         if self.client.stat(path).is_dir:
             raise IsADirectory("is a directory (use rm with recursive=True)", path)
         self.client.rm(path)
 
     def _rm(self, path: str) -> None:
-        self.client.rm(self._strip_protocol(path))
+        self.client.rm(_urls.store_path(path))
 
     def rm(
         self, path: str | list[str], recursive: bool = False, maxdepth: int | None = None
@@ -258,7 +254,7 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
                 self.rm(self.expand_path(p, recursive=recursive), recursive=recursive)
                 continue
             try:
-                self.client.rm(self._strip_protocol(p), recursive=recursive)
+                self.client.rm(_urls.store_path(p), recursive=recursive)
             except NotFound:
                 if isinstance(path, str):
                     raise
@@ -280,7 +276,7 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
         if not (isinstance(path1, str) and isinstance(path2, str)) or _has_magic(path1):
             super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
             return
-        src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
+        src, dst = _urls.store_path(path1), _urls.store_path(path2)
         if src != dst and self.isdir(dst):
             dst = posixpath.join(dst, posixpath.basename(src))
         self.client.rename(src, dst)
@@ -292,7 +288,7 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
     ) -> bytes:
-        path = self._strip_protocol(path)
+        path = _urls.store_path(path)
         if (start or 0) >= 0 and (end is None or end >= 0):
             return self.client.get_range(path, start or 0, end)
         size = self.client.stat(path).size  # negative offsets count from the end
@@ -304,7 +300,7 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
         """Store ``value`` at ``path``; ``mode="create"`` raises ``FileExistsError`` if present."""
         if mode not in ("overwrite", "create"):
             raise InvalidArgument(f"pipe_file mode must be 'overwrite' or 'create', not {mode!r}")
-        self.client.put(self._strip_protocol(path), value, exclusive=mode == "create")
+        self.client.put(_urls.store_path(path), value, exclusive=mode == "create")
 
     def put_file(
         self,
@@ -335,7 +331,7 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
         **kwargs: Any,
     ) -> None:
         """Download to a local file (a directory: makes ``lpath``)."""
-        rpath = self._strip_protocol(rpath)
+        rpath = _urls.store_path(rpath)
         if self.client.stat(rpath).is_dir:
             os.makedirs(lpath, exist_ok=True)
             return
@@ -355,7 +351,7 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         """Copy inside the store: the copy shares the source's chunks, no byte moves."""
-        src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
+        src, dst = _urls.store_path(path1), _urls.store_path(path2)
         if self.client.stat(src).is_dir:
             self.makedirs(dst, exist_ok=True)
             return
@@ -375,7 +371,7 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
         cache_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> ReadFile | WriteFile:
-        path = self._strip_protocol(path)
+        path = _urls.store_path(path)
         if mode not in ("rb", *_MODES):
             raise InvalidArgument(f"graben files open as 'rb', 'wb' or 'xb', not {mode!r}", path)
         file = (
@@ -388,7 +384,7 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def _writer(self, path: str, mode: str, *, autocommit: bool = True) -> WriteFile:
         aio = self.client.aio
-        upload = run_sync(aio.upload(self._strip_protocol(path), _MODES[mode]))
+        upload = run_sync(aio.upload(_urls.store_path(path), _MODES[mode]))
         return WriteFile(upload, Staging(aio.pool), autocommit=autocommit)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -25,6 +26,9 @@ from .._errors import InvalidArgument
 
 PROTOCOL = "graben"
 PREFIX = f"{PROTOCOL}://"
+_ENDPOINT = r"(?:\[[0-9A-Fa-f:.]+\]|[^/:,\[\]]+):\d+"
+_AUTHORITY = re.compile(rf"{_ENDPOINT}(?:,{_ENDPOINT})*")
+"""A cluster's endpoints as a URL names them: ``host:port`` or ``h1:7100,h2:7100``."""
 _STORE_PATHS = frozenset({"path", "path1", "path2", "rpath", "paths", "fn", "root"})
 """Parameters of fsspec's methods that hold store paths (``lpath`` is a local one)."""
 
@@ -70,21 +74,53 @@ def _routed(name: str, method: Callable[..., Any], where: dict[str, int]) -> Cal
 
 
 def split(path: str) -> tuple[str | None, str]:
-    """``graben://h:p/a/b`` -> ``("graben://h:p", "/a/b")``; ``graben:///a`` ->
-    ``("graben://", "/a")``; a store path -> ``(None, path)``."""
-    if not path.startswith(PREFIX):
-        return None, path
-    slash = path.find("/", len(PREFIX))
-    if slash < 0:
-        return path, "/"
-    return path[:slash], path[slash:]
+    """A path's store and its path in that store, in the form it was given.
+
+    ``graben://h:p/a/b`` -> ``("graben://h:p", "/a/b")``; ``graben:///a`` ->
+    ``("graben://", "/a")``; ``h:p/a/b``, the form ``_strip_protocol`` gives, ->
+    ``("h:p", "/a/b")``; a store path -> ``(None, path)``.
+    """
+    if path.startswith(PREFIX):
+        slash = path.find("/", len(PREFIX))
+        return (path, "/") if slash < 0 else (path[:slash], path[slash:])
+    if (authority := _AUTHORITY.match(path)) and path[authority.end() :][:1] in ("", "/"):
+        return authority.group(), path[authority.end() :] or "/"
+    return None, path
+
+
+def store_path(path: str | os.PathLike[str]) -> str:
+    """The path inside its store of any form of ``path``: ``/a/b``."""
+    base, local = split(stringify_path(path))
+    if base is None and local.startswith(f"{PROTOCOL}:"):
+        local = local[len(PROTOCOL) + 1 :]
+    return "/" + local.strip("/")
+
+
+def stripped(path: str) -> str:
+    """fsspec's form of a path: a cluster's ``host:port/a/b``, else ``/a/b``.
+
+    The cluster's endpoints stay, as an S3 path keeps its bucket: fsspec users
+    (Hugging Face ``datasets``, say) make a URL of a name by putting
+    ``graben://`` in front of it, and that URL must name the same store.
+    """
+    base, _ = split(path)
+    local = store_path(path)
+    if base is None or base == PREFIX:
+        return local
+    return base.removeprefix(PREFIX) + local
+
+
+def full(base: str) -> str:
+    """A base as ``split`` gives it, as a URL: ``h:p`` -> ``graben://h:p``."""
+    return base if base.startswith(PREFIX) else PREFIX + base
 
 
 def bases(values: list[Any]) -> Iterator[str | None]:
     """The URL base of every path in ``values`` (``None`` for a store path)."""
     for value in values:
         if isinstance(value, str | os.PathLike):
-            yield split(stringify_path(value))[0]
+            base = split(stringify_path(value))[0]
+            yield None if base is None else full(base)
         elif isinstance(value, list | tuple | set | dict):  # a dict: pipe's {path: data}
             yield from bases(list(value))
 
@@ -109,12 +145,12 @@ def _renamed(value: Any, base: str) -> Any:
 
 
 def label(base: str) -> str:
-    return "graben:/// (the default store)" if base == PREFIX else base
+    return "graben:/// (the default store)" if base == PREFIX else full(base)
 
 
 def resolve(base: str) -> Target:
     try:
-        return _config.resolve(base)
+        return _config.resolve(full(base))
     except InvalidArgument:
         raise
     except ValueError as exc:  # urllib's word on a port that is not a number

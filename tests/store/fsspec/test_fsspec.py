@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,9 +57,12 @@ def test_registered_by_entry_point() -> None:
 def test_urls_name_the_store_and_the_path(cluster_url: str) -> None:
     fs, path = _fs(f"{cluster_url}/a/b.bin")
     try:
-        assert path == "/a/b.bin"
+        # the cluster stays in fsspec's form of the path, as an S3 bucket does
+        assert path == f"{cluster_url.removeprefix('graben://')}/a/b.bin"
         assert fs.url == cluster_url
+        assert fs.unstrip_protocol(path) == f"{cluster_url}/a/b.bin"
         assert fs.unstrip_protocol("/a/b.bin") == f"{cluster_url}/a/b.bin"
+        assert f"graben://{path}" == f"{cluster_url}/a/b.bin"
         assert GrabenFileSystem._strip_protocol("graben:///x/y/") == "/x/y"
         assert GrabenFileSystem._get_kwargs_from_urls("graben:///x") == {}
         # the same cluster from two URLs is one instance (one client, one connection pool)
@@ -193,7 +197,8 @@ def test_transaction_publishes_all_files_at_once_or_none(base: str) -> None:
             f.write(b"new")
         with fs.open(f"{root}/v/taken", "xb") as f:
             f.write(b"mine")
-        fs.client.put(f"{root}/v/taken", b"theirs")  # another writer wins the name
+        taken = urllib.parse.urlsplit(fs.unstrip_protocol(f"{root}/v/taken")).path
+        fs.client.put(taken, b"theirs")  # another writer wins the name
     assert not fs.exists(f"{root}/v/new")
     assert fs.cat_file(f"{root}/v/taken") == b"theirs"
     assert not fs._intrans  # the filesystem leaves transaction mode either way

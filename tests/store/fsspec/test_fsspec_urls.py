@@ -9,6 +9,7 @@ or overwrites it, and the test says so.
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -328,25 +329,71 @@ def test_glob_results_reopen_on_the_store_the_pattern_named(
         assert pd.read_parquet(name)["store"].unique().tolist() == ["truth"]
 
 
-@pytest.mark.parametrize("named", ["B", "home"])
-def test_hugging_face_style_resolution_reads_the_named_store(stores: Stores, named: str) -> None:
-    """``datasets`` resolves ``data_files`` so: url_to_fs, glob the pattern, prefix the
-    protocol to a name that lacks it, then open each name on its own."""
+@pytest.mark.parametrize(
+    ("named", "streaming"),
+    [("B", False), ("B", True), ("home", False)],
+    ids=["cluster", "cluster-streaming", "default-store"],
+)
+def test_hugging_face_datasets_reads_the_store_the_url_names(
+    stores: Stores, named: str, streaming: bool, tmp_path: Path
+) -> None:
+    """The real ``datasets.load_dataset``: it globs the pattern, makes a URL of each
+    name by putting ``graben://`` in front, then opens each on its own.
+
+    Not the default store streaming: ``datasets`` passes each URL through
+    ``pathlib``, which folds ``graben:///pq`` into ``graben://pq``; the test below
+    checks that this is refused clearly, never read from elsewhere."""
+    datasets = pytest.importorskip("datasets")
     _shards(stores, named, "truth")
     for other in _others(named):
         _shards(stores, other, "decoy")
-    pattern = stores.url(named, "/pq/*.parquet")
-    fs, _ = fsspec.core.url_to_fs(pattern)
-    prefix = f"{fs.protocol}://"
-    files = [
-        name if name.startswith(prefix) else prefix + name
-        for name, info in fs.glob(pattern, detail=True).items()
-        if info["type"] == "file"
-    ]
+    loaded = datasets.load_dataset(
+        "parquet",
+        data_files=stores.url(named, "/pq/*.parquet"),
+        split="train",
+        streaming=streaming,
+        cache_dir=str(tmp_path / "hf"),
+    )
+    rows = list(loaded)
+    assert len(rows) == 12
+    assert {row["store"] for row in rows} == {"truth"}
+    assert sorted(row["shard"] for row in rows) == [i for i in range(3) for _ in range(4)]
+
+
+def test_hugging_face_streaming_of_the_default_store_fails_clearly(
+    stores: Stores, tmp_path: Path
+) -> None:
+    datasets = pytest.importorskip("datasets")
+    _shards(stores, "home", "truth")
+    loaded = functools.partial(
+        datasets.load_dataset,
+        "parquet",
+        data_files=stores.url("home", "/pq/*.parquet"),
+        split="train",
+        streaming=True,
+        cache_dir=str(tmp_path / "hf"),
+    )
+    with pytest.raises(InvalidArgument, match="three slashes"):
+        list(loaded())
+
+
+def test_fsspec_helpers_hand_back_urls_of_the_store_named(stores: Stores) -> None:
+    """Every name fsspec's helpers give back opens again, by ``fsspec.open``, on that store."""
+    _shards(stores, "B", "truth")
+    _shards(stores, "home", "decoy")
+    pattern = stores.url("B", "/pq/*.parquet")
+    files = fsspec.open_files(pattern, "rb")
+    wanted = [stores.url("B", f"/pq/part-{i}.parquet") for i in range(3)]
+    assert [f.full_name for f in files] == wanted
+    fs, _, paths = fsspec.core.get_fs_token_paths(pattern)
+    assert [f"{fs.protocol}://{p}" for p in paths] == wanted
+    assert [fs.unstrip_protocol(p) for p in paths] == wanted
+    fs, stripped = fsspec.core.url_to_fs(stores.url("B", "/pq"))
+    assert [f"graben://{name}" for name in fs.ls(stripped, detail=False)][1:] == wanted
     _forget_filesystems()
-    frame = pd.concat(pd.read_parquet(name) for name in files)
-    assert len(frame) == 12
-    assert frame["store"].unique().tolist() == ["truth"]
+    for url in wanted:
+        with fsspec.open(url, "rb") as f:
+            assert pd.read_parquet(f)["store"].unique().tolist() == ["truth"]
 
 
 @pytest.mark.parametrize(("made", "named"), PAIRS, ids=PAIR_IDS)
@@ -391,7 +438,8 @@ def test_url_to_fs_round_trips(stores: Stores) -> None:
     b, a = stores.prefixes["B"], stores.prefixes["A"]
     fs, path = fsspec.core.url_to_fs(f"{b}/x/y.bin")
     assert isinstance(fs, GrabenFileSystem)
-    assert path == "/x/y.bin"
+    assert path == f"{b.removeprefix('graben://')}/x/y.bin"  # the store stays, like a bucket
+    assert f"{fs.protocol}://{path}" == f"{b}/x/y.bin"
     assert fs.url == b
     assert fs.unstrip_protocol(path) == f"{b}/x/y.bin"
     again, again_path = fsspec.core.url_to_fs(fs.unstrip_protocol(path))
