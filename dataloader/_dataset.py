@@ -10,13 +10,19 @@ in flight whatever its number of workers; a fill streams through one
 ``PIECE`` of memory into the cache, and the shards' bytes are the page
 cache's, shared by every worker. ``state_dict`` says how far the job has
 got; ``load_state_dict`` carries on from there, on any world size.
+
+Both follow torchdata's Stateful protocol, so ``StatefulDataLoader`` saves
+each worker's own state beside the batches the loop took and gives it back
+to the same worker on resume. What the main process says about where an
+iteration starts (``set_epoch``, ``load_state_dict``) reaches workers through
+shared memory, so persistent workers follow it too.
 """
 
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import multiprocessing.context
+import multiprocessing.sharedctypes
 import os
 import time
 from collections.abc import Iterator
@@ -89,6 +95,8 @@ class CachedDataset(IterableDataset[Sample]):
         self._published = [0.0] * len(STATS)
         self._cache: NodeCache | None = None
         self._source: tuple[Any, str] | None = None
+        self._shared = _Shared(self.epoch, self.start)
+        self._loaded: dict[str, int] | None = None  # a worker's state for its next iteration
 
     # -- torch ----------------------------------------------------------------------
 
@@ -97,11 +105,23 @@ class CachedDataset(IterableDataset[Sample]):
         return self._plan().per_rank(self.world_size, start=self.start, drop_last=self.drop_last)
 
     def __iter__(self) -> Iterator[Sample]:
+        # Runs when the DataLoader makes its fetcher, before the first sample:
+        # ``state_dict`` from then on is this iteration's.
         info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        self.yielded = 0  # an iteration reads from ``start`` again
+        if info is None:
+            worker, workers, skip = 0, 1, 0
+            self._shared.workers_read = 0
+        else:
+            worker, workers = info.id, info.num_workers
+            self.epoch, self.start, skip = self._worker_start()
+            self._loaded = None
+            self._shared.workers_read = 1
+        self.yielded = skip  # counted from ``start``: with workers, this worker's turns
+        return self._iterate(worker, workers, skip)
+
+    def _iterate(self, worker: int, workers: int, skip: int) -> Iterator[Sample]:
         order = self._plan().global_order()
-        picked = order[self._positions(worker, workers)]
+        picked = order[self._positions(worker, workers)[skip:]]
         rank_shards = _stretches(order[self._positions(0, 1), 0])
         self._node_cache()  # made here, not raced for by the prefetch threads
         self._fetch_source()
@@ -115,11 +135,43 @@ class CachedDataset(IterableDataset[Sample]):
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning (its order differs from every other's)."""
         self.epoch, self.start, self.yielded = epoch, 0, 0
+        self._shared.set(epoch, 0)
 
     def state_dict(self, samples_seen: int | None = None) -> dict[str, int]:
-        """Where the job is: ``samples_seen`` is what this rank consumed this epoch
-        (default: what this process yielded, or what a ``CachedLoader`` handed
-        to the loop; a plain DataLoader with workers needs ``samples_seen``)."""
+        """Where the job is.
+
+        In the main process: the epoch and ``position``, how far the whole job
+        has got, which loads on any world size. ``samples_seen`` is what this
+        rank consumed this epoch (default: what this process yielded); once
+        DataLoader workers have read the dataset, what the main process
+        yielded means nothing, so without ``samples_seen`` this raises
+        (``CachedLoader`` and ``StatefulDataLoader`` know what the loop took).
+
+        In a DataLoader worker (where ``StatefulDataLoader`` asks): this
+        worker's own progress, which loads into the same worker of a loader
+        with the same world size and number of workers.
+        """
+        info = get_worker_info()
+        if info is not None:
+            epoch, start, yielded = self.epoch, self.start, self.yielded
+            if self._loaded is not None:  # loaded, its iteration not begun
+                epoch, start, yielded = self._worker_start()
+            return {
+                "epoch": epoch,
+                "seed": self.seed,
+                "start": start,
+                "world_size": self.world_size,
+                "worker": info.id,
+                "workers": info.num_workers,
+                "worker_batch": self.worker_batch,
+                "yielded": yielded,
+            }
+        if samples_seen is None and self._shared.workers_read:
+            raise RuntimeError(
+                "CachedDataset.state_dict(): DataLoader workers read this dataset, so the main"
+                " process cannot tell how far the loop got; ask the loader (CachedLoader or"
+                " torchdata's StatefulDataLoader) or pass samples_seen="
+            )
         seen = self.yielded if samples_seen is None else samples_seen
         return {
             "epoch": self.epoch,
@@ -127,11 +179,25 @@ class CachedDataset(IterableDataset[Sample]):
             "seed": self.seed,
         }
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Carry on from ``state`` (saved with any world size)."""
-        if state.get("seed", self.seed) != self.seed:
-            raise ValueError(f"state is for seed {state['seed']}, this dataset has {self.seed}")
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Carry on from ``state``.
+
+        ``state`` is what ``state_dict`` or ``CachedLoader.state_dict`` returned
+        (any world size), or a whole ``StatefulDataLoader.state_dict()``: to
+        resume on another world size or number of workers, load the old
+        loader's state here and iterate a new ``StatefulDataLoader`` without
+        its own ``load_state_dict``.
+        """
+        if get_worker_info() is not None:  # StatefulDataLoader, in a worker: this worker's own
+            self._loaded = self._worker_state(state)
+            return
+        if "worker" in state:
+            raise ValueError(
+                "this is one DataLoader worker's state; load the loader's whole state_dict()"
+            )
+        state = self._global_state(state)
         self.epoch, self.start, self.yielded = state["epoch"], state["position"], 0
+        self._shared.set(self.epoch, self.start)
 
     def warm(self) -> None:
         """Fill the node cache with every shard (as far as the limit allows)."""
@@ -151,9 +217,85 @@ class CachedDataset(IterableDataset[Sample]):
 
     # -- reading --------------------------------------------------------------------
 
-    def _plan(self) -> Plan:
+    def _plan(self, epoch: int | None = None) -> Plan:
         groups = [s.group_sizes() for s in self.manifest.shards]
-        return Plan(groups, self.seed, self.epoch, self.shuffle)
+        return Plan(groups, self.seed, self.epoch if epoch is None else epoch, self.shuffle)
+
+    # -- where an iteration starts --------------------------------------------------
+
+    def _worker_start(self) -> tuple[int, int, int]:
+        """A worker's next iteration: its epoch, start, and how many of its turns are done."""
+        if self._loaded is not None:
+            return self._loaded["epoch"], self._loaded["start"], self._loaded["yielded"]
+        return self._shared.epoch, self._shared.start, 0  # what the main process said last
+
+    def _check_seed(self, state: dict[str, Any]) -> None:
+        if state.get("seed", self.seed) != self.seed:
+            raise ValueError(f"state is for seed {state['seed']}, this dataset has {self.seed}")
+
+    def _worker_state(self, state: dict[str, Any]) -> dict[str, int]:
+        """``state`` as this worker's next iteration, if it can be this worker's."""
+        self._check_seed(state)
+        info = get_worker_info()
+        assert info is not None
+        if "worker" not in state:
+            state = self._global_state(state)
+            return {"epoch": state["epoch"], "start": state["position"], "yielded": 0}
+        saved = (state["world_size"], state["workers"], state["worker_batch"], state["worker"])
+        here = (self.world_size, info.num_workers, self.worker_batch, info.id)
+        if saved != here:
+            raise ValueError(
+                f"this loader state was saved with world size {saved[0]}, {saved[1]} workers and"
+                f" worker_batch {saved[2]}; here: {here[0]}, {here[1]} and {here[2]}. To resume on"
+                " another layout, pass the old loader's state_dict() to"
+                " CachedDataset.load_state_dict and iterate a new StatefulDataLoader"
+            )
+        return {"epoch": state["epoch"], "start": state["start"], "yielded": state["yielded"]}
+
+    def _global_state(self, state: dict[str, Any]) -> dict[str, int]:
+        """``state`` (ours, or a whole ``StatefulDataLoader`` state) as epoch and position."""
+        if "_snapshot" in state:  # StatefulDataLoader with workers
+            snapshots = state["_snapshot"].get("_worker_snapshots", {}).values()
+            workers = [w.get("dataset_state") for w in snapshots]
+            if not workers or any(w is None for w in workers):
+                raise ValueError("this StatefulDataLoader state holds no CachedDataset state")
+            return self._merged(workers, steps=state.get("_steps_since_snapshot", 0))
+        if "dataset_state" in state:  # StatefulDataLoader without workers
+            if state["dataset_state"] is None:
+                raise ValueError("this StatefulDataLoader state holds no CachedDataset state")
+            return self._global_state(state["dataset_state"])
+        if "position" not in state or "epoch" not in state:
+            raise ValueError(f"not a CachedDataset state: keys {sorted(state)}")
+        self._check_seed(state)
+        return {"epoch": int(state["epoch"]), "position": int(state["position"]), "seed": self.seed}
+
+    def _merged(self, workers: list[dict[str, int]], steps: int) -> dict[str, int]:
+        """How far a rank whose loader had these workers got, as a position of the epoch.
+
+        Exact when the samples the workers read are the first ones of the
+        rank's order, as they are when ``worker_batch`` is the batch size.
+        """
+        first = workers[0]
+        for state in workers:
+            self._check_seed(state)
+            if any(state[k] != first[k] for k in ("epoch", "start", "world_size", "workers")):
+                raise ValueError("the workers' states are of different iterations")
+        world, batch = first["world_size"], first["worker_batch"]
+        plan = self._plan(first["epoch"])
+        count = plan.per_rank(world, start=first["start"], drop_last=self.drop_last)
+        turns = (np.arange(count) // batch) % first["workers"]
+        read = np.zeros(count, dtype=bool)
+        for state in workers:
+            read[np.flatnonzero(turns == state["worker"])[: state["yielded"]]] = True
+        done = int(read.sum())
+        if not read[:done].all():
+            raise ValueError(
+                "the workers had read samples out of the rank's order, so no position says"
+                " where the job was: give CachedDataset worker_batch= the loader's batch_size"
+            )
+        done = min(count, done + steps * batch)  # batches taken since the workers' snapshots
+        position = first["start"] + done * world
+        return {"epoch": first["epoch"], "position": position, "seed": self.seed}
 
     def _positions(self, worker: int, workers: int) -> np.ndarray:
         """The global positions ``worker`` of ``workers`` reads for this rank."""
@@ -232,7 +374,46 @@ class CachedDataset(IterableDataset[Sample]):
         state["_source"] = None
         if multiprocessing.context.get_spawning_popen() is None:
             state["_tally"] = None  # shared memory goes only to processes being started
+            state["_shared"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if state["_shared"] is None:  # a copy, not a worker: it says for itself where it starts
+            state["_shared"] = _Shared(state["epoch"], state["start"])
+        self.__dict__.update(state)
+
+
+class _Shared:
+    """Where the main process says the next iteration starts, in memory its workers share.
+
+    Forked workers inherit it and spawned ones receive it as they start; a
+    persistent worker reads it at each new iteration. It also records that a
+    worker has read the dataset, which makes the main process's own count
+    meaningless.
+    """
+
+    def __init__(self, epoch: int, start: int) -> None:
+        self.values = multiprocessing.sharedctypes.RawArray("q", 3)
+        self.set(epoch, start)
+
+    def set(self, epoch: int, start: int) -> None:
+        self.values[0], self.values[1], self.values[2] = epoch, start, 0
+
+    @property
+    def epoch(self) -> int:
+        return int(self.values[0])
+
+    @property
+    def start(self) -> int:
+        return int(self.values[1])
+
+    @property
+    def workers_read(self) -> int:
+        return int(self.values[2])
+
+    @workers_read.setter
+    def workers_read(self, value: int) -> None:
+        self.values[2] = value
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -24,14 +24,12 @@ from ._dataset import STATS, CachedDataset
 class CachedLoader(DataLoader[Any]):
     """``DataLoader(dataset, batch_size, **kwargs)`` with ``state_dict``/``load_state_dict``.
 
-    Refuses what would break resume: ``persistent_workers`` (the workers
-    would keep an old epoch and position) and ``in_order=False`` (batches
-    would reach the loop out of the order counted).
+    ``persistent_workers`` are welcome: ``set_epoch`` and ``load_state_dict``
+    reach them. Refuses ``in_order=False`` (batches would reach the loop out
+    of the order counted).
     """
 
     def __init__(self, dataset: CachedDataset, batch_size: int = 1, **kwargs: Any) -> None:
-        if kwargs.get("persistent_workers"):
-            raise ValueError("CachedLoader: persistent workers would keep an old epoch or position")
         if kwargs.get("in_order") is False:
             raise ValueError("CachedLoader: batches must reach the loop in order (in_order=True)")
         if not isinstance(dataset, CachedDataset):

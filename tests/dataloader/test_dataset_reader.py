@@ -143,8 +143,6 @@ def test_a_loader_sums_its_workers_stats(dataset: str, tmp_path: Path, start: st
 
 def test_a_loader_refuses_what_would_break_resume(dataset: str, tmp_path: Path) -> None:
     ds = CachedDataset(dataset, cache_dir=tmp_path)
-    with pytest.raises(ValueError, match="persistent"):
-        CachedLoader(ds, batch_size=2, num_workers=1, persistent_workers=True)
     with pytest.raises(ValueError, match="in order"):
         CachedLoader(ds, batch_size=2, num_workers=1, in_order=False)
 
