@@ -66,8 +66,31 @@ Fetch = Callable[[int, int], bytes]
 
 
 def default_dir() -> Path:
-    """Where the node cache is when no ``cache_dir`` is given: ``$TMPDIR/graben-<uid>/datasets``."""
+    """Where the node cache is when no ``cache_dir`` is given.
+
+    ``$XDG_CACHE_HOME/graben/datasets`` (an absolute ``XDG_CACHE_HOME``), else
+    ``~/.cache/graben/datasets``; without a home, ``$TMPDIR/graben-<uid>/datasets``.
+    """
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "graben" / "datasets"
+    home = os.path.expanduser("~")
+    if os.path.isabs(home) and os.path.isdir(home) and os.access(home, os.W_OK):
+        return Path(home) / ".cache" / "graben" / "datasets"
     return Path(tempfile.gettempdir()) / f"graben-{os.geteuid()}" / "datasets"
+
+
+DEFAULT_LIMIT = 100 << 30
+"""The most a cache holds when no limit is given (100 GiB) ..."""
+
+
+def default_limit(root: str | os.PathLike[str]) -> int:
+    """... and never more than half the file system it is on."""
+    where = Path(root)
+    while not where.exists() and where != where.parent:  # the cache may not be made yet
+        where = where.parent
+    disk = os.statvfs(where)
+    return min(DEFAULT_LIMIT, disk.f_blocks * disk.f_frsize // 2)
 
 
 ABSENT = memoryview(b"")
@@ -360,7 +383,8 @@ def _close(*fds: int) -> None:
 
 def _open_root(root: Path) -> int:
     """The cache's directory, made if missing, opened and checked."""
-    if root == default_dir():  # in a directory every user may write to: ours must be private
+    if root == default_dir():  # ``graben`` (under a shared $TMPDIR, too) must be ours alone
+        root.parent.parent.mkdir(parents=True, exist_ok=True)
         os.close(_private_dir(root.parent, root.parent))
     else:
         root.parent.mkdir(parents=True, exist_ok=True)

@@ -6,13 +6,15 @@ pyarrow and torch are imported only when a ``dataset`` command runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from graben.store import GrabenError, InvalidArgument
+from graben.store import GrabenError, InvalidArgument, NotFound, parse_size
 
 _URL_HELP = "a dataset URL: graben://host:port/path, s3://bucket/path, file:// or a local path"
 
@@ -22,15 +24,44 @@ def add_dataset(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     parser = sub.add_parser("dataset", help="Write, inspect and cache sharded datasets.")
     commands = parser.add_subparsers(dest="dataset_command", required=True)
 
-    write = commands.add_parser("write", help="pack files or Parquet rows into shards")
+    write = commands.add_parser(
+        "write",
+        help="pack files or Parquet rows into shards",
+        description="Pack a .parquet file or a directory of them (rows, streamed batch by"
+        " batch), or a directory of files (one sample a file: its relative path as 'key',"
+        " its bytes as 'data', and a 'label' from its folder when every file is in one,"
+        " as torchvision's ImageFolder) into shards and a manifest.",
+    )
     write.add_argument(
         "source",
         type=Path,
         help="a .parquet file, or a directory: of .parquet files (rows), else one sample a file",
     )
     write.add_argument("url", help=_URL_HELP)
-    write.add_argument("--rows-per-shard", type=int, default=10_000, metavar="N")
-    write.add_argument("--rows-per-group", type=int, default=None, metavar="N")
+    write.add_argument(
+        "--shard-size",
+        type=parse_size,
+        default=parse_size("256MiB"),
+        metavar="SIZE",
+        help="bytes a shard holds at most, give or take a group (default: 256MiB)",
+    )
+    write.add_argument(
+        "--rows-per-shard", type=int, default=None, metavar="N", help="rows a shard holds at most"
+    )
+    write.add_argument(
+        "--rows-per-group",
+        type=int,
+        default=None,
+        metavar="N",
+        help="rows a reader decodes at once (default: a tenth of a shard)",
+    )
+    write.add_argument(
+        "--label-column",
+        default=None,
+        metavar="COLUMN",
+        help="Parquet: the column whose values are the labels; they become a 'label' column"
+        " of integers and the manifest's classes",
+    )
     write.set_defaults(run=_guarded(_write))
 
     index = commands.add_parser("index", help="make the files at a URL a dataset, as they are")
@@ -59,9 +90,15 @@ def _cache_options(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="a directory of yours that no one else can write to"
-        " (default: $TMPDIR/graben-<uid>/datasets)",
+        " (default: $XDG_CACHE_HOME/graben/datasets, else ~/.cache/graben/datasets)",
     )
-    parser.add_argument("--cache-limit", type=int, default=None, metavar="BYTES")
+    parser.add_argument(
+        "--cache-limit",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="the most the cache may hold, such as 50G (default: 100G, at most half its disk)",
+    )
 
 
 def _guarded(run: Any) -> Any:
@@ -80,27 +117,20 @@ def _guarded(run: Any) -> Any:
 
 
 def _write(args: argparse.Namespace) -> int:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    from ._sources import source_batches
     from ._writer import write_dataset
 
-    source: Path = args.source
-    data: Any
-    if source.is_file():
-        data = pq.read_table(source)
-    elif source.is_dir():
-        files = sorted(p for p in source.rglob("*") if p.is_file())
-        if files and all(p.suffix == ".parquet" for p in files):
-            data = pa.concat_tables(pq.read_table(p) for p in files)
-        else:
-            data = (p.read_bytes() for p in files)  # one sample a file
-    else:
-        raise FileNotFoundError(f"no such file or directory: {source}")
+    data, classes = source_batches(args.source, label_column=args.label_column)
     manifest = write_dataset(
-        args.url, data, rows_per_shard=args.rows_per_shard, rows_per_group=args.rows_per_group
+        args.url,
+        data,
+        rows_per_shard=args.rows_per_shard,
+        rows_per_group=args.rows_per_group,
+        shard_size=args.shard_size,
+        classes=classes,
     )
-    print(f"{manifest.samples} samples in {len(manifest.shards)} shards at {args.url}")
+    labels = f", {len(manifest.classes)} classes" if manifest.classes else ""
+    print(f"{manifest.samples} samples in {len(manifest.shards)} shards{labels} at {args.url}")
     return 0
 
 
@@ -115,34 +145,68 @@ def _index(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     import msgspec
 
-    from ._writer import read_manifest
-
-    manifest = read_manifest(args.url)
+    manifest = _manifest(args.url)
     if args.json:
         sys.stdout.write(msgspec.json.encode(manifest).decode() + "\n")
         return 0
     print(f"{args.url}: {manifest.kind}, {manifest.samples} samples, {len(manifest.shards)} shards")
     print(f"  {manifest.size} bytes; columns: {', '.join(manifest.columns) or '-'}")
+    if manifest.classes:
+        shown = ", ".join(manifest.classes[:10]) + (", ..." if len(manifest.classes) > 10 else "")
+        print(f"  {len(manifest.classes)} classes: {shown}")
     return 0
+
+
+def _manifest(url: str) -> Any:
+    """The dataset's manifest, or ``NotFound`` saying there is no dataset at ``url``."""
+    from ._writer import read_manifest
+
+    try:
+        return read_manifest(url)
+    except FileNotFoundError:
+        raise NotFound(
+            f"no dataset here (no manifest.json; make one with `graben dataset write` or"
+            f" `graben dataset index`): {url}"
+        ) from None
+    except (IsADirectoryError, NotADirectoryError):
+        raise NotFound(f"no dataset here (manifest.json is not a file): {url}") from None
 
 
 def _warm(args: argparse.Namespace) -> int:
     from ._dataset import CachedDataset
 
+    _manifest(args.url)  # a missing dataset as one line
     ds = CachedDataset(args.url, cache_dir=args.cache_dir, cache_limit=args.cache_limit)
-    ds.warm()
+    with _progress(len(ds.manifest.shards), ds.manifest.size) as advance:
+        ds.warm(progress=advance)
     stats = ds.stats
     print(json.dumps({"shards": len(ds.manifest.shards), **stats}))
     return 0
 
 
-def _cache(args: argparse.Namespace) -> int:
-    from ._cache import NodeCache, default_dir
+@contextlib.contextmanager
+def _progress(shards: int, size: int) -> Iterator[Callable[[int], None]]:
+    """A bar of shards warmed on a terminal (stderr); nothing in a log or a pipe."""
+    if not sys.stderr.isatty():
+        yield lambda _: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
-    cache = NodeCache(args.cache_dir or default_dir(), args.cache_limit)
+    columns = ("{task.description}", BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(f"warming {shards} shards", total=size)
+        yield lambda done: bar.advance(task, done)
+
+
+def _cache(args: argparse.Namespace) -> int:
+    from ._cache import NodeCache, default_dir, default_limit
+
+    root = args.cache_dir or default_dir()
+    cache = NodeCache(root, args.cache_limit or default_limit(root))
     if args.clear:
         print(f"cleared {cache.clear()} bytes from {cache.root}")
         return 0
     files = [e for e in os.scandir(cache.root) if e.is_file(follow_symlinks=False)]
-    print(f"{cache.root}: {len(files)} shards, {cache.used()} bytes")
+    print(f"{cache.root}: {len(files)} shards, {cache.used()} bytes of at most {cache.limit}")
     return 0

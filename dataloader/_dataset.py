@@ -25,40 +25,30 @@ import multiprocessing.context
 import multiprocessing.sharedctypes
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-import fsspec
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from graben.store import IntegrityError
-
-from ._cache import Fetch, NodeCache, default_dir
-from ._manifest import RECORD_LENGTH, Manifest, Shard
 from ._order import Plan
-from ._writer import read_manifest
+from ._shards import Sample, ShardSource
 
-Sample = dict[str, Any] | bytes
 STATS = ("cache_hits", "cache_fills", "bytes_fetched", "refetched", "seconds_waited")
 """What ``CachedDataset.stats`` counts."""
 
 
-class CachedDataset(IterableDataset[Sample]):
+class CachedDataset(ShardSource, IterableDataset[Sample]):
     """Samples of the dataset at ``url``, each once per epoch across ranks and workers.
 
     ``rank``/``world_size`` default to ``torch.distributed``'s (else 0 and 1).
     ``drop_last`` cuts the epoch to a multiple of the world size instead of
     padding it by wrapping round. ``worker_batch`` is the DataLoader's batch
     size (workers take turns by that many samples, so a rank sees its order).
-    The cache is ``cache_dir`` (default: ``$TMPDIR/graben-<uid>/datasets``),
-    shared by every process of its user on the node, at most ``cache_limit``
-    bytes; a directory another user could write to is refused (``PermissionDenied``).
+    ``cache_dir``, ``cache_limit`` and ``storage_options`` are
+    ``ShardSource``'s: the node cache, and fsspec's options for ``url``.
     """
 
     def __init__(
@@ -66,7 +56,7 @@ class CachedDataset(IterableDataset[Sample]):
         url: str,
         *,
         cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | None = None,
+        cache_limit: int | str | None = None,
         shuffle: bool = True,
         seed: int = 0,
         rank: int | None = None,
@@ -76,11 +66,13 @@ class CachedDataset(IterableDataset[Sample]):
         worker_batch: int = 1,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()
-        self.url, self.storage_options = url.rstrip("/"), storage_options or {}
-        self.manifest: Manifest = read_manifest(self.url, self.storage_options)
-        self.cache_dir = Path(cache_dir or default_dir())
-        self.cache_limit = cache_limit
+        ShardSource.__init__(
+            self,
+            url,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            storage_options=storage_options,
+        )
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.rank, self.world_size = _rank_and_world(rank, world_size)
         self.prefetch, self.worker_batch = prefetch, worker_batch
@@ -93,8 +85,6 @@ class CachedDataset(IterableDataset[Sample]):
         """Seconds spent waiting for shards."""
         self._tally: Any = None  # a CachedLoader's shared array: its workers add their stats
         self._published = [0.0] * len(STATS)
-        self._cache: NodeCache | None = None
-        self._source: tuple[Any, str] | None = None
         self._shared = _Shared(self.epoch, self.start)
         self._loaded: dict[str, int] | None = None  # a worker's state for its next iteration
 
@@ -199,10 +189,15 @@ class CachedDataset(IterableDataset[Sample]):
         self.epoch, self.start, self.yielded = state["epoch"], state["position"], 0
         self._shared.set(self.epoch, self.start)
 
-    def warm(self) -> None:
-        """Fill the node cache with every shard (as far as the limit allows)."""
-        for index in range(len(self.manifest.shards)):
+    def warm(self, progress: Callable[[int], None] | None = None) -> None:
+        """Fill the node cache with every shard (as far as the limit allows).
+
+        ``progress(size)`` is called with each shard's size once it is cached.
+        """
+        for index, shard in enumerate(self.manifest.shards):
             self._warm(index)
+            if progress is not None:
+                progress(shard.size)
 
     @property
     def stats(self) -> dict[str, float]:
@@ -339,39 +334,8 @@ class CachedDataset(IterableDataset[Sample]):
                 self._tally[i] += value - said
         self._published = now
 
-    def _node_cache(self) -> NodeCache:
-        if self._cache is None:
-            self._cache = NodeCache(self.cache_dir, self.cache_limit)
-        return self._cache
-
-    def _fetch_source(self) -> tuple[Any, str]:
-        if self._source is None:  # once per process: an s3fs or graben client is not cheap
-            self._source = fsspec.core.url_to_fs(self.url, **self.storage_options)
-        return self._source
-
-    def _fetch(self, shard: Shard) -> Fetch:
-        fs, root = self._fetch_source()
-
-        def fetch(start: int, end: int) -> bytes:
-            # by keyword: s3fs's third positional parameter is a version id
-            data: bytes = fs.cat_file(f"{root}/{shard.name}", start=start, end=end)
-            return data
-
-        return fetch
-
-    def _warm(self, index: int) -> None:
-        shard = self.manifest.shards[index]
-        self._node_cache().warm(self.url, shard, self._fetch(shard))
-
-    def _reader(self, index: int) -> _ShardReader:
-        shard = self.manifest.shards[index]
-        view = self._node_cache().open(self.url, shard, self._fetch(shard))
-        return _READERS[self.manifest.kind](shard, view)
-
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_cache"] = None  # each worker opens its own (the directory is shared)
-        state["_source"] = None
+        state = super().__getstate__()
         if multiprocessing.context.get_spawning_popen() is None:
             state["_tally"] = None  # shared memory goes only to processes being started
             state["_shared"] = None
@@ -468,79 +432,3 @@ class _Prefetch:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-class _ShardReader:
-    """One mapped shard's samples, a group at a time."""
-
-    def __init__(self, shard: Shard, view: memoryview) -> None:
-        self.shard, self.view = shard, view
-        sizes = shard.group_sizes()
-        self.starts = [0, *itertools.accumulate(sizes)]
-
-    def samples(self, group: int, rows: np.ndarray) -> Iterator[Sample]:
-        """The samples at ``rows`` (counted from the shard's start), all in ``group``."""
-        raise NotImplementedError
-
-
-class _ParquetReader(_ShardReader):
-    def __init__(self, shard: Shard, view: memoryview) -> None:
-        super().__init__(shard, view)
-        self.file = pq.ParquetFile(pa.BufferReader(pa.py_buffer(view)))
-        meta = self.file.metadata
-        found = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-        if (found or (0,)) != shard.group_sizes():
-            # rows are taken by the manifest's groups: a lie would read past them
-            raise IntegrityError(
-                f"shard {shard.name}: its row groups hold {found} rows,"
-                f" its manifest says {shard.group_sizes()}"
-            )
-
-    def samples(self, group: int, rows: np.ndarray) -> Iterator[Sample]:
-        # docstring inherited
-        table = self.file.read_row_group(group)  # decoded: this group only
-        taken: list[Sample] = table.take(pa.array(rows - self.starts[group])).to_pylist()
-        return iter(taken)
-
-
-class _RecordReader(_ShardReader):
-    def __init__(self, shard: Shard, view: memoryview) -> None:
-        super().__init__(shard, view)
-        self.spans = _record_spans(view, shard.samples)
-
-    def samples(self, group: int, rows: np.ndarray) -> Iterator[Sample]:
-        # docstring inherited
-        view, spans = self.view, self.spans
-        for row in rows.tolist():
-            start, end = spans[row]
-            yield bytes(view[start:end])
-
-
-class _FileReader(_ShardReader):
-    def samples(self, group: int, rows: np.ndarray) -> Iterator[Sample]:
-        # docstring inherited
-        for _ in range(len(rows)):
-            yield bytes(self.view)
-
-
-_READERS: dict[str, type[_ShardReader]] = {
-    "parquet": _ParquetReader,
-    "records": _RecordReader,
-    "files": _FileReader,
-}
-
-
-def _record_spans(view: memoryview, samples: int) -> list[tuple[int, int]]:
-    """Where each record's sample starts and ends."""
-    spans, pos = [], 0
-    for _ in range(samples):
-        if pos + RECORD_LENGTH.size > len(view):
-            break
-        (length,) = RECORD_LENGTH.unpack_from(view, pos)
-        spans.append((pos + 8, pos + 8 + length))
-        pos += 8 + length
-    if pos != len(view) or len(spans) != samples:
-        raise IntegrityError(
-            f"a record shard of {len(view)} bytes ends its {samples} records at {pos}"
-        )
-    return spans

@@ -68,6 +68,10 @@ class Manifest(msgspec.Struct, frozen=True):
     columns: tuple[str, ...] = ()
     """Column names (Parquet)."""
     version: int = VERSION
+    classes: tuple[str, ...] = ()
+    """What each value of the ``label`` column names, in order (folder names, a
+    column's values); empty when the samples have no labels. Manifests written
+    before labels existed have none, and read as before."""
 
     @property
     def samples(self) -> int:

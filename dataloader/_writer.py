@@ -1,18 +1,22 @@
 """Packing samples into shards at any URL: ``write_dataset``.
 
-Rows (a pyarrow ``Table``, or dicts) become Parquet shards of
-``rows_per_shard`` rows in row groups of ``rows_per_group``; bytes samples
-become record shards, each sample after its length (8 bytes, little
-endian), in groups of ``rows_per_group`` records. Every shard is built in
-memory, checksummed and written with one call; the manifest goes last.
-``index_files`` makes files already in place a dataset, one sample a file.
+Rows (a pyarrow ``Table``, a stream of record batches or tables, or dicts)
+become Parquet shards; bytes samples become record shards, each sample after
+its length (8 bytes, little endian). A shard ends at ``rows_per_shard`` rows
+or once it holds ``shard_size`` bytes, whichever comes first; within it,
+groups (Parquet row groups, runs of records: what a reader decodes at once)
+end at ``rows_per_group`` rows or a tenth of ``shard_size``. Input is taken
+as it comes, so memory holds one shard being built, whatever the dataset's
+size. Every shard is checksummed and written with one call; the manifest
+goes last. ``index_files`` makes files already in place a dataset, one
+sample a file.
 """
 
 from __future__ import annotations
 
 import io
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import crc32c
@@ -20,7 +24,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from graben.store import InvalidArgument
+from graben.store import InvalidArgument, parse_size
 
 from ._manifest import (
     MANIFEST,
@@ -35,92 +39,238 @@ from ._manifest import (
 )
 
 Sample = bytes | bytearray | memoryview
+ROWS_PER_SHARD = 10_000
+"""Rows in a shard when neither ``rows_per_shard`` nor ``shard_size`` is given."""
 
 
 def write_dataset(
     url: str,
     data: Any,
     *,
-    rows_per_shard: int = 10_000,
+    rows_per_shard: int | None = None,
     rows_per_group: int | None = None,
+    shard_size: int | str | None = None,
     compression: str | None = "zstd",
+    classes: Iterable[str] = (),
     storage_options: dict[str, Any] | None = None,
 ) -> Manifest:
     """Write ``data`` as shards plus a manifest under ``url`` (any fsspec URL or a path).
 
-    ``data``: a pyarrow ``Table``, an iterable of dict rows (one column per
-    key), or an iterable of bytes samples. ``rows_per_group`` (default: a
-    tenth of a shard) is the unit a reader fetches; ``compression`` applies
-    to Parquet; ``storage_options`` go to fsspec (an ``s3://`` endpoint, keys).
-    Returns the manifest written.
+    ``data``: a pyarrow ``Table``, an iterable of ``RecordBatch`` or ``Table``
+    (streamed: one shard in memory at a time), of dict rows (one column per
+    key), or of bytes samples. A shard ends at ``rows_per_shard`` rows or
+    ``shard_size`` bytes (``"256MiB"``; default: 10,000 rows if neither is
+    given); ``rows_per_group`` (default: a tenth of a shard) is the unit a
+    reader fetches. ``compression`` applies to Parquet. ``classes`` names the
+    values of an integer ``label`` column, in order (a reader's
+    ``manifest.classes``). ``storage_options`` go to fsspec (an ``s3://``
+    endpoint, keys). Returns the manifest written.
     """
-    if rows_per_shard < 1:
-        raise ValueError("rows_per_shard must be at least 1")
-    group = rows_per_group or max(1, rows_per_shard // 10)
-    kind, batches = _batches(data, rows_per_shard)  # refuses bad data before any write
+    limits = _Limits.of(rows_per_shard, rows_per_group, shard_size)
+    kind, batches = _batches(data)  # refuses bad data before any write
     fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
     fs.makedirs(root, exist_ok=True)
-    shards, columns = [], ()
-    for index, batch in enumerate(batches):
-        if isinstance(batch, pa.Table):
-            columns = tuple(batch.column_names)
-            payload = _parquet(batch, group, compression)
-            groups = _groups(payload)
-            name, samples = f"shard-{index:05d}.parquet", batch.num_rows
-        else:
-            payload, groups = _records(batch), _runs(len(batch), group)
-            name, samples = f"shard-{index:05d}.records", len(batch)
-        fs.pipe_file(f"{root}/{name}", payload)
-        shards.append(Shard(name, samples, len(payload), crc32c.crc32c(payload), groups))
-    manifest = check(Manifest(kind, tuple(shards), columns), url)  # as a reader will
+    builder = _Shards(fs, root, limits, compression)
+    for batch in batches:
+        builder.add(batch)
+    shards, columns = builder.finish()
+    manifest = Manifest(kind, tuple(shards), columns, classes=tuple(classes))
+    check(manifest, url)  # as a reader will
     fs.pipe_file(f"{root}/{MANIFEST}", encode(manifest))
     return manifest
 
 
-def _batches(data: Any, rows: int) -> tuple[Kind, Iterator[Any]]:
-    if isinstance(data, pa.Table):
-        return "parquet", (data.slice(i, rows) for i in range(0, max(data.num_rows, 1), rows))
+class _Limits:
+    """Where shards and groups end, by rows and by bytes (``None``: no bound)."""
+
+    def __init__(self, shard_rows: int | None, group_rows: int | None, shard_bytes: int | None):
+        self.shard_rows, self.group_rows, self.shard_bytes = shard_rows, group_rows, shard_bytes
+        self.group_bytes = None if shard_bytes is None else max(1, shard_bytes // 10)
+
+    @classmethod
+    def of(cls, rows: int | None, group: int | None, size: int | str | None) -> _Limits:
+        shard_bytes = None if size is None else parse_size(size)
+        if rows is None and shard_bytes is None:
+            rows = ROWS_PER_SHARD
+        for name, value in (("rows_per_shard", rows), ("rows_per_group", group)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, not {value}")
+        if shard_bytes is not None and shard_bytes < 1:
+            raise ValueError("shard_size must be at least 1 byte")
+        if group is None and rows is not None:
+            group = max(1, rows // 10)
+        return cls(rows, group, shard_bytes)
+
+    def rows_to_take(self, shard_rows: int, group_rows: int, group_bytes: int, batch: Any) -> int:
+        """Rows of ``batch`` that fit in the group being built (at least one)."""
+        take = len(batch)
+        if self.shard_rows is not None:
+            take = min(take, self.shard_rows - shard_rows)
+        if self.group_rows is not None:
+            take = min(take, self.group_rows - group_rows)
+        if self.group_bytes is not None and len(batch):
+            per_row = max(1, _nbytes(batch) // len(batch))
+            take = min(take, -(-(self.group_bytes - group_bytes) // per_row))
+        return max(1, take)
+
+    def group_full(self, rows: int, size: int) -> bool:
+        return (self.group_rows is not None and rows >= self.group_rows) or (
+            self.group_bytes is not None and size >= self.group_bytes
+        )
+
+    def shard_full(self, rows: int, size: int) -> bool:
+        return (self.shard_rows is not None and rows >= self.shard_rows) or (
+            self.shard_bytes is not None and size >= self.shard_bytes
+        )
+
+
+class _Shards:
+    """Shards built from batches as they come, each written once it is full."""
+
+    def __init__(self, fs: Any, root: str, limits: _Limits, compression: str | None) -> None:
+        self.fs, self.root, self.limits, self.compression = fs, root, limits, compression
+        self.shards: list[Shard] = []
+        self.columns: tuple[str, ...] = ()
+        self.schema: pa.Schema | None = None
+        self.pending: list[Any] = []  # the group being built: slices of batches
+        self.pending_rows = self.pending_bytes = 0
+        self.groups: list[int] = []  # rows in each group of the shard being built
+        self.sink: Any = None
+        self.writer: pq.ParquetWriter | None = None
+
+    def add(self, batch: Any) -> None:
+        if not isinstance(batch, list):
+            batch = self._conform(batch)
+        while len(batch):
+            take = self.limits.rows_to_take(
+                sum(self.groups) + self.pending_rows, self.pending_rows, self.pending_bytes, batch
+            )
+            piece, batch = batch[:take], batch[take:]
+            self.pending.append(piece)
+            self.pending_rows += len(piece)
+            self.pending_bytes += _nbytes(piece)
+            shard_rows = sum(self.groups) + self.pending_rows
+            if self.limits.group_full(self.pending_rows, self.pending_bytes) or (
+                self.limits.shard_rows is not None and shard_rows >= self.limits.shard_rows
+            ):
+                self._flush_group()
+                if self.limits.shard_full(sum(self.groups), self._written()):
+                    self._finish_shard()
+
+    def finish(self) -> tuple[list[Shard], tuple[str, ...]]:
+        self._flush_group()
+        self._finish_shard()
+        if not self.shards and self.schema is not None:  # no rows: one empty shard, for the
+            self._open(pa.table({n: [] for n in self.schema.names}, schema=self.schema))  # columns
+            self._finish_shard()
+        return self.shards, self.columns
+
+    def _flush_group(self) -> None:
+        if not self.pending:
+            return
+        if isinstance(self.pending[0], list):  # bytes samples
+            if self.sink is None:
+                self.sink = io.BytesIO()
+            for sample in itertools.chain.from_iterable(self.pending):
+                view = memoryview(sample)
+                self.sink.write(RECORD_LENGTH.pack(view.nbytes))
+                self.sink.write(view)
+        else:
+            table = pa.Table.from_batches(
+                [b for p in self.pending for b in _record_batches(p)], schema=self.schema
+            )
+            if self.writer is None:
+                self._open(table)
+            assert self.writer is not None
+            self.writer.write_table(table, row_group_size=max(1, table.num_rows))
+        self.groups.append(self.pending_rows)
+        self.pending, self.pending_rows, self.pending_bytes = [], 0, 0
+
+    def _open(self, table: pa.Table) -> None:
+        self.sink = pa.BufferOutputStream()
+        self.writer = pq.ParquetWriter(
+            self.sink, table.schema, compression=self.compression or "none"
+        )
+        if table.num_rows == 0:
+            self.writer.write_table(table)
+
+    def _written(self) -> int:
+        return 0 if self.sink is None else int(self.sink.tell())
+
+    def _finish_shard(self) -> None:
+        if self.sink is None:
+            return
+        index = len(self.shards)
+        if self.writer is not None:
+            self.writer.close()
+            payload: Any = memoryview(self.sink.getvalue())
+            name, groups = f"shard-{index:05d}.parquet", tuple(self.groups) or (0,)
+            groups = groups if sum(groups) else ()
+        else:
+            payload = self.sink.getbuffer()
+            name, groups = f"shard-{index:05d}.records", tuple(self.groups)
+        self.fs.pipe_file(f"{self.root}/{name}", bytes(payload))
+        samples = sum(self.groups)
+        self.shards.append(Shard(name, samples, len(payload), crc32c.crc32c(payload), groups))
+        self.sink, self.writer, self.groups = None, None, []
+
+    def _conform(self, batch: Any) -> Any:
+        """``batch`` in the dataset's schema (the first batch's): every shard has the same."""
+        if self.schema is None:
+            self.schema, self.columns = batch.schema, tuple(batch.schema.names)
+            return batch
+        if batch.schema.equals(self.schema):
+            return batch
+        try:  # dict rows: a chunk of all-null values comes out typed ``null``
+            return batch.cast(self.schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+            raise ValueError(
+                f"write_dataset: rows with columns {batch.schema.names} ({batch.schema.types})"
+                f" after {self.schema.names} ({self.schema.types}): every batch needs one schema"
+            ) from None
+
+
+def _nbytes(piece: Any) -> int:
+    if isinstance(piece, list):
+        return sum(memoryview(s).nbytes + RECORD_LENGTH.size for s in piece)
+    return int(piece.nbytes)
+
+
+def _record_batches(piece: Any) -> list[pa.RecordBatch]:
+    if isinstance(piece, pa.RecordBatch):
+        return [piece]
+    batches: list[pa.RecordBatch] = piece.to_batches()
+    return batches
+
+
+def _batches(data: Any) -> tuple[Kind, Iterator[Any]]:
+    """What kind of dataset ``data`` makes, and its samples as batches (tables or lists)."""
+    if isinstance(data, pa.Table | pa.RecordBatch):
+        data = [data]
     items: Iterator[Any] = iter(data)
     first = next(items, None)
     if first is None:
         raise ValueError("write_dataset: no samples")
     items = itertools.chain([first], items)
+    if isinstance(first, pa.Table | pa.RecordBatch):
+        return "parquet", _typed(items, (pa.Table, pa.RecordBatch), "tables or record batches")
     if isinstance(first, dict):
-        return "parquet", (pa.Table.from_pylist(list(b)) for b in _chunked(items, rows))
+        return "parquet", (pa.Table.from_pylist(list(b)) for b in _chunked(items, 1024))
     if isinstance(first, bytes | bytearray | memoryview):
-        return "records", (list(b) for b in _chunked(items, rows))
+        return "records", (list(b) for b in _chunked(_typed(items, Sample, "bytes"), 1024))
     raise TypeError(f"write_dataset: samples must be dicts or bytes, not {type(first).__name__}")
+
+
+def _typed(items: Iterator[Any], kind: Any, said: str) -> Iterator[Any]:
+    for item in items:
+        if not isinstance(item, kind):
+            raise TypeError(f"write_dataset: expected {said}, found {type(item).__name__}")
+        yield item
 
 
 def _chunked(items: Iterator[Any], size: int) -> Iterator[tuple[Any, ...]]:
     while batch := tuple(itertools.islice(items, size)):
         yield batch
-
-
-def _parquet(table: pa.Table, group: int, compression: str | None) -> bytes:
-    out = io.BytesIO()
-    pq.write_table(table, out, row_group_size=group, compression=compression or "none")
-    return out.getvalue()
-
-
-def _groups(payload: bytes) -> tuple[int, ...]:
-    """Rows in each row group, as written."""
-    meta = pq.ParquetFile(io.BytesIO(payload)).metadata
-    return tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-
-
-def _runs(samples: int, group: int) -> tuple[int, ...]:
-    """Samples in each group of ``group`` consecutive records."""
-    return tuple(min(group, samples - i) for i in range(0, samples, group))
-
-
-def _records(samples: list[Sample]) -> bytes:
-    out = io.BytesIO()
-    for sample in samples:
-        view = memoryview(sample)
-        out.write(RECORD_LENGTH.pack(view.nbytes))
-        out.write(view)
-    return out.getvalue()
 
 
 def read_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:

@@ -28,6 +28,7 @@ def pytest_configure(config: pytest.Config) -> None:
     home = Path(tempfile.mkdtemp(prefix="graben-secret-"))
     config.stash[_SECRET_HOME] = home
     os.environ["GRABEN_SECRET_FILE"] = str(make_secret_file(home / "secret"))
+    os.environ["XDG_CACHE_HOME"] = str(home / "cache")  # dataset caches: never the user's own
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -84,23 +83,32 @@ def test_a_default_cache_directory_planted_by_another_user_is_refused(
     dataset: tuple[str, Manifest], victim: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, manifest = dataset
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    for planted in (tmp_path / "graben-dataset-cache", tmp_path / f"graben-{os.geteuid()}"):
-        _plant(planted, url, manifest, victim, 0o777)
+    shared = tmp_path / "xdg"  # as if $XDG_CACHE_HOME were a directory others can write to
+    shared.mkdir(mode=0o1777)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(shared))
+    _plant(shared / "graben" / "datasets", url, manifest, victim, 0o777)
+    os.chown(shared / "graben", NOBODY, NOBODY)
+    (shared / "graben").chmod(0o777)
     with pytest.raises(PermissionDenied, match=f"uid {NOBODY}"):
         list(CachedDataset(url))
     _untouched(victim)
 
 
+@pytest.mark.parametrize("where", ["xdg", "home"])
 def test_the_default_cache_is_private_to_its_user(
-    dataset: tuple[str, Manifest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    dataset: tuple[str, Manifest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     url, manifest = dataset
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir(mode=0o1777)
+    if where == "xdg":
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        mine = tmp_path / "xdg" / "graben"
+    else:  # no $XDG_CACHE_HOME: ~/.cache, made if missing
+        monkeypatch.delenv("XDG_CACHE_HOME")
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        (tmp_path / "home").mkdir()
+        mine = tmp_path / "home" / ".cache" / "graben"
     ds = CachedDataset(url, shuffle=False)
     assert list(ds) == SAMPLES
-    mine = tmp_path / "tmp" / f"graben-{os.geteuid()}"
     assert ds.cache_dir == mine / "datasets"
     for directory in (mine, mine / "datasets", mine / "datasets" / ".locks"):
         _private(directory)
@@ -108,6 +116,15 @@ def test_the_default_cache_is_private_to_its_user(
     assert len(files) == 2 * len(manifest.shards) + 1  # shards, their locks, the directory's
     for path in files:
         _private(path, 0o600)
+    disk = os.statvfs(tmp_path)
+    assert ds.cache_limit == min(100 << 30, disk.f_blocks * disk.f_frsize // 2)  # the default
+
+
+def test_a_cache_limit_in_human_units(dataset: tuple[str, Manifest], tmp_path: Path) -> None:
+    url, _ = dataset
+    assert CachedDataset(url, cache_dir=tmp_path, cache_limit="1.5G").cache_limit == 3 << 29
+    with pytest.raises(ValueError, match="not a size: '50 gigs'"):
+        CachedDataset(url, cache_dir=tmp_path, cache_limit="50 gigs")
 
 
 @pytest.mark.parametrize(
