@@ -7,6 +7,7 @@ read at start-up instead of a listing); ``read_manifest(url)`` reads it back.
 node-local cache: every sample once per epoch across ranks and workers, in an
 order fixed by ``(seed, epoch)``, resumable mid-epoch on any world size;
 ``CachedLoader`` is the DataLoader that knows how far the loop got.
+``CachedMapDataset(url)`` reads the same shards and cache by index (``ds[i]``).
 ``index_files(url)`` makes files already in place a dataset, one sample a file.
 """
 
@@ -19,12 +20,14 @@ if TYPE_CHECKING:
     from ._dataset import CachedDataset
     from ._loader import CachedLoader
     from ._manifest import Manifest, Shard
+    from ._map import CachedMapDataset
     from ._writer import index_files, read_manifest, write_dataset
 
 __all__ = [
     "CacheStats",
     "CachedDataset",
     "CachedLoader",
+    "CachedMapDataset",
     "Manifest",
     "NodeCache",
     "Shard",
@@ -43,6 +46,7 @@ __getattr__ = _optional_door(
         "._cache": ("CacheStats", "NodeCache"),
         "._dataset": ("CachedDataset",),
         "._loader": ("CachedLoader",),
+        "._map": ("CachedMapDataset",),
         "._manifest": ("Manifest", "Shard"),
         "._writer": ("index_files", "read_manifest", "write_dataset"),
     },

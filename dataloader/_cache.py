@@ -14,9 +14,10 @@ live once in the kernel's page cache, shared by every process and worker on
 the node, and stay valid if the file is evicted meanwhile. Temporaries of
 dead processes are removed.
 
-The directory is its user's alone: the default, ``graben-<uid>/datasets``
-under ``$TMPDIR`` (node-local disk, where a home directory is often a
-network mount), is made 0700, and any directory used must be a real
+The directory is its user's alone: the default, ``graben/datasets`` under
+``$XDG_CACHE_HOME`` (else ``~/.cache``; where a home directory is a network
+mount, point ``XDG_CACHE_HOME`` or ``cache_dir`` at node-local disk), is made
+0700, and any directory used must be a real
 directory, not a link, owned by the user and writable by no one else, or it
 is refused. A cache shared by several users is not offered: a cached shard
 is trusted once its crc32c matches, and a crc32c catches damage, not a

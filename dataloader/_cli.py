@@ -173,13 +173,19 @@ def _manifest(url: str) -> Any:
 
 
 def _warm(args: argparse.Namespace) -> int:
-    from ._dataset import CachedDataset
+    from ._shards import ShardSource  # not torch: warming needs none
 
     _manifest(args.url)  # a missing dataset as one line
-    ds = CachedDataset(args.url, cache_dir=args.cache_dir, cache_limit=args.cache_limit)
+    ds = ShardSource(args.url, cache_dir=args.cache_dir, cache_limit=args.cache_limit)
     with _progress(len(ds.manifest.shards), ds.manifest.size) as advance:
         ds.warm(progress=advance)
-    stats = ds.stats
+    cache = ds.cache_stats
+    stats = {
+        "cache_hits": cache.hits,
+        "cache_fills": cache.fills,
+        "bytes_fetched": cache.bytes_fetched,
+        "refetched": cache.refetched,
+    }
     print(json.dumps({"shards": len(ds.manifest.shards), **stats}))
     return 0
 

@@ -25,7 +25,7 @@ import multiprocessing.context
 import multiprocessing.sharedctypes
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -188,16 +188,6 @@ class CachedDataset(ShardSource, IterableDataset[Sample]):
         state = self._global_state(state)
         self.epoch, self.start, self.yielded = state["epoch"], state["position"], 0
         self._shared.set(self.epoch, self.start)
-
-    def warm(self, progress: Callable[[int], None] | None = None) -> None:
-        """Fill the node cache with every shard (as far as the limit allows).
-
-        ``progress(size)`` is called with each shard's size once it is cached.
-        """
-        for index, shard in enumerate(self.manifest.shards):
-            self._warm(index)
-            if progress is not None:
-                progress(shard.size)
 
     @property
     def stats(self) -> dict[str, float]:

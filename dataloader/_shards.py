@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from graben.store import IntegrityError, parse_size
 
-from ._cache import Fetch, NodeCache, default_dir, default_limit
+from ._cache import CacheStats, Fetch, NodeCache, default_dir, default_limit
 from ._manifest import RECORD_LENGTH, Manifest, Shard
 from ._writer import read_manifest
 
@@ -55,6 +55,21 @@ class ShardSource:
         )
         self._cache: NodeCache | None = None
         self._source: tuple[Any, str] | None = None
+
+    def warm(self, progress: Callable[[int], None] | None = None) -> None:
+        """Fill the node cache with every shard (as far as the limit allows).
+
+        ``progress(size)`` is called with each shard's size once it is cached.
+        """
+        for index, shard in enumerate(self.manifest.shards):
+            self._warm(index)
+            if progress is not None:
+                progress(shard.size)
+
+    @property
+    def cache_stats(self) -> CacheStats:
+        """What the node cache did for this process: hits, fills, bytes fetched, refetches."""
+        return self._node_cache().stats
 
     def _node_cache(self) -> NodeCache:
         if self._cache is None:

@@ -301,3 +301,43 @@ def test_the_dataset_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["dataset", "inspect", str(tmp_path / "missing")]) == 1
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "no dataset here" in error and "[Errno" not in error
+
+
+def test_warm_shows_a_bar_on_a_terminal_only(dataset: str, tmp_path: Path) -> None:
+    import pty
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "graben.store.cli", "dataset", "warm", dataset]
+    piped = subprocess.run(
+        [*command, "--cache-dir", str(tmp_path / "a")], capture_output=True, text=True, check=True
+    )
+    assert piped.stderr == "" and '"cache_fills": 11' in piped.stdout  # a log stays clean
+    leader, follower = pty.openpty()
+    try:
+        run = subprocess.run(
+            [*command, "--cache-dir", str(tmp_path / "b"), "--cache-limit", "1G"],
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            text=True,
+            check=True,
+            env={**os.environ, "COLUMNS": "100", "TERM": "xterm"},
+        )
+        os.close(follower)
+        follower = -1
+        shown = b""
+        while chunk := _read_some(leader):
+            shown += chunk
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    assert b"warming 11 shards" in shown
+    assert '"cache_fills": 11' in run.stdout
+
+
+def _read_some(fd: int) -> bytes:
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # EIO: the terminal's other end is closed and drained
+        return b""

@@ -80,3 +80,74 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path: Any) -> None:
     (tmp_path / "bad" / "manifest.json").write_text("{not json")
     with pytest.raises(ValueError, match="not a graben dataset manifest"):
         read_manifest(str(tmp_path / "bad"))
+
+
+def test_shards_are_sized_by_bytes(tmp_path: Any) -> None:
+    blobs = pa.table(
+        {"id": list(range(4000)), "blob": [bytes([i % 251]) * 700 for i in range(4000)]}
+    )
+    batches = blobs.to_batches(max_chunksize=333)  # a stream: one shard in memory at a time
+    manifest = write_dataset(
+        str(tmp_path / "rows"), iter(batches), shard_size="256K", compression=None
+    )
+    sizes = [s.size for s in manifest.shards]
+    assert all(s <= (256 << 10) + (256 << 10) // 10 + 8192 for s in sizes)  # a group over, at most
+    assert all(s >= 256 << 10 for s in sizes[:-1]) and len(sizes) == 11
+    shards = _check_shards(str(tmp_path / "rows"), None, manifest)
+    assert pa.concat_tables(pq.read_table(io.BytesIO(d)) for d in shards).equals(blobs)
+    records = write_dataset(str(tmp_path / "rec"), [b"x" * 1000] * 1000, shard_size="100K")
+    assert len(records.shards) == 10 and records.samples == 1000
+
+
+def test_labels_from_a_column(tmp_path: Any) -> None:
+    from graben.store.cli._main import main
+
+    src = tmp_path / "pq"
+    src.mkdir()
+    species = ["oak", "ash", "elm", "ash"]
+    for i in range(3):  # the classes come from every file, not the first
+        table = pa.table(
+            {"id": [i * 4 + j for j in range(4)], "species": species[i:] + species[:i]}
+        )
+        pq.write_table(table, src / f"part-{i}.parquet")
+    url = str(tmp_path / "ds")
+    assert main(["dataset", "write", str(src), url, "--label-column", "species"]) == 0
+    manifest = read_manifest(url)
+    assert manifest.classes == ("ash", "elm", "oak") and "label" in manifest.columns
+    rows = pa.concat_tables(
+        pq.read_table(io.BytesIO(d)) for d in _check_shards(url, None, manifest)
+    ).to_pylist()
+    assert len(rows) == 12
+    assert all(manifest.classes[r["label"]] == r["species"] for r in rows)
+    assert main(["dataset", "write", str(src), url, "--label-column", "genus"]) == 1
+
+
+STREAMED = """
+import os, sys
+import pyarrow as pa, pyarrow.parquet as pq
+from graben.store.cli._main import main
+src, url = sys.argv[1], sys.argv[2]
+table = pa.table({"blob": [os.urandom(4096) for _ in range(2048)]})  # 8 MiB that do not compress
+for i in range(24):
+    pq.write_table(table, f"{src}/part-{i}.parquet", compression="none")
+del table
+assert main(["dataset", "write", src, url, "--shard-size", "8MiB"]) == 0
+print(pa.default_memory_pool().max_memory())
+"""
+
+
+def test_a_directory_of_parquet_is_streamed_not_read_whole(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "src").mkdir()
+    out = subprocess.run(
+        [sys.executable, "-c", STREAMED, str(tmp_path / "src"), str(tmp_path / "ds")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    peak = int(out.split()[-1])
+    manifest = read_manifest(str(tmp_path / "ds"))
+    assert manifest.samples == 24 * 2048 and len(manifest.shards) >= 20
+    assert peak < 96 << 20, f"{peak >> 20} MiB of Arrow memory to pack 192 MiB"  # not 192+
