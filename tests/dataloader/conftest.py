@@ -42,3 +42,11 @@ def where(request: pytest.FixtureRequest, tmp_path: Any) -> tuple[str, dict[str,
         url: str = request.getfixturevalue("cluster_url")
         return f"{url}/datasets/{tmp_path.name}", None
     return f"s3://data/{tmp_path.name}", request.getfixturevalue("s3_options")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A dataset of ``N`` rows ``{"id": i}``: 11 Parquet shards of 20 rows, groups of 7."""
+    from dataset_kit import write_rows
+
+    return write_rows(str(tmp_path_factory.mktemp("ds") / "rows"))

@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import torch
+from dataset_kit import N
 
 from graben.dataloader import (
     CachedDataset,
@@ -22,15 +23,6 @@ from graben.dataloader import (
     write_dataset,
 )
 from graben.dataloader._cache import PIECE
-
-N = 203  # not a multiple of any world size: padding is exercised
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = str(tmp_path_factory.mktemp("ds") / "rows")
-    write_dataset(url, pa.table({"id": list(range(N))}), rows_per_shard=20, rows_per_group=7)
-    return url
 
 
 def _ids(samples: list[Any]) -> list[int]:

@@ -13,21 +13,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
+from dataset_kit import N
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from graben.dataloader import CachedDataset, CachedLoader, write_dataset
+from graben.dataloader import CachedDataset, CachedLoader
 
-N = 203  # not a multiple of any world size or batch: padding and short batches happen
 BATCH = 4
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = str(tmp_path_factory.mktemp("ds") / "rows")
-    write_dataset(url, pa.table({"id": list(range(N))}), rows_per_shard=20, rows_per_group=7)
-    return url
 
 
 def _listed(batch: list[Any]) -> list[Any]:
