@@ -40,8 +40,8 @@ def add_dataset(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     write.add_argument("url", help=_URL_HELP)
     write.add_argument(
         "--shard-size",
-        type=parse_size,
-        default=parse_size("256MiB"),
+        type=_size,
+        default=256 << 20,
         metavar="SIZE",
         help="bytes a shard holds at most, give or take a group (default: 256MiB)",
     )
@@ -94,11 +94,19 @@ def _cache_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cache-limit",
-        type=parse_size,
+        type=_size,
         default=None,
         metavar="SIZE",
         help="the most the cache may hold, such as 50G (default: 100G, at most half its disk)",
     )
+
+
+def _size(text: str) -> int:
+    """``parse_size`` for argparse, which shows only an ArgumentTypeError's own words."""
+    try:
+        return parse_size(text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _guarded(run: Any) -> Any:
