@@ -5,6 +5,10 @@ starts (B), and the embedded default store (``graben:///``, at
 ``$GRABEN_HOME``). Each test puts decoys at the same paths in the stores a
 call must not reach, so a call that went to the wrong store reads the decoy
 or overwrites it, and the test says so.
+
+Over 500 lines: every kind of call (writes, deletes, reads, the names that
+come back, Hugging Face ``datasets``, two stores in one call) shares the three
+stores and their decoys; split, each file would start a second cluster.
 """
 
 from __future__ import annotations
