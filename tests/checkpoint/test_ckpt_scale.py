@@ -1,5 +1,7 @@
 """DCP's planning and metadata path at 4096 simulated ranks x 300 tensors, in one process.
 
+``make test`` runs it at 512 ranks (4096 take minutes: ``pytest -m huge``).
+
 The real planner and writer calls of ``dcp.save`` run for every simulated
 rank (``graben.bench._plan_sim``); collectives and tensor data are left
 out. The times are printed; ``graben bench ckpt-plan`` compares them with
@@ -20,7 +22,7 @@ from graben.bench._plan_sim import ROWS, Times, graben_kind, quiet_gc, simulate_
 from graben.checkpoint import GrabenReader, _writer
 from graben.store import connect
 
-WORLD, TENSORS = 4096, 300
+TENSORS = 300
 
 
 def _report(label: str, times: Times) -> str:
@@ -46,38 +48,39 @@ def store_dir(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_4096_ranks_plan_once_then_reuse(
-    store_dir: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("world", [512, pytest.param(4096, marks=pytest.mark.huge)])
+def test_ranks_plan_once_then_reuse(
+    store_dir: Path, capsys: pytest.CaptureFixture[str], world: int
 ) -> None:
     import shutil
 
     try:
         with connect(str(store_dir)) as client, quiet_gc():
             kind = graben_kind(client, "/scale")
-            first, second = simulate_saves(kind, WORLD, TENSORS, 2)
+            first, second = simulate_saves(kind, world, TENSORS, 2)
             with capsys.disabled():
-                print(f"\n{WORLD} ranks x {TENSORS} tensors")
+                print(f"\n{world} ranks x {TENSORS} tensors")
                 print(_report("first save", first))
                 print(_report("second save", second))
             # every rank sent a placeholder, not its 300 items
             assert second.gathered_bytes < first.gathered_bytes / 100
             for name in (".metadata", ".graben/directory"):
                 assert client.get(f"/scale/step-1/{name}") == client.get(f"/scale/step-0/{name}")
-            _check_loads(client, capsys)
+            _check_loads(client, capsys, world)
     finally:
         shutil.rmtree(store_dir, ignore_errors=True)
-        _writer._last_saves.clear()  # the coordinator's memory of 4096 ranks' results
+        _writer._last_saves.clear()  # the coordinator's memory of every rank's results
         gc.collect()
 
 
-def _check_loads(client: object, capsys: pytest.CaptureFixture[str]) -> None:
-    for world, rows in ((WORLD, ROWS), (WORLD // 2, 2 * ROWS)):
+def _check_loads(client: object, capsys: pytest.CaptureFixture[str], saved_by: int) -> None:
+    for world, rows in ((saved_by, ROWS), (saved_by // 2, 2 * ROWS)):
         for rank in (0, world // 3, world - 1):
             reader = GrabenReader("graben:///scale/step-1", client=client)  # type: ignore[arg-type]
             seconds, plan = simulate_load(reader, rank, world, TENSORS, rows)
             with capsys.disabled():
                 print(f"load plan, rank {rank} of {world}: {seconds * 1e3:.1f} ms")
-            saved = list(range(rank * WORLD // world, (rank + 1) * WORLD // world))
+            saved = list(range(rank * saved_by // world, (rank + 1) * saved_by // world))
             assert reader.ranked is not None
             assert reader.ranked.rank_files_read == saved
             assert not reader.ranked.read_full

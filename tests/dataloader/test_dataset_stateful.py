@@ -84,7 +84,7 @@ def test_every_stop_of_an_epoch_resumes_exactly(
     dataset: str, tmp_path: Path, workers: int, persistent: bool, world: int
 ) -> None:
     whole = _whole_epoch(dataset, tmp_path, 0, world)
-    for stop in range(1, sum(whole.values()) // BATCH, 3):
+    for stop in range(1, sum(whole.values()) // BATCH, 7):
         before, after = _stop_and_resume(dataset, tmp_path, 0, world, workers, persistent, stop)
         assert Counter(before + after) == whole, f"stopped after {stop} batches"
 

@@ -74,7 +74,8 @@ def test_a_meta_service_that_cannot_repair_logs_a_few_lines_not_one_per_chunk(
             [
                 *(sys.executable, "-m", "graben.store.cli", "meta", "serve", "--init"),
                 *("--engine", f"sqlite:///{tmp_path / 'meta.db'}", "--listen", "127.0.0.1:0"),
-                *("--heartbeat-timeout", "1", "--repair-interval", "0.2"),
+                # longer than a node's heartbeat (2 s), or three nodes are rarely alive at once
+                *("--heartbeat-timeout", "3", "--repair-interval", "0.2"),
             ],
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -97,7 +98,7 @@ def test_a_meta_service_that_cannot_repair_logs_a_few_lines_not_one_per_chunk(
         with connect(url, chunk_size=4096) as client:
             client.put("/fourteen-chunks", os.urandom(14 * 4096))
         _stop(nodes[1:])  # two of three gone: no chunk can get its copies back
-        time.sleep(6.0)  # past the heartbeat timeout, then ~25 repair rounds
+        time.sleep(8.0)  # past the heartbeat timeout, then ~25 repair rounds
         meta.send_signal(signal.SIGTERM)
         meta.wait(10)
     finally:
