@@ -33,7 +33,7 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._order import Plan
+from ._order import Plan, worker_turns
 from ._shards import Sample, ShardSource
 
 STATS = ("cache_hits", "cache_fills", "bytes_fetched", "refetched", "seconds_waited")
@@ -268,7 +268,7 @@ class CachedDataset(ShardSource, IterableDataset[Sample]):
         world, batch = first["world_size"], first["worker_batch"]
         plan = self._plan(first["epoch"])
         count = plan.per_rank(world, start=first["start"], drop_last=self.drop_last)
-        turns = (np.arange(count) // batch) % first["workers"]
+        turns = worker_turns(count, first["workers"], batch)
         read = np.zeros(count, dtype=bool)
         for state in workers:
             read[np.flatnonzero(turns == state["worker"])[: state["yielded"]]] = True

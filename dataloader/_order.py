@@ -80,7 +80,7 @@ class Plan:
             raise ValueError(f"rank {rank} of {world_size}, worker {worker} of {workers}")
         count = self.per_rank(world_size, start=start, drop_last=drop_last)
         mine = start + rank + world_size * np.arange(count, dtype=np.int64)
-        turns = (np.arange(count) // worker_batch) % workers
+        turns = worker_turns(count, workers, worker_batch)
         picked: np.ndarray = mine[turns == worker] % max(1, self.total)
         return picked
 
@@ -92,6 +92,12 @@ def _triples(shard: int, rows: np.ndarray, group: int) -> np.ndarray:
     out = np.empty((len(rows), 3), dtype=np.int64)
     out[:, 0], out[:, 1], out[:, 2] = shard, rows, group
     return out
+
+
+def worker_turns(count: int, workers: int, worker_batch: int) -> np.ndarray:
+    """Which worker reads each of a rank's ``count`` samples: turns of ``worker_batch``."""
+    turns: np.ndarray = (np.arange(count) // worker_batch) % workers
+    return turns
 
 
 def consumed(start: int, per_rank_read: int, world_size: int) -> int:

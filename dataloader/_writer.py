@@ -135,6 +135,7 @@ class _Shards:
         self.pending: list[Any] = []  # the group being built: slices of batches
         self.pending_rows = self.pending_bytes = 0
         self.groups: list[int] = []  # rows in each group of the shard being built
+        self.shard_rows = 0  # their sum
         self.sink: Any = None
         self.writer: pq.ParquetWriter | None = None
 
@@ -143,18 +144,17 @@ class _Shards:
             batch = self._conform(batch)
         while len(batch):
             take = self.limits.rows_to_take(
-                sum(self.groups) + self.pending_rows, self.pending_rows, self.pending_bytes, batch
+                self.shard_rows + self.pending_rows, self.pending_rows, self.pending_bytes, batch
             )
             piece, batch = batch[:take], batch[take:]
             self.pending.append(piece)
             self.pending_rows += len(piece)
             self.pending_bytes += _nbytes(piece)
-            shard_rows = sum(self.groups) + self.pending_rows
             if self.limits.group_full(self.pending_rows, self.pending_bytes) or (
-                self.limits.shard_rows is not None and shard_rows >= self.limits.shard_rows
+                self.limits.shard_full(self.shard_rows + self.pending_rows, 0)  # rows alone
             ):
                 self._flush_group()
-                if self.limits.shard_full(sum(self.groups), self._written()):
+                if self.limits.shard_full(self.shard_rows, self._written()):
                     self._finish_shard()
 
     def finish(self) -> tuple[list[Shard], tuple[str, ...]]:
@@ -184,6 +184,7 @@ class _Shards:
             assert self.writer is not None
             self.writer.write_table(table, row_group_size=max(1, table.num_rows))
         self.groups.append(self.pending_rows)
+        self.shard_rows += self.pending_rows
         self.pending, self.pending_rows, self.pending_bytes = [], 0, 0
 
     def _open(self, table: pa.Table) -> None:
@@ -200,19 +201,18 @@ class _Shards:
     def _finish_shard(self) -> None:
         if self.sink is None:
             return
-        index = len(self.shards)
         if self.writer is not None:
             self.writer.close()
-            payload: Any = memoryview(self.sink.getvalue())
-            name, groups = f"shard-{index:05d}.parquet", tuple(self.groups) or (0,)
-            groups = groups if sum(groups) else ()
+            payload: bytes = self.sink.getvalue().to_pybytes()
+            suffix = "parquet"
         else:
-            payload = self.sink.getbuffer()
-            name, groups = f"shard-{index:05d}.records", tuple(self.groups)
-        self.fs.pipe_file(f"{self.root}/{name}", bytes(payload))
-        samples = sum(self.groups)
-        self.shards.append(Shard(name, samples, len(payload), crc32c.crc32c(payload), groups))
-        self.sink, self.writer, self.groups = None, None, []
+            payload, suffix = self.sink.getvalue(), "records"
+        name = f"shard-{len(self.shards):05d}.{suffix}"
+        self.fs.pipe_file(f"{self.root}/{name}", payload)
+        groups = tuple(self.groups) if self.shard_rows else ()  # an empty shard: no groups
+        shard = Shard(name, self.shard_rows, len(payload), crc32c.crc32c(payload), groups)
+        self.shards.append(shard)
+        self.sink, self.writer, self.groups, self.shard_rows = None, None, [], 0
 
     def _conform(self, batch: Any) -> Any:
         """``batch`` in the dataset's schema (the first batch's): every shard has the same."""
