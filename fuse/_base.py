@@ -41,6 +41,8 @@ FILE_MODE = 0o644
 """What a new file gets unless told otherwise (the store's default too)."""
 NAME_MAX = 255
 """Longest name, in bytes, as on every Linux filesystem."""
+MAX_FILE_SIZE = 1 << 44
+"""The largest file (16 TiB, ext4's): a truncate past it is ``EFBIG``."""
 BLKSIZE = 1 << 20
 """``st_blksize``: what ``cp`` and friends take as the I/O size to use."""
 
@@ -78,8 +80,12 @@ class OpenFile:
     unlinked: bool = False
     info: FileInfo | None = None
     """The committed version its read handles opened (what an unlinked file still is)."""
-    permissions: int = 0
-    """Mode bits for its next commit (0: keep the committed version's)."""
+    permissions: int | None = None
+    """Mode bits for its next commit (``None``: keep the committed version's)."""
+    uid: int | None = None
+    """Owner for its next commit (``None``: keep the committed version's)."""
+    gid: int | None = None
+    """Group for its next commit (``None``: keep the committed version's)."""
     failed: int = 0
     """The errno of a write that failed: the content is torn, and is never committed."""
     abandoned: bool = False
@@ -168,19 +174,33 @@ class Base(pyfuse3.Operations):
         attrs = pyfuse3.EntryAttributes()
         attrs.st_ino = inode
         attrs.entry_timeout = attrs.attr_timeout = self.timeout
-        attrs.st_mode, attrs.st_nlink = mode_of(info, file), 1
-        if stat.S_ISDIR(attrs.st_mode):
-            attrs.st_nlink = 2
-        size = info.size if info is not None else 0
-        mtime = info.mtime_ns if info is not None else time.time_ns()
+        attrs.st_mode = mode_of(info, file)
+        now = time.time_ns()
+        size, mtime = (info.size, info.mtime_ns) if info is not None else (0, now)
+        ctime = info.ctime_ns or mtime if info is not None else now
         if file is not None and file.spool is not None:
             size, mtime = file.spool.size, file.mtime_ns
+            ctime = max(ctime, mtime)
         attrs.st_size = size
         attrs.st_blocks = (size + 511) // 512
         attrs.st_blksize = BLKSIZE
-        attrs.st_atime_ns = attrs.st_ctime_ns = attrs.st_mtime_ns = mtime
-        attrs.st_uid, attrs.st_gid = self._uid, self._gid
+        attrs.st_mtime_ns, attrs.st_ctime_ns = mtime, ctime
+        attrs.st_atime_ns = info.atime_ns or mtime if info is not None else mtime
+        attrs.st_nlink = info.nlink if info is not None else 1
+        if file is not None and file.unlinked and self.inodes.names(inode) == 0:
+            attrs.st_nlink = 0  # open, with no name left
+        attrs.st_uid, attrs.st_gid = self._owner(info, file)
+        attrs.st_rdev = info.rdev if info is not None else 0
         return attrs
+
+    def _owner(self, info: FileInfo | None, file: OpenFile | None) -> tuple[int, int]:
+        """Who owns it: what the store says, else the mounting user."""
+        uid = info.uid if info is not None else -1
+        gid = info.gid if info is not None else -1
+        if file is not None:
+            uid = uid if file.uid is None else file.uid
+            gid = gid if file.gid is None else file.gid
+        return (self._uid if uid < 0 else uid), (self._gid if gid < 0 else gid)
 
     async def _stat(self, inode: int, path: str) -> pyfuse3.EntryAttributes:
         file = self._open.get(inode)
@@ -197,8 +217,8 @@ def mode_of(info: FileInfo | None, file: OpenFile | None) -> int:
     """``st_mode``: type and permission bits."""
     if info is not None and info.is_dir:
         return stat.S_IFDIR | info.mode
-    if file is not None and file.permissions:
+    if file is not None and file.permissions is not None:
         return stat.S_IFREG | file.permissions
     if info is None:
         return stat.S_IFREG | 0o644
-    return info.mode if stat.S_ISLNK(info.mode) else stat.S_IFREG | info.mode
+    return info.mode if stat.S_IFMT(info.mode) else stat.S_IFREG | info.mode

@@ -17,9 +17,9 @@ from typing import cast
 
 import pyfuse3
 
-from graben.store import Client, ReadFile
+from graben.store import Change, Client, ReadFile
 
-from ._base import FILE_MODE, Base, Handle, OpenFile, answers_errno, log
+from ._base import Base, Handle, OpenFile, answers_errno, log
 from ._blocks import Blocks
 from ._openers import Fate, fate, opener
 from ._spool import SpoolFile
@@ -106,6 +106,7 @@ class FileHandles(Base):
         file.handles += 1
         file.created = file.spool is None
         file.permissions = mode & 0o7777
+        file.uid, file.gid = ctx.uid, ctx.gid
         await self._spooled(inode, file, keep=False)
         self._stream(inode, file)
         fh = self._new_fh()
@@ -223,21 +224,29 @@ class FileHandles(Base):
         async with file.lock:
             spool.dirty = False
             stream, file.stream = file.stream, None
+            change = Change(file.permissions, file.mtime_set, None, file.uid, file.gid)
             try:
                 if stream is None or not await stream.finish(spool):
-                    await self._call(_put_spooled, self.client, path, spool, file.permissions)
-                    mode = None
-                else:  # a stream commits 0o644
-                    mode = None if file.permissions in (0, FILE_MODE) else file.permissions
-                if mode is not None or file.mtime_set is not None:
-                    await self._call(
-                        self.client.set_attributes, path, mode=mode, mtime_ns=file.mtime_set
-                    )
-                file.permissions, file.mtime_set = 0, None
+                    await self._call(_put_spooled, self.client, path, spool, change)
+                elif change != Change():  # a stream commits what a plain open would
+                    await self._call(set_attributes, self.client, path, change)
+                file.permissions = file.uid = file.gid = file.mtime_set = None
             except BaseException:
                 spool.dirty = True
                 raise
+        if file.created:
+            self._entries_changed(path)
         file.created = False
+
+    def _entries_changed(self, path: str) -> None:
+        """A new name in a directory is in the store now: the kernel's copy of the
+        directory's attributes (its mtime) is out of date."""
+        parent = self.inodes.peek(path.rpartition("/")[0] or "/")
+        if parent is not None:
+            try:
+                pyfuse3.invalidate_inode(parent, attr_only=True)
+            except OSError as exc:  # the kernel forgot it meanwhile
+                log.debug("could not invalidate the directory of %s: %s", path, exc)
 
     def _stream(self, inode: int, file: OpenFile) -> None:
         """Upload a new or truncated file while it is written."""
@@ -273,9 +282,17 @@ class FileHandles(Base):
                     file.spool = None
 
 
-def _put_spooled(client: Client, path: str, spool: SpoolFile, permissions: int) -> None:
+def _put_spooled(client: Client, path: str, spool: SpoolFile, change: Change) -> None:
     with spool.mapped() as view:
-        client.put(path, view, permissions=permissions)
+        client.put(path, view, attributes=change)
+
+
+def set_attributes(client: Client, path: str, change: Change) -> None:
+    """Apply ``change`` to the file at ``path``."""
+    c = change
+    client.set_attributes(
+        path, mode=c.mode, mtime_ns=c.mtime_ns, atime_ns=c.atime_ns, uid=c.uid, gid=c.gid
+    )
 
 
 def _positional(reader: ReadFile) -> Callable[[int, memoryview], int]:

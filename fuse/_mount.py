@@ -152,7 +152,7 @@ def _mounted(
     metrics = _serve_metrics(ops, options.metrics)
     if metrics is not None:
         stack.callback(metrics.close)
-    fuse_options = set(pyfuse3.default_options) | {"fsname=graben", "subtype=graben"}
+    fuse_options = set(pyfuse3.default_options) | {"fsname=graben", "subtype=graben", "noatime"}
     if options.read_only:
         fuse_options.add("ro")
     if options.allow_other:

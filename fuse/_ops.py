@@ -20,16 +20,17 @@ stays readable through the handles open on it.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 from collections.abc import Sequence
 
 import pyfuse3
 
-from graben.store import FileInfo
+from graben.store import Change, FileInfo
 
-from ._base import BLKSIZE, NAME_MAX, SYMLINK, answers_errno
-from ._handles import FileHandles
+from ._base import BLKSIZE, MAX_FILE_SIZE, NAME_MAX, SYMLINK, answers_errno
+from ._handles import FileHandles, set_attributes
 from ._inodes import ROOT
 
 
@@ -51,7 +52,7 @@ class Operations(FileHandles):
         attrs = await self._stat(inode, path) if inode is not None else None
         if attrs is None:
             info = await self._call(self.client.stat, path)
-            attrs = self._attrs(self.inodes.number(path), info, None)
+            attrs = self._attrs(self.inodes.number(path, linked(info)), info, None)
         self.inodes.lookup(path)
         return attrs
 
@@ -77,31 +78,35 @@ class Operations(FileHandles):
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
         await self._releases.settled(inode)
-        if fields.update_uid and attr.st_uid != self._uid:
-            raise pyfuse3.FUSEError(errno.EPERM)  # every file is the mounting user's
-        if fields.update_gid and attr.st_gid != self._gid:
-            raise pyfuse3.FUSEError(errno.EPERM)
         if fields.update_size:
             self._writable()
+            if attr.st_size > MAX_FILE_SIZE:
+                raise pyfuse3.FUSEError(errno.EFBIG)
             await self._truncate(inode, attr.st_size, commit=fh is None)
-        mode = attr.st_mode & 0o7777 if fields.update_mode else None
-        mtime = attr.st_mtime_ns if fields.update_mtime else None
-        if mode is not None or mtime is not None:
+        change = Change(
+            mode=attr.st_mode & 0o7777 if fields.update_mode else None,
+            mtime_ns=_time(attr.st_mtime_ns) if fields.update_mtime else None,
+            atime_ns=_time(attr.st_atime_ns) if fields.update_atime else None,
+            uid=attr.st_uid if fields.update_uid else None,
+            gid=attr.st_gid if fields.update_gid else None,
+        )
+        if change != Change():
             self._writable()
-            await self._set_attributes(inode, mode, mtime)
+            await self._set_attributes(inode, change)
         return await self.getattr(inode, ctx)
 
-    async def _set_attributes(self, inode: int, mode: int | None, mtime: int | None) -> None:
-        """chmod and utimens (no atime is kept: reads never write)."""
+    async def _set_attributes(self, inode: int, change: Change) -> None:
+        """chmod, chown and utimens (the kernel checked who may: ``default_permissions``)."""
         file = self._open.get(inode)
-        if file is not None and mode is not None:
-            file.permissions = mode  # for a commit still to come
-        if file is not None and file.spool is not None and mtime is not None:
-            file.mtime_ns = file.mtime_set = mtime  # else its commit would stamp "now"
+        if file is not None:  # for a commit still to come
+            file.permissions = file.permissions if change.mode is None else change.mode
+            file.uid = file.uid if change.uid is None else change.uid
+            file.gid = file.gid if change.gid is None else change.gid
+        if file is not None and file.spool is not None and change.mtime_ns is not None:
+            file.mtime_ns = file.mtime_set = change.mtime_ns  # else its commit stamps "now"
         if file is not None and file.created:
             return
-        path = self._path(inode)
-        await self._call(self.client.set_attributes, path, mode=mode, mtime_ns=mtime)
+        await self._call(set_attributes, self.client, self._path(inode), change)
 
     @answers_errno
     async def mkdir(
@@ -109,9 +114,9 @@ class Operations(FileHandles):
     ) -> pyfuse3.EntryAttributes:
         self._writable()
         path = self._child(parent_inode, name)
-        info = await self._call(self.client.mkdir, path)
-        if mode & 0o7777 != info.mode:
-            info = await self._call(self.client.set_attributes, path, mode=mode & 0o7777)
+        info = await self._call(
+            self.client.mkdir, path, mode=mode & 0o7777, uid=ctx.uid, gid=ctx.gid
+        )
         return self._attrs(self.inodes.lookup(path), info, None)
 
     @answers_errno
@@ -120,8 +125,47 @@ class Operations(FileHandles):
     ) -> pyfuse3.EntryAttributes:
         self._writable()
         path = self._child(parent_inode, name)
-        info = await self._call(self.client.put, path, target, exclusive=True, permissions=SYMLINK)
+        owner = Change(uid=ctx.uid, gid=ctx.gid)
+        info = await self._call(
+            self.client.put, path, target, exclusive=True, permissions=SYMLINK, attributes=owner
+        )
         return self._attrs(self.inodes.lookup(path), info, None)
+
+    @answers_errno
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        """A fifo, socket or device node: a name with attributes (the kernel does their
+        I/O); a regular file from mknod is an empty file."""
+        self._writable()
+        path = self._child(parent_inode, name)
+        await self._releases.settled(self.inodes.peek(path))
+        if stat.S_ISREG(mode) or not stat.S_IFMT(mode):
+            owner = Change(uid=ctx.uid, gid=ctx.gid)
+            put = functools.partial(self.client.put, exclusive=True, attributes=owner)
+            info = await self._call(put, path, b"", permissions=mode & 0o7777)
+        else:
+            info = await self._call(
+                self.client.mknod, path, mode, rdev=rdev, uid=ctx.uid, gid=ctx.gid
+            )
+        return self._attrs(self.inodes.lookup(path), info, None)
+
+    @answers_errno
+    async def link(
+        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        """Another name for a file: one inode, with its link count."""
+        self._writable()
+        new = self._child(new_parent_inode, new_name)
+        await self._releases.settled(inode)
+        file = self._open.get(inode)
+        if file is not None and (file.created or (file.spool is not None and file.spool.dirty)):
+            await self._commit(inode, file)  # the store links what it holds
+        info = await self._call(self.client.link, self._path(inode), new)
+        self.inodes.alias(new, inode)
+        self.inodes.number(new, info.inode)
+        self.inodes.lookup(new)
+        return self._attrs(inode, info, file)
 
     @answers_errno
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
@@ -153,9 +197,9 @@ class Operations(FileHandles):
             if (await self._call(self.client.stat, path)).is_dir:
                 raise pyfuse3.FUSEError(errno.EISDIR)
             await self._call(self.client.rm, path)
-            if file is not None:
-                file.unlinked = True  # its handles read the version they opened
         self.inodes.removed(path)
+        if file is not None and inode is not None and not self.inodes.names(inode):
+            file.unlinked = True  # its handles read the version they opened
 
     @answers_errno
     async def rename(
@@ -177,9 +221,9 @@ class Operations(FileHandles):
         replace = not flags & pyfuse3.RENAME_NOREPLACE
         await self._call(self.client.rename, old, new, replace=replace)
         replaced = self.inodes.peek(new)
-        if replaced is not None and replaced != self.inodes.peek(old) and replaced in self._open:
-            self._open[replaced].unlinked = True  # its handles keep what they had
         self.inodes.moved(old, new)
+        if replaced is not None and replaced in self._open and not self.inodes.names(replaced):
+            self._open[replaced].unlinked = True  # its handles keep what they had
 
     async def _commit_below(self, top: str) -> None:
         """Commit files created or written at or below ``top``, so a rename moves them."""
@@ -216,7 +260,7 @@ class Operations(FileHandles):
         entries = self._listings[fh]
         for index in range(start_id, len(entries)):
             name, path, info = entries[index]
-            inode = self.inodes.number(path)
+            inode = self.inodes.number(path, linked(info))
             attrs = self._attrs(inode, info, self._open.get(inode))
             if not pyfuse3.readdir_reply(token, os.fsencode(name), attrs, index + 1):
                 return
@@ -238,6 +282,18 @@ class Operations(FileHandles):
         data.f_files = data.f_ffree = data.f_favail = 1 << 32  # no inode table to run out of
         data.f_namemax = NAME_MAX
         return data
+
+
+def linked(info: FileInfo | None) -> int:
+    """The store's inode of a file with several names (0 for anything else)."""
+    return info.inode if info is not None and info.nlink > 1 and info.is_file else 0
+
+
+def _time(ns: int) -> int:
+    """A time the store can hold (64-bit nanoseconds), else ``EINVAL``."""
+    if not -(2**63) <= ns < 2**63:
+        raise pyfuse3.FUSEError(errno.EINVAL)
+    return ns
 
 
 __all__ = ["ROOT", "Operations"]

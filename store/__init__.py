@@ -20,6 +20,7 @@ from ._errors import (
     InvalidPath,
     IsADirectory,
     MissingExtra,
+    NameTooLong,
     NoSpace,
     NotADirectory,
     NotFound,
@@ -32,7 +33,7 @@ from ._errors import (
 )
 from ._extras import optional_door
 from ._paths import normalize as normalize_path
-from ._types import ChunkProblem, FileInfo, FsckReport
+from ._types import Change, ChunkProblem, FileInfo, FsckReport
 from .client import (
     AsyncClient,
     AsyncReadFile,
@@ -51,6 +52,7 @@ __all__ = [
     "AsyncReadFile",
     "AsyncWriteFile",
     "CannotPlace",
+    "Change",
     "ChunkProblem",
     "Client",
     "DirectoryNotEmpty",
@@ -63,6 +65,7 @@ __all__ = [
     "InvalidPath",
     "IsADirectory",
     "MissingExtra",
+    "NameTooLong",
     "NoSpace",
     "NotADirectory",
     "NotFound",

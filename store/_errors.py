@@ -85,6 +85,13 @@ class InvalidPath(Refused, ValueError):
     errno_value = errno = _errno.EINVAL
 
 
+class NameTooLong(InvalidPath):
+    """A name in the path is over 255 bytes, or the whole path over 4096."""
+
+    code = "name_too_long"
+    errno_value = errno = _errno.ENAMETOOLONG
+
+
 class InvalidArgument(Refused, ValueError):
     """An argument other than a path is out of range or malformed."""
 
@@ -174,6 +181,7 @@ ERRORS: dict[str, type[GrabenError]] = {
         IsADirectory,
         DirectoryNotEmpty,
         InvalidPath,
+        NameTooLong,
         InvalidArgument,
         IntegrityError,
         NoSpace,

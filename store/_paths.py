@@ -7,7 +7,7 @@ the root; NUL bytes, lone surrogates and over-long names are refused with an
 
 from __future__ import annotations
 
-from ._errors import InvalidPath
+from ._errors import InvalidPath, NameTooLong
 
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4096
@@ -30,7 +30,7 @@ def split(path: str) -> tuple[str, ...]:
     except UnicodeEncodeError:
         raise InvalidPath("path is not valid UTF-8", ascii(path)) from None
     if len(encoded) > MAX_PATH_BYTES:
-        raise InvalidPath(f"path is longer than {MAX_PATH_BYTES} bytes", path[:64] + "...")
+        raise NameTooLong(f"path is longer than {MAX_PATH_BYTES} bytes", path[:64] + "...")
     parts: list[str] = []
     for name in path.split("/"):
         if name in ("", "."):
@@ -41,7 +41,7 @@ def split(path: str) -> tuple[str, ...]:
             parts.pop()
             continue
         if len(name.encode("utf-8")) > MAX_NAME_BYTES:
-            raise InvalidPath(f"a name in the path is longer than {MAX_NAME_BYTES} bytes", path)
+            raise NameTooLong(f"a name in the path is longer than {MAX_NAME_BYTES} bytes", path)
         parts.append(name)
     return tuple(parts)
 

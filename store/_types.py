@@ -47,7 +47,20 @@ class FileInfo(msgspec.Struct, frozen=True):
     replication: int = 1
     """Copies kept of each chunk of the file."""
     mode: int = 0o644
-    """Permission bits (with ``stat.S_IFLNK`` for a symbolic link made through a mount)."""
+    """Permission bits (with the type bits, ``stat.S_IFLNK`` and the like, of a symbolic
+    link, fifo, socket or device node made through a mount)."""
+    uid: int = -1
+    """Owner's user id; -1 where none was recorded (a mount shows its own user)."""
+    gid: int = -1
+    """Owner's group id; -1 where none was recorded."""
+    ctime_ns: int = 0
+    """When its attributes or names last changed, ns since the epoch."""
+    atime_ns: int = 0
+    """Access time, ns since the epoch: set explicitly (reads leave it, as ``noatime``)."""
+    nlink: int = 1
+    """Names of a file (hard links); for a directory, 2 plus its subdirectories."""
+    rdev: int = 0
+    """Device number of a device node."""
 
     @property
     def name(self) -> str:
@@ -63,6 +76,21 @@ class FileInfo(msgspec.Struct, frozen=True):
     def is_file(self) -> bool:
         """Whether this is a regular file."""
         return self.kind == "file"
+
+
+class Change(msgspec.Struct, frozen=True):
+    """What ``set_attributes`` changes; each ``None`` keeps what the file has."""
+
+    mode: int | None = None
+    """Permission bits (0 to 0o7777)."""
+    mtime_ns: int | None = None
+    """Modification time, ns since the epoch."""
+    atime_ns: int | None = None
+    """Access time, ns since the epoch."""
+    uid: int | None = None
+    """Owner's user id (-1: none recorded)."""
+    gid: int | None = None
+    """Owner's group id (-1: none recorded)."""
 
 
 class ChunkRef(msgspec.Struct, frozen=True):
@@ -175,8 +203,17 @@ class FileCommit(msgspec.Struct, frozen=True):
     """``"create"`` fails if the path exists at commit time."""
     replication: int = 0
     """Copies to keep of each chunk; 0 for the store's default."""
-    permissions: int = 0
-    """Mode bits of the new version; 0 keeps those of the version it replaces (0o644 if none)."""
+    permissions: int | None = None
+    """Mode bits of the new version (with type bits for a symbolic link, fifo, socket or
+    device node); ``None`` keeps those of the version it replaces (0o644 if none)."""
+    uid: int | None = None
+    """Owner of the new version; ``None`` keeps the replaced version's (none if new)."""
+    gid: int | None = None
+    """Group of the new version; ``None`` keeps the replaced version's."""
+    mtime_ns: int | None = None
+    """Its modification time; ``None``: the commit's time."""
+    rdev: int = 0
+    """Device number, for a device node."""
 
 
 ProblemKind = Literal["missing", "corrupt", "orphan", "unreferenced", "metadata", "temporary"]

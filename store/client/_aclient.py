@@ -14,12 +14,13 @@ from .._buffers import BufferPool
 from .._config import Options, cluster_url, resolve
 from .._errors import AlreadyExists, InvalidArgument, IsADirectory, NotFound
 from .._hashing import crc32c, crc32c_combine
-from .._types import Buffer, Extent, FileCommit, FileInfo, FsckReport, Health, WriteMode
+from .._types import Buffer, Change, Extent, FileCommit, FileInfo, FsckReport, Health, WriteMode
 from ..embedded import open_store
 from ..transport import (
     ChunkTransport,
     Commit,
     GetHealth,
+    Link,
     MakeDir,
     MetaTransport,
     Remove,
@@ -133,9 +134,20 @@ class AsyncClient:
         """Entries of a directory sorted by name (a file lists as itself)."""
         return await _pages.listing(self.meta, _paths.normalize(path))
 
-    async def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> FileInfo:
-        """Create a directory (``pathlib`` semantics)."""
-        return await self.meta.request(MakeDir(_paths.normalize(path), parents, exist_ok))
+    async def mkdir(
+        self,
+        path: str,
+        *,
+        parents: bool = False,
+        exist_ok: bool = False,
+        mode: int | None = None,
+        uid: int = -1,
+        gid: int = -1,
+    ) -> FileInfo:
+        """Create a directory (``pathlib`` semantics), with ``mode`` (else 0o755) and an
+        owner (-1: none recorded)."""
+        clean = _paths.normalize(path)
+        return await self.meta.request(MakeDir(clean, parents, exist_ok, "", mode, uid, gid))
 
     async def rm(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file or empty directory; everything below it with ``recursive``."""
@@ -175,13 +187,15 @@ class AsyncClient:
         exclusive: bool = False,
         replication: int | None = None,
         min_replicas: int | None = None,
-        permissions: int = 0,
+        permissions: int | None = None,
+        attributes: Change | None = None,
     ) -> FileInfo:
         """Store ``data`` at ``path`` in one commit, without copying it.
 
         Missing parent directories are created. With ``exclusive``, fail with
         ``AlreadyExists`` if the path exists at commit time. ``permissions``
-        sets the mode bits; 0 keeps those of the file replaced (0o644 if new).
+        sets the mode bits; ``None`` keeps those of the file replaced (0o644 if
+        new). ``attributes`` sets an owner or a modification time as well.
         """
         return await self.put_parts(
             path,
@@ -190,6 +204,7 @@ class AsyncClient:
             replication=replication,
             min_replicas=min_replicas,
             permissions=permissions,
+            attributes=attributes,
         )
 
     async def put_parts(
@@ -200,7 +215,8 @@ class AsyncClient:
         exclusive: bool = False,
         replication: int | None = None,
         min_replicas: int | None = None,
-        permissions: int = 0,
+        permissions: int | None = None,
+        attributes: Change | None = None,
     ) -> FileInfo:
         """Store the concatenation of ``parts`` at ``path`` in one commit.
 
@@ -219,6 +235,7 @@ class AsyncClient:
             replication=replication,
             min_replicas=min_replicas,
             permissions=permissions,
+            attributes=attributes,
         )
         return info
 
@@ -230,7 +247,8 @@ class AsyncClient:
         exclusive: bool = False,
         replication: int | None = None,
         min_replicas: int | None = None,
-        permissions: int = 0,
+        permissions: int | None = None,
+        attributes: Change | None = None,
     ) -> tuple[FileInfo, list[int]]:
         """``put_parts``, and the crc32c of each part.
 
@@ -247,6 +265,7 @@ class AsyncClient:
             check=False,
             min_replicas=min_replicas,
             permissions=permissions,
+            attributes=attributes,
         )
         staging = Staging(self.pool)
         step = self.options.chunk_size
@@ -312,7 +331,8 @@ class AsyncClient:
         *,
         check: bool = True,
         min_replicas: int | None = None,
-        permissions: int = 0,
+        permissions: int | None = None,
+        attributes: Change | None = None,
     ) -> Upload:
         """An ``Upload`` to ``path``.
 
@@ -337,13 +357,38 @@ class AsyncClient:
             min_replicas=min_replicas or self.options.min_replicas or 0,
             max_inflight=self.options.max_inflight,
             permissions=permissions,
+            attributes=attributes,
         )
 
     async def set_attributes(
-        self, path: str, *, mode: int | None = None, mtime_ns: int | None = None
+        self,
+        path: str,
+        *,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
+        atime_ns: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> FileInfo:
-        """Change mode bits and/or modification time in place (``chmod``, ``touch``)."""
-        return await self.meta.request(SetAttributes(_paths.normalize(path), mode, mtime_ns))
+        """Change mode bits, times or owner in place (``chmod``, ``touch``, ``chown``)."""
+        change = Change(mode, mtime_ns, atime_ns, uid, gid)
+        return await self.meta.request(SetAttributes(_paths.normalize(path), change))
+
+    async def link(self, src: str, dst: str) -> FileInfo:
+        """Give the file at ``src`` another name (a hard link): both names show one file,
+        and a version written through either. ``dst``'s directory must exist."""
+        return await self.meta.request(Link(_paths.normalize(src), _paths.normalize(dst)))
+
+    async def mknod(
+        self, path: str, mode: int, *, rdev: int = 0, uid: int | None = None, gid: int | None = None
+    ) -> FileInfo:
+        """Make a fifo, socket or device node (``mode`` with its type bits): a name with
+        attributes and no bytes. ``AlreadyExists`` if the path exists."""
+        commit = FileCommit(
+            _paths.normalize(path), (), mode="create", permissions=mode, uid=uid, gid=gid, rdev=rdev
+        )
+        [info] = await self.meta.request(Commit((commit,)))
+        return info
 
     async def copy(self, src: str, dst: str, *, exclusive: bool = False) -> FileInfo:
         """A new file at ``dst`` with ``src``'s content, without moving a byte.

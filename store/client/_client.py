@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Literal, overload
 
 from .._errors import InvalidArgument
-from .._types import Buffer, FileInfo, FsckReport, Health
+from .._types import Buffer, Change, FileInfo, FsckReport, Health
 from . import _loop
 from ._aclient import AsyncClient, Progress
 from ._afiles import check_mode
@@ -90,9 +90,20 @@ class Client:
         """Entries of a directory sorted by name (a file lists as itself)."""
         return _loop.run(self.aio.ls(path))
 
-    def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> FileInfo:
-        """Create a directory (``pathlib`` semantics)."""
-        return _loop.run(self.aio.mkdir(path, parents=parents, exist_ok=exist_ok))
+    def mkdir(
+        self,
+        path: str,
+        *,
+        parents: bool = False,
+        exist_ok: bool = False,
+        mode: int | None = None,
+        uid: int = -1,
+        gid: int = -1,
+    ) -> FileInfo:
+        """Create a directory (``pathlib`` semantics; see ``AsyncClient.mkdir``)."""
+        return _loop.run(
+            self.aio.mkdir(path, parents=parents, exist_ok=exist_ok, mode=mode, uid=uid, gid=gid)
+        )
 
     def rm(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file or empty directory; everything below it with ``recursive``."""
@@ -121,11 +132,13 @@ class Client:
         exclusive: bool = False,
         replication: int | None = None,
         min_replicas: int | None = None,
-        permissions: int = 0,
+        permissions: int | None = None,
+        attributes: Change | None = None,
     ) -> FileInfo:
         """Store ``data`` at ``path`` in one commit, without copying it (``permissions``:
-        mode bits; 0 keeps those of the file replaced; ``min_replicas``: copies this
-        write needs while nodes are down)."""
+        mode bits; ``None`` keeps those of the file replaced; ``attributes``: an owner or
+        a modification time too; ``min_replicas``: copies this write needs while nodes
+        are down)."""
         return _loop.run(
             self.aio.put(
                 path,
@@ -134,14 +147,36 @@ class Client:
                 replication=replication,
                 min_replicas=min_replicas,
                 permissions=permissions,
+                attributes=attributes,
             )
         )
 
     def set_attributes(
-        self, path: str, *, mode: int | None = None, mtime_ns: int | None = None
+        self,
+        path: str,
+        *,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
+        atime_ns: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> FileInfo:
-        """Change mode bits and/or modification time in place (``chmod``, ``touch``)."""
-        return _loop.run(self.aio.set_attributes(path, mode=mode, mtime_ns=mtime_ns))
+        """Change mode bits, times or owner in place (``chmod``, ``touch``, ``chown``)."""
+        return _loop.run(
+            self.aio.set_attributes(
+                path, mode=mode, mtime_ns=mtime_ns, atime_ns=atime_ns, uid=uid, gid=gid
+            )
+        )
+
+    def link(self, src: str, dst: str) -> FileInfo:
+        """Give the file at ``src`` another name (a hard link; see ``AsyncClient.link``)."""
+        return _loop.run(self.aio.link(src, dst))
+
+    def mknod(
+        self, path: str, mode: int, *, rdev: int = 0, uid: int | None = None, gid: int | None = None
+    ) -> FileInfo:
+        """Make a fifo, socket or device node (see ``AsyncClient.mknod``)."""
+        return _loop.run(self.aio.mknod(path, mode, rdev=rdev, uid=uid, gid=gid))
 
     def copy(self, src: str, dst: str, *, exclusive: bool = False) -> FileInfo:
         """A new file at ``dst`` sharing ``src``'s chunks: metadata only, whatever the size."""

@@ -17,10 +17,12 @@ import mmap
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 
+import msgspec
+
 from .._buffers import BufferPool, in_thread
 from .._errors import CannotPlace, GrabenError, IntegrityError, NoSpace, Timeout, Unavailable
 from .._hashing import chunk_ref
-from .._types import Buffer, ChunkRef, Extent, FileCommit, FileInfo, StoredChunk, WriteMode
+from .._types import Buffer, Change, ChunkRef, Extent, FileCommit, FileInfo, StoredChunk, WriteMode
 from ..transport import ChunkTransport, Commit, MetaTransport, Prepare
 
 Release = Callable[[], None]
@@ -45,13 +47,16 @@ class Upload:
         mode: WriteMode,
         replication: int,
         max_inflight: int,
-        permissions: int = 0,
+        permissions: int | None = None,
+        attributes: Change | None = None,
         min_replicas: int = 0,
     ) -> None:
         self._meta, self._chunks, self._hasher = meta, chunks, hasher
         self.path, self._mode, self._replication = path, mode, replication
         self._min_replicas = min_replicas  # 0: the store's
-        self._permissions = permissions
+        self._attributes = attributes or Change()
+        if permissions is not None:
+            self._attributes = msgspec.structs.replace(self._attributes, mode=permissions)
         self._slots = asyncio.Semaphore(max_inflight)
         self._tasks: list[asyncio.Task[tuple[ChunkRef, StoredChunk | None]]] = []
         self._failure: Exception | None = None
@@ -172,13 +177,14 @@ class Upload:
             offset += ref.length
             if new is not None:
                 stored[ref.id] = new
+        a = self._attributes
         self._finished = FileCommit(
             self.path,
             tuple(extents),
             tuple(stored.values()),
             self._mode,
             self._replication,
-            self._permissions,
+            *(a.mode, a.uid, a.gid, a.mtime_ns),
         )
         return self._finished
 

@@ -8,6 +8,7 @@ service's group commit: many clients' batches in one engine transaction).
 
 from __future__ import annotations
 
+import stat
 import time
 from collections.abc import Callable, Sequence
 
@@ -15,7 +16,7 @@ from .. import _paths
 from .._errors import AlreadyExists, GrabenError, IntegrityError, InvalidArgument, IsADirectory
 from .._types import ChunkRef, Extent, FileCommit, FileInfo, Placement
 from ._once import record, recorded, replayed, write_once
-from ._repo import NewFile, Repository, Tx
+from ._repo import Inode, NewFile, Repository, Tx
 from ._walk import Directories, ensure_dirs, info
 
 Placer = Callable[[ChunkRef, int, int, tuple[str, ...]], tuple[str, ...]]
@@ -23,6 +24,14 @@ Placer = Callable[[ChunkRef, int, int, tuple[str, ...]], tuple[str, ...]]
 PERMISSION_BITS = 0o7777
 """What a new version keeps of the mode of the one it replaces (not a symlink's type bits)."""
 FILE_MODE = 0o644
+TYPES = frozenset(
+    {0, stat.S_IFREG, stat.S_IFLNK, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK}
+)
+"""Type bits a file's mode may carry (0 and ``S_IFREG``: a regular file)."""
+CONTENTLESS = frozenset({stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK})
+"""Types whose I/O the kernel does: names with attributes, never bytes."""
+TIME_RANGE = range(-(2**63), 2**63)
+"""Times the engines hold (ns since the epoch, 64-bit)."""
 
 
 class Commits:
@@ -151,6 +160,7 @@ class Commits:
         if not parts:
             raise IsADirectory("cannot write to the root", clean)
         size = _check_extents(commit.extents, clean)
+        _check_commit(commit, size, clean)
         tx.add_chunks((s.chunk, s.nodes) for s in commit.stored)
         # What the commit stores itself is known now; only chunks it reuses are asked for.
         missing = {x.chunk.id for x in commit.extents} - {s.chunk.id for s in commit.stored}
@@ -168,20 +178,57 @@ class Commits:
             raise AlreadyExists("file exists", clean)
         if old is not None and old.kind == "directory":
             raise IsADirectory("a directory has this name", clean)
-        generation = 1 if old is None else old.generation + 1
-        copies = self._replication(commit.replication)
-        mode = commit.permissions or (FILE_MODE if old is None else old.mode & PERMISSION_BITS)
-        if old is not None:
+        now = time.time_ns()
+        new = NewFile(self._attributes(commit, old, size, now), commit.extents)
+        if old is None:
+            tx.touch(parent.id, now)
+        else:
             tx.unlink(parent.id, parts[-1])
-        new = NewFile(size, mode, time.time_ns(), generation, copies, commit.extents)
         node = tx.create_file(parent.id, parts[-1], new)
         if old is not None:  # after the new one is numbered: SQLite would reuse its number
+            if old.nlink > 1:
+                tx.relink(old.id, node.id)  # its other names see the new version too
             tx.delete(old.id)
         return info(clean, node)
+
+    def _attributes(self, commit: FileCommit, old: Inode | None, size: int, now: int) -> Inode:
+        """The new version's row: what the commit sets, else what ``old`` had."""
+        c = commit
+        mode = c.permissions
+        if mode is None:
+            mode = FILE_MODE if old is None else old.mode & PERMISSION_BITS
+        mtime = now if c.mtime_ns is None else c.mtime_ns
+        uid = c.uid if c.uid is not None else -1 if old is None else old.uid
+        gid = c.gid if c.gid is not None else -1 if old is None else old.gid
+        generation = 1 if old is None else old.generation + 1
+        links = 1 if old is None else old.nlink
+        copies = self._replication(c.replication)
+        return Inode(
+            0, "file", size, mode, mtime, generation, copies, uid, gid, now, mtime, links, c.rdev
+        )
 
 
 class _BatchFailed(Exception):
     """A batch of a group committed together failed: the group goes again, apart."""
+
+
+def check_time(ns: int | None, path: str) -> None:
+    """A time must fit the engines' 64-bit nanoseconds (years 1677 to 2262)."""
+    if ns is not None and ns not in TIME_RANGE:
+        raise InvalidArgument(f"time {ns} ns is out of range (years 1677 to 2262)", path)
+
+
+def _check_commit(commit: FileCommit, size: int, path: str) -> None:
+    mode = commit.permissions
+    if mode is not None:
+        if mode < 0 or mode & ~(PERMISSION_BITS | 0o170000) or stat.S_IFMT(mode) not in TYPES:
+            raise InvalidArgument(f"mode {mode:#o} is not a file's", path)
+        if stat.S_IFMT(mode) in CONTENTLESS and size:
+            raise InvalidArgument("a fifo, socket or device node holds no bytes", path)
+    check_time(commit.mtime_ns, path)
+    for value in (commit.uid, commit.gid):
+        if value is not None and not -1 <= value <= 2**32 - 2:
+            raise InvalidArgument(f"owner id {value} is out of range", path)
 
 
 def _check_extents(extents: tuple[Extent, ...], path: str) -> int:

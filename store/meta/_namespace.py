@@ -13,6 +13,7 @@ placing chunks, committing files) and the chunk and node records
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -33,6 +34,7 @@ from .._types import (
     LIST_PAGE,
     LOCAL_NODE,
     MAX_PAGE,
+    Change,
     ChunkRef,
     FileInfo,
     FileLayout,
@@ -48,6 +50,7 @@ from ..transport import (
     GetLayout,
     GetStoreId,
     Heartbeat,
+    Link,
     ListDir,
     ListNodes,
     MakeDir,
@@ -61,12 +64,14 @@ from ..transport import (
     Usage,
 )
 from ._bookkeeping import Bookkeeping
-from ._commits import Commits, Placer
+from ._commits import PERMISSION_BITS, Commits, Placer, check_time
 from ._once import write_once
 from ._repo import Inode, Repository, Tx
-from ._walk import DIR_MODE, ensure_dirs, info, resolve, resolve_dir
+from ._walk import DIR_MODE, ensure_dirs, info, new_directory, resolve, resolve_dir
 
 R = TypeVar("R")
+MAX_ID = 2**32 - 2
+"""The largest user or group id (``(uid_t)-1`` means "none")."""
 
 
 def local_placement(
@@ -102,10 +107,13 @@ class Namespace(Commits, Bookkeeping):
         self._handlers: dict[type[Any], Callable[[Any], Any]] = {
             Stat: lambda r: self.stat(r.path),
             ListDir: lambda r: self.listdir(r.path, r.after, r.limit, r.directory),
-            MakeDir: lambda r: self.mkdir(r.path, r.parents, r.exist_ok, key=r.key),
+            MakeDir: lambda r: self.mkdir(
+                r.path, r.parents, r.exist_ok, mode=r.mode, uid=r.uid, gid=r.gid, key=r.key
+            ),
+            Link: lambda r: self.link(r.src, r.dst, key=r.key),
             Remove: lambda r: self.remove(r.path, r.recursive, key=r.key),
             Rename: lambda r: self.rename(r.src, r.dst, r.replace, r.replace_tree, key=r.key),
-            SetAttributes: lambda r: self.set_attributes(r.path, r.mode, r.mtime_ns, key=r.key),
+            SetAttributes: lambda r: self.set_attributes(r.path, r.change, key=r.key),
             GetLayout: lambda r: self.layout(r.path, r.start, r.limit, r.inode),
             Prepare: lambda r: self.prepare(r.chunks, r.replication, r.avoid, r.min_replicas),
             Commit: lambda r: self.commit(r.files, key=r.key),
@@ -204,33 +212,38 @@ class Namespace(Commits, Bookkeeping):
     # -- namespace mutations -----------------------------------------------------
 
     def mkdir(
-        self, path: str, parents: bool = False, exist_ok: bool = False, *, key: str = ""
+        self,
+        path: str,
+        parents: bool = False,
+        exist_ok: bool = False,
+        *,
+        mode: int | None = None,
+        uid: int = -1,
+        gid: int = -1,
+        key: str = "",
     ) -> FileInfo:
-        """Create a directory (and its parents with ``parents``)."""
+        """Create a directory (and its parents with ``parents``), owned by ``uid``/``gid``
+        (-1: none recorded), with ``mode`` (else 0o755)."""
         parts = _paths.split(path)
         clean = _paths.join_parts(parts)
         if not parts:
             if exist_ok:
                 return self.stat(clean)
             raise AlreadyExists("the root always exists", clean)
-        return write_once(
-            self.repo, key, FileInfo, lambda tx: self._mkdir(tx, parts, path, parents, exist_ok)
-        )
+        bits = DIR_MODE if mode is None else _permission_bits(mode, clean)
+        _check_owner(uid, gid, clean)
 
-    def _mkdir(
-        self, tx: Tx, parts: tuple[str, ...], path: str, parents: bool, exist_ok: bool
-    ) -> FileInfo:
-        clean = _paths.join_parts(parts)
-        find = ensure_dirs if parents else resolve_dir
-        parent = find(tx, parts[:-1], path)
-        found = tx.lookup(parent.id, parts[-1])
-        if found is not None:
-            if exist_ok and found.kind == "directory":
-                return info(clean, found)
-            raise AlreadyExists("already exists", clean)
-        node = tx.create("directory", 0, DIR_MODE, time.time_ns(), 1, 1)
-        tx.link(parent.id, parts[-1], node.id)
-        return info(clean, node)
+        def make(tx: Tx) -> FileInfo:
+            find = ensure_dirs if parents else resolve_dir
+            parent = find(tx, parts[:-1], path)
+            found = tx.lookup(parent.id, parts[-1])
+            if found is not None:
+                if exist_ok and found.kind == "directory":
+                    return info(clean, found)
+                raise AlreadyExists("already exists", clean)
+            return info(clean, new_directory(tx, parent.id, parts[-1], bits, uid, gid))
+
+        return write_once(self.repo, key, FileInfo, make)
 
     def remove(self, path: str, recursive: bool = False, *, key: str = "") -> int:
         """Remove a file, or a directory (its contents too with ``recursive``)."""
@@ -247,20 +260,56 @@ class Namespace(Commits, Bookkeeping):
             raise NotFound("no such file or directory", clean)
         if node.kind == "directory" and not recursive and tx.has_children(node.id):
             raise DirectoryNotEmpty("directory not empty (use recursive)", clean)
-        tx.unlink(parent.id, parts[-1])
-        return self._delete_tree(tx, node)
+        self._unname(tx, parent.id, parts[-1], node)
+        return self._drop(tx, node)
 
-    def _delete_tree(self, tx: Tx, node: Inode) -> int:
-        count, pending = 0, [node]
+    @staticmethod
+    def _unname(tx: Tx, parent: int, name: str, node: Inode) -> None:
+        """Drop the entry ``name`` (naming ``node``) from ``parent``, which changes."""
+        tx.unlink(parent, name)
+        tx.touch(parent, time.time_ns(), links=-1 if node.kind == "directory" else 0)
+
+    def _drop(self, tx: Tx, node: Inode) -> int:
+        """``node`` lost a name: a file with none left goes, a directory goes with all
+        below it; how many names went."""
+        count, pending, now = 0, [node], time.time_ns()
         while pending:
             current = pending.pop()
+            count += 1
             if current.kind == "directory":
                 for name, child in tx.children(current.id):
                     tx.unlink(current.id, name)
                     pending.append(child)
+            elif tx.touch(current.id, now, links=-1, modified=False) > 0:
+                continue  # another name still leads to it
             tx.delete(current.id)
-            count += 1
         return count
+
+    def link(self, src: str, dst: str, *, key: str = "") -> FileInfo:
+        """Give the file at ``src`` another name, ``dst`` (a hard link: one file, two
+        names; a new version written at either is what both show). ``dst``'s directory
+        must exist and ``dst`` must not."""
+        sparts, dparts = _paths.split(src), _paths.split(dst)
+        clean_src, clean_dst = _paths.join_parts(sparts), _paths.join_parts(dparts)
+        if not dparts:
+            raise AlreadyExists("the root always exists", clean_dst)
+
+        def add(tx: Tx) -> FileInfo:
+            node = resolve(tx, sparts, src)
+            if node.kind == "directory":
+                raise IsADirectory("a directory cannot have another name", clean_src)
+            parent = resolve_dir(tx, dparts[:-1], dst)
+            if tx.lookup(parent.id, dparts[-1]) is not None:
+                raise AlreadyExists("file exists", clean_dst)
+            now = time.time_ns()
+            tx.link(parent.id, dparts[-1], node.id)
+            tx.touch(parent.id, now)
+            links = tx.touch(node.id, now, links=1, modified=False)
+            return info(
+                clean_dst, dataclasses.replace(node, nlink=links, ctime_ns=max(now, node.ctime_ns))
+            )
+
+        return write_once(self.repo, key, FileInfo, add)
 
     def rename(
         self,
@@ -307,13 +356,18 @@ class Namespace(Commits, Bookkeeping):
             raise InvalidPath(f"cannot move {clean_src} into itself", clean_dst)
         dparent = ensure_dirs(tx, dparts[:-1], dst)
         target = tx.lookup(dparent.id, dparts[-1])
+        if target is not None and target.id == node.id:
+            return info(clean_dst, node)  # two names of one file: nothing to do (POSIX)
         if target is not None:
             self._check_replace(tx, node, target, replace, replace_tree, clean_dst)
-            tx.unlink(dparent.id, dparts[-1])
-            self._delete_tree(tx, target)
-        tx.unlink(sparent.id, sparts[-1])
+            self._unname(tx, dparent.id, dparts[-1], target)
+            self._drop(tx, target)
+        self._unname(tx, sparent.id, sparts[-1], node)
+        now = time.time_ns()
         tx.link(dparent.id, dparts[-1], node.id)
-        return info(clean_dst, node)
+        tx.touch(dparent.id, now, links=1 if node.kind == "directory" else 0)
+        tx.touch(node.id, now, modified=False)
+        return info(clean_dst, dataclasses.replace(node, ctime_ns=max(now, node.ctime_ns)))
 
     def _check_replace(
         self, tx: Tx, node: Inode, target: Inode, replace: bool, replace_tree: bool, dst: str
@@ -329,25 +383,56 @@ class Namespace(Commits, Bookkeeping):
 
     # -- the write path -------------------------------------------------------
 
-    def set_attributes(
-        self, path: str, mode: int | None, mtime_ns: int | None, *, key: str = ""
-    ) -> FileInfo:
-        """Change mode bits and/or modification time in place."""
+    def set_attributes(self, path: str, change: Change, *, key: str = "") -> FileInfo:
+        """Change mode bits, times or owner in place; the ctime moves to now."""
         parts = _paths.split(path)
         clean = _paths.join_parts(parts)
         if not parts:
             raise InvalidArgument("the root's attributes cannot change", clean)
+        _check_change(change, clean)
 
-        def change(tx: Tx) -> FileInfo:
+        def apply(tx: Tx) -> FileInfo:
             node = resolve(tx, parts, clean)
-            changed = tx.set_attributes(
-                node.id,
-                node.mode if mode is None else mode,
-                node.mtime_ns if mtime_ns is None else mtime_ns,
-            )
+            changed = changed_inode(node, change, time.time_ns())
+            tx.update(changed)
             return info(clean, changed)
 
-        return write_once(self.repo, key, FileInfo, change)
+        return write_once(self.repo, key, FileInfo, apply)
+
+
+def changed_inode(node: Inode, change: Change, now_ns: int) -> Inode:
+    """``node`` with ``change`` applied at ``now_ns`` (its type bits stay)."""
+    c = change
+    mode = node.mode if c.mode is None else node.mode & ~PERMISSION_BITS | c.mode
+    return dataclasses.replace(
+        node,
+        mode=mode,
+        mtime_ns=node.mtime_ns if c.mtime_ns is None else c.mtime_ns,
+        atime_ns=node.atime_ns if c.atime_ns is None else c.atime_ns,
+        uid=node.uid if c.uid is None else c.uid,
+        gid=node.gid if c.gid is None else c.gid,
+        ctime_ns=max(node.ctime_ns, now_ns),
+    )
+
+
+def _check_change(change: Change, path: str) -> None:
+    if change.mode is not None:
+        _permission_bits(change.mode, path)
+    check_time(change.mtime_ns, path)
+    check_time(change.atime_ns, path)
+    _check_owner(change.uid, change.gid, path)
+
+
+def _permission_bits(mode: int, path: str) -> int:
+    if not 0 <= mode <= PERMISSION_BITS:
+        raise InvalidArgument(f"mode {mode:#o} is not permission bits (0 to 0o7777)", path)
+    return mode
+
+
+def _check_owner(uid: int | None, gid: int | None, path: str) -> None:
+    for what, value in (("user", uid), ("group", gid)):
+        if value is not None and not -1 <= value <= MAX_ID:
+            raise InvalidArgument(f"{what} id {value} is out of range", path)
 
 
 def _page(asked: int, default: int) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from .._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState, ServiceState
@@ -39,36 +39,57 @@ class Inode:
     size: int
     """Bytes in the file."""
     mode: int
-    """Permission bits."""
+    """Permission bits (with the type bits of a symbolic link, fifo, socket or device)."""
     mtime_ns: int
     """Modification time, ns since the epoch."""
     generation: int
     """Version count of the path it was committed to."""
     replication: int
     """Copies kept of each chunk."""
+    uid: int = -1
+    """Owner's user id; -1 for none recorded (whoever mounts the store)."""
+    gid: int = -1
+    """Owner's group id; -1 for none recorded."""
+    ctime_ns: int = 0
+    """When its attributes or names last changed, ns since the epoch; never goes back."""
+    atime_ns: int = 0
+    """Access time, ns since the epoch (set by ``touch -a`` and copies; reads leave it)."""
+    nlink: int = 1
+    """Names a file has (hard links); a directory's is 2 plus its subdirectories."""
+    rdev: int = 0
+    """The device number of a device node."""
+
+
+INODE_COLUMNS = (
+    "id, kind, size, mode, mtime_ns, generation, replication, "
+    "uid, gid, ctime_ns, atime_ns, nlink, rdev"
+)
+"""An inode row's columns, in ``Inode``'s field order."""
+NEW_INODE_COLUMNS = INODE_COLUMNS.removeprefix("id, ")
+"""The columns a new inode's row is given (its number is the engine's)."""
+
+
+def new_values(node: Inode) -> tuple[object, ...]:
+    """A new inode's values for ``NEW_INODE_COLUMNS``."""
+    n = node
+    return (
+        *(n.kind, n.size, n.mode, n.mtime_ns, n.generation, n.replication),
+        *(n.uid, n.gid, n.ctime_ns, n.atime_ns, n.nlink, n.rdev),
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class NewFile:
     """What ``Tx.create_file`` makes: a file inode's attributes and content."""
 
-    size: int
-    """Bytes in the file."""
-    mode: int
-    """Permission bits."""
-    mtime_ns: int
-    """Modification time, ns since the epoch."""
-    generation: int
-    """Version count of the path it is committed to."""
-    replication: int
-    """Copies kept of each chunk."""
+    attributes: Inode
+    """Its row (its ``id`` is ignored: the engine numbers it)."""
     extents: tuple[Extent, ...]
     """Its content, tiling it from offset 0."""
 
     def inode(self, number: int) -> Inode:
         """The inode it is, once numbered."""
-        size, mode, mtime, generation = self.size, self.mode, self.mtime_ns, self.generation
-        return Inode(number, "file", size, mode, mtime, generation, self.replication)
+        return replace(self.attributes, id=number)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,18 +125,25 @@ class Tx(Protocol):
     def has_children(self, parent: int) -> bool:
         """Whether a directory has any entry."""
 
-    def create(
-        self, kind: Kind, size: int, mode: int, mtime_ns: int, generation: int, replication: int
-    ) -> Inode:
-        """A new inode, not yet linked anywhere."""
+    def create(self, node: Inode) -> Inode:
+        """A new inode with ``node``'s attributes (its ``id`` ignored), not yet linked anywhere."""
 
     def create_file(self, parent: int, name: str, file: NewFile) -> Inode:
         """A new file inode with its extents (a reference taken on each chunk), linked
         at ``name`` in ``parent`` (the name must be free): ``create``, ``set_extents``
         and ``link`` at once (one round trip where the engine is across a network)."""
 
-    def set_attributes(self, inode: int, mode: int, mtime_ns: int) -> Inode:
-        """Set an inode's mode bits and modification time; the updated inode."""
+    def update(self, node: Inode) -> None:
+        """Set an inode's mode, times and owner to ``node``'s."""
+
+    def touch(self, inode: int, now_ns: int, *, links: int = 0, modified: bool = True) -> int:
+        """An inode's names or entries changed: its ctime moves to ``now_ns`` (never back),
+        its link count by ``links``, and with ``modified`` (a directory's entries) its mtime
+        to ``now_ns``; the link count it has now."""
+
+    def relink(self, old: int, new: int) -> None:
+        """Every entry naming inode ``old`` names ``new`` instead (a new version of a file
+        with several names)."""
 
     def link(self, parent: int, name: str, inode: int) -> None:
         """Add an entry; the name must be free."""

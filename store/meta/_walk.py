@@ -13,7 +13,7 @@ from .._errors import NotADirectory, NotFound
 from .._types import FileInfo
 from ._repo import ROOT_INODE, Inode, Tx
 
-ROOT = Inode(ROOT_INODE, "directory", 0, 0o755, 0, 1, 1)
+ROOT = Inode(ROOT_INODE, "directory", 0, 0o755, 0, 1, 1, nlink=2)
 Directories = dict[tuple[str, ...], Inode]
 """Directories one write transaction resolved, by their path's parts."""
 DIR_MODE = 0o755
@@ -21,20 +21,18 @@ DIR_MODE = 0o755
 
 def info(path: str, inode: Inode) -> FileInfo:
     """The ``FileInfo`` of ``inode`` at ``path``."""
+    n = inode
     return FileInfo(
         path,
-        inode.kind,
-        inode.size,
-        inode.mtime_ns,
-        inode.id,
-        inode.generation,
-        inode.replication,
-        inode.mode,
+        *(n.kind, n.size, n.mtime_ns, n.id, n.generation, n.replication, n.mode),
+        *(n.uid, n.gid, n.ctime_ns, n.atime_ns, n.nlink, n.rdev),
     )
 
 
 def resolve(tx: Tx, parts: tuple[str, ...], path: str) -> Inode:
     """The inode ``parts`` names (``NotFound``, ``NotADirectory`` on the way)."""
+    if not parts:
+        return tx.get(ROOT_INODE) or ROOT
     node = ROOT
     for depth, name in enumerate(parts):
         if node.kind != "directory":
@@ -74,12 +72,22 @@ def ensure_dirs(
             continue
         found = tx.lookup(node.id, name)
         if found is None:
-            found = tx.create("directory", 0, DIR_MODE, time.time_ns(), 1, 1)
-            tx.link(node.id, name, found.id)
+            found = new_directory(tx, node.id, name)
         elif found.kind != "directory":
             where = _paths.join_parts(parts[: depth + 1])
             raise NotADirectory(f"{where} is a file, not a directory", path)
         node = found
         if known is not None:
             known[parts[: depth + 1]] = node
+    return node
+
+
+def new_directory(
+    tx: Tx, parent: int, name: str, mode: int = DIR_MODE, uid: int = -1, gid: int = -1
+) -> Inode:
+    """Make a directory named ``name`` in ``parent`` (the name must be free)."""
+    now = time.time_ns()
+    node = tx.create(Inode(0, "directory", 0, mode, now, 1, 1, uid, gid, now, now, nlink=2))
+    tx.link(parent, name, node.id)
+    tx.touch(parent, now, links=1)
     return node

@@ -22,6 +22,7 @@ import msgspec
 
 from .._types import (
     Capability,
+    Change,
     ChunkPage,
     ChunkProblem,
     ChunkRef,
@@ -79,6 +80,22 @@ class MakeDir(Request[FileInfo], frozen=True):
     exist_ok: bool = False
     key: str = ""
     """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
+    mode: int | None = None
+    """Its permission bits; ``None``: 0o755."""
+    uid: int = -1
+    """Its owner (-1: none recorded)."""
+    gid: int = -1
+    """Its group (-1: none recorded)."""
+
+
+class Link(Request[FileInfo], frozen=True):
+    """Give a file another name (a hard link)."""
+
+    response = FileInfo
+    src: str
+    dst: str
+    key: str = ""
+    """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
 
 
 class Remove(Request[int], frozen=True):
@@ -105,14 +122,12 @@ class Rename(Request[FileInfo], frozen=True):
 
 
 class SetAttributes(Request[FileInfo], frozen=True):
-    """Change a file's or directory's mode bits or modification time in place."""
+    """Change a file's or directory's mode bits, times or owner in place."""
 
     response = FileInfo
     path: str
-    mode: int | None = None
-    """New mode bits; ``None`` keeps them."""
-    mtime_ns: int | None = None
-    """New modification time; ``None`` keeps it."""
+    change: Change = msgspec.field(default_factory=Change)
+    """What changes; what it leaves ``None`` stays."""
     key: str = ""
     """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
 
@@ -266,7 +281,7 @@ RETRY_WITHIN_S = KEY_LIFETIME_S / 2
 timeout: a repeat after the key is gone would be applied again. Half the lifetime
 leaves room for clocks that disagree and requests that wait in a queue."""
 KEYED: frozenset[type[Any]] = frozenset(
-    {MakeDir, Remove, Rename, SetAttributes, Commit, Collectable}
+    {MakeDir, Link, Remove, Rename, SetAttributes, Commit, Collectable}
 )
 """Mutations that carry one idempotency key (``CommitEach`` carries one per batch)."""
 

@@ -15,13 +15,23 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from psycopg.pq import TransactionStatus
 
 from ..._errors import IntegrityError
-from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState, ServiceState
-from .._repo import ROOT_INODE, ChunkRecord, Inode, Lease, NewFile
+from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, NodeState, ServiceState
+from .._repo import (
+    INODE_COLUMNS,
+    NEW_INODE_COLUMNS,
+    ROOT_INODE,
+    ChunkRecord,
+    Inode,
+    Lease,
+    NewFile,
+    new_values,
+)
 from ._postgres_schema import Connection, inconsistencies
 from ._rows import PAGE_ROWS_MAX, CheckedRows, checked_inode, chunk_ref, inode_of
 
@@ -29,8 +39,7 @@ MAX_DEPTH = 4096
 """Directories ``path_of`` climbs at most (a path is at most 4096 bytes)."""
 
 
-_INODE_COLUMNS = "id, kind, size, mode, mtime_ns, generation, replication"
-_JOINED_INODE = ", ".join("i." + c for c in _INODE_COLUMNS.split(", "))
+_JOINED_INODE = ", ".join("i." + c for c in INODE_COLUMNS.split(", "))
 _EXTENT_ROWS = (
     'SELECT x."offset", x.length, x.chunk, c.length, c.crc32c, x.chunk_offset '
     "FROM extents x LEFT JOIN chunks c ON c.id = x.chunk "
@@ -97,7 +106,7 @@ class PostgresTx(CheckedRows):
         )
 
     def get(self, inode: int) -> Inode | None:
-        return inode_of(self._one(f"SELECT {_INODE_COLUMNS} FROM inodes WHERE id = %s", (inode,)))
+        return inode_of(self._one(f"SELECT {INODE_COLUMNS} FROM inodes WHERE id = %s", (inode,)))
 
     def children(self, parent: int) -> list[tuple[str, Inode]]:
         rows = self._rows(
@@ -118,41 +127,47 @@ class PostgresTx(CheckedRows):
     def has_children(self, parent: int) -> bool:
         return self._one("SELECT 1 FROM entries WHERE parent = %s LIMIT 1", (parent,)) is not None
 
-    def create(
-        self, kind: Kind, size: int, mode: int, mtime_ns: int, generation: int, replication: int
-    ) -> Inode:
+    def create(self, node: Inode) -> Inode:
         row = self._one(
-            "INSERT INTO inodes (kind, size, mode, mtime_ns, generation, replication) "
-            "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
-            (kind, size, mode, mtime_ns, generation, replication),
+            f"INSERT INTO inodes ({NEW_INODE_COLUMNS}) VALUES ({', '.join(['%s'] * 12)}) "
+            "RETURNING id",
+            new_values(node),
         )
         assert row is not None
-        return Inode(row[0], kind, size, mode, mtime_ns, generation, replication)
+        return replace(node, id=row[0])
 
     def create_file(self, parent: int, name: str, file: NewFile) -> Inode:
-        f = file
         row = self._one(
-            "WITH node AS (INSERT INTO inodes (kind, size, mode, mtime_ns, generation, "
-            "replication) VALUES ('file', %s, %s, %s, %s, %s) RETURNING id), "
+            f"WITH node AS (INSERT INTO inodes ({NEW_INODE_COLUMNS}) "
+            f"VALUES ({', '.join(['%s'] * 12)}) RETURNING id), "
             "named AS (INSERT INTO entries (parent, name, inode) SELECT %s, %s, id FROM node), "
             + _ADD_EXTENTS.format(inode="(SELECT id FROM node)")
             + "SELECT id FROM node",
-            (
-                *(f.size, f.mode, f.mtime_ns, f.generation, f.replication, parent, name),
-                *_extent_arrays(f.extents),
-            ),
+            (*new_values(file.attributes), parent, name, *_extent_arrays(file.extents)),
         )
         assert row is not None
-        return f.inode(row[0])
+        return file.inode(row[0])
 
-    def set_attributes(self, inode: int, mode: int, mtime_ns: int) -> Inode:
-        row = self._one(
-            f"UPDATE inodes SET mode = %s, mtime_ns = %s WHERE id = %s RETURNING {_INODE_COLUMNS}",
-            (mode, mtime_ns, inode),
+    def update(self, node: Inode) -> None:
+        n = node
+        self._db.execute(
+            "UPDATE inodes SET mode = %s, mtime_ns = %s, atime_ns = %s, ctime_ns = %s, "
+            "uid = %s, gid = %s WHERE id = %s",
+            (n.mode, n.mtime_ns, n.atime_ns, n.ctime_ns, n.uid, n.gid, n.id),
         )
-        found = inode_of(row)
-        assert found is not None
-        return found
+
+    def touch(self, inode: int, now_ns: int, *, links: int = 0, modified: bool = True) -> int:
+        row = self._one(
+            "UPDATE inodes SET ctime_ns = GREATEST(ctime_ns, %(now)s), "
+            "nlink = nlink + %(links)s, "
+            "mtime_ns = CASE WHEN %(modified)s THEN %(now)s ELSE mtime_ns END "
+            "WHERE id = %(inode)s RETURNING nlink",
+            {"now": now_ns, "links": links, "modified": modified, "inode": inode},
+        )
+        return int(row[0]) if row else 0
+
+    def relink(self, old: int, new: int) -> None:
+        self._db.execute("UPDATE entries SET inode = %s WHERE inode = %s", (new, old))
 
     def link(self, parent: int, name: str, inode: int) -> None:
         self._db.execute(

@@ -124,6 +124,21 @@ MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
         PRIMARY KEY (chunk, node)
     ) WITHOUT ROWID;
     """,
+    # 6: what a mounted file system keeps: owners, change and access times, link counts
+    # (a file's names; a directory's 2 + its subdirectories), device numbers.
+    """
+    ALTER TABLE inodes ADD COLUMN uid INTEGER NOT NULL DEFAULT -1;
+    ALTER TABLE inodes ADD COLUMN gid INTEGER NOT NULL DEFAULT -1;
+    ALTER TABLE inodes ADD COLUMN ctime_ns INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE inodes ADD COLUMN atime_ns INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE inodes ADD COLUMN nlink INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0;
+    UPDATE inodes SET ctime_ns = mtime_ns, atime_ns = mtime_ns;
+    UPDATE inodes SET nlink = 2 + (
+        SELECT COUNT(*) FROM entries e JOIN inodes c ON c.id = e.inode
+        WHERE e.parent = inodes.id AND c.kind = 'directory'
+    ) WHERE kind = 'directory';
+    """,
 )
 
 BUSY_TIMEOUT_S = 60.0

@@ -14,15 +14,25 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import cast
 
 from ..._errors import IntegrityError
-from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState, ServiceState
-from .._repo import ROOT_INODE, ChunkRecord, Inode, Lease, NewFile
+from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, NodeState, ServiceState
+from .._repo import (
+    INODE_COLUMNS,
+    NEW_INODE_COLUMNS,
+    ROOT_INODE,
+    ChunkRecord,
+    Inode,
+    Lease,
+    NewFile,
+    new_values,
+)
 from ._rows import PAGE_ROWS_MAX, CheckedRows, checked_inode, chunk_ref, inode_of
 from ._sqlite_checks import inconsistencies
 
-_INODE_COLUMNS = "id, kind, size, mode, mtime_ns, generation, replication"
+_JOINED_INODE = ", ".join("i." + c for c in INODE_COLUMNS.split(", "))
 
 
 class SQLiteTx(CheckedRows):
@@ -48,7 +58,7 @@ class SQLiteTx(CheckedRows):
     def lookup(self, parent: int, name: str) -> Inode | None:
         return inode_of(
             self._db.execute(
-                f"SELECT {', '.join('i.' + c for c in _INODE_COLUMNS.split(', '))} "
+                f"SELECT {_JOINED_INODE} "
                 "FROM entries e JOIN inodes i ON i.id = e.inode "
                 "WHERE e.parent = ? AND e.name = ?",
                 (parent, name),
@@ -58,13 +68,13 @@ class SQLiteTx(CheckedRows):
     def get(self, inode: int) -> Inode | None:
         return inode_of(
             self._db.execute(
-                f"SELECT {_INODE_COLUMNS} FROM inodes WHERE id = ?", (inode,)
+                f"SELECT {INODE_COLUMNS} FROM inodes WHERE id = ?", (inode,)
             ).fetchone()
         )
 
     def children(self, parent: int) -> list[tuple[str, Inode]]:
         rows = self._db.execute(
-            f"SELECT e.name, {', '.join('i.' + c for c in _INODE_COLUMNS.split(', '))} "
+            f"SELECT e.name, {_JOINED_INODE} "
             "FROM entries e JOIN inodes i ON i.id = e.inode "
             "WHERE e.parent = ? ORDER BY e.name",
             (parent,),
@@ -73,42 +83,49 @@ class SQLiteTx(CheckedRows):
 
     def children_page(self, parent: int, after: str, limit: int) -> list[tuple[str, Inode]]:
         rows = self._db.execute(
-            f"SELECT e.name, {', '.join('i.' + c for c in _INODE_COLUMNS.split(', '))} "
+            f"SELECT e.name, {_JOINED_INODE} "
             "FROM entries e JOIN inodes i ON i.id = e.inode "
             "WHERE e.parent = ? AND e.name > ? ORDER BY e.name LIMIT ?",
             (parent, after, limit),
         )
-        return [(row[0], Inode(*row[1:])) for row in rows]
+        return [(row[0], checked_inode(row[1:])) for row in rows]
 
     def has_children(self, parent: int) -> bool:
         row = self._db.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1", (parent,))
         return row.fetchone() is not None
 
-    def create(
-        self, kind: Kind, size: int, mode: int, mtime_ns: int, generation: int, replication: int
-    ) -> Inode:
+    def create(self, node: Inode) -> Inode:
         cur = self._db.execute(
-            "INSERT INTO inodes (kind, size, mode, mtime_ns, generation, replication) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (kind, size, mode, mtime_ns, generation, replication),
+            f"INSERT INTO inodes ({NEW_INODE_COLUMNS}) VALUES ({', '.join('?' * 12)})",
+            new_values(node),
         )
         assert cur.lastrowid is not None
-        return Inode(cur.lastrowid, kind, size, mode, mtime_ns, generation, replication)
+        return replace(node, id=cur.lastrowid)
 
     def create_file(self, parent: int, name: str, file: NewFile) -> Inode:
-        f = file
-        node = self.create("file", f.size, f.mode, f.mtime_ns, f.generation, f.replication)
-        self.set_extents(node.id, f.extents)
+        node = self.create(file.attributes)
+        self.set_extents(node.id, file.extents)
         self.link(parent, name, node.id)
         return node
 
-    def set_attributes(self, inode: int, mode: int, mtime_ns: int) -> Inode:
+    def update(self, node: Inode) -> None:
+        n = node
         self._db.execute(
-            "UPDATE inodes SET mode = ?, mtime_ns = ? WHERE id = ?", (mode, mtime_ns, inode)
+            "UPDATE inodes SET mode = ?, mtime_ns = ?, atime_ns = ?, ctime_ns = ?, uid = ?, "
+            "gid = ? WHERE id = ?",
+            (n.mode, n.mtime_ns, n.atime_ns, n.ctime_ns, n.uid, n.gid, n.id),
         )
-        found = self.get(inode)
-        assert found is not None
-        return found
+
+    def touch(self, inode: int, now_ns: int, *, links: int = 0, modified: bool = True) -> int:
+        row = self._db.execute(
+            "UPDATE inodes SET ctime_ns = max(ctime_ns, ?1), nlink = nlink + ?2, "
+            "mtime_ns = CASE WHEN ?3 THEN ?1 ELSE mtime_ns END WHERE id = ?4 RETURNING nlink",
+            (now_ns, links, modified, inode),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def relink(self, old: int, new: int) -> None:
+        self._db.execute("UPDATE entries SET inode = ? WHERE inode = ?", (new, old))
 
     def link(self, parent: int, name: str, inode: int) -> None:
         self._db.execute(

@@ -7,6 +7,7 @@ import errno
 import gc
 import io
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from store_kit import SMALL_CHUNK
 from graben.store import (
     AlreadyExists,
     AsyncClient,
+    Change,
     Client,
     DirectoryNotEmpty,
     GrabenError,
@@ -403,6 +405,23 @@ def test_set_attributes_changes_mode_and_mtime_in_place(client: Client) -> None:
         client.set_attributes("/attr/missing", mode=0o600)
     with pytest.raises(InvalidArgument):
         client.set_attributes("/", mode=0o700)
+
+
+def test_owners_links_and_special_files_through_the_client(client: Client) -> None:
+    made = client.put("/own/f", b"data", attributes=Change(uid=7, gid=8, mtime_ns=1000))
+    assert (made.uid, made.gid, made.mtime_ns) == (7, 8, 1000)
+    assert client.put("/own/f", b"more").uid == 7  # a new version keeps its owner
+    changed = client.set_attributes("/own/f", uid=9, atime_ns=5)
+    assert (changed.uid, changed.gid, changed.atime_ns) == (9, 8, 5)
+    assert client.mkdir("/own/d", mode=0o700, uid=3, gid=4).mode == 0o700
+    assert client.link("/own/f", "/own/d/g").nlink == 2
+    assert client.get("/own/d/g") == b"more"
+    fifo = client.mknod("/own/fifo", stat.S_IFIFO | 0o600)
+    assert stat.S_ISFIFO(fifo.mode) and client.get("/own/fifo") == b""
+    with pytest.raises(FileExistsError):
+        client.mknod("/own/fifo", stat.S_IFIFO | 0o600)
+    assert client.put("/own/zero", b"", permissions=0).mode == 0
+    assert client.stat("/own").nlink == 3
 
 
 def test_a_new_version_keeps_the_mode_unless_told(client: Client) -> None:

@@ -20,7 +20,7 @@ from pg_kit import (  # noqa: F401  (fixtures)
     pg_url_fixture,
 )
 
-from graben.store import AlreadyExists, NotFound
+from graben.store import AlreadyExists, Change, NotFound
 from graben.store.meta._namespace import Namespace
 from graben.store.meta._once import PRUNE_EXTRA
 from graben.store.transport import KEY_LIFETIME_S, new_key
@@ -63,8 +63,8 @@ def test_a_repeated_rename_remove_and_mkdir_return_their_first_outcomes(
     assert one.mkdir("/d", key=made).kind == "directory"
     assert other.mkdir("/d", key=made).path == "/d"  # not AlreadyExists
     attrs = new_key()
-    assert one.set_attributes("/d", 0o700, None, key=attrs).mode == 0o700
-    assert other.set_attributes("/d", 0o700, None, key=attrs).mode == 0o700
+    assert one.set_attributes("/d", Change(mode=0o700), key=attrs).mode == 0o700
+    assert other.set_attributes("/d", Change(mode=0o700), key=attrs).mode == 0o700
 
 
 def test_keys_in_a_commit_group_are_recorded_with_the_group(

@@ -32,8 +32,9 @@ from graben.store import (
     NotADirectory,
     NotFound,
 )
-from graben.store._types import Extent, FileCommit, NodeState
+from graben.store._types import Change, Extent, FileCommit, NodeState
 from graben.store.meta._namespace import Namespace
+from graben.store.meta._repo import Inode
 
 
 @pytest.fixture
@@ -81,7 +82,7 @@ def test_a_database_holding_something_else_is_refused(engine: Engine) -> None:
 def test_a_failed_transaction_rolls_back_everything(engine: Engine) -> None:
     repo = engine.open()
     with pytest.raises(RuntimeError), repo.write() as tx:
-        node = tx.create("directory", 0, 0o755, 0, 1, 1)
+        node = tx.create(Inode(0, "directory", 0, 0o755, 0, 1, 1))
         tx.link(1, "half", node.id)
         raise RuntimeError("crash mid-transaction")
     with repo.read() as tx:
@@ -154,7 +155,7 @@ def test_listings_sort_by_code_point_and_pages_agree(ns: Namespace) -> None:
 
 def test_attributes_change_in_place(ns: Namespace) -> None:
     ns.commit((file("/f", [chunk(1)]),))
-    changed = ns.set_attributes("/f", 0o600, 12345)
+    changed = ns.set_attributes("/f", Change(mode=0o600, mtime_ns=12345))
     assert (changed.mode, changed.mtime_ns, changed.generation) == (0o600, 12345, 1)
     assert ns.stat("/f").mode == 0o600
 

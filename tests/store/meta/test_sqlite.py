@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from graben.store import GrabenError, IntegrityError, NotADirectory, connect
+from graben.store.meta._repo import Inode
 from graben.store.meta.engines._sqlite import MIGRATIONS, SQLiteRepository
 
 
@@ -41,7 +42,7 @@ def test_store_from_a_newer_graben_is_refused_clearly(tmp_path: Path) -> None:
 def test_failed_transaction_rolls_back_everything(tmp_path: Path) -> None:
     repo = SQLiteRepository(tmp_path / "meta.db")
     with pytest.raises(RuntimeError), repo.write() as tx:
-        node = tx.create("directory", 0, 0o755, 0, 1, 1)
+        node = tx.create(Inode(0, "directory", 0, 0o755, 0, 1, 1))
         tx.link(1, "half", node.id)
         raise RuntimeError("crash mid-transaction")
     with repo.read() as tx:
