@@ -23,7 +23,9 @@ from graben.store import InvalidArgument
 if TYPE_CHECKING:
     from ._context import Context
 
-WORKLOAD_MODULES = ("store", "cluster", "tls", "fsspec", "checkpoint", "fuse", "dataset")
+WORKLOAD_MODULES = (
+    *("store", "cluster", "tls", "fsspec", "checkpoint", "fuse", "mounts", "dataset"),
+)
 """The modules of ``graben.bench._workloads``, in run order: the store core, the
 cluster (plaintext, then TLS), then each door (the doors' workloads reuse the
 cluster's and S3's helpers)."""

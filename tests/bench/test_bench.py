@@ -6,6 +6,7 @@ import io
 import json
 import math
 import os
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -291,6 +292,29 @@ def test_fuse_workloads_measure_the_mount_beside_the_client(tmp_path: Path) -> N
     assert all(r["value"] > 0 for r in rows)
     with open("/proc/self/mountinfo") as table:
         assert str(tmp_path) not in table.read()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
+def test_mount_workloads_measure_graben_beside_juicefs_and_seaweedfs(tmp_path: Path) -> None:
+    """A tiny run of the mount workloads on real JuiceFS and SeaweedFS mounts beside graben's
+    (embedded and cluster): every system in every table, durable twins for the peers, and
+    nothing left mounted or running after."""
+    rows = _quiet_run(tmp_path, "mount-*", "--size-mib", "8", "--quick")
+    systems = {(r["workload"], r["system"]) for r in rows}
+    peers = ("graben embedded", "graben cluster", "SeaweedFS", "JuiceFS")
+    for name in ("mount-create", "mount-stat", "mount-write", "mount-torch-save"):
+        assert {(name, system) for system in peers} <= systems, name
+    for name in ("mount-read", "mount-read-warm", "mount-memory"):
+        assert {(name, system) for system in peers} <= systems, name
+    for name in ("mount-create", "mount-torch-save"):
+        assert {(name, "SeaweedFS, then sync"), (name, "JuiceFS, then sync")} <= systems
+        assert (name, "graben embedded, then sync") not in systems  # its fsync is durable
+    assert all(r["value"] > 0 and r["baseline"] == "graben embedded" for r in rows)
+    with open("/proc/self/mountinfo") as table:
+        assert str(tmp_path) not in table.read()
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, check=False)
+    assert left.stdout == b"", "a peer's process outlived the run"
 
 
 @pytest.mark.slow

@@ -1,0 +1,301 @@
+"""graben's mount beside the file systems users mount instead: JuiceFS and SeaweedFS.
+
+Each system is mounted once for the run (``_peers``) and every workload runs
+on each in turn, the order rotating with the trial:
+
+- ``mount-create``: 4 KiB files created, written, fsynced and closed by 16
+  threads (files/s). JuiceFS and SeaweedFS do not sync on fsync, so each has
+  a durable twin: the same, then one ``sync``, its time counted.
+- ``mount-stat``: ``stat`` of those files from 16 threads once the kernel's
+  attribute cache has expired, so every call asks the daemon (files/s).
+- ``mount-write``: one file written front to back in 1 MiB calls, closed, then
+  ``sync`` (GB/s; durable on every system).
+- ``mount-torch-save``: ``torch.save`` of a state dict of ``--size`` bytes,
+  then fsync (GB/s), with the durable twin for the peers.
+- ``mount-read`` / ``mount-read-warm``: that file read back in 1 MiB calls,
+  with the system's data files evicted from the page cache (cold) or cached
+  (warm); the file's own pages on the mount are evicted both times.
+- ``mount-memory``: the resident memory of each system's daemons after the
+  workloads above (MiB).
+
+The baseline of every table is graben's embedded mount; a system that cannot
+start here leaves its rows out, with the reason printed.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from time import perf_counter
+
+from .. import _peers
+from .._context import Context
+from .._kit import MiB, drain, drop_cache, files_under, gbps, need_space, random_data, warm_cache
+from .._peers import Mount
+from .._registry import Result, Skip, workload
+from .cluster import local_cluster
+
+THREADS = 16
+SMALL = 4096
+BLOCK = 1 * MiB
+EMBEDDED, CLUSTER = "graben embedded", "graben cluster"
+BASELINE = EMBEDDED
+SYNCED = ", then sync"
+"""Suffix of a non-durable system's durable twin."""
+
+
+# -- the systems, mounted once per run ---------------------------------------------------
+
+
+def _fixture(
+    start: Callable[[Context], AbstractContextManager[Mount]],
+) -> Callable[[Context], AbstractContextManager[Mount | str]]:
+    """A run-wide fixture of one system: its ``Mount``, or why it could not start."""
+
+    @contextmanager
+    def fixture(ctx: Context) -> Iterator[Mount | str]:
+        try:
+            with start(ctx) as mount:
+                yield mount
+        except Skip as exc:
+            yield str(exc)
+
+    return fixture
+
+
+SYSTEMS = {
+    EMBEDDED: _fixture(lambda ctx: _peers.graben(ctx.shared / "mount-embedded")),
+    CLUSTER: _fixture(
+        lambda ctx: _peers.graben(
+            ctx.shared / "mount-cluster",
+            ctx.fixture(local_cluster),
+            CLUSTER,
+            data=ctx.shared / "cluster",  # where local_cluster keeps its nodes
+        )
+    ),
+    "SeaweedFS": _fixture(lambda ctx: _peers.seaweedfs(ctx.shared / "mount-seaweedfs")),
+    "JuiceFS": _fixture(lambda ctx: _peers.juicefs(ctx.shared / "mount-juicefs")),
+}
+
+
+@contextmanager
+def _told(_ctx: Context) -> Iterator[set[str]]:
+    """A fixture: the systems whose absence this run has printed."""
+    yield set()
+
+
+def _mounts(ctx: Context) -> list[Mount]:
+    """Every system that runs here, in this trial's order (the others named once)."""
+    mounts, told = [], ctx.fixture(_told)
+    for name, fixture in SYSTEMS.items():
+        got = ctx.fixture(fixture)
+        if isinstance(got, str):
+            if name not in told:
+                ctx.console.print(f"mount workloads: {name} left out: {got}")
+                told.add(name)
+            continue
+        mounts.append(got)
+    if not mounts:
+        raise Skip("no file system could be mounted here")
+    shift = ctx.trial % len(mounts)
+    return mounts[shift:] + mounts[:shift]
+
+
+def _where(ctx: Context, mount: Mount, name: str) -> Path:
+    path = mount.point / f"trial{ctx.trial}" / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _sync_seconds() -> float:
+    start = perf_counter()
+    os.sync()
+    return perf_counter() - start
+
+
+def _rows(
+    name: str, mount: Mount, amount: float, seconds: float, unit: str, synced: float
+) -> list[Result]:
+    """A system's figure, and for one that does not sync on fsync its durable twin."""
+    scale = 1e9 if unit == "GB/s" else 1.0
+    rows = [Result(name, mount.name, amount / seconds / scale, unit, BASELINE)]
+    if not mount.durable:
+        twin = amount / (seconds + synced) / scale
+        rows.append(Result(name, mount.name + SYNCED, twin, unit, BASELINE))
+    return rows
+
+
+# -- small files ---------------------------------------------------------------------------
+
+
+@workload(
+    "mount-create", "4 KiB files create+write+fsync, 16 threads: graben vs JuiceFS, SeaweedFS"
+)
+def mount_create(ctx: Context) -> list[Result]:
+    """Files per second; the peers' durable twins end with one ``sync``."""
+    count, payload = (500 if ctx.quick else 2000), os.urandom(SMALL)
+    results = []
+    for mount in _mounts(ctx):
+        where = _where(ctx, mount, "small")
+
+        def one(i: int, where: Path = where) -> None:
+            fd = os.open(where / f"f{i:05d}", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, payload)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        with ctx.step(f"mount-create: {mount.name}", count) as advance:
+            seconds = _threaded(one, count, advance)
+        results += _rows("mount-create", mount, count, seconds, "files/s", _sync_seconds())
+    return results
+
+
+@workload("mount-stat", "stat of 4 KiB files, 16 threads, attribute cache expired: vs peers")
+def mount_stat(ctx: Context) -> list[Result]:
+    """Files per second, each ``stat`` answered by the daemon (run after ``mount-create``)."""
+    count = 500 if ctx.quick else 2000
+    time.sleep(1.1)  # past every kernel attribute cache (1 s on each system)
+    results = []
+    for mount in _mounts(ctx):
+        where = _where(ctx, mount, "small")
+        if not (where / f"f{count - 1:05d}").exists():
+            raise Skip("mount-stat stats the files mount-create makes: run both")
+
+        def one(i: int, where: Path = where) -> None:
+            os.stat(where / f"f{i:05d}")
+
+        with ctx.step(f"mount-stat: {mount.name}", count) as advance:
+            seconds = _threaded(one, count, advance)
+        results.append(Result("mount-stat", mount.name, count / seconds, "files/s", BASELINE))
+    return results
+
+
+def _threaded(fn: Callable[[int], object], count: int, advance: Callable[[int], None]) -> float:
+    """Seconds for ``THREADS`` threads to call ``fn`` on ``0..count-1``."""
+
+    def call(i: int) -> None:
+        fn(i)
+        advance(1)
+
+    start = perf_counter()
+    with ThreadPoolExecutor(THREADS) as pool:
+        list(pool.map(call, range(count)))
+    return perf_counter() - start
+
+
+# -- sequential ----------------------------------------------------------------------------
+
+
+@workload("mount-write", "sequential write in 1 MiB calls, then sync: graben vs JuiceFS, SeaweedFS")
+def mount_write(ctx: Context) -> list[Result]:
+    """GB/s from the first write to the end of ``sync`` (durable everywhere)."""
+    data = ctx.fixture(random_data)
+    results = []
+    for mount in _mounts(ctx):
+        if mount.data is not None:
+            need_space(mount.data.parent, ctx.size)
+        path = _where(ctx, mount, "seq") / "file.bin"
+        with memoryview(data) as view, ctx.step(f"mount-write: {mount.name}", ctx.size) as advance:
+            start = perf_counter()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                for offset in range(0, ctx.size, BLOCK):
+                    advance(os.write(fd, view[offset : offset + BLOCK]))
+            finally:
+                os.close(fd)
+            os.sync()
+            seconds = perf_counter() - start
+        results.append(Result("mount-write", mount.name, gbps(ctx.size, seconds), "GB/s", BASELINE))
+    return results
+
+
+@workload("mount-torch-save", "torch.save + fsync of --size bytes: graben vs JuiceFS, SeaweedFS")
+def mount_torch_save(ctx: Context) -> list[Result]:
+    """GB/s of ``torch.save`` into a file on the mount, fsynced; peers' twins add a sync."""
+    import torch
+
+    tensors = max(1, ctx.size // (64 * MiB))
+    state = {f"layer{i}": torch.rand(ctx.size // tensors // 4) for i in range(tensors)}
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    results = []
+    for mount in _mounts(ctx):
+        path = _where(ctx, mount, "torch") / "model.pt"
+        with ctx.step(f"mount-torch-save: {mount.name}", 1):
+            start = perf_counter()
+            with open(path, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            seconds = perf_counter() - start
+        results += _rows("mount-torch-save", mount, nbytes, seconds, "GB/s", _sync_seconds())
+        path.unlink()
+    return results
+
+
+@workload("mount-read", "sequential read, data files evicted: graben vs JuiceFS, SeaweedFS")
+def mount_read(ctx: Context) -> list[Result]:
+    """GB/s reading back ``mount-write``'s file with nothing of it in the page cache."""
+    return _read(ctx, "mount-read", cold=True)
+
+
+@workload("mount-read-warm", "sequential read, data files cached: graben vs JuiceFS, SeaweedFS")
+def mount_read_warm(ctx: Context) -> list[Result]:
+    """GB/s with the system's data files cached (the mount's own pages evicted)."""
+    return _read(ctx, "mount-read-warm", cold=False)
+
+
+def _read(ctx: Context, name: str, *, cold: bool) -> list[Result]:
+    results = []
+    with _buffer() as buffer, memoryview(buffer) as view:
+        for mount in _mounts(ctx):
+            path = _where(ctx, mount, "seq") / "file.bin"
+            if not path.exists():
+                raise Skip(f"{name} reads the file mount-write makes: run both")
+            _evict(mount, path, buffer, cold=cold)
+            with ctx.step(f"{name}: {mount.name}", ctx.size) as advance:
+                start = perf_counter()
+                with open(path, "rb", buffering=0) as f:
+                    total = drain(f.readinto, view[:BLOCK], advance)
+                seconds = perf_counter() - start
+            if total != ctx.size:
+                raise RuntimeError(f"{mount.name} read {total} bytes, not {ctx.size}")
+            results.append(Result(name, mount.name, gbps(total, seconds), "GB/s", BASELINE))
+    return results
+
+
+def _evict(mount: Mount, path: Path, buffer: mmap.mmap, *, cold: bool) -> None:
+    """The file's pages on the mount out of the cache; its data files out (cold) or in."""
+    os.sync()
+    drop_cache([path])
+    data = files_under(mount.data) if mount.data is not None else []
+    data = [p for p in data if p.is_file() and not p.is_symlink()]
+    if cold:
+        drop_cache(data)
+    else:
+        warm_cache(data, buffer)
+
+
+@contextmanager
+def _buffer() -> Iterator[mmap.mmap]:
+    buffer = mmap.mmap(-1, 16 * MiB)
+    try:
+        yield buffer
+    finally:
+        buffer.close()
+
+
+@workload("mount-memory", "resident memory of each system's daemons after the mount workloads")
+def mount_memory(ctx: Context) -> list[Result]:
+    """MiB resident in the processes that serve each mount (lower is better)."""
+    return [
+        Result("mount-memory", m.name, _peers.rss(m.pids) / MiB, "MiB", BASELINE)
+        for m in _mounts(ctx)
+        if m.pids
+    ]
