@@ -10,20 +10,21 @@ every error. The handlers themselves are in ``_handles`` (open files) and
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 import trio
 
-from graben.store import Client, FileInfo, ReadFile
+from graben.store import AsyncClient, Client, FileInfo, ReadFile
 
 from ._blocks import Blocks, ReadAheadCounts
 from ._inodes import InodeTable, is_unlinked
@@ -150,6 +151,24 @@ class Base(pyfuse3.Operations):
         """``fn(*args, **kwargs)`` in a worker thread: store calls block."""
         return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
+    async def _ask(self, call: Callable[[AsyncClient], Awaitable[R]]) -> R:
+        """``call(client.aio)`` on the store client's own loop, this task waiting without a
+        thread: a metadata call costs no thread hand-off on this side."""
+        future = self.client.submit(call)
+        done, token = trio.Event(), trio.lowlevel.current_trio_token()
+
+        def wake(_: object) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(done.set)
+
+        future.add_done_callback(wake)
+        try:
+            await done.wait()
+        except BaseException:
+            future.cancel()
+            raise
+        return future.result()
+
     def _path(self, inode: int) -> str:
         try:
             path = self.inodes.path(inode)
@@ -206,7 +225,7 @@ class Base(pyfuse3.Operations):
         file = self._open.get(inode)
         if file is not None and (file.created or file.unlinked):
             return self._attrs(inode, file.info, file)
-        return self._attrs(inode, await self._call(self.client.stat, path), file)
+        return self._attrs(inode, await self._ask(lambda aio: aio.stat(path)), file)
 
     def _new_fh(self) -> int:
         fh, self._next_fh = self._next_fh, self._next_fh + 1

@@ -17,7 +17,7 @@ from typing import cast
 
 import pyfuse3
 
-from graben.store import Change, Client, ReadFile
+from graben.store import AsyncClient, Change, Client, FileInfo, ReadFile
 
 from ._base import Base, Handle, OpenFile, answers_errno, log
 from ._blocks import Blocks
@@ -229,7 +229,7 @@ class FileHandles(Base):
                 if stream is None or not await stream.finish(spool):
                     await self._call(_put_spooled, self.client, path, spool, change)
                 elif change != Change():  # a stream commits what a plain open would
-                    await self._call(set_attributes, self.client, path, change)
+                    await self._ask(lambda aio: set_attributes(aio, path, change))
                 file.permissions = file.uid = file.gid = file.mtime_set = None
             except BaseException:
                 spool.dirty = True
@@ -287,10 +287,10 @@ def _put_spooled(client: Client, path: str, spool: SpoolFile, change: Change) ->
         client.put(path, view, attributes=change)
 
 
-def set_attributes(client: Client, path: str, change: Change) -> None:
+async def set_attributes(client: AsyncClient, path: str, change: Change) -> FileInfo:
     """Apply ``change`` to the file at ``path``."""
     c = change
-    client.set_attributes(
+    return await client.set_attributes(
         path, mode=c.mode, mtime_ns=c.mtime_ns, atime_ns=c.atime_ns, uid=c.uid, gid=c.gid
     )
 

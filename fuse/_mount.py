@@ -343,9 +343,12 @@ def _start_daemon(url: str, target: Path, options: MountOptions) -> int:
     finally:
         os.close(read)
     if not ready:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        process.wait()
+        try:  # a daemon that said why is on its way out: let it finish its log
+            process.wait(timeout=5 if why else 0)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            process.wait()
         why = why or _tail(log_file) or "it died without a word"
         raise MountError(f"cannot mount on {target}: {why} (the daemon's log: {log_file})")
     _daemons[os.fspath(target)] = process

@@ -20,7 +20,6 @@ stays readable through the handles open on it.
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import stat
 from collections.abc import Sequence
@@ -51,7 +50,7 @@ class Operations(FileHandles):
         inode = self.inodes.peek(path)
         attrs = await self._stat(inode, path) if inode is not None else None
         if attrs is None:
-            info = await self._call(self.client.stat, path)
+            info = await self._ask(lambda aio: aio.stat(path))
             attrs = self._attrs(self.inodes.number(path, linked(info)), info, None)
         self.inodes.lookup(path)
         return attrs
@@ -106,7 +105,8 @@ class Operations(FileHandles):
             file.mtime_ns = file.mtime_set = change.mtime_ns  # else its commit stamps "now"
         if file is not None and file.created:
             return
-        await self._call(set_attributes, self.client, self._path(inode), change)
+        path = self._path(inode)
+        await self._ask(lambda aio: set_attributes(aio, path, change))
 
     @answers_errno
     async def mkdir(
@@ -114,9 +114,8 @@ class Operations(FileHandles):
     ) -> pyfuse3.EntryAttributes:
         self._writable()
         path = self._child(parent_inode, name)
-        info = await self._call(
-            self.client.mkdir, path, mode=mode & 0o7777, uid=ctx.uid, gid=ctx.gid
-        )
+        bits, uid, gid = mode & 0o7777, ctx.uid, ctx.gid
+        info = await self._ask(lambda aio: aio.mkdir(path, mode=bits, uid=uid, gid=gid))
         return self._attrs(self.inodes.lookup(path), info, None)
 
     @answers_errno
@@ -126,8 +125,8 @@ class Operations(FileHandles):
         self._writable()
         path = self._child(parent_inode, name)
         owner = Change(uid=ctx.uid, gid=ctx.gid)
-        info = await self._call(
-            self.client.put, path, target, exclusive=True, permissions=SYMLINK, attributes=owner
+        info = await self._ask(
+            lambda aio: aio.put(path, target, exclusive=True, permissions=SYMLINK, attributes=owner)
         )
         return self._attrs(self.inodes.lookup(path), info, None)
 
@@ -141,13 +140,13 @@ class Operations(FileHandles):
         path = self._child(parent_inode, name)
         await self._releases.settled(self.inodes.peek(path))
         if stat.S_ISREG(mode) or not stat.S_IFMT(mode):
-            owner = Change(uid=ctx.uid, gid=ctx.gid)
-            put = functools.partial(self.client.put, exclusive=True, attributes=owner)
-            info = await self._call(put, path, b"", permissions=mode & 0o7777)
-        else:
-            info = await self._call(
-                self.client.mknod, path, mode, rdev=rdev, uid=ctx.uid, gid=ctx.gid
+            owner, bits = Change(uid=ctx.uid, gid=ctx.gid), mode & 0o7777
+            info = await self._ask(
+                lambda aio: aio.put(path, b"", exclusive=True, permissions=bits, attributes=owner)
             )
+        else:
+            uid, gid = ctx.uid, ctx.gid
+            info = await self._ask(lambda aio: aio.mknod(path, mode, rdev=rdev, uid=uid, gid=gid))
         return self._attrs(self.inodes.lookup(path), info, None)
 
     @answers_errno
@@ -161,7 +160,8 @@ class Operations(FileHandles):
         file = self._open.get(inode)
         if file is not None and (file.created or (file.spool is not None and file.spool.dirty)):
             await self._commit(inode, file)  # the store links what it holds
-        info = await self._call(self.client.link, self._path(inode), new)
+        old = self._path(inode)
+        info = await self._ask(lambda aio: aio.link(old, new))
         self.inodes.alias(new, inode)
         self.inodes.number(new, info.inode)
         self.inodes.lookup(new)
@@ -170,18 +170,18 @@ class Operations(FileHandles):
     @answers_errno
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
         path = self._path(inode)
-        if not stat.S_ISLNK((await self._call(self.client.stat, path)).mode):
+        if not stat.S_ISLNK((await self._ask(lambda aio: aio.stat(path))).mode):
             raise pyfuse3.FUSEError(errno.EINVAL)
-        return await self._call(self.client.get, path)
+        return await self._ask(lambda aio: aio.get(path))
 
     @answers_errno
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._writable()
         path = self._child(parent_inode, name)
         await self._releases.all_settled()
-        if not (await self._call(self.client.stat, path)).is_dir:
+        if not (await self._ask(lambda aio: aio.stat(path))).is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        await self._call(self.client.rm, path)
+        await self._ask(lambda aio: aio.rm(path))
         self.inodes.removed(path)
 
     @answers_errno
@@ -194,9 +194,9 @@ class Operations(FileHandles):
         if file is not None and file.created:
             file.unlinked = True
         else:
-            if (await self._call(self.client.stat, path)).is_dir:
+            if (await self._ask(lambda aio: aio.stat(path))).is_dir:
                 raise pyfuse3.FUSEError(errno.EISDIR)
-            await self._call(self.client.rm, path)
+            await self._ask(lambda aio: aio.rm(path))
         self.inodes.removed(path)
         if file is not None and inode is not None and not self.inodes.names(inode):
             file.unlinked = True  # its handles read the version they opened
@@ -219,7 +219,7 @@ class Operations(FileHandles):
         await self._releases.all_settled()
         await self._commit_below(old)
         replace = not flags & pyfuse3.RENAME_NOREPLACE
-        await self._call(self.client.rename, old, new, replace=replace)
+        await self._ask(lambda aio: aio.rename(old, new, replace=replace))
         replaced = self.inodes.peek(new)
         self.inodes.moved(old, new)
         if replaced is not None and replaced in self._open and not self.inodes.names(replaced):
@@ -242,7 +242,7 @@ class Operations(FileHandles):
         await self._releases.all_settled()
         path = self._path(inode)
         entries: list[tuple[str, str, FileInfo | None]] = [
-            (info.name, info.path, info) for info in await self._call(self.client.ls, path)
+            (info.name, info.path, info) for info in await self._ask(lambda aio: aio.ls(path))
         ]
         listed = {name for name, _, _ in entries}
         for other, file in self._open.items():
@@ -271,7 +271,7 @@ class Operations(FileHandles):
 
     @answers_errno
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
-        health = await self._call(self.client.health)
+        health = await self._ask(lambda aio: aio.health())
         live = [n for n in health.nodes if n.alive]
         copies = max(1, min(health.replication, len(live) or 1))
         data = pyfuse3.StatvfsData()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future
 from types import TracebackType
-from typing import Literal, overload
+from typing import Literal, TypeVar, overload
 
 from .._errors import InvalidArgument
 from .._types import Buffer, Change, FileInfo, FsckReport, Health
@@ -15,6 +16,8 @@ from ._aclient import AsyncClient, Progress
 from ._afiles import check_mode
 from ._files import ReadFile, WriteFile
 from ._upload import Staging
+
+T = TypeVar("T")
 
 
 class Client:
@@ -72,6 +75,20 @@ class Client:
     def close(self) -> None:
         """Release threads, buffers and connections."""
         _loop.run(self.aio.close())
+
+    def submit(self, call: Callable[[AsyncClient], Awaitable[T]]) -> Future[T]:
+        """Start ``call(self.aio)`` on the client's event loop and return at once.
+
+        For callers with an event loop of their own (a trio FUSE daemon) that
+        must not hold a thread while the store answers: the returned future is
+        thread-safe; add a done-callback to wake the caller's loop.
+        """
+        aio = self.aio
+
+        async def run() -> T:
+            return await call(aio)
+
+        return _loop.submit(run())
 
     @property
     def chunk_size(self) -> int:

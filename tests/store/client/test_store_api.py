@@ -424,6 +424,14 @@ def test_owners_links_and_special_files_through_the_client(client: Client) -> No
     assert client.stat("/own").nlink == 3
 
 
+def test_submit_runs_an_async_call_on_the_clients_loop_without_waiting(client: Client) -> None:
+    client.put("/submit/f", b"abc")
+    future = client.submit(lambda aio: aio.stat("/submit/f"))
+    assert future.result(timeout=30).size == 3
+    with pytest.raises(NotFound):
+        client.submit(lambda aio: aio.stat("/submit/missing")).result(timeout=30)
+
+
 def test_a_new_version_keeps_the_mode_unless_told(client: Client) -> None:
     assert client.put("/perm/f", b"one").mode == 0o644
     client.set_attributes("/perm/f", mode=0o750)
