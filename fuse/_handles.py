@@ -17,7 +17,7 @@ from typing import cast
 
 import pyfuse3
 
-from graben.store import AsyncClient, Change, Client, FileInfo, ReadFile
+from graben.store import AsyncClient, Change, FileInfo, ReadFile
 
 from ._base import Base, Handle, OpenFile, answers_errno, log
 from ._blocks import Blocks
@@ -170,6 +170,8 @@ class FileHandles(Base):
             raise pyfuse3.FUSEError(file.failed)
         if handle.opener is None:  # let go already, or unknown: the last release commits
             return
+        if not file.created and (file.spool is None or not file.spool.dirty):
+            return  # nothing to commit or drop (fsynced already): whoever closed, no matter
         seen = await self._call(fate, handle.opener, handle.inode, self.device)
         if seen is Fate.KILLED:
             path = self.inodes.path(handle.inode)
@@ -227,7 +229,8 @@ class FileHandles(Base):
             change = Change(file.permissions, file.mtime_set, None, file.uid, file.gid)
             try:
                 if stream is None or not await stream.finish(spool):
-                    await self._call(_put_spooled, self.client, path, spool, change)
+                    with spool.mapped() as view:
+                        await self._ask(lambda aio: aio.put(path, view, attributes=change))
                 elif change != Change():  # a stream commits what a plain open would
                     await self._ask(lambda aio: set_attributes(aio, path, change))
                 file.permissions = file.uid = file.gid = file.mtime_set = None
@@ -280,11 +283,6 @@ class FileHandles(Base):
                 if file.spool is not None:
                     file.spool.close()
                     file.spool = None
-
-
-def _put_spooled(client: Client, path: str, spool: SpoolFile, change: Change) -> None:
-    with spool.mapped() as view:
-        client.put(path, view, attributes=change)
 
 
 async def set_attributes(client: AsyncClient, path: str, change: Change) -> FileInfo:

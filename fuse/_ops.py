@@ -50,7 +50,7 @@ class Operations(FileHandles):
         inode = self.inodes.peek(path)
         attrs = await self._stat(inode, path) if inode is not None else None
         if attrs is None:
-            info = await self._ask(lambda aio: aio.stat(path))
+            info = await self._stat_path(path)
             attrs = self._attrs(self.inodes.number(path, linked(info)), info, None)
         self.inodes.lookup(path)
         return attrs
@@ -170,7 +170,7 @@ class Operations(FileHandles):
     @answers_errno
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
         path = self._path(inode)
-        if not stat.S_ISLNK((await self._ask(lambda aio: aio.stat(path))).mode):
+        if not stat.S_ISLNK((await self._stat_path(path)).mode):
             raise pyfuse3.FUSEError(errno.EINVAL)
         return await self._ask(lambda aio: aio.get(path))
 
@@ -179,7 +179,7 @@ class Operations(FileHandles):
         self._writable()
         path = self._child(parent_inode, name)
         await self._releases.all_settled()
-        if not (await self._ask(lambda aio: aio.stat(path))).is_dir:
+        if not (await self._stat_path(path)).is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         await self._ask(lambda aio: aio.rm(path))
         self.inodes.removed(path)
@@ -194,7 +194,7 @@ class Operations(FileHandles):
         if file is not None and file.created:
             file.unlinked = True
         else:
-            if (await self._ask(lambda aio: aio.stat(path))).is_dir:
+            if (await self._stat_path(path)).is_dir:
                 raise pyfuse3.FUSEError(errno.EISDIR)
             await self._ask(lambda aio: aio.rm(path))
         self.inodes.removed(path)

@@ -10,7 +10,9 @@ from types import TracebackType
 from typing import Literal, TypeVar, overload
 
 from .._errors import InvalidArgument
+from .._paths import normalize as normalize_path
 from .._types import Buffer, Change, FileInfo, FsckReport, Health
+from ..transport import Stat
 from . import _loop
 from ._aclient import AsyncClient, Progress
 from ._afiles import check_mode
@@ -91,12 +93,21 @@ class Client:
         return _loop.submit(run())
 
     @property
+    def local(self) -> bool:
+        """Whether the store runs in this process (embedded): its reads cost no hand-off."""
+        return self.aio.meta.local_read is not None
+
+    @property
     def chunk_size(self) -> int:
         """Bytes per chunk for new files."""
         return self.aio.options.chunk_size
 
     def stat(self, path: str) -> FileInfo:
         """Attributes of a file or directory; ``NotFound`` if absent."""
+        read = self.aio.meta.local_read
+        if read is not None:  # an embedded store: in this thread, no loop hand-off
+            info: FileInfo = read(Stat(normalize_path(path)))
+            return info
         return _loop.run(self.aio.stat(path))
 
     def exists(self, path: str) -> bool:

@@ -25,15 +25,38 @@ import msgspec
 
 from .._buffers import in_thread
 from .._config import page_entries
-from .._errors import IntegrityError, NotADirectory, NotFound, Unavailable, from_os_error
+from .._errors import (
+    IntegrityError,
+    InvalidArgument,
+    NotADirectory,
+    NotFound,
+    Unavailable,
+    from_os_error,
+)
 from .._group import Batcher
 from .._types import LOCAL_NODE, ChunkRef, Health, NodeState
 from ..meta import Namespace, SQLiteRepository
 from ..node import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, read_id, write_private
-from ..transport import Commit, GetHealth, Request
+from ..transport import (
+    ChunkRefs,
+    ChunkUsers,
+    Commit,
+    GetHealth,
+    GetLayout,
+    GetStoreId,
+    ListDir,
+    Prepare,
+    Request,
+    Stat,
+    Usage,
+)
 
 R = TypeVar("R")
 HINT_THREADS = 4
+READERS = 2
+"""Threads answering reads (stat, listings, layouts) beside the one writer."""
+READS = (Stat, ListDir, GetLayout, Prepare, Usage, ChunkRefs, ChunkUsers, GetStoreId)
+"""Requests that only read the namespace."""
 
 
 def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
@@ -90,12 +113,15 @@ def _check_identity(root: Path, namespace: Namespace) -> None:
 
 
 class LocalMeta:
-    """``MetaTransport`` running the namespace logic on one thread."""
+    """``MetaTransport`` running the namespace logic: mutations on one thread (SQLite has
+    one writer), reads on threads of their own, so a lookup never waits behind a
+    commit's fsync (WAL readers do not block on the writer)."""
 
     def __init__(self, namespace: Namespace, capacity: Callable[[], tuple[int, int]]) -> None:
         self.namespace = namespace
         self._capacity = capacity
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="graben-meta")
+        self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="graben-meta-read")
         self._group = Batcher(partial(self._run, namespace.commit_group), size=len)
 
     async def request(self, request: Request[R]) -> R:
@@ -105,7 +131,19 @@ class LocalMeta:
         if isinstance(request, GetHealth):
             health: Any = await self._run(self._health)
             return cast(R, health)
-        result: R = await self._run(self.namespace.execute, request)
+        pool = self._readers if isinstance(request, READS) else self._thread
+        loop = asyncio.get_running_loop()
+        result: R = await loop.run_in_executor(pool, self.namespace.execute, request)
+        return result
+
+    @property
+    def local_read(self) -> Callable[[Request[Any]], Any]:
+        return self._read_now
+
+    def _read_now(self, request: Request[Any]) -> Any:
+        if not isinstance(request, READS):
+            raise InvalidArgument(f"{type(request).__name__} is not a read")
+        result: Any = self.namespace.execute(cast("Request[Any]", request))
         return result
 
     def _health(self) -> Health:
@@ -119,6 +157,7 @@ class LocalMeta:
 
     async def close(self) -> None:
         self._thread.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
         self.namespace.repo.close()
 
 

@@ -11,7 +11,7 @@ feature is written once against these two protocols.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .._types import ChunkRef
 from ._requests import Request
@@ -27,6 +27,11 @@ class MetaTransport(Protocol):
 
     async def close(self) -> None:
         """Release connections and threads."""
+
+    @property
+    def local_read(self) -> Callable[[Request[Any]], Any] | None:
+        """Run a read-only request in the calling thread, for an in-process store (no
+        loop, no thread hand-off); ``None`` where requests cross a network."""
 
 
 class ChunkTransport(Protocol):

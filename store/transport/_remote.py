@@ -276,6 +276,10 @@ class RemoteMeta:
         """The metadata service in use."""
         return self.endpoints.using
 
+    @property
+    def local_read(self) -> None:
+        return None  # every request crosses the network
+
     async def request(self, request: Request[R]) -> R:
         """Send one request; concurrent placements and commits go together.
 
