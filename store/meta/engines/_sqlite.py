@@ -21,6 +21,7 @@ import sqlite3
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -179,7 +180,8 @@ class SQLiteRepository:
         self.location = f"sqlite://{Path(path).absolute()}"
         """The engine as an operator names it (``graben status`` shows it)."""
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        self._all: list[tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = []
+        """Every thread's connection (a thread's own is in ``_local``)."""
         self._lock = threading.Lock()
         if create:
             _make_private(self.path)
@@ -210,8 +212,21 @@ class SQLiteRepository:
                 raise _translate(exc, self.path) from exc
             self._local.db = db
             with self._lock:
-                self._all.append(db)
+                self._close_orphans()
+                self._all.append((weakref.ref(threading.current_thread()), db))
         return db
+
+    def _close_orphans(self) -> None:
+        """Close the connections of threads that ended (a client called from many
+        short-lived threads would else keep three descriptors open for each)."""
+        live = []
+        for owner, db in self._all:
+            thread = owner()
+            if thread is not None and thread.is_alive():
+                live.append((owner, db))
+            else:
+                db.close()
+        self._all = live
 
     def _migrate(self) -> None:
         try:
@@ -275,7 +290,7 @@ class SQLiteRepository:
 
     def close(self) -> None:
         with self._lock:
-            for db in self._all:
+            for _, db in self._all:
                 db.close()
             self._all.clear()
         self._local = threading.local()

@@ -8,6 +8,7 @@ import gc
 import io
 import os
 import stat
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -430,6 +431,26 @@ def test_submit_runs_an_async_call_on_the_clients_loop_without_waiting(client: C
     assert future.result(timeout=30).size == 3
     with pytest.raises(NotFound):
         client.submit(lambda aio: aio.stat("/submit/missing")).result(timeout=30)
+
+
+def test_stat_from_many_short_lived_threads_keeps_few_descriptors(client: Client) -> None:
+    """An embedded store answers ``stat`` in the calling thread: the connections of
+    threads that ended are closed, not kept."""
+    client.put("/threads/f", b"x")
+
+    def one() -> None:
+        assert client.stat("/threads/f").size == 1
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    one()
+    before = fds()
+    for _ in range(200):
+        thread = threading.Thread(target=one)
+        thread.start()
+        thread.join()
+    assert fds() < before + 10
 
 
 def test_a_new_version_keeps_the_mode_unless_told(client: Client) -> None:
