@@ -107,10 +107,21 @@ def _bench_size(text: str) -> int:
     return size
 
 
+PIPE_WIDTH = 1000
+"""Columns the table may take when printed to a log or a pipe (it takes what it needs)."""
+
+
+def stdout_console() -> Console:
+    """Where the table goes: the terminal's width, or in a log or a pipe as wide as the
+    rows are (never wrapped at 80 columns)."""
+    out = Console()
+    return out if out.is_terminal else Console(width=PIPE_WIDTH)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the ``bench`` subcommand."""
     available = discover()
-    out = Console()
+    out = stdout_console()
     if args.list:
         for wl in available:
             out.print(f"[bold]{wl.name:<12}[/bold] {wl.summary}", highlight=False)

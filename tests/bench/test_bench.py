@@ -15,7 +15,9 @@ import pytest
 from rich.console import Console
 
 from graben.bench import Context, Rated, Result, Skip, Workload, discover, rate, select
+from graben.bench._cli import stdout_console
 from graben.bench._plot import plot
+from graben.bench._report import table
 from graben.bench._runner import Settings, combine, run
 from graben.store import InvalidArgument
 from graben.store.cli._main import build_parser, main
@@ -239,7 +241,24 @@ def test_the_run_prints_its_table_and_draws_the_plot(
     root, _, out = tiny_run
     assert "plain write+fsync" in out
     assert "read-cold" in out
+    assert "plain write+fsync (baseline)" in out
     assert (root / "r.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_the_table_in_a_pipe_keeps_each_row_on_one_line() -> None:
+    """As in ``make run``'s log: a wide row is printed whole, not wrapped at 80 columns."""
+    long = "SeaweedFS, then sync, with a name far longer than any terminal's default width"
+    rows = rate(
+        [
+            Result("mount-create", "graben", 1.0, "files/s", "graben"),
+            Result("mount-create", long, 2.0, "files/s", "graben"),
+        ]
+    )
+    capture = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.stdout", capture)
+        stdout_console().print(table(rows))
+    assert any(long in line and "2.00x" in line for line in capture.getvalue().splitlines())
 
 
 def test_the_scratch_directory_is_removed(tiny_run: tuple[Path, dict[str, Any], str]) -> None:
