@@ -163,8 +163,7 @@ class Operations(FileHandles):
         old = self._path(inode)
         info = await self._ask(lambda aio: aio.link(old, new))
         self.inodes.alias(new, inode)
-        self.inodes.number(new, info.inode)
-        self.inodes.lookup(new)
+        self.inodes.lookup(new, info.inode)
         return self._attrs(inode, info, file)
 
     @answers_errno

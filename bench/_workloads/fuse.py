@@ -29,6 +29,7 @@ from time import perf_counter
 
 from graben.store import Client, connect
 
+from .. import _peers
 from .._context import Context
 from .._kit import (
     MiB,
@@ -41,7 +42,7 @@ from .._kit import (
     random_data,
     warm_cache,
 )
-from .._registry import Result, Skip, workload
+from .._registry import Result, workload
 
 BLOCKS = (1 * MiB, 4 * MiB)
 FILE = "/bench/fuse.bin"
@@ -65,19 +66,8 @@ class Mounted:
 @contextmanager
 def _mounted(root: Path) -> Iterator[Mounted]:
     """A fresh embedded store under ``root``, mounted; unmounted (daemon gone) on exit."""
-    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
-        raise Skip("the FUSE workloads need /dev/fuse and fusermount3")
-    from graben.fuse import MountOptions, mount, unmount
-
-    shutil.rmtree(root, ignore_errors=True)
-    store, point = root / "store", root / "mnt"
-    point.mkdir(parents=True)
-    mount(str(store), point, MountOptions(spool_dir=root / "spool"))
-    try:
-        yield Mounted(store, point)
-    finally:
-        unmount(point, busy_wait=5)
-        shutil.rmtree(root, ignore_errors=True)
+    with _peers.graben(root) as mount:
+        yield Mounted(root / "store", mount.point)
 
 
 def _rate(name: str, system: str, size: int, seconds: float, baseline: str) -> Result:

@@ -30,6 +30,8 @@ TYPES = frozenset(
 """Type bits a file's mode may carry (0 and ``S_IFREG``: a regular file)."""
 CONTENTLESS = frozenset({stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK})
 """Types whose I/O the kernel does: names with attributes, never bytes."""
+MAX_ID = 2**32 - 2
+"""The largest user or group id (``(uid_t)-1`` means "none")."""
 TIME_RANGE = range(-(2**63), 2**63)
 """Times the engines hold (ns since the epoch, 64-bit)."""
 
@@ -218,6 +220,13 @@ def check_time(ns: int | None, path: str) -> None:
         raise InvalidArgument(f"time {ns} ns is out of range (years 1677 to 2262)", path)
 
 
+def check_owner(uid: int | None, gid: int | None, path: str) -> None:
+    """User and group ids are 0 to 2**32 - 2, or -1 for "none recorded"."""
+    for what, value in (("user", uid), ("group", gid)):
+        if value is not None and not -1 <= value <= MAX_ID:
+            raise InvalidArgument(f"{what} id {value} is out of range", path)
+
+
 def _check_commit(commit: FileCommit, size: int, path: str) -> None:
     mode = commit.permissions
     if mode is not None:
@@ -226,9 +235,7 @@ def _check_commit(commit: FileCommit, size: int, path: str) -> None:
         if stat.S_IFMT(mode) in CONTENTLESS and size:
             raise InvalidArgument("a fifo, socket or device node holds no bytes", path)
     check_time(commit.mtime_ns, path)
-    for value in (commit.uid, commit.gid):
-        if value is not None and not -1 <= value <= 2**32 - 2:
-            raise InvalidArgument(f"owner id {value} is out of range", path)
+    check_owner(commit.uid, commit.gid, path)
 
 
 def _check_extents(extents: tuple[Extent, ...], path: str) -> int:

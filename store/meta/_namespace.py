@@ -64,14 +64,12 @@ from ..transport import (
     Usage,
 )
 from ._bookkeeping import Bookkeeping
-from ._commits import PERMISSION_BITS, Commits, Placer, check_time
+from ._commits import PERMISSION_BITS, Commits, Placer, check_owner, check_time
 from ._once import write_once
 from ._repo import Inode, Repository, Tx
 from ._walk import DIR_MODE, ensure_dirs, info, new_directory, resolve, resolve_dir
 
 R = TypeVar("R")
-MAX_ID = 2**32 - 2
-"""The largest user or group id (``(uid_t)-1`` means "none")."""
 
 
 def local_placement(
@@ -231,7 +229,7 @@ class Namespace(Commits, Bookkeeping):
                 return self.stat(clean)
             raise AlreadyExists("the root always exists", clean)
         bits = DIR_MODE if mode is None else _permission_bits(mode, clean)
-        _check_owner(uid, gid, clean)
+        check_owner(uid, gid, clean)
 
         def make(tx: Tx) -> FileInfo:
             find = ensure_dirs if parents else resolve_dir
@@ -420,19 +418,13 @@ def _check_change(change: Change, path: str) -> None:
         _permission_bits(change.mode, path)
     check_time(change.mtime_ns, path)
     check_time(change.atime_ns, path)
-    _check_owner(change.uid, change.gid, path)
+    check_owner(change.uid, change.gid, path)
 
 
 def _permission_bits(mode: int, path: str) -> int:
     if not 0 <= mode <= PERMISSION_BITS:
         raise InvalidArgument(f"mode {mode:#o} is not permission bits (0 to 0o7777)", path)
     return mode
-
-
-def _check_owner(uid: int | None, gid: int | None, path: str) -> None:
-    for what, value in (("user", uid), ("group", gid)):
-        if value is not None and not -1 <= value <= MAX_ID:
-            raise InvalidArgument(f"{what} id {value} is out of range", path)
 
 
 def _page(asked: int, default: int) -> int:
