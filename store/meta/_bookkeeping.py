@@ -139,9 +139,15 @@ class Bookkeeping:
         )
 
     def add_replicas(self, chunk: str, nodes: tuple[str, ...], fence: int | None = None) -> None:
-        """Record copies repair has made (under ``fence``, if given)."""
-        with fenced_write(self.repo, fence, f"recording copies of {chunk} on {nodes}") as tx:
-            tx.add_replicas(chunk, nodes)
+        """Record copies repair has made of one chunk (under ``fence``, if given)."""
+        self.record_copies({chunk: nodes}, fence)
+
+    def record_copies(self, made: dict[str, tuple[str, ...]], fence: int | None = None) -> None:
+        """Record the copies a round of repair has made, chunk -> new nodes, in one
+        transaction (under ``fence``, if given)."""
+        with fenced_write(self.repo, fence, f"recording copies of {len(made)} chunks") as tx:
+            for chunk, nodes in made.items():
+                tx.add_replicas(chunk, nodes)
 
     def collectable(
         self, grace_s: float, limit: int = 0, *, key: str = ""

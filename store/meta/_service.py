@@ -29,7 +29,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Union
 
@@ -87,6 +87,8 @@ log = logging.getLogger("graben.meta")
 AnyRequest: Any = Union[request_types()]  # noqa: UP007  (built at run time)
 NODES_TTL_S = 1.0
 """How long placement may use a cached list of live nodes."""
+REPAIR_CHUNKS = 32  # chunks copied at once by a round of repair...
+REPAIR_BYTES = 256 * 1024 * 1024  # ...and the most bytes they may hold in memory
 REQUEST_NAMES = frozenset(t.__name__ for t in request_types())
 
 
@@ -282,10 +284,24 @@ class MetaService:
         nodes = await self._list_nodes()
         await self.chunks.nodes()  # fresh addresses: a node back from the dead may have moved
         made, left, stuck, lost = 0, 0, list[tuple[str, str]](), list[str]()
-        for chunk in degraded:
-            copies = await self._repair(chunk, nodes, stuck, lost)
-            made += copies
-            left += copies < chunk.want - len(chunk.live)
+        for batch in _repair_batches(degraded):
+            # Chunks of a batch are copied at once (a copy is a read and a write, each a
+            # round trip; one at a time, a node's thousands of small chunks took
+            # minutes) and their new copies recorded in one transaction.
+            copied = await asyncio.gather(
+                *(self._repair(chunk, nodes, stuck, lost) for chunk in batch),
+                return_exceptions=True,
+            )
+            done: dict[str, tuple[str, ...]] = {}
+            for chunk, outcome in zip(batch, copied, strict=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome  # Deposed: the others' copies are left unrecorded
+                if outcome:
+                    done[chunk.chunk.id] = outcome
+                made += len(outcome)
+                left += len(outcome) < chunk.want - len(chunk.live)
+            if done:
+                await self._run(self.namespace.record_copies, done, self._fence())
         await self._report_round(len(degraded), left, made)
         # One line per round, not one per chunk: a cluster short of nodes would say
         # the same thing for every chunk, every round.
@@ -327,13 +343,13 @@ class MetaService:
         nodes: list[NodeState],
         stuck: list[tuple[str, str]],
         lost: list[str],
-    ) -> int:
-        """Copies made of one short chunk; one that cannot be placed goes on ``stuck``
-        with the reason, one with no live copy on ``lost``."""
+    ) -> tuple[str, ...]:
+        """The nodes a short chunk was copied to (not yet recorded); one that cannot be
+        placed goes on ``stuck`` with the reason, one with no live copy on ``lost``."""
         chunk = degraded.chunk
         if not degraded.live:
             lost.append(chunk.id)
-            return 0
+            return ()
         try:
             targets = place(
                 nodes,
@@ -345,18 +361,15 @@ class MetaService:
             )
         except GrabenError as exc:
             stuck.append((chunk.id, str(exc)))
-            return 0
+            return ()
         data = memoryview(bytearray(chunk.length))
         if not await self._read_any(chunk, degraded.live, data):
-            return 0
-        fence = self._fence()  # a data node cannot check the fence: look before writing
+            return ()
+        self._fence()  # a data node cannot check the fence: look before writing
         results = await asyncio.gather(
             *(self.chunks.write(node, chunk, data) for node in targets), return_exceptions=True
         )
-        done = tuple(node for node, r in zip(targets, results, strict=True) if r is None)
-        if done:
-            await self._run(self.namespace.add_replicas, chunk.id, done, fence)
-        return len(done)
+        return tuple(node for node, r in zip(targets, results, strict=True) if r is None)
 
     async def _read_any(self, chunk: ChunkRef, sources: tuple[str, ...], into: memoryview) -> bool:
         for node in sources:
@@ -459,3 +472,18 @@ def _committed(outcome: list[FileInfo] | BaseException) -> Committed:
     if isinstance(outcome, BaseException):
         raise outcome  # not the batch's fault: the whole call fails
     return Committed(outcome)
+
+
+def _repair_batches(degraded: list[Degraded]) -> Iterator[list[Degraded]]:
+    """``degraded`` in batches of at most ``REPAIR_CHUNKS`` chunks and ``REPAIR_BYTES``
+    (a batch has at least one chunk, however large)."""
+    batch: list[Degraded] = []
+    held = 0
+    for chunk in degraded:
+        if batch and (len(batch) == REPAIR_CHUNKS or held + chunk.chunk.length > REPAIR_BYTES):
+            yield batch
+            batch, held = [], 0
+        batch.append(chunk)
+        held += chunk.chunk.length
+    if batch:
+        yield batch

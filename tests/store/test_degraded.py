@@ -209,3 +209,24 @@ def test_a_stopped_metadata_service_fails_after_the_timeout_saying_it_retried(
     )
     assert cli.returncode == 1
     assert "retrying for" in cli.stderr and "cannot connect" in cli.stderr, cli.stderr
+
+
+def test_a_dead_nodes_many_small_chunks_are_all_copied_again(tmp_path: Path) -> None:
+    """Repair copies a batch of chunks at once and records them together: every file a
+    lost node held gets its third copy back, and reads back whole."""
+    cluster = LocalCluster(tmp_path, nodes=4, timeout=HEARTBEAT_TIMEOUT, repair=0.5)
+    try:
+        with connect(cluster.url, chunk_size=MiB) as client:
+            files = {f"/small/{i}": os.urandom(4096 + i) for i in range(300)}
+            files["/big"] = os.urandom(6 * MiB + 5)
+            for path, data in files.items():
+                client.put(path, data)
+            cluster.kill(2)
+            _wait_alive(client, 3)
+            for path in files:
+                eventually(lambda path=path: set(copies(client, path)) == {3}, 60.0)
+            for path, data in files.items():
+                assert client.get(path) == data, path
+            eventually(lambda: _status(cluster.url, "--json").returncode == 0)
+    finally:
+        cluster.close()

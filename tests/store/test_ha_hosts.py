@@ -209,9 +209,10 @@ def test_the_leading_service_killed_under_64_writers_loses_nothing_and_repair_mo
         assert set(copies(client, "/after/kill.bin")) == {3}
         cluster.kill(cluster.node_procs[NODES[0]])
         eventually(lambda: alive(client) == len(NODES) - 1)
-        eventually(lambda: set(copies(client, "/after/kill.bin")) == {3})
+        took = eventually(lambda: set(copies(client, "/after/kill.bin")) == {3})
         assert client.get("/after/kill.bin") == data
-        eventually(lambda: cluster.status()["degraded"] == 0)
+        took += eventually(lambda: cluster.status()["degraded"] == 0)
+        print(f"the lost node's copies of 5,001 files made again in {took:.1f} s")
 
 
 def test_a_node_cut_off_mid_write_costs_copies_not_data_and_gets_them_back(
