@@ -145,9 +145,11 @@ class Bookkeeping:
     def record_copies(self, made: dict[str, tuple[str, ...]], fence: int | None = None) -> None:
         """Record the copies a round of repair has made, chunk -> new nodes, in one
         transaction (under ``fence``, if given)."""
-        with fenced_write(self.repo, fence, f"recording copies of {len(made)} chunks") as tx:
-            for chunk, nodes in made.items():
-                tx.add_replicas(chunk, nodes)
+        (first, nodes), more = next(iter(made.items())), len(made) - 1
+        what = f"copies of {first} on {nodes}" + (f" and of {more} more chunks" if more else "")
+        with fenced_write(self.repo, fence, f"recording {what}") as tx:
+            for chunk, copies in made.items():
+                tx.add_replicas(chunk, copies)
 
     def collectable(
         self, grace_s: float, limit: int = 0, *, key: str = ""

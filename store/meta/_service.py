@@ -287,7 +287,9 @@ class MetaService:
         for batch in _repair_batches(degraded):
             # Chunks of a batch are copied at once (a copy is a read and a write, each a
             # round trip; one at a time, a node's thousands of small chunks took
-            # minutes) and their new copies recorded in one transaction.
+            # minutes) and their new copies recorded in one transaction, under the
+            # fence held when they began (a leader deposed meanwhile is refused).
+            fence = self._fence()
             copied = await asyncio.gather(
                 *(self._repair(chunk, nodes, stuck, lost) for chunk in batch),
                 return_exceptions=True,
@@ -301,7 +303,7 @@ class MetaService:
                 made += len(outcome)
                 left += len(outcome) < chunk.want - len(chunk.live)
             if done:
-                await self._run(self.namespace.record_copies, done, self._fence())
+                await self._run(self.namespace.record_copies, done, fence)
         await self._report_round(len(degraded), left, made)
         # One line per round, not one per chunk: a cluster short of nodes would say
         # the same thing for every chunk, every round.
