@@ -141,14 +141,8 @@ class LocalChunkStore:
         again to per-piece overhead, and so does a hop through the event loop
         per piece.
         """
-        path = self.path(chunk.id)
-        fd = self._open(path, chunk)
+        fd = self.open_chunk(chunk)
         try:
-            if os.fstat(fd).st_size != chunk.length:
-                raise IntegrityError(
-                    f"chunk {chunk.id} has the wrong length (expected {chunk.length} bytes)",
-                    str(path),
-                )
             spans = read_spans(chunk.length)
             rest = [
                 self._siblings.submit(_read_piece, fd, at, into[at : at + n]) for at, n in spans[1:]
@@ -165,14 +159,26 @@ class LocalChunkStore:
             crc = crc32c_combine(crc, piece, n)
         self.verify(chunk, crc)
 
-    @staticmethod
-    def _open(path: Path, chunk: ChunkRef) -> int:
+    def open_chunk(self, chunk: ChunkRef) -> int:
+        """The chunk's file, open for reading and of the chunk's length (the caller
+        closes the descriptor); its bytes are not checked (``read`` checks them)."""
+        path = self.path(chunk.id)
         try:
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise NotFound(f"chunk {chunk.id} is missing", str(path)) from None
         except OSError as exc:
             raise from_os_error(exc, str(path)) from exc
+        try:
+            if os.fstat(fd).st_size != chunk.length:
+                raise IntegrityError(
+                    f"chunk {chunk.id} has the wrong length (expected {chunk.length} bytes)",
+                    str(path),
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def intact(self, chunk_id: str) -> bool:
         """Whether a chunk file's bytes still hash to its name (what a scrubber checks).

@@ -34,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Final, cast
+from typing import Any, Final, NamedTuple, cast
 
 import msgspec
 
@@ -93,6 +93,14 @@ OnRefused = Callable[[Header, GrabenError], None]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)
+
+
+class FileSpan(NamedTuple):
+    """Bytes of an open file to send as a frame's payload (``FrameProtocol.send_file``)."""
+
+    fd: int
+    offset: int
+    length: int
 
 
 def encode(value: Any) -> msgspec.Raw:
@@ -440,12 +448,18 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     async def send(self, header: Header, payload: memoryview | None = None) -> None:
         """Send one frame; waits while the peer is slow (flow control)."""
+        if self._tls or self._sending.locked():  # a frame is going out in parts: queue
+            async with self._sending:
+                await self._send_whole(header, payload)
+            return
+        await self._send_whole(header, payload)
+
+    async def _send_whole(self, header: Header, payload: memoryview | None) -> None:
         if self.broken is not None or self.transport is None:
             raise ConnectionResetError("connection closed")
         size = 0 if payload is None else payload.nbytes
         if self._tls:
-            async with self._sending:
-                await self._send_sliced(frame_prefix(header, size), payload)
+            await self._send_sliced(frame_prefix(header, size), payload)
             return
         self.transport.write(frame_prefix(header, size))
         if payload is not None and size:
@@ -473,6 +487,34 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 if sent + 1 < len(parts):
                     self.fail(ConnectionResetError("a frame was cut short"))
                 raise
+        if self.broken is not None:
+            raise ConnectionResetError("connection closed")
+
+    async def send_file(self, header: Header, span: FileSpan) -> None:
+        """Send one frame whose payload is ``span`` of an open file, by ``sendfile(2)``:
+        the kernel moves page-cache pages to the socket, no copy through Python (a data
+        node's warm chunk reads; plaintext only, TLS must encrypt in user space)."""
+        if self.broken is not None or self.transport is None:
+            raise ConnectionResetError("connection closed")
+        if self._tls:
+            raise InvalidArgument("sendfile over TLS")
+        loop = asyncio.get_running_loop()
+        async with self._sending:  # nothing may come between the prefix and the file's bytes
+            self.transport.write(frame_prefix(header, span.length))
+            try:
+                with open(span.fd, "rb", buffering=0, closefd=False) as file:
+                    # asyncio waits for the prefix to leave, pauses reading while the
+                    # kernel sends, then resumes it.
+                    await loop.sendfile(self.transport, file, span.offset, span.length)
+            except (OSError, RuntimeError) as exc:  # RuntimeError: the transport is closing
+                self.fail(ConnectionResetError(f"sendfile failed: {exc}"))
+                raise ConnectionResetError(f"sendfile failed: {exc}") from None
+            except BaseException:  # cut short: the peer would read the next frame as this one's
+                self.fail(ConnectionResetError("a frame was cut short"))
+                raise
+            finally:
+                if self._stalled and self.transport is not None:
+                    self.transport.pause_reading()  # asyncio resumed what a sink had paused
         if self.broken is not None:
             raise ConnectionResetError("connection closed")
 

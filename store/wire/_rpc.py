@@ -35,6 +35,7 @@ from ._frames import (
     NIL,
     SERVER_INBOX,
     Call,
+    FileSpan,
     FrameProtocol,
     Header,
     MemoryBudget,
@@ -65,12 +66,14 @@ HEADER_DEADLINE_S = 30.0
 
 
 class Answer(NamedTuple):
-    """What a handler returns: a reply body, an optional payload, and a hook
-    called once the payload has been sent (to return a pooled buffer)."""
+    """What a handler returns: a reply body, an optional payload (bytes in memory, or
+    ``file``: bytes of an open file, sent by ``sendfile``), and a hook called once the
+    payload has been sent (to return a pooled buffer, close the file)."""
 
     body: msgspec.Raw = NIL
     payload: memoryview | None = None
     release: Callable[[], None] | None = None
+    file: FileSpan | None = None
 
 
 Handler = Callable[[Call, memoryview | None], Awaitable[Answer]]
@@ -343,7 +346,7 @@ class Server:
             "ok" if reply.error is None else reply.error.code,
             time.perf_counter() - began,
             received,
-            len(reply.body) + (0 if answer.payload is None else answer.payload.nbytes),
+            len(reply.body) + _payload_size(answer),
         )
         return reply, answer
 
@@ -464,10 +467,19 @@ class _Session:
         reply, answer = await self._server.answer(call, payload)
         try:
             with contextlib.suppress(ConnectionError):  # the client went away: nothing to tell
-                await self.protocol.send(reply, answer.payload)
+                if answer.file is not None:
+                    await self.protocol.send_file(reply, answer.file)
+                else:
+                    await self.protocol.send(reply, answer.payload)
         finally:
             if answer.release is not None:
                 answer.release()
+
+
+def _payload_size(answer: Answer) -> int:
+    if answer.file is not None:
+        return answer.file.length
+    return 0 if answer.payload is None else answer.payload.nbytes
 
 
 def _bulk_sink(call: Call, length: int) -> memoryview:

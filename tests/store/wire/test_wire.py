@@ -6,6 +6,7 @@ import asyncio
 import os
 import socket
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import hypothesis.strategies as st
 import msgspec
@@ -18,6 +19,7 @@ from graben.store.wire._frames import (
     NIL,
     PREFIX,
     Call,
+    FileSpan,
     FrameProtocol,
     Header,
     Reply,
@@ -271,3 +273,51 @@ def test_a_periodic_task_outlives_failing_rounds() -> None:
 
     asyncio.run(main())
     assert len(rounds) >= 4
+
+
+def test_file_payloads_sent_by_sendfile_interleave_with_other_replies(tmp_path: Path) -> None:
+    """A reply whose payload is a span of an open file (a data node's chunk read) arrives
+    whole and in place while small replies go out on the same connection; a client that
+    leaves mid-file costs the server nothing."""
+    data = os.urandom(24 << 20)
+    (tmp_path / "chunk").write_bytes(data)
+
+    async def from_file(call: Call, payload: memoryview | None) -> Answer:
+        offset, length = decode(call.body, tuple[int, int])
+        fd = os.open(tmp_path / "chunk", os.O_RDONLY)
+        return Answer(file=FileSpan(fd, offset, length), release=lambda: os.close(fd))
+
+    async def main() -> None:
+        server = await Server.start({**HANDLERS, "file": from_file}, sinks=SINKS)
+        try:
+            conn = await Connection.open("127.0.0.1", server.port)
+            spans = [((i * 7919) % (16 << 20), (1 << 20) + i * 4096) for i in range(40)]
+            intos = [bytearray(length) for _, length in spans]
+            files = [
+                conn.call("file", encode(span), into=memoryview(into))
+                for span, into in zip(spans, intos, strict=True)
+            ]
+            echoes = [conn.call("echo", encode(i)) for i in range(400)]
+            replies = await asyncio.gather(*files, *echoes)
+            for (offset, length), into, (_, n) in zip(
+                spans, intos, replies[: len(spans)], strict=True
+            ):
+                assert n == length and into == data[offset : offset + length]
+            assert [decode(b, int) for b, _ in replies[len(spans) :]] == list(range(400))
+
+            leaving = await Connection.open("127.0.0.1", server.port)
+            call = asyncio.ensure_future(
+                leaving.call("file", encode((0, len(data))), into=memoryview(bytearray(len(data))))
+            )
+            await asyncio.sleep(0.01)
+            await leaving.close()
+            with pytest.raises(Unavailable):
+                await call
+            into = bytearray(len(data))
+            _, n = await conn.call("file", encode((0, len(data))), into=memoryview(into))
+            assert n == len(data) and into == data
+            await conn.close()
+        finally:
+            await server.close()
+
+    asyncio.run(main())
