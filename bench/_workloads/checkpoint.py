@@ -45,6 +45,7 @@ from graben.store import NotFound, connect, split_url
 from .._context import Context
 from .._kit import free_port, gbps
 from .._plan_sim import Kind, graben_kind, quiet_gc, simulate_load, simulate_saves, stock_kind
+from .._ranks import Outcome, Storage, save_and_load
 from .._registry import Result, workload
 from .cluster import local_cluster
 from .fsspec import moto_s3
@@ -315,3 +316,52 @@ def ckpt_plan(ctx: Context) -> list[Result]:
         Result("ckpt-plan", STOCK_LOAD, stock_load, UNIT, STOCK_LOAD),
         Result("ckpt-plan", GRABEN_LOAD, graben_load, UNIT, STOCK_LOAD),
     ]
+
+
+# -- a thousand ranks at once --------------------------------------------------------
+
+RANK_PROCESSES = 4
+GRABEN_RANKS = "graben cluster RF=3"
+
+
+def _ranks(ctx: Context) -> int:
+    return 256 if ctx.quick else 1024
+
+
+@workload("ckpt-ranks", "1,024 ranks save a 64 KiB shard each, then load it (s, connections)")
+def ckpt_ranks(ctx: Context) -> list[Result]:
+    """Every rank through GrabenWriter's and GrabenReader's calls at once (``_ranks``), on
+    the run's cluster (its default, RF=3: every rank connects to every node) beside DCP's
+    FileSystemWriter/Reader on the local disk driven the same way; and the connections
+    the servers held."""
+    url, world = ctx.fixture(local_cluster), _ranks(ctx)
+    seed = 1000 * ctx.trial + 1  # other bytes each trial: the store skips chunks it holds
+    systems = {
+        GRABEN_RANKS: Storage(url, f"/bench-ranks-{ctx.trial}", replication=3),
+        "DCP FileSystemWriter/Reader, local disk": Storage("", str(ctx.scratch / "ranks")),
+    }
+    outcomes: dict[str, Outcome] = {}
+    for name, storage in _rotated(ctx, list(systems.items())):
+        with ctx.step(f"{world} ranks: save and load, {name}", 2) as tick:
+            outcomes[name] = save_and_load(storage, world, RANK_PROCESSES, seed=seed)
+            tick(2)
+    with connect(url) as client:
+        for suffix in ("", "-warmup"):
+            client.rm(f"/bench-ranks-{ctx.trial}{suffix}", recursive=True)
+    shutil.rmtree(ctx.scratch / "ranks", ignore_errors=True)
+    shutil.rmtree(ctx.scratch / "ranks-warmup", ignore_errors=True)
+    name, stock = "ckpt-ranks", "DCP FileSystemWriter/Reader, local disk"
+    results = []
+    for what, value in (("first byte to published", "publish_s"), ("load, every byte", "load_s")):
+        base = f"{stock}: {world} ranks, {what}"
+        for system, outcome in outcomes.items():
+            row = f"{system}: {world} ranks, {what}"
+            results.append(Result(name, row, getattr(outcome, value), UNIT, base))
+    held = outcomes[GRABEN_RANKS].connections
+    metas, nodes = list(held.values())[:1], list(held.values())[1:]
+    for row, count in (
+        ("graben cluster: metadata service held", sum(metas)),
+        ("graben cluster: each data node held (least)", min(nodes, default=0)),
+    ):
+        results.append(Result(name, row, float(count), "connections", row))
+    return results

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import urlsplit
 
-from .._config import resolve
+from .._config import raise_open_files, resolve
 from .._errors import InvalidArgument, NotFound
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
 from ._listen import (
@@ -50,6 +51,9 @@ if TYPE_CHECKING:
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 READY_TIMEOUT_S = 30.0
+LOW_OPEN_FILES = 4096
+"""Below this many descriptors, a server warns that large jobs cannot all connect."""
+log = logging.getLogger("graben.cli")
 
 
 def _server_args(serve: argparse.ArgumentParser, section: str) -> None:
@@ -174,6 +178,14 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _serve(start: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]]) -> int:
+    limit = raise_open_files()
+    if limit < LOW_OPEN_FILES:
+        log.warning(
+            "open files limited to %d (hard limit): at most about that many clients can "
+            "connect; raise it (ulimit -Hn, LimitNOFILE=) for large jobs",
+            limit,
+        )
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

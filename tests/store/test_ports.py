@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -116,3 +117,26 @@ def test_a_node_heartbeats_its_advertised_address(cluster: LocalCluster, tmp_pat
             assert address in {n.address for n in client.health().nodes if n.alive}
     finally:
         _stop([proc])
+
+
+def test_a_server_raises_its_open_file_limit_for_a_thousand_clients(tmp_path: Path) -> None:
+    """Started under a soft limit of 256 descriptors (a common default is 1,024), a
+    metadata service raises it towards its hard limit: a thousand-rank job holds a
+    connection per rank."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    secret = tmp_path / "secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    serve = [*GRABEN, "meta", "serve", "--init", "--engine", f"sqlite:///{tmp_path}/m.db"]
+    serve += ["--listen", "127.0.0.1:0", "--secret-file", str(secret)]
+    low = ["sh", "-c", 'ulimit -Sn 256 && exec "$@"', "sh", *serve]
+    with subprocess.Popen(low, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().startswith("listening on")
+            limits = Path(f"/proc/{proc.pid}/limits").read_text()
+            line = next(line for line in limits.splitlines() if "open files" in line)
+            assert int(line.split()[3]) == min(65536, hard) > 1024, limits
+        finally:
+            proc.terminate()
+            proc.wait(10)
