@@ -1,7 +1,10 @@
 """``--plot``: one bar group per workload, each bar a system's ratio to its baseline.
 
 Ratios share one axis whatever the workloads' units; each bar is labelled
-with its value and unit as well. Rendered with matplotlib's Agg canvas and no
+with its value and unit as well. Within a group graben's systems and the
+peers measured beside them (JuiceFS, SeaweedFS, DCP's writers, Mosaic, ...)
+stand side by side in colours of their own, the baseline in grey, and a
+peer's durable twin (", then sync") hatched. Rendered with matplotlib's Agg canvas and no
 pyplot, so nothing global changes and no display is needed.
 """
 
@@ -14,6 +17,15 @@ from ._report import Rated
 
 BASELINE_COLOR = "#9e9e9e"
 GRABEN_COLOR = "#1f6fb4"
+PEER_COLOR = "#e08214"
+GRABEN_NAMES = ("graben", "Graben", "CachedDataset", "CachedLoader")
+"""A system whose name holds one of these is graben's; any other is a peer."""
+
+
+def _color(row: Rated) -> str:
+    if row.result.is_baseline:
+        return BASELINE_COLOR
+    return GRABEN_COLOR if any(n in row.result.system for n in GRABEN_NAMES) else PEER_COLOR
 
 
 def _rows(rated: Sequence[Rated]) -> list[tuple[str, Rated | None]]:
@@ -39,6 +51,7 @@ def plot(rated: Sequence[Rated], path: Path, title: str) -> None:
     # Imported here: matplotlib is the optional "bench" extra and slow to import.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
     rows = _rows(rated)
     fig = Figure(figsize=(10, 1.2 + 0.42 * len(rows)), layout="constrained")
@@ -49,8 +62,8 @@ def plot(rated: Sequence[Rated], path: Path, title: str) -> None:
         if row is None:
             continue
         ratio = row.ratio or 0.0
-        color = BASELINE_COLOR if row.result.is_baseline else GRABEN_COLOR
-        ax.barh(y, ratio, height=0.7, color=color)
+        hatch = "//" if row.result.system.endswith(", then sync") else None
+        ax.barh(y, ratio, height=0.7, color=_color(row), hatch=hatch, edgecolor="white")
         ax.text(ratio, y, _label(row), va="center", fontsize=9)
     ax.set_yticks(range(len(rows)), [name for name, _ in rows])
     for tick, (_, row) in zip(ax.get_yticklabels(), rows, strict=True):
@@ -60,5 +73,9 @@ def plot(rated: Sequence[Rated], path: Path, title: str) -> None:
     # Room on the right for the labels at the bars' ends.
     ax.set_xlim(0, widest * 1.45)
     ax.set_xlabel("ratio to the baseline measured in the same run (higher is more)")
+    legend = [("graben", GRABEN_COLOR), ("peer", PEER_COLOR), ("baseline", BASELINE_COLOR)]
+    handles = [Patch(color=color, label=label) for label, color in legend]
+    handles.append(Patch(facecolor=PEER_COLOR, hatch="//", edgecolor="white", label="then sync"))
+    ax.legend(handles=handles, loc="lower right", fontsize=8)
     ax.set_title(title, fontsize=10)
     fig.savefig(path, dpi=120)

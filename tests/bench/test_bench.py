@@ -16,7 +16,7 @@ from rich.console import Console
 
 from graben.bench import Context, Rated, Result, Skip, Workload, discover, rate, select
 from graben.bench._cli import stdout_console
-from graben.bench._plot import plot
+from graben.bench._plot import BASELINE_COLOR, GRABEN_COLOR, PEER_COLOR, _color, plot
 from graben.bench._report import table
 from graben.bench._runner import Settings, combine, run
 from graben.store import InvalidArgument
@@ -157,6 +157,32 @@ def test_plot_writes_a_png_even_without_a_baseline(tmp_path: Path) -> None:
         Rated(_result("w2", "graben", 2.0, baseline="gone"), None),
     ]
     plot(rated, tmp_path / "p.png", "title")
+    assert (tmp_path / "p.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_plot_draws_graben_and_the_peers_side_by_side_in_their_colours(tmp_path: Path) -> None:
+    """Each workload's systems are bars next to each other: graben's in one colour, the
+    peers in another, the baseline grey, a peer's durable twin hatched."""
+    rated = [
+        Rated(_result("mount-create", "graben embedded", 1.0, baseline="graben embedded"), 1.0),
+        Rated(_result("mount-create", "graben cluster", 0.6, baseline="graben embedded"), 0.6),
+        Rated(_result("mount-create", "JuiceFS", 1.6, baseline="graben embedded"), 1.6),
+        Rated(_result("mount-create", "JuiceFS, then sync", 1.5, baseline="graben embedded"), 1.5),
+        Rated(_result("dataset-epoch", "pyarrow", 1.0, baseline="pyarrow"), 1.0),
+        Rated(_result("dataset-epoch", "CachedDataset warm", 1.2, baseline="pyarrow"), 1.2),
+        Rated(_result("dataset-epoch", "Mosaic Streaming", 0.02, baseline="pyarrow"), 0.02),
+    ]
+    colours = [_color(row) for row in rated]
+    assert colours == [
+        BASELINE_COLOR,
+        GRABEN_COLOR,
+        PEER_COLOR,
+        PEER_COLOR,
+        BASELINE_COLOR,
+        GRABEN_COLOR,
+        PEER_COLOR,
+    ]
+    plot(rated, tmp_path / "p.png", "peers")
     assert (tmp_path / "p.png").read_bytes().startswith(PNG_MAGIC)
 
 
