@@ -31,15 +31,14 @@ import asyncio
 import logging
 import struct
 import time
-from collections import deque
 from collections.abc import Callable
-from functools import partial
 from typing import Any, Final, NamedTuple, cast
 
 import msgspec
 
 from .._errors import GrabenError, InvalidArgument, ProtocolError, TLSError, error_from_code
 from .._types import WireError
+from ._budget import MemoryBudget
 from ._tls import ALERT, looks_like_tls
 
 log = logging.getLogger("graben.wire")
@@ -137,48 +136,6 @@ def frame_prefix(header: Header, payload_length: int) -> bytes:
     if len(encoded) > MAX_HEADER:
         raise ProtocolError(f"header of {len(encoded)} bytes is over the {MAX_HEADER} limit")
     return PREFIX.pack(MAGIC, len(encoded), payload_length) + encoded
-
-
-class MemoryBudget:
-    """Bytes a server holds for what its peers send, shared by all its connections.
-
-    A take that does not fit waits (the connection stops reading) until a give
-    makes room; a lone take larger than the whole budget goes through when
-    nothing else is held, so no legitimate request waits forever.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._waiting: deque[Callable[[], None]] = deque()
-
-    def take(self, n: int, retry: Callable[[], None]) -> bool:
-        """Hold ``n`` bytes; if they do not fit, ``retry`` is called once some are given back."""
-        if self.used and self.used + n > self.limit:
-            self._waiting.append(retry)
-            return False
-        self.used += n
-        return True
-
-    async def hold(self, n: int) -> None:
-        """Take ``n`` bytes, waiting for room (for memory a handler allocates)."""
-        while True:
-            room: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            if self.take(n, partial(_settle, room)):
-                return
-            await room
-
-    def give(self, n: int) -> None:
-        """Return bytes taken; wakes the connections waiting for room."""
-        self.used -= n
-        waiting, self._waiting = self._waiting, deque()
-        for retry in waiting:
-            retry()
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 class FrameProtocol(asyncio.BufferedProtocol):

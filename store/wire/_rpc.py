@@ -30,6 +30,7 @@ from typing import NamedTuple
 import msgspec
 
 from .._errors import GrabenError, InvalidArgument, ProtocolError, Timeout, Unavailable
+from ._budget import MemoryBudget
 from ._frames import (
     INLINE_BODY_MAX,
     NIL,
@@ -38,7 +39,6 @@ from ._frames import (
     FileSpan,
     FrameProtocol,
     Header,
-    MemoryBudget,
     Reply,
     from_wire,
     to_wire,
