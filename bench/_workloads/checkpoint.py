@@ -4,11 +4,16 @@ Each system runs as a 2-rank job (``_dcp_job``, one process per rank); the
 job times its save or load between barriers and reports the slower rank.
 Systems: DCP's ``FileSystemWriter`` on the local disk (the baseline), its
 ``FsspecWriter`` over ``graben://`` (the cluster) and over s3fs to moto,
-and ``GrabenWriter`` on an embedded store and on the 3-node cluster. Every
-save is durable; ``ctx.size`` bytes are saved across the two ranks. Targets
+and ``GrabenWriter`` on an embedded store and on the 3-node cluster; and
+DCP's ``FileSystemWriter``/``Reader`` on each mount of the run (graben's,
+JuiceFS's and SeaweedFS's, started by ``mounts``). Every save fsyncs; on the
+mounts that ignore fsync (the peers) a twin row ends with one ``sync``, its
+time counted. ``ctx.size`` bytes are saved across the two ranks. Targets
 (issue "Checkpoint door"): save >= 1.0x and load >= 1.0x DCP's file system
 writer and reader; an incremental save with 10% changed >= 5x faster than
 a full one; async save blocks <= 100 ms per GiB per rank.
+
+A thousand ranks (``ckpt-ranks``): ``_ranks``.
 
 Planning at scale (``ckpt-plan``): 4096 simulated ranks x 300 tensors in one process.
 
@@ -44,11 +49,13 @@ from graben.store import NotFound, connect, split_url
 
 from .._context import Context
 from .._kit import free_port, gbps
+from .._peers import Mount
 from .._plan_sim import Kind, graben_kind, quiet_gc, simulate_load, simulate_saves, stock_kind
 from .._ranks import Outcome, Storage, save_and_load
-from .._registry import Result, workload
+from .._registry import Result, Skip, workload
 from .cluster import local_cluster
 from .fsspec import moto_s3
+from .mounts import SYNCED, mounts, sync_seconds
 
 T = TypeVar("T")
 GBPS = "GB/s"
@@ -74,6 +81,9 @@ class System:
     """fsspec storage options."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment of the ranks."""
+    durable: bool = True
+    """Whether a save is on disk when it returns (else the row has a twin ending in
+    one ``sync``: JuiceFS and SeaweedFS mounts do not sync on fsync)."""
 
 
 def _systems(ctx: Context, url: str, s3: Any) -> list[System]:
@@ -92,7 +102,24 @@ def _systems(ctx: Context, url: str, s3: Any) -> list[System]:
             "GrabenWriter embedded", "graben", "graben:///bench-ckpt/{}", env={"GRABEN_HOME": home}
         ),
         System("GrabenWriter cluster RF=1", "graben", f"{url}/bench-ckpt/graben-{{}}", RF1),
+        *(
+            System(
+                f"DCP FileSystemWriter -> {mount.name} mount",
+                "fs",
+                str(mount.point / "bench-ckpt" / "{}"),
+                durable=mount.durable,
+            )
+            for mount in _mounted(ctx)
+        ),
     ]
+
+
+def _mounted(ctx: Context) -> list[Mount]:
+    """The run's mounts (graben's and its peers'), or none if nothing mounts here."""
+    try:
+        return sorted(mounts(ctx), key=lambda mount: mount.name)
+    except Skip:
+        return []
 
 
 def job(
@@ -178,9 +205,13 @@ def ckpt_save(ctx: Context) -> list[Result]:
         _settle()
         with ctx.step(f"dcp.save: {system.name}", ctx.size) as tick:
             seconds = job(ctx, system, "save", name, seed)["seconds"]
+            synced = 0.0 if system.durable else sync_seconds()
             tick(ctx.size)
         _remove(system, name, s3)
         results.append(Result("ckpt-save", system.name, gbps(ctx.size, seconds), GBPS, BASELINE))
+        if not system.durable:
+            twin = gbps(ctx.size, seconds + synced)
+            results.append(Result("ckpt-save", system.name + SYNCED, twin, GBPS, BASELINE))
     return results
 
 

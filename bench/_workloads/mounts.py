@@ -89,7 +89,7 @@ def _told(_ctx: Context) -> Iterator[set[str]]:
     yield set()
 
 
-def _mounts(ctx: Context) -> list[Mount]:
+def mounts(ctx: Context) -> list[Mount]:
     """Every system that runs here, in this trial's order (the others named once)."""
     mounts, told = [], ctx.fixture(_told)
     for name, fixture in SYSTEMS.items():
@@ -112,7 +112,7 @@ def _where(ctx: Context, mount: Mount, name: str) -> Path:
     return path
 
 
-def _sync_seconds() -> float:
+def sync_seconds() -> float:
     start = perf_counter()
     os.sync()
     return perf_counter() - start
@@ -140,7 +140,7 @@ def mount_create(ctx: Context) -> list[Result]:
     """Files per second; the peers' durable twins end with one ``sync``."""
     count, payload = (500 if ctx.quick else 2000), os.urandom(SMALL)
     results = []
-    for mount in _mounts(ctx):
+    for mount in mounts(ctx):
         where = _where(ctx, mount, "small")
 
         def one(i: int, where: Path = where) -> None:
@@ -153,7 +153,7 @@ def mount_create(ctx: Context) -> list[Result]:
 
         with ctx.step(f"mount-create: {mount.name}", count) as advance:
             seconds = _threaded(one, count, advance)
-        results += _rows("mount-create", mount, count, seconds, "files/s", _sync_seconds())
+        results += _rows("mount-create", mount, count, seconds, "files/s", sync_seconds())
     return results
 
 
@@ -163,7 +163,7 @@ def mount_stat(ctx: Context) -> list[Result]:
     count = 500 if ctx.quick else 2000
     time.sleep(1.1)  # past every kernel attribute cache (1 s on each system)
     results = []
-    for mount in _mounts(ctx):
+    for mount in mounts(ctx):
         where = _where(ctx, mount, "small")
         if not (where / f"f{count - 1:05d}").exists():
             raise Skip("mount-stat stats the files mount-create makes: run both")
@@ -198,7 +198,7 @@ def mount_write(ctx: Context) -> list[Result]:
     """GB/s from the first write to the end of ``sync`` (durable everywhere)."""
     data = ctx.fixture(random_data)
     results = []
-    for mount in _mounts(ctx):
+    for mount in mounts(ctx):
         if mount.data is not None:
             need_space(mount.data.parent, ctx.size)
         path = _where(ctx, mount, "seq") / "file.bin"
@@ -225,7 +225,7 @@ def mount_torch_save(ctx: Context) -> list[Result]:
     state = {f"layer{i}": torch.rand(ctx.size // tensors // 4) for i in range(tensors)}
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     results = []
-    for mount in _mounts(ctx):
+    for mount in mounts(ctx):
         path = _where(ctx, mount, "torch") / "model.pt"
         with ctx.step(f"mount-torch-save: {mount.name}", 1):
             start = perf_counter()
@@ -234,7 +234,7 @@ def mount_torch_save(ctx: Context) -> list[Result]:
                 f.flush()
                 os.fsync(f.fileno())
             seconds = perf_counter() - start
-        results += _rows("mount-torch-save", mount, nbytes, seconds, "GB/s", _sync_seconds())
+        results += _rows("mount-torch-save", mount, nbytes, seconds, "GB/s", sync_seconds())
         path.unlink()
     return results
 
@@ -254,7 +254,7 @@ def mount_read_warm(ctx: Context) -> list[Result]:
 def _read(ctx: Context, name: str, *, cold: bool) -> list[Result]:
     results = []
     with _buffer() as buffer, memoryview(buffer) as view:
-        for mount in _mounts(ctx):
+        for mount in mounts(ctx):
             path = _where(ctx, mount, "seq") / "file.bin"
             if not path.exists():
                 raise Skip(f"{name} reads the file mount-write makes: run both")
@@ -296,6 +296,6 @@ def mount_memory(ctx: Context) -> list[Result]:
     """MiB resident in the processes that serve each mount (lower is better)."""
     return [
         Result("mount-memory", m.name, _peers.rss(m.pids) / MiB, "MiB", BASELINE)
-        for m in _mounts(ctx)
+        for m in mounts(ctx)
         if m.pids
     ]
