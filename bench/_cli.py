@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from graben.store import GrabenError, parse_size
+from graben.store import GrabenError, InvalidArgument, parse_size
 
 from . import _runner
 from ._machine import Machine, describe
@@ -73,6 +73,12 @@ def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="make the scratch directory in DIR (default: the current directory); "
         "it is removed afterwards",
     )
+    parser.add_argument(
+        "--target",
+        metavar="URL|DIR",
+        help="measure a deployed cluster (graben://host:port: the cluster workloads) or any "
+        "mounted directory (the mount workloads), starting nothing of the bench's own",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="draw the ratios as a PNG")
     parser.set_defaults(run=run)
@@ -126,8 +132,10 @@ def run(args: argparse.Namespace) -> int:
         for wl in available:
             out.print(f"[bold]{wl.name:<12}[/bold] {wl.summary}", highlight=False)
         return 0
-    selected = select(available, args.workloads)
-    settings = _runner.Settings(size=_size(args), quick=args.quick, repeat=args.repeat)
+    selected = select(available, args.workloads or _targeted(args.target))
+    settings = _runner.Settings(
+        size=_size(args), quick=args.quick, repeat=args.repeat, target=args.target
+    )
     err = Console(stderr=True)
     started = time.monotonic()
     with _scratch_root(args.dir) as root:
@@ -140,6 +148,18 @@ def run(args: argparse.Namespace) -> int:
     _write_outputs(args, machine, rated, _title(settings))
     err.print(f"[dim]graben bench took {time.monotonic() - started:.1f} s[/dim]")
     return 0
+
+
+def _targeted(target: str | None) -> list[str]:
+    """The workloads a ``--target`` runs when none are named: a store's cluster
+    workloads, a directory's mount workloads (none named and no target: all)."""
+    if target is None:
+        return []
+    if target.startswith("graben://"):
+        return ["cluster-*"]
+    if not Path(target).is_dir():
+        raise InvalidArgument(f"--target {target}: not a graben:// URL nor a directory")
+    return ["mount-*"]
 
 
 def _size(args: argparse.Namespace) -> int:

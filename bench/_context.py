@@ -74,6 +74,19 @@ class Context:
     """Progress display behind ``step``."""
     fixtures: Fixtures
     """Run-wide values behind ``fixture``."""
+    target: str | None = None
+    """``--target``: a deployed cluster's URL (``graben://...``) or a mounted directory;
+    workloads measure it instead of starting systems of their own."""
+
+    @property
+    def target_url(self) -> str | None:
+        """The target, if it is a store URL."""
+        return self.target if self.target and self.target.startswith("graben://") else None
+
+    @property
+    def target_path(self) -> Path | None:
+        """The target, if it is a directory."""
+        return Path(self.target) if self.target and not self.target_url else None
 
     def step(self, label: str, total: int) -> AbstractContextManager[Advance]:
         """Show ``label`` with a progress bar of ``total`` units while the block runs."""

@@ -33,6 +33,8 @@ class Settings:
     """Whether the run should take under a minute."""
     repeat: int
     """Trials per workload; each system's figure is the median of its trials."""
+    target: str | None = None
+    """A deployed cluster's URL or a mounted directory to measure, starting nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ def run(workloads: Sequence[Workload], settings: Settings, root: Path, console: 
             shared=root / "shared",
             size=settings.size,
             quick=settings.quick,
+            target=settings.target,
             trial=0,
             console=progress.console,
             steps=RichSteps(progress),

@@ -45,8 +45,15 @@ def local_cluster(ctx: Context) -> Iterator[str]:
     """A fixture: ``graben cluster up --nodes 3`` for the whole run; yields its URL.
 
     The bench's clients find the cluster's secret as a user's would, in
-    ``$GRABEN_SECRET_FILE``, set for as long as the cluster runs.
+    ``$GRABEN_SECRET_FILE``, set for as long as the cluster runs. With ``--target
+    graben://...`` nothing is started: the target is the cluster (its secret is the
+    user's, as for any client).
     """
+    if ctx.target_url is not None:
+        yield ctx.target_url
+        return
+    if ctx.target_path is not None:
+        raise Skip(f"--target {ctx.target_path} is a directory: no cluster to measure")
     root = ctx.shared / "cluster"
     root.mkdir(parents=True, exist_ok=True)
     secret = make_secret_file(root / "secret")
@@ -249,6 +256,8 @@ def _pg_cluster(services: int) -> Callable[[Context], AbstractContextManager[str
 
     @contextmanager
     def cluster(ctx: Context) -> Iterator[str]:
+        if ctx.target is not None:
+            raise Skip("--target: no cluster of the bench's own is started")
         server = ctx.fixture(postgres)
         if isinstance(server, str):
             raise Skip(server)

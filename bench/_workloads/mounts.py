@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -84,13 +86,37 @@ SYSTEMS = {
 
 
 @contextmanager
+def _target(ctx: Context) -> Iterator[Mount]:
+    """A fixture: ``--target DIR`` as a mount. Whether its fsync reaches the disk is not
+    known, so its write rows have a durable twin too; cold reads evict the files' own
+    pages only (where its daemon keeps data is not known either)."""
+    assert ctx.target_path is not None
+    if not ctx.target_path.is_dir():
+        raise Skip(f"--target {ctx.target_path} is not a directory")
+    # The bench's files go in a directory of its own there, removed at the end of the run.
+    scratch = Path(tempfile.mkdtemp(prefix=".graben-bench-", dir=ctx.target_path))
+    try:
+        yield Mount(f"target {ctx.target_path}", scratch, None, durable=False)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextmanager
 def _told(_ctx: Context) -> Iterator[set[str]]:
     """A fixture: the systems whose absence this run has printed."""
     yield set()
 
 
 def mounts(ctx: Context) -> list[Mount]:
-    """Every system that runs here, in this trial's order (the others named once)."""
+    """Every system that runs here, in this trial's order (the others named once); with
+    ``--target DIR``, that directory alone, started by nobody."""
+    if ctx.target_path is not None:
+        return [ctx.fixture(_target)]
+    if ctx.target_url is not None:
+        raise Skip(
+            "--target is a store: the mount workloads need a mounted directory "
+            f"(graben mount {ctx.target_url} DIR, then --target DIR)"
+        )
     mounts, told = [], ctx.fixture(_told)
     for name, fixture in SYSTEMS.items():
         got = ctx.fixture(fixture)

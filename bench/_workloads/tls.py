@@ -32,6 +32,8 @@ OVER_TLS = "graben cluster RF=1, TLS"
 def tls_cluster(ctx: Context) -> Iterator[tuple[str, TLS]]:
     """A fixture: a 3-node cluster for the whole run, TLS on every connection; yields its
     URL and what its clients need (the run's CA)."""
+    if ctx.target is not None:
+        raise Skip("--target: no cluster of the bench's own is started")
     ctx.fixture(local_cluster)  # sets $GRABEN_SECRET_FILE for the run: both share it
     try:
         import trustme

@@ -19,7 +19,7 @@ from graben.bench._cli import stdout_console
 from graben.bench._plot import BASELINE_COLOR, GRABEN_COLOR, PEER_COLOR, _color, plot
 from graben.bench._report import table
 from graben.bench._runner import Settings, combine, run
-from graben.store import InvalidArgument
+from graben.store import InvalidArgument, connect
 from graben.store.cli._main import build_parser, main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -390,3 +390,47 @@ def test_the_tls_workloads_measure_tls_beside_plaintext(tmp_path: Path) -> None:
             (name, "graben cluster RF=1, TLS"),
         } == {s for s in systems if s[0] == name}
     assert all(r["value"] > 0 and r["baseline"] == "graben cluster RF=1, plaintext" for r in rows)
+
+
+@pytest.mark.slow
+def test_a_target_directory_runs_the_mount_workloads_there_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """``--target DIR``: any mounted directory (here the test's own), nothing started; the
+    write rows have a durable twin, since whether its fsync syncs is not known."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "mine.txt").write_text("kept")
+    rows = _quiet_run(tmp_path, "--target", str(target), "--size-mib", "4")
+    name = f"target {target}"
+    assert {r["workload"] for r in rows} >= {"mount-create", "mount-stat", "mount-write"}
+    assert {r["system"] for r in rows} == {name, f"{name}, then sync"}
+    assert ("mount-create", f"{name}, then sync") in {(r["workload"], r["system"]) for r in rows}
+    assert [p.name for p in target.iterdir()] == ["mine.txt"]
+
+
+@pytest.mark.slow
+def test_a_target_cluster_runs_the_cluster_workloads_on_it(
+    cluster_url: str, tmp_path: Path
+) -> None:
+    """``--target graben://...``: the cluster workloads measure that cluster; nothing of
+    the bench's own is started (its TLS cluster and PostgreSQL clusters are left out)."""
+    capture = io.StringIO()
+    out = tmp_path / "r.json"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.stdout", capture)
+        args = ["bench", "cluster-read", "cluster-tls-read", "--target", cluster_url]
+        args += ["--size-mib", "4", "--dir", str(tmp_path / "s"), "--json", str(out)]
+        assert main(args) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert ("cluster-read", "graben cluster") in {(r["workload"], r["system"]) for r in rows}
+    assert "skipped cluster-tls-read: --target: no cluster of the bench's own" in capture.getvalue()
+    with connect(cluster_url) as client:
+        assert not client.exists("/bench/read")  # what it wrote is gone
+
+
+def test_a_target_that_is_neither_a_store_nor_a_directory_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--target", str(tmp_path / "nowhere")]) == 1  # as an unknown name
+    assert "not a graben:// URL nor a directory" in capsys.readouterr().err
