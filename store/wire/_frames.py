@@ -9,7 +9,9 @@ operation's own msgpack, decoded by whoever knows the operation's type. The
 payload carries chunk bytes and is received straight into the buffer its
 receiver names (``Sink``): a data node's pooled buffer, or the reader's own
 memory on a client. Small frames go through one receive buffer, so a stream
-of small requests costs one ``recv`` for many frames.
+of small requests costs one ``recv`` for many frames. A payload may also be
+sent from an open file by ``sendfile`` (``send_file``: a data node's chunk
+reads), the kernel moving page-cache pages to the socket.
 
 Anything that is not a frame (bad magic, a header or payload over its limit,
 a header that does not decode) is a ``ProtocolError``: the connection is
