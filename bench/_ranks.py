@@ -55,6 +55,8 @@ class Outcome:
     """From the ranks told to load to every rank holding its tensor, checked."""
     connections: dict[str, int]
     """Established client connections each server held after the save (by address)."""
+    seed: int
+    """What the published checkpoint's tensors were made from (``shard(rank, seed)``)."""
 
 
 def shard(rank: int, seed: int) -> torch.Tensor:
@@ -238,10 +240,11 @@ def save_and_load(
     try:
         if warm_up:
             _save(workers, storage.at("-warmup"), client, seed=2 * seed + 1)
-        publish = _save(workers, storage, client, seed=2 * seed + 2)
+        saved = 2 * seed + 2
+        publish = _save(workers, storage, client, seed=saved)
         connections = {} if client is None else _connections(storage.store, client)
         started = time.perf_counter()
-        wrong = workers.tell("load", storage, 2 * seed + 2)
+        wrong = workers.tell("load", storage, saved)
         load = time.perf_counter() - started
         if wrong:
             raise AssertionError(f"{len(wrong)} ranks loaded other bytes: {wrong[:3]}")
@@ -249,7 +252,7 @@ def save_and_load(
         workers.close()
         if client is not None:
             client.close()
-    return Outcome(ranks, len(workers.procs), publish, load, connections)
+    return Outcome(ranks, len(workers.procs), publish, load, connections, saved)
 
 
 def _save(workers: _Workers, storage: Storage, client: Client | None, seed: int) -> float:

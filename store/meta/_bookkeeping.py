@@ -138,10 +138,6 @@ class Bookkeeping:
             self.repo.location,
         )
 
-    def add_replicas(self, chunk: str, nodes: tuple[str, ...], fence: int | None = None) -> None:
-        """Record copies repair has made of one chunk (under ``fence``, if given)."""
-        self.record_copies({chunk: nodes}, fence)
-
     def record_copies(self, made: dict[str, tuple[str, ...]], fence: int | None = None) -> None:
         """Record the copies a round of repair has made, chunk -> new nodes, in one
         transaction (under ``fence``, if given)."""

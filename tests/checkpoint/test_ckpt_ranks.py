@@ -37,10 +37,10 @@ def _saves_and_loads_every_byte(cluster_url: str, ranks: int) -> None:
 
     # The published checkpoint, read whole by one process as a user would: every
     # rank's tensor, every byte, and no staging directory left beside it.
-    state = {f"shard.{r}": torch.zeros_like(shard(r, 2 * ranks + 2)) for r in range(ranks)}
+    state = {f"shard.{r}": torch.zeros_like(shard(r, outcome.seed)) for r in range(ranks)}
     dcp.load(state, storage_reader=GrabenReader(cluster_url + path), no_dist=True)
     for r in range(ranks):
-        assert torch.equal(state[f"shard.{r}"], shard(r, 2 * ranks + 2)), r
+        assert torch.equal(state[f"shard.{r}"], shard(r, outcome.seed)), r
     with connect(cluster_url) as client:
         parent = posixpath.dirname(path)
         assert sorted(e.path for e in client.ls(parent)) == [path, f"{path}-warmup"]

@@ -55,14 +55,14 @@ def test_a_lapsed_lease_passes_on_and_the_old_fence_writes_nothing(engine: Engin
     assert (new.holder, new.fence) == ("b", old.fence + 1)
 
     with pytest.raises(Deposed, match=f"fence {old.fence}.*service b.*fence {new.fence}"):
-        a.add_replicas(c.id, ("n3",), old.fence)
+        a.record_copies({c.id: ("n3",)}, old.fence)
     with pytest.raises(Deposed):
         a.report_bad(chunk(2).id, "n1", "crc mismatch", old.fence)
     assert sorted(_replicas(engine, c.id)) == ["n1", "n2"]
     assert _replicas(engine, chunk(2).id) == ["n1"]
     assert a.bad_count() == 0
 
-    b.add_replicas(c.id, ("n3",), new.fence)  # the leader's own write goes through
+    b.record_copies({c.id: ("n3",)}, new.fence)  # the leader's own write goes through
     assert sorted(_replicas(engine, c.id)) == ["n1", "n2", "n3"]
     assert beat(a.repo, _me("a"), 5.0).holder == "b"  # the old holder does not take it back
 

@@ -257,7 +257,7 @@ def test_nodes_heartbeats_and_repair_bookkeeping(ns: Namespace) -> None:
     ns.commit((file("/f", [c], nodes=("n2", "n1"), replication=3),))
     short = ns.degraded()
     assert [(d.chunk.id, d.live, d.want) for d in short] == [(c.id, ("n1", "n2"), 3)]
-    ns.add_replicas(c.id, ("n3",))
+    ns.record_copies({c.id: ("n3",)})
     assert ns.degraded() == []
     ns.report_bad(c.id, "n2", "crc mismatch")
     assert [d.live for d in ns.degraded()] == [("n1", "n3")]
