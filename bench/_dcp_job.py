@@ -2,8 +2,9 @@
 
 ``SPEC`` is JSON: ``system`` (which writer and reader), ``action`` (``save``,
 ``load``, ``incremental`` or ``async``), ``target`` (path or URL),
-``bytes_per_rank``, ``storage_options`` (for fsspec) and ``env`` (which
-the parent sets when it starts the rank). Every
+``bytes_per_rank``, ``storage_options`` (for fsspec; for s3torchconnector
+its ``region``) and ``env`` (which the parent sets when it starts the rank:
+S3's endpoint and keys for s3torchconnector). Every
 rank times its part between two barriers; rank 0 prints one JSON line.
 Not imported by anything: it runs as a separate process per rank.
 """
@@ -45,6 +46,11 @@ def writer(spec: dict[str, Any], target: str) -> Any:
         return FileSystemWriter(target)
     if system.startswith("fsspec"):
         return FsspecWriter(target, **spec.get("storage_options", {}))
+    if system == "s3torch":
+        from s3torchconnector.dcp import S3StorageWriter
+
+        region, config = _s3torch(spec)  # one writer thread: its default, kept
+        return S3StorageWriter(region, target, s3client_config=config)
     from graben.checkpoint import GrabenWriter
 
     return GrabenWriter(target, replication=spec.get("storage_options", {}).get("replication"))
@@ -77,9 +83,23 @@ def reader(spec: dict[str, Any], target: str) -> Any:
         return FileSystemReader(target)
     if system.startswith("fsspec"):
         return FsspecReader(target, **spec.get("storage_options", {}))
+    if system == "s3torch":
+        from s3torchconnector.dcp import S3StorageReader
+
+        region, config = _s3torch(spec)
+        return S3StorageReader(region, target, s3client_config=config)
     from graben.checkpoint import GrabenReader
 
     return GrabenReader(target)
+
+
+def _s3torch(spec: dict[str, Any]) -> tuple[str, Any]:
+    """s3torchconnector's region and client config; the endpoint and keys are in the
+    environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...), as its client reads them."""
+    from s3torchconnector import S3ClientConfig
+
+    # An endpoint on 127.0.0.1 has no bucket.host names: address the bucket in the path.
+    return spec["storage_options"]["region"], S3ClientConfig(force_path_style=True)
 
 
 def timed(fn: Any) -> float:

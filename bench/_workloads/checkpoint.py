@@ -4,14 +4,17 @@ Each system runs as a 2-rank job (``_dcp_job``, one process per rank); the
 job times its save or load between barriers and reports the slower rank.
 Systems: DCP's ``FileSystemWriter`` on the local disk (the baseline), its
 ``FsspecWriter`` over ``graben://`` (the cluster) and over s3fs to moto,
+s3torchconnector's ``S3StorageWriter``/``Reader`` (AWS's S3 connector for
+PyTorch, with its defaults: one writer thread per rank) to the same moto,
 and ``GrabenWriter`` on an embedded store and on the 3-node cluster; and
 DCP's ``FileSystemWriter``/``Reader`` on each mount of the run (graben's,
-JuiceFS's and SeaweedFS's, started by ``mounts``). Every save fsyncs; on the
-mounts that ignore fsync (the peers) a twin row ends with one ``sync``, its
-time counted. ``ctx.size`` bytes are saved across the two ranks. Targets
-(issue "Checkpoint door"): save >= 1.0x and load >= 1.0x DCP's file system
-writer and reader; an incremental save with 10% changed >= 5x faster than
-a full one; async save blocks <= 100 ms per GiB per rank.
+JuiceFS's, and SeaweedFS's at one copy and at three; started by
+``mounts``). Every save to a file fsyncs (one to S3 is done when its PUTs
+return); on the mounts that ignore fsync (the peers) a twin row ends with
+one ``sync``, its time counted. ``ctx.size`` bytes are saved across the two
+ranks. Targets (issue "Checkpoint door"): save >= 1.0x and load >= 1.0x
+DCP's file system writer and reader; an incremental save with 10% changed
+>= 5x faster than a full one; async save blocks <= 100 ms per GiB per rank.
 
 A thousand ranks (``ckpt-ranks``): ``_ranks``.
 
@@ -78,7 +81,7 @@ class System:
     target: str
     """Path or URL of the checkpoint, ``{}`` replaced by a per-save name."""
     options: dict[str, Any] = field(default_factory=dict)
-    """fsspec storage options."""
+    """fsspec storage options (s3torchconnector's: its ``region``)."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment of the ranks."""
     durable: bool = True
@@ -99,9 +102,16 @@ def _systems(ctx: Context, url: str, s3: Any) -> list[System]:
         ),
         System("DCP FsspecWriter -> s3fs -> moto", "fsspec-s3", "s3://bench/ckpt-{}", s3_options),
         System(
+            "DCP S3StorageWriter (s3torchconnector) -> moto",
+            "s3torch",
+            "s3://bench/s3torch-{}",
+            {"region": s3_options["client_kwargs"]["region_name"]},
+            env=_aws_env(s3_options),
+        ),
+        System(
             "GrabenWriter embedded", "graben", "graben:///bench-ckpt/{}", env={"GRABEN_HOME": home}
         ),
-        System("GrabenWriter cluster RF=1", "graben", f"{url}/bench-ckpt/graben-{{}}", RF1),
+        _graben_cluster(url),
         *(
             System(
                 f"DCP FileSystemWriter -> {mount.name} mount",
@@ -112,6 +122,22 @@ def _systems(ctx: Context, url: str, s3: Any) -> list[System]:
             for mount in _mounted(ctx)
         ),
     ]
+
+
+def _graben_cluster(url: str) -> System:
+    """GrabenWriter on the run's cluster, one copy (also ckpt-incremental's and ckpt-async's)."""
+    return System("GrabenWriter cluster RF=1", "graben", f"{url}/bench-ckpt/graben-{{}}", RF1)
+
+
+def _aws_env(s3_options: dict[str, Any]) -> dict[str, str]:
+    """moto's address and keys as every AWS client reads them: s3torchconnector's
+    ``S3StorageWriter``/``Reader`` take no endpoint, but its native client reads
+    ``AWS_ENDPOINT_URL`` when none is given."""
+    return {
+        "AWS_ENDPOINT_URL": s3_options["client_kwargs"]["endpoint_url"],
+        "AWS_ACCESS_KEY_ID": s3_options["key"],
+        "AWS_SECRET_ACCESS_KEY": s3_options["secret"],
+    }
 
 
 def _mounted(ctx: Context) -> list[Mount]:
@@ -169,7 +195,7 @@ def _remove(system: System, name: str, s3: Any) -> None:
 def _remove_one(system: System, target: str, s3: Any) -> None:
     if system.key == "fs":
         shutil.rmtree(target, ignore_errors=True)
-    elif system.key == "fsspec-s3":
+    elif system.key in ("fsspec-s3", "s3torch"):
         with suppress(FileNotFoundError):
             s3.rm(target, recursive=True)
     else:
@@ -245,7 +271,7 @@ def ckpt_load(ctx: Context) -> list[Result]:
 def ckpt_incremental(ctx: Context) -> list[Result]:
     """Full save, then the same state with 10% of its tensors changed, on the cluster."""
     url, s3 = ctx.fixture(local_cluster), ctx.fixture(moto_s3)
-    system = _systems(ctx, url, s3)[-1]
+    system = _graben_cluster(url)
     name = f"incr-{ctx.trial}"
     _settle()
     with ctx.step("dcp.save full, then incremental", 2 * ctx.size) as tick:
@@ -267,7 +293,7 @@ def ckpt_async(ctx: Context) -> list[Result]:
     the floor: a plain ``copy_`` of the same tensors by the same ranks.
     """
     url, s3 = ctx.fixture(local_cluster), ctx.fixture(moto_s3)
-    system = _systems(ctx, url, s3)[-1]
+    system = _graben_cluster(url)
     root = System(system.name, "graben", f"{url}/bench-async-{{}}", RF1)
     gib_per_rank = ctx.size / WORLD / 2**30
     blocked, copy = {}, {}

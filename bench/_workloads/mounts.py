@@ -1,7 +1,15 @@
 """graben's mount beside the file systems users mount instead: JuiceFS and SeaweedFS.
 
 Each system is mounted once for the run (``_peers``) and every workload runs
-on each in turn, the order rotating with the trial:
+on each in turn, the order rotating with the trial. Each peer keeps as many
+copies as the graben row it stands beside:
+
+- ``graben embedded`` (one copy) beside ``JuiceFS`` (its ``file`` storage
+  keeps one) and ``SeaweedFS`` (replication ``000``, one copy);
+- ``graben cluster`` (three nodes, RF=3, its default) beside ``SeaweedFS 002``
+  (three copies, one on each of its three volume servers).
+
+The workloads:
 
 - ``mount-create``: 4 KiB files created, written, fsynced and closed by 16
   threads (files/s). JuiceFS and SeaweedFS do not sync on fsync, so each has
@@ -81,6 +89,9 @@ SYSTEMS = {
         )
     ),
     "SeaweedFS": _fixture(lambda ctx: _peers.seaweedfs(ctx.shared / "mount-seaweedfs")),
+    "SeaweedFS 002": _fixture(
+        lambda ctx: _peers.seaweedfs(ctx.shared / "mount-seaweedfs-002", replication="002")
+    ),
     "JuiceFS": _fixture(lambda ctx: _peers.juicefs(ctx.shared / "mount-juicefs")),
 }
 
