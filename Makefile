@@ -9,8 +9,9 @@ SYSTEM_PACKAGES := libfuse3-dev fuse3 pkg-config fio postgresql rsync
 
 .PHONY: run test lint system-deps install peers clean
 
+# The run's figures also go to $(VENV)/bench.json (the README's tables come from it).
 run: install peers
-	$(BIN)/graben bench --quick
+	$(BIN)/graben bench --quick --json $(VENV)/bench.json
 
 test: install lint
 	$(BIN)/pytest
@@ -42,14 +43,14 @@ system-deps:
 		|| echo "warning: could not install $(SYSTEM_PACKAGES)"; \
 	else echo "as root, run: apt-get install -y $(SYSTEM_PACKAGES)"; fi
 
-# The bench's Mosaic Streaming peer needs torch 2.14.1 and torchvision (not the
-# project's torch), so it gets a venv of its own; without it the bench leaves
-# that one row out, so a failure here only warns.
+# The bench's Mosaic Streaming and LitData peers need torchvision, which needs
+# torch 2.14.1 (not the project's torch), so they get a venv of its own; without
+# it the bench leaves their rows out, so a failure here only warns.
 PEERS := .venv-peers
 PEER_PACKAGES := torch==2.14.1 torchvision==0.29.1 pyarrow==26.0.1 'xxhash<4' zstd \
-	python-snappy Brotli catalogue 'transformers<5' pillow
+	python-snappy Brotli catalogue 'transformers<5' pillow litdata==0.2.76
 peers: $(PEERS)/.installed
-$(PEERS)/.installed:
+$(PEERS)/.installed: Makefile
 	@($(PYTHON) -m venv $(PEERS) && $(PEERS)/bin/pip install -q $(PEER_PACKAGES) \
 		&& $(PEERS)/bin/pip install -q --no-deps mosaicml-streaming==0.13.0 && touch $@) \
 		>$(VENV)/peers.log 2>&1 || echo "warning: no Mosaic Streaming peer (see $(VENV)/peers.log)"

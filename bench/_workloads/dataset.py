@@ -1,20 +1,27 @@
-"""The dataset door: one epoch of a Parquet dataset, cold and warm, beside pyarrow.
+"""The dataset door: one epoch of a Parquet dataset, cold and warm, beside pyarrow and the peers.
 
-The dataset: rows of an id and a 4 KiB binary column, ``ctx.size / 4``
-bytes of them (a quarter of the sequential size: every row becomes a Python
-dict), in shards of 2,000 rows, uncompressed. ``dataset-epoch`` counts samples
-per second, and again in GB/s of the shards' bytes, for:
+The dataset: rows of an id and a 4 KiB binary column, ``ctx.size / 2``
+bytes of them, in shards of 2,000 rows, uncompressed. ``dataset-epoch``
+counts samples per second, and again in GB/s of the shards' bytes, for:
 
 - pyarrow reading the same shards from local disk (``pq.read_table`` +
   ``to_pylist`` per shard, each sample taken in a Python loop: the same
   conversion and consumption as the reader's), the baseline;
 - ``CachedDataset`` epoch 1 from a 3-node cluster and from moto's S3, each
-  with an empty node cache (cold), and epoch 2 from the cluster (warm cache).
+  with an empty node cache (cold), and epoch 2 from the cluster (warm cache);
+- s3torchconnector's ``S3IterableDataset`` listing the same shards on moto's
+  S3, each read whole and converted by pyarrow as above (cold, beside
+  ``CachedDataset``'s epoch from moto).
 
-- Mosaic Streaming (``StreamingDataset``, shuffled, ``batch_size=256``) reading
-  the same rows converted to its MDS format on local disk: it runs in its
-  own virtual environment (``make peers``: it needs another torch) through
-  ``_mosaic_job.py``; without that environment the row is left out.
+Then the loaders, in the loop's process (0 workers) and with 2 DataLoader
+workers (this machine's cores), each reading shuffled in batches of 256 as
+its documentation shows (``_dataset_job``): graben's ``CachedLoader`` over
+the cluster, Mosaic Streaming (local MDS), LitData (local chunks) and
+WebDataset (local tar shards). Each row is a warm epoch (the second, whole);
+start-up (building the dataset and loader, to the first batch) is reported
+apart in seconds, beside graben's. Mosaic Streaming and LitData need another
+torch and run in the peers' virtual environment (``make peers``); without it
+their rows are left out, saying so.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +39,7 @@ from time import perf_counter
 from typing import Any
 
 from .._context import Context
+from .._dataset_job import loader_options, measure
 from .._registry import Result, workload
 from .cluster import local_cluster
 from .fsspec import moto_s3
@@ -38,11 +47,20 @@ from .fsspec import moto_s3
 ROW = 4096
 SHARD = 2000
 PYARROW = "pyarrow, local Parquet"
-MOSAIC = "Mosaic Streaming, local MDS"
+S3TORCH = "s3torchconnector S3IterableDataset (cold) from moto S3"
+GRABEN_LOADER = "graben CachedLoader, cluster"
+PEERS = {
+    "mosaic": "Mosaic Streaming, local MDS",
+    "litdata": "LitData, local chunks",
+    "webdataset": "WebDataset, local tar",
+}
+NEED_PEERS_VENV = {"mosaic", "litdata"}
+"""The peers that need another torch (they run in ``make peers``'s environment)."""
+WORKERS = (0, 2)
 GBS = ", in bytes"
 """The same figures again in GB/s of the dataset's shards (their bytes over the epoch's time)."""
-MOSAIC_PYTHON = Path(".venv-peers/bin/python")
-"""The peer environment ``make peers`` creates (``$GRABEN_MOSAIC_PYTHON`` overrides)."""
+PEERS_PYTHON = Path(".venv-peers/bin/python")
+"""The peer environment ``make peers`` creates (``$GRABEN_PEERS_PYTHON`` overrides)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +83,7 @@ def _datasets(ctx: Context) -> Iterator[Datasets]:
     from graben.dataloader import write_dataset
 
     url, s3 = ctx.fixture(local_cluster), ctx.fixture(moto_s3)
-    rows = max(SHARD, ctx.size // 4 // ROW)
+    rows = max(SHARD, ctx.size // 2 // ROW)
     seed = os.urandom(ROW * 64)
     payload = [seed[(i % 64) * ROW : (i % 64 + 1) * ROW] + i.to_bytes(8) for i in range(rows)]
     table = pa.table({"id": list(range(rows)), "data": payload})
@@ -114,9 +132,9 @@ def _cached_epoch(
     return count, seconds
 
 
-@workload("dataset-epoch", "a Parquet dataset's epoch: CachedDataset cold/warm vs pyarrow local")
+@workload("dataset-epoch", "a Parquet dataset's epoch: CachedDataset, S3, loaders vs pyarrow")
 def dataset_epoch(ctx: Context) -> list[Result]:
-    """Samples per second of each system."""
+    """Samples per second of each system; the loaders' start-up apart."""
     ds = ctx.fixture(_datasets)
     timings: dict[str, tuple[int, float]] = {}
     with ctx.step(f"dataset-epoch: {PYARROW}", 1):
@@ -133,9 +151,8 @@ def dataset_epoch(ctx: Context) -> list[Result]:
         with ctx.step(f"dataset-epoch: {system}", 1):
             timings[system] = _cached_epoch(url, cache, options, epochs)
         shutil.rmtree(cache, ignore_errors=True)
-    mosaic = _mosaic_epoch(ctx, ds)
-    if mosaic is not None:
-        timings[MOSAIC] = mosaic
+    with ctx.step(f"dataset-epoch: {S3TORCH}", 1):
+        timings[S3TORCH] = _s3torch_epoch(ds)
     results, in_bytes = [], []
     for system, (count, seconds) in timings.items():
         if count != ds.rows:
@@ -143,24 +160,125 @@ def dataset_epoch(ctx: Context) -> list[Result]:
         results.append(Result("dataset-epoch", system, count / seconds, "samples/s", PYARROW))
         gbs = ds.size / seconds / 1e9
         in_bytes.append(Result("dataset-epoch", f"{system}{GBS}", gbs, "GB/s", f"{PYARROW}{GBS}"))
-    return results + in_bytes
+    return results + _loaders(ctx, ds) + in_bytes
 
 
-def _mosaic_epoch(ctx: Context, ds: Datasets) -> tuple[int, float] | None:
-    python = Path(os.environ.get("GRABEN_MOSAIC_PYTHON", MOSAIC_PYTHON))
-    if not python.exists():
-        ctx.console.print(f"dataset-epoch: no Mosaic Streaming at {python} (make peers); left out")
-        return None
-    job = Path(__file__).parent.parent / "_mosaic_job.py"  # bench/, beside the other jobs
-    with ctx.step(f"dataset-epoch: {MOSAIC}", 1):
+def _s3torch_epoch(ds: Datasets) -> tuple[int, float]:
+    """s3torchconnector's ``S3IterableDataset`` over the shards on moto (each read whole,
+    then pyarrow as in the baseline). Its client takes the endpoint and path-style
+    addressing as arguments, the keys only from the environment."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from s3torchconnector import S3ClientConfig, S3IterableDataset
+
+    endpoint = ds.s3_options["client_kwargs"]["endpoint_url"]
+    keys = {
+        "AWS_ACCESS_KEY_ID": ds.s3_options["key"],
+        "AWS_SECRET_ACCESS_KEY": ds.s3_options["secret"],
+    }
+    saved = {name: os.environ.get(name) for name in keys}
+    os.environ.update(keys)
+    try:
+        start = perf_counter()
+        dataset = S3IterableDataset.from_prefix(
+            f"{ds.s3}/",
+            region=ds.s3_options["client_kwargs"]["region_name"],
+            endpoint=endpoint,
+            s3client_config=S3ClientConfig(force_path_style=True),
+        )
+        count = 0
+        for shard in dataset:
+            if shard.key.endswith(".parquet"):
+                for _ in pq.read_table(pa.BufferReader(shard.read())).to_pylist():
+                    count += 1
+        return count, perf_counter() - start
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+# -- the loaders -------------------------------------------------------------------------
+
+
+def _loaders(ctx: Context, ds: Datasets) -> list[Result]:
+    """Each loader's warm epoch (samples/s beside pyarrow) and start-up (s beside graben's)."""
+    results = []
+    for workers in WORKERS:
+        how = "in the loop's process" if workers == 0 else f"{workers} DataLoader workers"
+        reports = {GRABEN_LOADER: _graben_loader(ctx, ds, workers)}
+        for key, name in PEERS.items():
+            report = _peer(ctx, ds, key, name, workers)
+            if report is not None:
+                reports[name] = report
+        for name, report in reports.items():
+            if (report["samples"], report["ids"], report["bytes"]) != _expected(ds):
+                raise RuntimeError(f"{name} did not read every row once: {report}")
+            rate = report["samples"] / report["seconds"]
+            results.append(
+                Result("dataset-epoch", f"{name}, warm, {how}", rate, "samples/s", PYARROW)
+            )
+        own = f"{GRABEN_LOADER}, start-up, {how}"
+        for name, report in reports.items():
+            system = f"{name}, start-up, {how}"
+            results.append(Result("dataset-epoch", system, report["startup"], "s", own))
+    return results
+
+
+def _expected(ds: Datasets) -> tuple[int, int, int]:
+    """What one epoch of every row adds up to: samples, the sum of ids, payload bytes."""
+    return ds.rows, ds.rows * (ds.rows - 1) // 2, ds.rows * (ROW + 8)
+
+
+def _graben_loader(ctx: Context, ds: Datasets, workers: int) -> dict[str, float]:
+    from graben.dataloader import CachedDataset, CachedLoader
+
+    cache = ctx.scratch / f"cache-loader-{workers}"
+
+    def build() -> CachedLoader:
+        dataset = CachedDataset(ds.cluster, cache_dir=cache, seed=0)
+        return CachedLoader(dataset, **loader_options(workers))
+
+    try:
+        with ctx.step(f"dataset-epoch: {GRABEN_LOADER}, {workers} workers", 1):
+            return measure(build, lambda loader, epoch: loader.cached.set_epoch(epoch))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _peer(ctx: Context, ds: Datasets, key: str, name: str, workers: int) -> dict[str, float] | None:
+    """A peer's two epochs, run by ``_dataset_job`` in the Python that has it (else None)."""
+    python = Path(sys.executable)
+    if key in NEED_PEERS_VENV:
+        python = Path(os.environ.get("GRABEN_PEERS_PYTHON", PEERS_PYTHON))
+        if not python.exists():
+            ctx.console.print(f"dataset-epoch: no {name} at {python} (make peers); left out")
+            return None
+    job = Path(__file__).parent.parent / "_dataset_job.py"  # bench/, beside the other jobs
+    work = ctx.fixture(_peer_work)
+    with ctx.step(f"dataset-epoch: {name}, {workers} workers", 1):
         done = subprocess.run(
-            [str(python), str(job), str(ds.local), str(ctx.scratch / "mds")],
+            [str(python), str(job), key, str(ds.local), str(work), str(workers)],
             capture_output=True,
             text=True,
             timeout=1800,
             check=False,
         )
     if done.returncode != 0:
-        raise RuntimeError(f"the Mosaic Streaming job failed: {done.stderr[-2000:]}")
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    return int(report["samples"]), float(report["seconds"])
+        raise RuntimeError(f"the {name} job failed: {done.stderr[-2000:]}")
+    report: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+@contextmanager
+def _peer_work(ctx: Context) -> Iterator[Path]:
+    """A fixture: where the peers keep their converted copies for the run."""
+    work = ctx.shared / "dataset-peers"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

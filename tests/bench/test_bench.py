@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from graben.bench import Context, Rated, Result, Skip, Workload, discover, rate, select
+from graben.bench import Context, Rated, Result, Skip, Workload, _peers, discover, rate, select
 from graben.bench._cli import stdout_console
 from graben.bench._plot import BASELINE_COLOR, GRABEN_COLOR, PEER_COLOR, _color, plot
 from graben.bench._report import table
@@ -342,18 +342,18 @@ def test_fuse_workloads_measure_the_mount_beside_the_client(tmp_path: Path) -> N
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
 def test_mount_workloads_measure_graben_beside_juicefs_and_seaweedfs(tmp_path: Path) -> None:
-    """A tiny run of the mount workloads on real JuiceFS and SeaweedFS mounts beside graben's
-    (embedded and cluster): every system in every table, durable twins for the peers, and
-    nothing left mounted or running after."""
+    """A tiny run of the mount workloads on real JuiceFS and SeaweedFS mounts (one copy and
+    three) beside graben's (embedded and cluster): every system in every table, durable
+    twins for the peers, and nothing left mounted or running after."""
     rows = _quiet_run(tmp_path, "mount-*", "--size-mib", "8", "--quick")
     systems = {(r["workload"], r["system"]) for r in rows}
-    peers = ("graben embedded", "graben cluster", "SeaweedFS", "JuiceFS")
+    peers = ("graben embedded", "graben cluster", "SeaweedFS", "SeaweedFS 002", "JuiceFS")
     for name in ("mount-create", "mount-stat", "mount-write", "mount-torch-save"):
         assert {(name, system) for system in peers} <= systems, name
     for name in ("mount-read", "mount-read-warm", "mount-memory"):
         assert {(name, system) for system in peers} <= systems, name
     for name in ("mount-create", "mount-torch-save"):
-        assert {(name, "SeaweedFS, then sync"), (name, "JuiceFS, then sync")} <= systems
+        assert {(name, f"{peer}, then sync") for peer in peers[2:]} <= systems
         assert (name, "graben embedded, then sync") not in systems  # its fsync is durable
     assert all(r["value"] > 0 and r["baseline"] == "graben embedded" for r in rows)
     with open("/proc/self/mountinfo") as table:
@@ -363,10 +363,55 @@ def test_mount_workloads_measure_graben_beside_juicefs_and_seaweedfs(tmp_path: P
 
 
 @pytest.mark.slow
-def test_the_dataset_workload_measures_cold_and_warm_beside_pyarrow(tmp_path: Path) -> None:
-    """A tiny run of dataset-epoch: a real cluster and moto, both units, every system reported."""
+@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
+def test_seaweedfs_002_keeps_three_copies_on_its_three_volume_servers(tmp_path: Path) -> None:
+    """The peer that stands beside graben's cluster (RF=3) keeps as many copies as it."""
+    root, data = tmp_path / "seaweedfs", os.urandom(3 * 2**20)
+    with _peers.seaweedfs(root, replication="002") as mount:
+        assert mount.name == "SeaweedFS 002"
+        (mount.point / "f.bin").write_bytes(data)
+        os.sync()
+        held = [sum(f.stat().st_size for f in (root / v).glob("*.dat")) for v in ("v1", "v2", "v3")]
+    assert all(size >= len(data) for size in held), held
+
+
+@pytest.mark.slow
+def test_ckpt_workloads_measure_s3torchconnector_on_moto_beside_dcp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tiny run of ckpt-save and ckpt-load: s3torchconnector's S3StorageWriter and Reader
+    on the run's moto, beside DCP's writers (the load job checks every value it reads)."""
+    discover()  # importing a workload module first would register its workloads out of order
+    from graben.bench._workloads import checkpoint
+
+    every = checkpoint._systems  # each system costs three 2-rank jobs: the S3 ones and the base
+    kept = ("moto", checkpoint.BASELINE)
+    monkeypatch.setattr(
+        checkpoint, "_systems", lambda *a: [s for s in every(*a) if s.name.endswith(kept)]
+    )
+    monkeypatch.setattr(checkpoint, "_mounted", lambda ctx: [])  # the mount tests start those
+    monkeypatch.setattr(checkpoint, "SETTLE_S", 0.0)
+    rows = _quiet_run(tmp_path, "ckpt-save", "ckpt-load", "--size-mib", "8", "--quick")
+    values = {(r["workload"], r["system"]): r["value"] for r in rows}
+    for row in (
+        ("ckpt-save", "DCP S3StorageWriter (s3torchconnector) -> moto"),
+        ("ckpt-load", "DCP S3StorageReader (s3torchconnector) -> moto"),
+        ("ckpt-save", "DCP FsspecWriter -> s3fs -> moto"),
+        ("ckpt-save", checkpoint.BASELINE),
+        ("ckpt-load", checkpoint.READ_BASELINE),
+    ):
+        assert values.get(row, 0.0) > 0, row
+
+
+@pytest.mark.slow
+def test_the_dataset_workload_measures_cold_warm_and_the_loaders_beside_pyarrow(
+    tmp_path: Path,
+) -> None:
+    """A tiny run of dataset-epoch: a real cluster and moto, s3torchconnector on moto, graben's
+    loader and WebDataset's with and without workers (every row counted once: the workload
+    checks the sums), start-up apart; the peers that need their own venv left out, saying so."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GRABEN_MOSAIC_PYTHON", str(tmp_path / "no-peer"))  # its row is left out
+        mp.setenv("GRABEN_PEERS_PYTHON", str(tmp_path / "no-peer"))  # Mosaic, LitData left out
         rows = _quiet_run(tmp_path, "dataset-epoch", "--size-mib", "8", "--quick")
     systems = {(r["system"], r["unit"]) for r in rows}
     for system in (
@@ -374,8 +419,16 @@ def test_the_dataset_workload_measures_cold_and_warm_beside_pyarrow(tmp_path: Pa
         "CachedDataset epoch 1 (cold) from the cluster",
         "CachedDataset epoch 1 (cold) from moto S3",
         "CachedDataset epoch 2 (warm cache)",
+        "s3torchconnector S3IterableDataset (cold) from moto S3",
     ):
         assert {(system, "samples/s"), (f"{system}, in bytes", "GB/s")} <= systems
+    for how in ("in the loop's process", "2 DataLoader workers"):
+        for loader in ("graben CachedLoader, cluster", "WebDataset, local tar"):
+            assert (f"{loader}, warm, {how}", "samples/s") in systems
+            assert (f"{loader}, start-up, {how}", "s") in systems
+    assert not any(r["system"].startswith(("Mosaic", "LitData")) for r in rows)
+    startups = [r for r in rows if r["unit"] == "s"]
+    assert all(r["baseline"].startswith("graben CachedLoader") for r in startups)
     assert all(r["value"] > 0 and r["workload"] == "dataset-epoch" for r in rows)
 
 
