@@ -117,17 +117,17 @@ PIPE_WIDTH = 1000
 """Columns the table may take when printed to a log or a pipe (it takes what it needs)."""
 
 
-def stdout_console() -> Console:
-    """Where the table goes: the terminal's width, or in a log or a pipe as wide as the
-    rows are (never wrapped at 80 columns)."""
-    out = Console()
-    return out if out.is_terminal else Console(width=PIPE_WIDTH)
+def wide_console(stderr: bool = False) -> Console:
+    """Where the table (or, on stderr, the progress) goes: the terminal's width, or in a
+    log or a pipe as wide as the rows are (never wrapped at 80 columns)."""
+    out = Console(stderr=stderr)
+    return out if out.is_terminal else Console(stderr=stderr, width=PIPE_WIDTH)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the ``bench`` subcommand."""
     available = discover()
-    out = stdout_console()
+    out = wide_console()
     if args.list:
         for wl in available:
             out.print(f"[bold]{wl.name:<12}[/bold] {wl.summary}", highlight=False)
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     settings = _runner.Settings(
         size=_size(args), quick=args.quick, repeat=args.repeat, target=args.target
     )
-    err = Console(stderr=True)
+    err = wide_console(stderr=True)
     started = time.monotonic()
     with _scratch_root(args.dir) as root:
         machine = describe(root)

@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from graben.bench import Context, Rated, Result, Skip, Workload, _peers, discover, rate, select
-from graben.bench._cli import stdout_console
+from graben.bench._cli import wide_console
 from graben.bench._plot import BASELINE_COLOR, GRABEN_COLOR, PEER_COLOR, _color, plot
 from graben.bench._report import table
 from graben.bench._runner import Settings, combine, run
@@ -280,11 +280,13 @@ def test_the_table_in_a_pipe_keeps_each_row_on_one_line() -> None:
             Result("mount-create", long, 2.0, "files/s", "graben"),
         ]
     )
-    capture = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("sys.stdout", capture)
-        stdout_console().print(table(rows))
-    assert any(long in line and "2.00x" in line for line in capture.getvalue().splitlines())
+    for stream in ("stdout", "stderr"):  # the table; the progress and each workload's figures
+        capture = io.StringIO()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(f"sys.{stream}", capture)
+            wide_console(stderr=stream == "stderr").print(table(rows))
+        lines = capture.getvalue().splitlines()
+        assert any(long in line and "2.00x" in line for line in lines), stream
 
 
 def test_the_scratch_directory_is_removed(tiny_run: tuple[Path, dict[str, Any], str]) -> None:
