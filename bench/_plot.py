@@ -2,7 +2,7 @@
 
 Ratios share one axis whatever the workloads' units; each bar is labelled
 with its value and unit as well. Within a group graben's systems and the
-peers measured beside them (JuiceFS, SeaweedFS, DCP's writers, Mosaic, ...)
+peers measured beside them (JuiceFS, SeaweedFS, DCP's writers, LitData, ...)
 stand side by side in colours of their own, the baseline in grey, and a
 peer's durable twin (", then sync") hatched. Rendered with matplotlib's Agg canvas and no
 pyplot, so nothing global changes and no display is needed.
