@@ -84,18 +84,15 @@ def measure(
     return {"startup": startup, "seconds": seconds, "samples": samples, "ids": ids, "bytes": size}
 
 
-def _rows(parquet: Path) -> Iterator[dict[str, Any]]:
-    import pyarrow.parquet as pq
-
-    for shard in sorted(parquet.glob("*.parquet")):
-        yield from pq.read_table(shard).to_pylist()
-
-
 def _shard_rows(shard: str) -> Iterator[dict[str, Any]]:
-    """LitData's ``optimize`` function: the rows of one Parquet shard."""
+    """The rows of one Parquet shard (also LitData's ``optimize`` function)."""
     import pyarrow.parquet as pq
 
     yield from pq.read_table(shard).to_pylist()
+
+
+def _shards(parquet: Path) -> list[str]:
+    return [str(p) for p in sorted(parquet.glob("*.parquet"))]
 
 
 # -- Mosaic Streaming ------------------------------------------------------------------
@@ -107,8 +104,9 @@ def _mosaic_convert(parquet: Path, out: Path) -> None:
     with MDSWriter(
         out=str(out), columns={"id": "int", "data": "bytes"}, size_limit=CHUNK_BYTES
     ) as w:
-        for row in _rows(parquet):
-            w.write(row)
+        for shard in _shards(parquet):
+            for row in _shard_rows(shard):
+                w.write(row)
 
 
 def _mosaic_loader(out: Path, workers: int) -> Iterable[list[dict[str, Any]]]:
@@ -130,7 +128,7 @@ def _litdata_convert(parquet: Path, out: Path) -> None:
 
     litdata.optimize(
         fn=_shard_rows,
-        inputs=[str(p) for p in sorted(parquet.glob("*.parquet"))],
+        inputs=_shards(parquet),
         output_dir=str(out.resolve()),
         chunk_bytes=CHUNK_BYTES,
         num_workers=2,
@@ -152,13 +150,12 @@ def _litdata_loader(out: Path, workers: int) -> Iterable[list[dict[str, Any]]]:
 
 
 def _webdataset_convert(parquet: Path, out: Path) -> None:
-    import pyarrow.parquet as pq
     import webdataset as wds
 
     out.mkdir(parents=True)
-    for i, shard in enumerate(sorted(parquet.glob("*.parquet"))):
+    for i, shard in enumerate(_shards(parquet)):
         with wds.TarWriter(str(out / f"shard-{i:05d}.tar")) as w:
-            for row in pq.read_table(shard).to_pylist():
+            for row in _shard_rows(shard):
                 key = f"{row['id']:012d}"
                 w.write({"__key__": key, "id": str(row["id"]).encode(), "bin": row["data"]})
 
