@@ -2,9 +2,9 @@
 
 ``SPEC`` is JSON: ``system`` (which writer and reader), ``action`` (``save``,
 ``load``, ``incremental`` or ``async``), ``target`` (path or URL),
-``bytes_per_rank``, ``storage_options`` (for fsspec; for s3torchconnector
-its ``region``) and ``env`` (which the parent sets when it starts the rank:
-S3's endpoint and keys for s3torchconnector). Every
+``bytes_per_rank``, ``storage_options`` (for fsspec) and ``env`` (which
+the parent sets when it starts the rank: S3's endpoint, region and keys for
+s3torchconnector). Every
 rank times its part between two barriers; rank 0 prints one JSON line.
 Not imported by anything: it runs as a separate process per rank.
 """
@@ -49,7 +49,7 @@ def writer(spec: dict[str, Any], target: str) -> Any:
     if system == "s3torch":
         from s3torchconnector.dcp import S3StorageWriter
 
-        region, config = _s3torch(spec)  # one writer thread: its default, kept
+        region, config = _s3torch()  # one writer thread: its default, kept
         return S3StorageWriter(region, target, s3client_config=config)
     from graben.checkpoint import GrabenWriter
 
@@ -86,20 +86,21 @@ def reader(spec: dict[str, Any], target: str) -> Any:
     if system == "s3torch":
         from s3torchconnector.dcp import S3StorageReader
 
-        region, config = _s3torch(spec)
+        region, config = _s3torch()
         return S3StorageReader(region, target, s3client_config=config)
     from graben.checkpoint import GrabenReader
 
     return GrabenReader(target)
 
 
-def _s3torch(spec: dict[str, Any]) -> tuple[str, Any]:
+def _s3torch() -> tuple[str, Any]:
     """s3torchconnector's region and client config; the endpoint and keys are in the
-    environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...), as its client reads them."""
+    environment too (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...), where its client
+    reads them."""
     from s3torchconnector import S3ClientConfig
 
     # An endpoint on 127.0.0.1 has no bucket.host names: address the bucket in the path.
-    return spec["storage_options"]["region"], S3ClientConfig(force_path_style=True)
+    return os.environ["AWS_REGION"], S3ClientConfig(force_path_style=True)
 
 
 def timed(fn: Any) -> float:

@@ -30,6 +30,21 @@ _SEED_BYTES = 64 * MiB
 _STAMP = struct.Struct("<QQ")
 
 
+@contextmanager
+def environ(values: dict[str, str]) -> Iterator[None]:
+    """``values`` set in this process's environment for the block, as they were after."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def gbps(nbytes: int, seconds: float) -> float:
     """Decimal gigabytes per second (the unit of DESIGN.md's tables)."""
     return nbytes / seconds / 1e9 if seconds > 0 else 0.0

@@ -57,8 +57,8 @@ from .._plan_sim import Kind, graben_kind, quiet_gc, simulate_load, simulate_sav
 from .._ranks import Outcome, Storage, save_and_load
 from .._registry import Result, Skip, workload
 from .cluster import local_cluster
-from .fsspec import moto_s3
-from .mounts import SYNCED, mounts, sync_seconds
+from .fsspec import aws_env, moto_s3
+from .mounts import durable_rows, mounts, sync_seconds
 
 T = TypeVar("T")
 GBPS = "GB/s"
@@ -81,7 +81,7 @@ class System:
     target: str
     """Path or URL of the checkpoint, ``{}`` replaced by a per-save name."""
     options: dict[str, Any] = field(default_factory=dict)
-    """fsspec storage options (s3torchconnector's: its ``region``)."""
+    """fsspec storage options."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment of the ranks."""
     durable: bool = True
@@ -105,8 +105,8 @@ def _systems(ctx: Context, url: str, s3: Any) -> list[System]:
             "DCP S3StorageWriter (s3torchconnector) -> moto",
             "s3torch",
             "s3://bench/s3torch-{}",
-            {"region": s3_options["client_kwargs"]["region_name"]},
-            env=_aws_env(s3_options),
+            env=aws_env(s3_options),  # S3StorageWriter/Reader take no endpoint: its client
+            # reads AWS_ENDPOINT_URL when none is given
         ),
         System(
             "GrabenWriter embedded", "graben", "graben:///bench-ckpt/{}", env={"GRABEN_HOME": home}
@@ -127,17 +127,6 @@ def _systems(ctx: Context, url: str, s3: Any) -> list[System]:
 def _graben_cluster(url: str) -> System:
     """GrabenWriter on the run's cluster, one copy (also ckpt-incremental's and ckpt-async's)."""
     return System("GrabenWriter cluster RF=1", "graben", f"{url}/bench-ckpt/graben-{{}}", RF1)
-
-
-def _aws_env(s3_options: dict[str, Any]) -> dict[str, str]:
-    """moto's address and keys as every AWS client reads them: s3torchconnector's
-    ``S3StorageWriter``/``Reader`` take no endpoint, but its native client reads
-    ``AWS_ENDPOINT_URL`` when none is given."""
-    return {
-        "AWS_ENDPOINT_URL": s3_options["client_kwargs"]["endpoint_url"],
-        "AWS_ACCESS_KEY_ID": s3_options["key"],
-        "AWS_SECRET_ACCESS_KEY": s3_options["secret"],
-    }
 
 
 def _mounted(ctx: Context) -> list[Mount]:
@@ -234,10 +223,9 @@ def ckpt_save(ctx: Context) -> list[Result]:
             synced = 0.0 if system.durable else sync_seconds()
             tick(ctx.size)
         _remove(system, name, s3)
-        results.append(Result("ckpt-save", system.name, gbps(ctx.size, seconds), GBPS, BASELINE))
-        if not system.durable:
-            twin = gbps(ctx.size, seconds + synced)
-            results.append(Result("ckpt-save", system.name + SYNCED, twin, GBPS, BASELINE))
+        results += durable_rows(
+            "ckpt-save", system.name, system.durable, ctx.size, seconds, GBPS, synced, BASELINE
+        )
     return results
 
 

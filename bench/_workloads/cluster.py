@@ -29,7 +29,7 @@ from graben.store.transport._remote import RemoteChunks
 from graben.store.transport._requests import Prepare
 
 from .._context import Context
-from .._kit import BLOCK, block_buffer, drain, gbps, random_data, write_all
+from .._kit import BLOCK, block_buffer, drain, environ, gbps, random_data, write_all
 from .._postgres import NoPostgres, PgServer
 from .._postgres import start as start_postgres
 from .._registry import Result, Skip, workload
@@ -57,18 +57,14 @@ def local_cluster(ctx: Context) -> Iterator[str]:
     root = ctx.shared / "cluster"
     root.mkdir(parents=True, exist_ok=True)
     secret = make_secret_file(root / "secret")
-    before = os.environ.get("GRABEN_SECRET_FILE")
-    os.environ["GRABEN_SECRET_FILE"] = str(secret)
     try:
-        with running_cluster(root, 3, secret_file=secret) as url:
+        with (
+            environ({"GRABEN_SECRET_FILE": str(secret)}),
+            running_cluster(root, 3, secret_file=secret) as url,
+        ):
             yield url
     except Unavailable as exc:
         raise Skip(str(exc)) from None
-    finally:
-        if before is None:
-            del os.environ["GRABEN_SECRET_FILE"]
-        else:
-            os.environ["GRABEN_SECRET_FILE"] = before
 
 
 def _plain_write(ctx: Context, data: mmap.mmap) -> float:

@@ -53,6 +53,17 @@ def moto_s3(_ctx: Context) -> Iterator[Any]:
         server.stop()
 
 
+def aws_env(s3_options: dict[str, Any]) -> dict[str, str]:
+    """Where moto is and its keys, as the AWS clients that take no options read them
+    (s3torchconnector's native client among them)."""
+    return {
+        "AWS_ENDPOINT_URL": s3_options["client_kwargs"]["endpoint_url"],
+        "AWS_REGION": s3_options["client_kwargs"]["region_name"],
+        "AWS_ACCESS_KEY_ID": s3_options["key"],
+        "AWS_SECRET_ACCESS_KEY": s3_options["secret"],
+    }
+
+
 def _timed(fn: Callable[[], object]) -> float:
     start = perf_counter()
     fn()

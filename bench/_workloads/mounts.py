@@ -155,15 +155,23 @@ def sync_seconds() -> float:
     return perf_counter() - start
 
 
-def _rows(
-    name: str, mount: Mount, amount: float, seconds: float, unit: str, synced: float
+def durable_rows(
+    name: str,
+    system: str,
+    durable: bool,
+    amount: float,
+    seconds: float,
+    unit: str,
+    synced: float,
+    baseline: str = BASELINE,
 ) -> list[Result]:
-    """A system's figure, and for one that does not sync on fsync its durable twin."""
+    """A system's figure (``amount`` in ``seconds``), and for one that does not sync on
+    fsync its durable twin: the same with the ``synced`` seconds of one ``sync`` added."""
     scale = 1e9 if unit == "GB/s" else 1.0
-    rows = [Result(name, mount.name, amount / seconds / scale, unit, BASELINE)]
-    if not mount.durable:
+    rows = [Result(name, system, amount / seconds / scale, unit, baseline)]
+    if not durable:
         twin = amount / (seconds + synced) / scale
-        rows.append(Result(name, mount.name + SYNCED, twin, unit, BASELINE))
+        rows.append(Result(name, system + SYNCED, twin, unit, baseline))
     return rows
 
 
@@ -190,7 +198,9 @@ def mount_create(ctx: Context) -> list[Result]:
 
         with ctx.step(f"mount-create: {mount.name}", count) as advance:
             seconds = _threaded(one, count, advance)
-        results += _rows("mount-create", mount, count, seconds, "files/s", sync_seconds())
+        results += durable_rows(
+            "mount-create", mount.name, mount.durable, count, seconds, "files/s", sync_seconds()
+        )
     return results
 
 
@@ -271,7 +281,9 @@ def mount_torch_save(ctx: Context) -> list[Result]:
                 f.flush()
                 os.fsync(f.fileno())
             seconds = perf_counter() - start
-        results += _rows("mount-torch-save", mount, nbytes, seconds, "GB/s", sync_seconds())
+        results += durable_rows(
+            "mount-torch-save", mount.name, mount.durable, nbytes, seconds, "GB/s", sync_seconds()
+        )
         path.unlink()
     return results
 
