@@ -76,8 +76,8 @@ class Bookkeeping:
                 f"this metadata service serves store {self.store_id}: is its --engine the "
                 "right database? The node was not let in"
             )
-        with self.repo.write() as tx:
-            tx.upsert_node(msgspec.structs.replace(node, last_seen=time.time()))
+        seen = msgspec.structs.replace(node, last_seen=time.time())
+        self.repo.transact(lambda tx: tx.upsert_node(seen))
         return Joined(self.store_id, self.default_replication)
 
     def nodes(self) -> list[NodeState]:
@@ -92,9 +92,12 @@ class Bookkeeping:
 
         ``fence``: repair's own report, refused if its leader has been deposed.
         """
-        with fenced_write(self.repo, fence, f"forgetting the copy of {chunk} on {node}") as tx:
+
+        def forget(tx: Tx) -> None:
             tx.drop_replica(chunk, node)
             tx.add_bad(chunk, node, reason)
+
+        fenced_write(self.repo, fence, f"forgetting the copy of {chunk} on {node}", forget)
 
     def bad_copies(self, limit: int = 1000) -> list[tuple[str, str, str]]:
         """Copies reported damaged and not yet deleted: (chunk, node, reason)."""
@@ -108,8 +111,8 @@ class Bookkeeping:
 
     def forget_bad(self, chunk: str, node: str, fence: int | None = None) -> None:
         """Repair has dealt with a damaged copy (under ``fence``, if given)."""
-        with fenced_write(self.repo, fence, f"forgetting the damaged copy of {chunk}") as tx:
-            tx.forget_bad(chunk, node)
+        what = f"forgetting the damaged copy of {chunk}"
+        fenced_write(self.repo, fence, what, lambda tx: tx.forget_bad(chunk, node))
 
     def degraded(self, limit: int = 1000) -> list[Degraded]:
         """Referenced chunks short of copies on live nodes (what repair works on)."""
@@ -143,9 +146,12 @@ class Bookkeeping:
         transaction (under ``fence``, if given)."""
         (first, nodes), more = next(iter(made.items())), len(made) - 1
         what = f"copies of {first} on {nodes}" + (f" and of {more} more chunks" if more else "")
-        with fenced_write(self.repo, fence, f"recording {what}") as tx:
+
+        def record(tx: Tx) -> None:
             for chunk, copies in made.items():
                 tx.add_replicas(chunk, copies)
+
+        fenced_write(self.repo, fence, f"recording {what}", record)
 
     def collectable(
         self, grace_s: float, limit: int = 0, *, key: str = ""

@@ -17,7 +17,7 @@ from .._errors import AlreadyExists, GrabenError, IntegrityError, InvalidArgumen
 from .._types import ChunkRef, Extent, FileCommit, FileInfo, Placement
 from ._once import record, recorded, replayed, write_once
 from ._repo import Inode, NewFile, Repository, Tx
-from ._walk import Directories, ensure_dirs, info
+from ._walk import Directories, ensure_dirs, info, locked_entry
 
 Placer = Callable[[ChunkRef, int, int, tuple[str, ...]], tuple[str, ...]]
 """(chunk, replication, fewest acceptable, nodes to avoid) -> the nodes to store it on."""
@@ -86,13 +86,12 @@ class Commits:
 
     def commit(self, files: tuple[FileCommit, ...], *, key: str = "") -> list[FileInfo]:
         """Make each file visible; all of the batch or none of it."""
-        known: Directories = {}
-        return write_once(
-            self.repo,
-            key,
-            list[FileInfo],
-            lambda tx: [self._commit_one(tx, f, known) for f in files],
-        )
+
+        def apply(tx: Tx) -> list[FileInfo]:
+            known: Directories = {}  # made afresh each run: a run again forgets the last
+            return [self._commit_one(tx, f, known) for f in files]
+
+        return write_once(self.repo, key, list[FileInfo], apply)
 
     def commit_group(
         self, batches: Sequence[tuple[FileCommit, ...]], keys: Sequence[str] = ()
@@ -121,8 +120,9 @@ class Commits:
     def _commit_keyed(
         self, batches: Sequence[tuple[FileCommit, ...]], keys: Sequence[str], *, together: bool
     ) -> list[list[FileInfo] | GrabenError]:
-        results: list[list[FileInfo] | GrabenError] = []
-        with self.repo.write() as tx:
+
+        def apply(tx: Tx) -> list[list[FileInfo] | GrabenError]:
+            results: list[list[FileInfo] | GrabenError] = []
             done = recorded(tx, keys)
             fresh: dict[str, list[FileInfo]] = {}  # a key twice in one group: applied once
             known: Directories = {}
@@ -137,7 +137,9 @@ class Commits:
                         fresh[key] = results[-1]
             if fresh:
                 record(tx, list(fresh.items()))
-        return results
+            return results
+
+        return self.repo.transact(apply)
 
     def _commit_batch(
         self, tx: Tx, files: tuple[FileCommit, ...], known: Directories, together: bool
@@ -175,7 +177,7 @@ class Commits:
                 clean,
             )
         parent = ensure_dirs(tx, parts[:-1], commit.path, known)
-        old = tx.lookup(parent.id, parts[-1])
+        old = locked_entry(tx, parent.id, parts[-1])  # its mode, owner and names carry over
         if old is not None and commit.mode == "create":
             raise AlreadyExists("file exists", clean)
         if old is not None and old.kind == "directory":

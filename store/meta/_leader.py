@@ -22,8 +22,8 @@ A leader stopped past its lease (SIGSTOP, a long pause, a partition) may
 wake up in the middle of a round. So every write a duty makes to the
 engine runs in a transaction that first reads the lease and goes on only
 if the fence is still the one the duty started under (``fenced_write``);
-otherwise nothing is written and the duty gets ``Deposed``. Writes are
-serialised by the engine (SQLite's write lock, PostgreSQL's writer lock),
+otherwise nothing is written and the duty gets ``Deposed``. The lease is
+read locked (SQLite's one writer, PostgreSQL's row lock until the commit),
 so no other leader can take over between the check and the commit. Copies
 written to or deleted from data nodes cannot be fenced by the engine: the
 leader checks its lease before each one (``Leadership.check``).
@@ -34,16 +34,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 
 import msgspec
 
 from .._errors import GrabenError, PermissionDenied
 from .._types import ServiceState
 from ..wire import Metrics
-from ._repo import Lease, Repository, Tx
+from ._repo import Lease, R, Repository, Tx
 
 log = logging.getLogger("graben.meta")
 
@@ -75,35 +75,43 @@ def claim(tx: Tx, holder: str, now: float, lease_s: float) -> Lease:
 
 def beat(repo: Repository, me: ServiceState, lease_s: float) -> Lease:
     """Record the service as alive and claim the lease, in one write transaction."""
-    with repo.write() as tx:
+
+    def record(tx: Tx) -> Lease:
         now = tx.now()
         tx.upsert_service(msgspec.structs.replace(me, started=now, last_seen=now))
         tx.forget_services(seen_before=now - PRUNE_S)
         return claim(tx, me.id, now, lease_s)
 
+    return repo.transact(record)
+
 
 def resign(repo: Repository, holder: str) -> None:
     """A service stopping cleanly: give the lease up (if held) and leave the registry."""
-    with repo.write() as tx:
+
+    def leave(tx: Tx) -> None:
         held = tx.lease()
         if held.holder == holder:
             tx.set_lease(Lease(holder, held.fence, 0.0))
         tx.forget_services(ids=(holder,))
 
+    repo.transact(leave)
 
-@contextmanager
-def fenced_write(repo: Repository, fence: int | None, what: str) -> Iterator[Tx]:
-    """``repo.write()``, refused with ``Deposed`` (nothing written) unless the lease's
-    fence is still ``fence``; ``None``: not a duty's write, never refused."""
-    with repo.write() as tx:
+
+def fenced_write(repo: Repository, fence: int | None, what: str, work: Callable[[Tx], R]) -> R:
+    """``repo.transact(work)``, refused with ``Deposed`` (nothing written) unless the
+    lease's fence is still ``fence``; ``None``: not a duty's write, never refused."""
+
+    def run(tx: Tx) -> R:
         if fence is not None:
-            held = tx.lease()
+            held = tx.lease()  # locked till the commit: nobody takes the lease meanwhile
             if held.fence != fence:
                 raise Deposed(
                     f"{what} refused: this service led under fence {fence}, but service "
                     f"{held.holder} has taken the lease since (fence {held.fence})"
                 )
-        yield tx
+        return work(tx)
+
+    return repo.transact(run)
 
 
 class _Gauges:

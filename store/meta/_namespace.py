@@ -2,7 +2,8 @@
 
 Stateless beyond its repository, so an embedded client runs it in-process
 and a metadata service runs the same code for remote clients. Each mutation
-is one ``repo.write()`` transaction; one that carries an idempotency key is
+is one function run in a ``repo.transact`` transaction (which the engine may
+run again when a concurrent writer conflicts); one that carries an idempotency key is
 applied once for that key (``_once``). Placement of new chunks is a function
 handed in (embedded: the one local node).
 
@@ -67,7 +68,16 @@ from ._bookkeeping import Bookkeeping
 from ._commits import PERMISSION_BITS, Commits, Placer, check_owner, check_time
 from ._once import write_once
 from ._repo import Inode, Repository, Tx
-from ._walk import DIR_MODE, ensure_dirs, info, new_directory, resolve, resolve_dir
+from ._walk import (
+    DIR_MODE,
+    ensure_dirs,
+    info,
+    lock,
+    locked_entry,
+    new_directory,
+    resolve,
+    resolve_dir,
+)
 
 R = TypeVar("R")
 
@@ -253,7 +263,7 @@ class Namespace(Commits, Bookkeeping):
     def _remove(self, tx: Tx, parts: tuple[str, ...], path: str, recursive: bool) -> int:
         clean = _paths.join_parts(parts)
         parent = resolve_dir(tx, parts[:-1], path)
-        node = tx.lookup(parent.id, parts[-1])
+        node = locked_entry(tx, parent.id, parts[-1])  # a directory: no entry added meanwhile
         if node is None:
             raise NotFound("no such file or directory", clean)
         if node.kind == "directory" and not recursive and tx.has_children(node.id):
@@ -275,6 +285,7 @@ class Namespace(Commits, Bookkeeping):
             current = pending.pop()
             count += 1
             if current.kind == "directory":
+                lock(tx, current)  # no entry is added to it while it goes
                 for name, child in tx.children(current.id):
                     tx.unlink(current.id, name)
                     pending.append(child)
@@ -293,7 +304,7 @@ class Namespace(Commits, Bookkeeping):
             raise AlreadyExists("the root always exists", clean_dst)
 
         def add(tx: Tx) -> FileInfo:
-            node = resolve(tx, sparts, src)
+            node = lock(tx, resolve(tx, sparts, src))
             if node.kind == "directory":
                 raise IsADirectory("a directory cannot have another name", clean_src)
             parent = resolve_dir(tx, dparts[:-1], dst)
@@ -327,20 +338,27 @@ class Namespace(Commits, Bookkeeping):
         if not sparts or not dparts:
             clean_src, clean_dst = _paths.join_parts(sparts), _paths.join_parts(dparts)
             raise InvalidPath("cannot rename the root", clean_src if not sparts else clean_dst)
-        return write_once(
-            self.repo,
-            key,
-            FileInfo,
-            lambda tx: self._rename(tx, (sparts, src), (dparts, dst), replace, replace_tree),
-        )
 
-    def _rename(
+        def move(tx: Tx) -> FileInfo:
+            how = ((sparts, src), (dparts, dst), replace, replace_tree)
+            try:
+                return self._move(tx, *how, locked=False)
+            except _MovesDirectory:
+                # Directories move one at a time; the paths are resolved again under the lock.
+                tx.lock_tree()
+                return self._move(tx, *how, locked=True)
+
+        return write_once(self.repo, key, FileInfo, move)
+
+    def _move(
         self,
         tx: Tx,
         source: tuple[tuple[str, ...], str],
         destination: tuple[tuple[str, ...], str],
         replace: bool,
         replace_tree: bool,
+        *,
+        locked: bool,
     ) -> FileInfo:
         (sparts, src), (dparts, dst) = source, destination
         clean_src, clean_dst = _paths.join_parts(sparts), _paths.join_parts(dparts)
@@ -350,10 +368,15 @@ class Namespace(Commits, Bookkeeping):
             raise NotFound("no such file or directory", clean_src)
         if clean_src == clean_dst:
             return info(clean_dst, node)
+        if node.kind == "directory" and not locked:
+            raise _MovesDirectory
+        node = locked_entry(tx, sparent.id, sparts[-1])
+        if node is None:
+            raise NotFound("no such file or directory", clean_src)
         if _paths.is_within(clean_dst, clean_src):
             raise InvalidPath(f"cannot move {clean_src} into itself", clean_dst)
         dparent = ensure_dirs(tx, dparts[:-1], dst)
-        target = tx.lookup(dparent.id, dparts[-1])
+        target = locked_entry(tx, dparent.id, dparts[-1])  # a directory: no entry added
         if target is not None and target.id == node.id:
             return info(clean_dst, node)  # two names of one file: nothing to do (POSIX)
         if target is not None:
@@ -390,12 +413,16 @@ class Namespace(Commits, Bookkeeping):
         _check_change(change, clean)
 
         def apply(tx: Tx) -> FileInfo:
-            node = resolve(tx, parts, clean)
+            node = lock(tx, resolve(tx, parts, clean))
             changed = changed_inode(node, change, time.time_ns())
             tx.update(changed)
             return info(clean, changed)
 
         return write_once(self.repo, key, FileInfo, apply)
+
+
+class _MovesDirectory(Exception):
+    """A rename found it moves a directory: it must hold the directory-move lock first."""
 
 
 def changed_inode(node: Inode, change: Change, now_ns: int) -> Inode:

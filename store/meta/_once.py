@@ -9,8 +9,9 @@ mutation, so the two commit together or not at all; a request whose key is
 recorded gets the recorded reply and changes nothing. A mutation that fails
 rolls back and records nothing, so its repeat runs again (and most likely
 fails the same way). The check happens inside the write transaction, after
-the engine's writer lock is held, so a repeat that races its first attempt
-through another service waits for it and then finds its key.
+a repeat that races its first attempt through another service either finds
+the key or meets it as a duplicate when it records its own, and then runs
+again (the engine's ``transact``) and finds it.
 
 Lifetime: a key is kept ``KEY_LIFETIME_S`` (10 minutes); clients stop
 repeating a mutation well before (``RETRY_WITHIN_S``, half of it). Pruning
@@ -41,7 +42,8 @@ PRUNE_EXTRA = 16
 def write_once(repo: Repository, key: str, kind: Any, apply: Callable[[Tx], R]) -> R:
     """``apply`` in one write transaction; with a ``key``, at most once for that key (a
     repeat gets the first reply, decoded as ``kind``)."""
-    with repo.write() as tx:
+
+    def once(tx: Tx) -> R:
         if key and (done := tx.outcomes((key,))):
             replay: R = replayed(done[key], kind, key)
             return replay
@@ -49,6 +51,8 @@ def write_once(repo: Repository, key: str, kind: Any, apply: Callable[[Tx], R]) 
         if key:
             record(tx, [(key, result)])
         return result
+
+    return repo.transact(once)
 
 
 def recorded(tx: Tx, keys: Iterable[str]) -> dict[str, bytes]:

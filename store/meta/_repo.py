@@ -6,26 +6,38 @@ attributes, extents`` and chunks ``id -> length, crc32c, refs, replicas``.
 The namespace logic in ``_namespace.py`` is written once against these
 primitives.
 
-Call order: open a transaction with ``read()`` or ``write()`` and use the
-returned ``Tx`` only inside the ``with`` block. A ``write()`` block commits
-durably on a clean exit and rolls back on an exception; one namespace
-mutation is one ``write()`` block. Write blocks never interleave, whichever
-process or host opens them: the namespace logic looks, then acts, inside one
-block, and may not be asked to run a block again.
+Call order: open a read with ``read()`` and use the returned ``Tx`` only
+inside the ``with`` block. A write is a function of a ``Tx``, handed to
+``transact``: it commits durably when the function returns and rolls back
+when it raises. The engine may run the function again, from the start and in
+a new transaction, when a concurrent writer changed what it read (PostgreSQL
+lets writers of several services commit side by side); so the function
+keeps no state outside its transaction between runs, and its last run's
+result is the one returned. The namespace logic looks, then acts, inside one
+function; what it relies on stays true to the commit because each primitive
+below either takes a row lock or raises ``Conflict`` when a concurrent writer
+got there first (see docs/architecture.md, "Writes side by side").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from .._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState, ServiceState
 
 ROOT_INODE = 1
+R = TypeVar("R")
 ChunkRecord = tuple[ChunkRef, tuple[str, ...]]
 """A chunk and the nodes holding it."""
+
+
+class Conflict(Exception):
+    """A concurrent writer changed what this transaction relied on (the row it meant to
+    change is gone, or it took a reference on a chunk collected meanwhile): the engine runs
+    the transaction again. Never seen outside an engine's ``transact``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +128,14 @@ class Tx(Protocol):
     def get(self, inode: int) -> Inode | None:
         """The inode with this number."""
 
+    def locked(self, inode: int) -> Inode | None:
+        """The inode with this number as it is now, no other writer changing or deleting
+        it until this transaction ends (read it so before a change computed from it)."""
+
+    def lock_tree(self) -> None:
+        """Hold the store's one directory-move lock until this transaction ends: directories
+        move one at a time, so no two moves together make a cycle (Linux's rename lock)."""
+
     def children(self, parent: int) -> list[tuple[str, Inode]]:
         """Entries of a directory, sorted by name."""
 
@@ -134,12 +154,12 @@ class Tx(Protocol):
         and ``link`` at once (one round trip where the engine is across a network)."""
 
     def update(self, node: Inode) -> None:
-        """Set an inode's mode, times and owner to ``node``'s."""
+        """Set an inode's mode, times and owner to ``node``'s (``Conflict`` if it is gone)."""
 
     def touch(self, inode: int, now_ns: int, *, links: int = 0, modified: bool = True) -> int:
         """An inode's names or entries changed: its ctime moves to ``now_ns`` (never back),
         its link count by ``links``, and with ``modified`` (a directory's entries) its mtime
-        to ``now_ns``; the link count it has now."""
+        to ``now_ns``; the link count it has now (``Conflict`` if the inode is gone)."""
 
     def relink(self, old: int, new: int) -> None:
         """Every entry naming inode ``old`` names ``new`` instead (a new version of a file
@@ -149,7 +169,7 @@ class Tx(Protocol):
         """Add an entry; the name must be free."""
 
     def unlink(self, parent: int, name: str) -> None:
-        """Drop an entry (the inode stays until ``delete``)."""
+        """Drop an entry (the inode stays until ``delete``); ``Conflict`` if it is gone."""
 
     def delete(self, inode: int) -> None:
         """Drop an inode and its extents, releasing its chunk references."""
@@ -265,8 +285,9 @@ class Repository(Protocol):
     def read(self) -> AbstractContextManager[Tx]:
         """A consistent read-only view."""
 
-    def write(self) -> AbstractContextManager[Tx]:
-        """A transaction that commits durably on a clean exit."""
+    def transact(self, work: Callable[[Tx], R]) -> R:
+        """``work`` in a write transaction that commits durably when it returns; run
+        again from the start (a new transaction) while a concurrent writer conflicts."""
 
     @property
     def location(self) -> str:

@@ -11,12 +11,14 @@ import time
 from .. import _paths
 from .._errors import NotADirectory, NotFound
 from .._types import FileInfo
-from ._repo import ROOT_INODE, Inode, Tx
+from ._repo import ROOT_INODE, Conflict, Inode, Tx
 
 ROOT = Inode(ROOT_INODE, "directory", 0, 0o755, 0, 1, 1, nlink=2)
 Directories = dict[tuple[str, ...], Inode]
 """Directories one write transaction resolved, by their path's parts."""
 DIR_MODE = 0o755
+LOCK_TRIES = 64
+"""Times ``locked_entry`` reads a name again that other writers keep changing."""
 
 
 def info(path: str, inode: Inode) -> FileInfo:
@@ -60,8 +62,10 @@ def ensure_dirs(
 
     ``known`` holds directories this write transaction resolved or made
     already (a commit group's files mostly share a few): no lookup for
-    them again. The writer holds the engine's write lock, so nobody else
-    can move them meanwhile.
+    them again. Another writer may move or remove one meanwhile: a name
+    added to a removed directory meets ``Conflict`` (its ``touch``) and the
+    transaction runs again; one added to a moved directory is where a
+    serial order would have put it.
     """
     if known is not None and parts in known:
         return known[parts]
@@ -80,6 +84,33 @@ def ensure_dirs(
         if known is not None:
             known[parts[: depth + 1]] = node
     return node
+
+
+def lock(tx: Tx, node: Inode) -> Inode:
+    """``node`` as it is now, locked until the transaction ends (``Conflict`` if gone):
+    before a change computed from it, or before its entries are counted to remove it."""
+    found = tx.locked(node.id)
+    if found is None:
+        raise Conflict(f"inode {node.id} went before it could be locked")
+    return found
+
+
+def locked_entry(tx: Tx, parent: int, name: str) -> Inode | None:
+    """The inode ``name`` names in ``parent``, locked (see ``lock``) and still named so.
+
+    A writer that replaced, moved or removed it meanwhile is waited for (its row lock) and
+    what it left is read again, in this transaction: many writers of one name take turns
+    instead of all running again. Lock an inode so before changing its names: one order
+    for every writer, so none deadlock.
+    """
+    for _ in range(LOCK_TRIES):
+        node = tx.lookup(parent, name)
+        if node is None:
+            return None
+        found = tx.locked(node.id)
+        if found is not None and (now := tx.lookup(parent, name)) and now.id == found.id:
+            return found
+    raise Conflict(f"the entry {name!r} of directory {parent} kept changing")
 
 
 def new_directory(

@@ -1,11 +1,14 @@
 """The metadata engines: where the namespace's transactions become durable.
 
 Each engine implements ``meta._repo.Repository`` and checks its own tables
-for fsck. SQLite (``_sqlite``: one file, WAL; ``_sqlite_tx``, its queries;
-``_sqlite_checks``, its cross-checks) serves one host. PostgreSQL
-(``_postgres``: a pool and the writer lock; ``_postgres_tx``, its queries;
-``_postgres_schema``, its migrations and cross-checks) serves several
-metadata services sharing one database; it needs psycopg, an optional
+for fsck. Their SQL is written once: the transactions (``_sql_tx``), the
+schema's migrations (``_schema``) and the cross-checks (``_checks``); each
+engine overrides only what its dialect does differently. SQLite
+(``_sqlite``: one file, WAL, one writer; ``_sqlite_tx``, its words;
+``_sqlite_checks``) serves one host. PostgreSQL (``_postgres``: a pool,
+writers side by side, run again on a conflict; ``_postgres_tx``, many rows
+in one statement; ``_postgres_schema``, its database and cross-checks)
+serves several metadata services sharing one database; it needs psycopg, an optional
 dependency, so the door names it only through ``open_postgres``
 (``_optional``), which imports it when a ``postgresql://`` engine is
 opened, and ``is_postgres`` (``_postgres_url``), which needs no psycopg.

@@ -7,22 +7,25 @@ the database itself is made too if it is missing and the login may): a
 mistyped URL must not pass for a new, empty store. Every message names the
 URL without its password.
 
-Writers: SQLite lets one writer in at a time (``BEGIN IMMEDIATE``) and the
-namespace logic relies on it: it looks a name up, then creates it; it counts
-references, then updates them; it moves a directory after checking it does
-not land inside itself. Here several metadata services share the engine, so
-every ``write()`` takes one transaction-scoped advisory lock first (the
-writer lock) and then runs at READ COMMITTED: each statement sees every
-earlier writer's commit, and no two writers interleave, so there is no lost
-update, duplicate name or cycle to retry. Retrying a serialization failure
-would mean running the caller's ``with`` block again, which a context manager
-cannot do; so nothing here depends on one. What ``write()`` and ``read()``
-do retry is a transaction that failed before the caller's block began (a
-pooled connection that died idle: the server restarted). A failure inside the
-block rolls back and is an error (``Unavailable`` for a lost connection); a
-connection lost during COMMIT says the outcome is unknown. Readers run at
-REPEATABLE READ, READ ONLY: one snapshot, never blocked by the writer.
-Commits are durable: ``synchronous_commit`` is raised to ``on`` per
+Writers: SQLite lets one writer in at a time; here several metadata
+services share the engine and their writes commit side by side. A write
+runs at READ COMMITTED (each statement sees every commit before it) and
+keeps the namespace's invariants with the database's own row locks, taken
+by the primitives (``_sql_tx.py``): names are unique by the primary key, a
+row changed or deleted is locked till the commit, a change computed from a
+row reads it ``FOR UPDATE``, a directory moves under one advisory lock (no
+two moves make a cycle), and a primitive whose row a concurrent writer
+deleted raises ``Conflict``. A transaction that meets a concurrent writer
+that way (``Conflict``, a duplicate key, a deadlock, a serialization
+failure) is rolled back and its function run again (``transact``), up to
+``CONFLICT_RETRIES`` times with a short random pause; so none of those is
+ever an error a client sees. ``transact`` (and ``read()``) also retry a
+transaction that failed before the caller's function began (a pooled
+connection that died idle: the server restarted). A failure inside the
+function otherwise rolls back and is an error (``Unavailable`` for a lost
+connection); a connection lost during COMMIT says the outcome is unknown.
+Readers run at REPEATABLE READ, READ ONLY: one snapshot, never blocked by a
+writer. Commits are durable: ``synchronous_commit`` is raised to ``on`` per
 connection if the server's default is weaker.
 
 Connections come from a pool (psycopg_pool) shared by the threads of one
@@ -33,7 +36,9 @@ service; a transaction holds one for its duration. The queries are
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import random
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from functools import partial
 from urllib.parse import urlsplit
@@ -51,9 +56,9 @@ from ..._errors import (
     PermissionDenied,
     Unavailable,
 )
+from .._repo import Conflict, R, Tx
 from ._postgres_schema import (
     BUSY_S,
-    WRITER_LOCK,
     Connection,
     configure,
     connect_options,
@@ -61,7 +66,7 @@ from ._postgres_schema import (
     open_database,
     prepare,
 )
-from ._postgres_tx import PostgresTx, _alive
+from ._postgres_tx import PostgresTx, alive
 from ._postgres_url import SCHEMES, display_url
 
 log = logging.getLogger("graben.postgres")
@@ -71,6 +76,8 @@ WAIT_S = 30.0
 """How long a transaction waits for a connection (the server restarting, or all busy)."""
 RETRIES = 3
 """Attempts at starting a transaction whose connection fails before the caller's block."""
+CONFLICT_RETRIES = 12
+"""Runs of a write that keeps meeting concurrent writers before it is ``Unavailable``."""
 
 
 # -- the repository ---------------------------------------------------------------------
@@ -103,6 +110,8 @@ class PostgresRepository:
         self.location = self.where
         """The engine as an operator names it (``graben status`` shows it)."""
         self._wait_s = wait_s
+        self.conflicts = 0
+        """Write transactions run again because a concurrent writer conflicted."""
         try:
             with open_database(url, self.where, create=create) as db:
                 prepare(db, self.where, create=create)
@@ -129,11 +138,20 @@ class PostgresRepository:
         with self._transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as db:
             yield PostgresTx(db)
 
-    @contextmanager
-    def write(self) -> Iterator[PostgresTx]:
-        begin = f"BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({WRITER_LOCK})"
-        with self._transaction(begin) as db:
-            yield PostgresTx(db)
+    def transact(self, work: Callable[[Tx], R]) -> R:
+        for attempt in range(1, CONFLICT_RETRIES + 1):
+            try:
+                with self._transaction("BEGIN ISOLATION LEVEL READ COMMITTED") as db:
+                    return work(PostgresTx(db, writing=True))
+            except Conflict as exc:
+                if attempt == CONFLICT_RETRIES:
+                    raise Unavailable(
+                        f"metadata writers kept conflicting ({attempt} attempts); try again: {exc}",
+                        self.where,
+                    ) from exc
+                self.conflicts += 1
+                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         self._pool.close(timeout=5.0)
@@ -149,6 +167,8 @@ class PostgresRepository:
                 raise
             _commit(db, self.where)
         except psycopg.Error as exc:
+            if not db.broken and (exc.sqlstate or "").startswith(_CONFLICT_STATES):
+                raise Conflict(_first_line(exc)) from exc
             if db.broken:
                 raise Unavailable(
                     "lost the connection to the metadata database; the transaction was "
@@ -207,13 +227,16 @@ def _commit(db: Connection, where: str) -> None:
 
 
 def _rollback(db: Connection) -> None:
-    if _alive(db):
+    if alive(db):
         with suppress(psycopg.Error):  # the error being raised says more
             db.execute("ROLLBACK")
 
 
 # -- errors ------------------------------------------------------------------------------
 
+_CONFLICT_STATES = ("40001", "40P01", "23505")
+"""SQLSTATEs of a write that met a concurrent one: serialization failure, deadlock, a name or
+key another writer took first. The function runs again (``transact``)."""
 _RETRY_STATES = ("08", "57P01", "57P02", "57P03", "40001", "40P01")
 """SQLSTATEs (or their classes) of a failure worth a new transaction on another connection."""
 _BY_STATE: tuple[tuple[str, type[GrabenError], str], ...] = (

@@ -4,7 +4,7 @@ Several processes may share the database: SQLite's locks serialise writers
 (``BEGIN IMMEDIATE`` takes the write lock up front, so two writers never
 deadlock upgrading a read lock) and WAL lets readers run beside them.
 Connections are per thread. The schema carries its version in
-``PRAGMA user_version`` and is brought up to date by ``MIGRATIONS`` in one
+``PRAGMA user_version`` and is brought up to date by ``_schema.py``'s migrations in one
 exclusive transaction.
 
 A database is created only when asked (``create=True``): a mistyped path or
@@ -20,127 +20,15 @@ import os
 import sqlite3
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from ..._errors import GrabenError, IntegrityError, NoSpace, NotFound, Unavailable
-from .._repo import ROOT_INODE
+from .._repo import Conflict, R, Tx
+from ._schema import MIGRATIONS, SQLITE, scripts
 from ._sqlite_tx import SQLiteTx
-
-
-def _identity(db: sqlite3.Connection) -> None:
-    """3: the store's id, made once, with the store (HDFS's clusterID)."""
-    db.execute("CREATE TABLE store (id TEXT NOT NULL)")
-    db.execute("INSERT INTO store (id) VALUES (?)", (uuid.uuid4().hex,))
-
-
-MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
-    # 1: the three layers.
-    f"""
-    CREATE TABLE inodes (
-        id INTEGER PRIMARY KEY,
-        kind TEXT NOT NULL CHECK (kind IN ('file', 'directory')),
-        size INTEGER NOT NULL,
-        mode INTEGER NOT NULL,
-        mtime_ns INTEGER NOT NULL,
-        generation INTEGER NOT NULL,
-        replication INTEGER NOT NULL
-    );
-    CREATE TABLE entries (
-        parent INTEGER NOT NULL,
-        name TEXT NOT NULL,
-        inode INTEGER NOT NULL,
-        PRIMARY KEY (parent, name)
-    ) WITHOUT ROWID;
-    CREATE INDEX entries_by_inode ON entries (inode);
-    CREATE TABLE chunks (
-        id TEXT PRIMARY KEY,
-        length INTEGER NOT NULL,
-        crc32c INTEGER NOT NULL,
-        refs INTEGER NOT NULL DEFAULT 0,
-        zero_since_ns INTEGER NOT NULL
-    ) WITHOUT ROWID;
-    CREATE INDEX chunks_unreferenced ON chunks (zero_since_ns) WHERE refs = 0;
-    CREATE TABLE extents (
-        inode INTEGER NOT NULL,
-        offset INTEGER NOT NULL,
-        length INTEGER NOT NULL,
-        chunk TEXT NOT NULL,
-        chunk_offset INTEGER NOT NULL,
-        PRIMARY KEY (inode, offset)
-    ) WITHOUT ROWID;
-    CREATE INDEX extents_by_chunk ON extents (chunk);
-    CREATE TABLE replicas (
-        chunk TEXT NOT NULL,
-        node TEXT NOT NULL,
-        PRIMARY KEY (chunk, node)
-    ) WITHOUT ROWID;
-    INSERT INTO inodes VALUES ({ROOT_INODE}, 'directory', 0, 493, 0, 1, 1);
-    """,
-    # 2: the data node registry (the metadata service keeps no state of its own).
-    """
-    CREATE TABLE nodes (
-        id TEXT PRIMARY KEY,
-        address TEXT NOT NULL,
-        rack TEXT NOT NULL,
-        free INTEGER NOT NULL,
-        total INTEGER NOT NULL,
-        last_seen REAL NOT NULL
-    ) WITHOUT ROWID;
-    """,
-    _identity,
-    # 4: idempotency keys of applied mutations and their replies (see ``meta/_once.py``).
-    """
-    CREATE TABLE outcomes (
-        key TEXT PRIMARY KEY,
-        made_ns INTEGER NOT NULL,
-        reply BLOB NOT NULL
-    ) WITHOUT ROWID;
-    CREATE INDEX outcomes_by_age ON outcomes (made_ns);
-    """,
-    # 5: the metadata services, the leader's lease and the copies reported damaged
-    # (shared: whichever service hears of a damaged copy, the leader deletes it).
-    """
-    CREATE TABLE services (
-        id TEXT PRIMARY KEY,
-        address TEXT NOT NULL,
-        engine TEXT NOT NULL,
-        started REAL NOT NULL,
-        last_seen REAL NOT NULL
-    ) WITHOUT ROWID;
-    CREATE TABLE lease (
-        id INTEGER PRIMARY KEY CHECK (id = 1),
-        holder TEXT NOT NULL,
-        fence INTEGER NOT NULL,
-        expires REAL NOT NULL
-    );
-    INSERT INTO lease VALUES (1, '', 0, 0);
-    CREATE TABLE bad_copies (
-        chunk TEXT NOT NULL,
-        node TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        PRIMARY KEY (chunk, node)
-    ) WITHOUT ROWID;
-    """,
-    # 6: what a mounted file system keeps: owners, change and access times, link counts
-    # (a file's names; a directory's 2 + its subdirectories), device numbers.
-    """
-    ALTER TABLE inodes ADD COLUMN uid INTEGER NOT NULL DEFAULT -1;
-    ALTER TABLE inodes ADD COLUMN gid INTEGER NOT NULL DEFAULT -1;
-    ALTER TABLE inodes ADD COLUMN ctime_ns INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE inodes ADD COLUMN atime_ns INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE inodes ADD COLUMN nlink INTEGER NOT NULL DEFAULT 1;
-    ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0;
-    UPDATE inodes SET ctime_ns = mtime_ns, atime_ns = mtime_ns;
-    UPDATE inodes SET nlink = 2 + (
-        SELECT COUNT(*) FROM entries e JOIN inodes c ON c.id = e.inode
-        WHERE e.parent = inodes.id AND c.kind = 'directory'
-    ) WHERE kind = 'directory';
-    """,
-)
 
 BUSY_TIMEOUT_S = 60.0
 FILE_MODE = 0o600
@@ -247,13 +135,9 @@ class SQLiteRepository:
                 raise IntegrityError(
                     "this database holds something else, not a graben store", self.path
                 )
-            for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
-                if callable(step):
-                    step(db)
-                else:
-                    for statement in step.split(";"):
-                        if statement.strip():
-                            db.execute(statement)
+            for number, statements in scripts(SQLITE, version):
+                for statement in statements:
+                    db.execute(statement)
                 db.execute(f"PRAGMA user_version = {number}")
 
     @contextmanager
@@ -280,13 +164,16 @@ class SQLiteRepository:
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
 
-    @contextmanager
-    def write(self) -> Iterator[SQLiteTx]:
+    def transact(self, work: Callable[[Tx], R]) -> R:
+        # One writer at a time (BEGIN IMMEDIATE): nothing can conflict, so a primitive's
+        # Conflict means the tables contradict themselves, and running again cannot help.
         try:
             with self._transaction("BEGIN IMMEDIATE") as db:
-                yield SQLiteTx(db)
+                return work(SQLiteTx(db))
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
+        except Conflict as exc:
+            raise IntegrityError(f"metadata damaged: {exc}", self.path) from exc
 
     def close(self) -> None:
         with self._lock:

@@ -34,7 +34,7 @@ from graben.store import (
 )
 from graben.store._types import Change, Extent, FileCommit, NodeState
 from graben.store.meta._namespace import Namespace
-from graben.store.meta._repo import Inode
+from graben.store.meta._repo import Inode, Tx
 
 
 @pytest.fixture
@@ -81,13 +81,18 @@ def test_a_database_holding_something_else_is_refused(engine: Engine) -> None:
 
 def test_a_failed_transaction_rolls_back_everything(engine: Engine) -> None:
     repo = engine.open()
-    with pytest.raises(RuntimeError), repo.write() as tx:
-        node = tx.create(Inode(0, "directory", 0, 0o755, 0, 1, 1))
-        tx.link(1, "half", node.id)
+    made: list[Inode] = []
+
+    def half(tx: Tx) -> None:
+        made.append(tx.create(Inode(0, "directory", 0, 0o755, 0, 1, 1)))
+        tx.link(1, "half", made[0].id)
         raise RuntimeError("crash mid-transaction")
+
+    with pytest.raises(RuntimeError):
+        repo.transact(half)
     with repo.read() as tx:
         assert tx.lookup(1, "half") is None
-        assert tx.get(node.id) is None
+        assert tx.get(made[0].id) is None
 
 
 # -- names -----------------------------------------------------------------------------------

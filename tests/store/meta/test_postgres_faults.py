@@ -38,7 +38,6 @@ from pg_kit import (  # noqa: F401  (fixtures)
 from graben.store import AlreadyExists, GrabenError, NotFound, PermissionDenied, Unavailable
 from graben.store.meta._namespace import Namespace
 from graben.store.meta.engines._postgres import PostgresRepository
-from graben.store.meta.engines._postgres_schema import WRITER_LOCK
 from graben.store.meta.engines._postgres_url import display_url
 
 WORKERS = 6
@@ -288,21 +287,26 @@ def test_a_server_that_stays_down_is_a_clear_unavailable(pg_server: PgServer, pg
         repo.close()
 
 
-def test_the_writer_lock_makes_services_take_turns(
+def test_writers_wait_only_for_the_rows_they_change(
     pg_url: str, pg_services: list[Namespace]
 ) -> None:
     one, two = pg_services
-    with psycopg.connect(pg_url, autocommit=True) as outside:
-        outside.execute("SELECT pg_advisory_lock(%s)", (WRITER_LOCK,))
-        writing = threading.Thread(target=one.mkdir, args=("/waited",))
+    one.mkdir("/busy")
+    one.mkdir("/free")
+    busy = one.stat("/busy").inode
+    with psycopg.connect(pg_url) as outside:  # a transaction holding /busy's row
+        outside.execute("SELECT 1 FROM inodes WHERE id = %s FOR UPDATE", (busy,))
+        writing = threading.Thread(target=one.commit, args=((file("/busy/f", [chunk(1)]),),))
         writing.start()
         writing.join(0.5)
-        assert writing.is_alive()  # the writer waits its turn ...
-        assert names(two, "/") == []  # ... readers do not wait at all
-        outside.execute("SELECT pg_advisory_unlock(%s)", (WRITER_LOCK,))
+        assert writing.is_alive()  # a writer into /busy waits for the row ...
+        two.commit((file("/free/g", [chunk(2)]),))  # ... one elsewhere does not wait
+        assert names(two, "/free") == ["g"]
+        assert names(two, "/busy") == []  # ... nor do readers
+        outside.rollback()
         writing.join(10)
     assert not writing.is_alive()
-    assert names(two, "/") == ["waited"]
+    assert names(two, "/busy") == ["f"]
 
 
 def test_commits_are_durable_whatever_the_server_default(
@@ -311,8 +315,8 @@ def test_commits_are_durable_whatever_the_server_default(
     pg_server.sql(pg_database, f'ALTER DATABASE "{pg_database}" SET synchronous_commit = off')
     repo = PostgresRepository(pg_url, create=True)
     try:
-        with repo.write() as tx:
-            assert tx._db.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        shown = repo.transact(lambda tx: tx._db.execute("SHOW synchronous_commit").fetchone())
+        assert shown == ("on",)
     finally:
         repo.close()
 
@@ -359,12 +363,12 @@ def test_a_writer_kept_waiting_too_long_is_told_the_engine_is_busy(pg_url: str) 
     repo = PostgresRepository(pg_url, create=True, busy_s=0.5)
     ns = Namespace(repo)
     try:
-        with psycopg.connect(pg_url, autocommit=True) as outside:
-            outside.execute("SELECT pg_advisory_lock(%s)", (WRITER_LOCK,))
+        with psycopg.connect(pg_url) as outside:  # a transaction holding the root's row
+            outside.execute("SELECT 1 FROM inodes WHERE id = 1 FOR UPDATE")
             with pytest.raises(Unavailable, match="busy"):
                 ns.mkdir("/late")
             assert names(ns, "/") == []
-            outside.execute("SELECT pg_advisory_unlock(%s)", (WRITER_LOCK,))
+            outside.rollback()
         ns.mkdir("/late")
         assert names(ns, "/") == ["late"]
     finally:

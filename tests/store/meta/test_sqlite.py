@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from graben.store import GrabenError, IntegrityError, NotADirectory, connect
-from graben.store.meta._repo import Inode
+from graben.store.meta._repo import Inode, Tx
 from graben.store.meta.engines._sqlite import MIGRATIONS, SQLiteRepository
 
 
@@ -41,10 +41,15 @@ def test_store_from_a_newer_graben_is_refused_clearly(tmp_path: Path) -> None:
 
 def test_failed_transaction_rolls_back_everything(tmp_path: Path) -> None:
     repo = SQLiteRepository(tmp_path / "meta.db")
-    with pytest.raises(RuntimeError), repo.write() as tx:
-        node = tx.create(Inode(0, "directory", 0, 0o755, 0, 1, 1))
-        tx.link(1, "half", node.id)
+    made: list[Inode] = []
+
+    def half(tx: Tx) -> None:
+        made.append(tx.create(Inode(0, "directory", 0, 0o755, 0, 1, 1)))
+        tx.link(1, "half", made[0].id)
         raise RuntimeError("crash mid-transaction")
+
+    with pytest.raises(RuntimeError):
+        repo.transact(half)
     with repo.read() as tx:
         assert tx.lookup(1, "half") is None
     repo.close()

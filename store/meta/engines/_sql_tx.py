@@ -1,0 +1,459 @@
+"""The repository's primitives as SQL, written once for every engine.
+
+``SqlTx`` holds each query once, in psycopg's parameter style (``%s``,
+``%(name)s``) and in SQL both engines speak. An engine subclasses it with
+its connection and overrides only what its dialect really does differently:
+SQLite rewrites the parameter style and the array forms (``_sqlite_tx.py``);
+PostgreSQL sends many rows as arrays in one statement where SQLite runs a
+statement per row in process (``_postgres_tx.py``). Rows are checked as
+they become values (``_rows.py``): damage is an ``IntegrityError`` naming
+the inode and path, never a wrong answer.
+
+Two forms the subclass translates: ``= ANY(%s)`` takes a list (SQLite: a
+JSON array through ``json_each``), and ``GREATEST(a, b)`` (SQLite: ``max``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+from ..._errors import IntegrityError
+from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, NodeState, ServiceState
+from .._repo import (
+    INODE_COLUMNS,
+    NEW_INODE_COLUMNS,
+    ROOT_INODE,
+    ChunkRecord,
+    Conflict,
+    Inode,
+    Lease,
+    NewFile,
+    new_values,
+)
+from ._rows import PAGE_ROWS_MAX, CheckedRows, checked_inode, chunk_ref, inode_of
+
+MAX_DEPTH = 4096
+"""Directories ``path_of`` climbs at most (a path is at most 4096 bytes)."""
+JOINED_INODE = ", ".join("i." + c for c in INODE_COLUMNS.split(", "))
+EXTENT_ROWS = (
+    'SELECT x."offset", x.length, x.chunk, c.length, c.crc32c, x.chunk_offset '
+    "FROM extents x LEFT JOIN chunks c ON c.id = x.chunk "
+)
+
+
+class SqlTx(CheckedRows):
+    """A transaction on one connection (see ``Tx`` in ``meta/_repo.py``).
+
+    A subclass gives ``_execute`` (one statement) and ``_many`` (one
+    statement for each of many parameter rows) for its connection.
+    """
+
+    def _execute(self, query: str, params: Any = None) -> Any:
+        """Run one statement; its cursor."""
+        raise NotImplementedError
+
+    def _many(self, query: str, rows: Sequence[Any]) -> int:
+        """Run one statement for each parameter row; how many rows they changed."""
+        raise NotImplementedError
+
+    def _rows(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        return list(self._execute(query, params).fetchall())
+
+    def _one(self, query: str, params: Any = None) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = self._execute(query, params).fetchone()
+        return row
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        self._execute("SAVEPOINT unit")
+        try:
+            yield
+        except BaseException:
+            if self._in_transaction():  # a lost connection or a full disk rolled back all
+                self._execute("ROLLBACK TO SAVEPOINT unit")
+                self._execute("RELEASE SAVEPOINT unit")
+            raise
+        self._execute("RELEASE SAVEPOINT unit")
+
+    def _in_transaction(self) -> bool:
+        """Whether the transaction is still open (a savepoint is there to return to)."""
+        raise NotImplementedError
+
+    # -- names and files -------------------------------------------------------
+
+    def lookup(self, parent: int, name: str) -> Inode | None:
+        return inode_of(
+            self._one(
+                f"SELECT {JOINED_INODE} FROM entries e JOIN inodes i ON i.id = e.inode "
+                "WHERE e.parent = %s AND e.name = %s",
+                (parent, name),
+            )
+        )
+
+    def get(self, inode: int) -> Inode | None:
+        return inode_of(self._one(f"SELECT {INODE_COLUMNS} FROM inodes WHERE id = %s", (inode,)))
+
+    def locked(self, inode: int) -> Inode | None:
+        return inode_of(
+            self._one(f"SELECT {INODE_COLUMNS} FROM inodes WHERE id = %s FOR UPDATE", (inode,))
+        )
+
+    def lock_tree(self) -> None:
+        pass  # an engine with one writer at a time holds it already
+
+    def children(self, parent: int) -> list[tuple[str, Inode]]:
+        rows = self._rows(
+            f"SELECT e.name, {JOINED_INODE} FROM entries e JOIN inodes i ON i.id = e.inode "
+            "WHERE e.parent = %s ORDER BY e.name",
+            (parent,),
+        )
+        return [(row[0], checked_inode(row[1:])) for row in rows]
+
+    def children_page(self, parent: int, after: str, limit: int) -> list[tuple[str, Inode]]:
+        rows = self._rows(
+            f"SELECT e.name, {JOINED_INODE} FROM entries e JOIN inodes i ON i.id = e.inode "
+            "WHERE e.parent = %s AND e.name > %s ORDER BY e.name LIMIT %s",
+            (parent, after, min(limit, PAGE_ROWS_MAX)),
+        )
+        return [(row[0], checked_inode(row[1:])) for row in rows]
+
+    def has_children(self, parent: int) -> bool:
+        return self._one("SELECT 1 FROM entries WHERE parent = %s LIMIT 1", (parent,)) is not None
+
+    def create(self, node: Inode) -> Inode:
+        row = self._one(
+            f"INSERT INTO inodes ({NEW_INODE_COLUMNS}) VALUES ({', '.join(['%s'] * 12)}) "
+            "RETURNING id",
+            new_values(node),
+        )
+        assert row is not None
+        return replace(node, id=row[0])
+
+    def create_file(self, parent: int, name: str, file: NewFile) -> Inode:
+        node = self.create(file.attributes)
+        self.set_extents(node.id, file.extents)
+        self.link(parent, name, node.id)
+        return node
+
+    def update(self, node: Inode) -> None:
+        n = node
+        cur = self._execute(
+            "UPDATE inodes SET mode = %s, mtime_ns = %s, atime_ns = %s, ctime_ns = %s, "
+            "uid = %s, gid = %s WHERE id = %s",
+            (n.mode, n.mtime_ns, n.atime_ns, n.ctime_ns, n.uid, n.gid, n.id),
+        )
+        if cur.rowcount == 0:
+            raise Conflict(f"inode {n.id} went while its attributes changed")
+
+    def touch(self, inode: int, now_ns: int, *, links: int = 0, modified: bool = True) -> int:
+        row = self._one(
+            "UPDATE inodes SET ctime_ns = GREATEST(ctime_ns, %(now)s), "
+            "nlink = nlink + %(links)s, "
+            "mtime_ns = CASE WHEN %(modified)s THEN %(now)s ELSE mtime_ns END "
+            "WHERE id = %(inode)s RETURNING nlink",
+            {"now": now_ns, "links": links, "modified": modified, "inode": inode},
+        )
+        if row is None:
+            raise Conflict(f"inode {inode} went while a name of it changed")
+        return int(row[0])
+
+    def relink(self, old: int, new: int) -> None:
+        self._execute("UPDATE entries SET inode = %s WHERE inode = %s", (new, old))
+
+    def link(self, parent: int, name: str, inode: int) -> None:
+        self._execute(
+            "INSERT INTO entries (parent, name, inode) VALUES (%s, %s, %s)", (parent, name, inode)
+        )
+
+    def unlink(self, parent: int, name: str) -> None:
+        cur = self._execute("DELETE FROM entries WHERE parent = %s AND name = %s", (parent, name))
+        if cur.rowcount == 0:
+            raise Conflict(f"the entry {name!r} of directory {parent} went before it was removed")
+
+    def delete(self, inode: int) -> None:
+        gone = self._rows("DELETE FROM extents WHERE inode = %s RETURNING chunk", (inode,))
+        self._release(Counter(chunk for (chunk,) in gone))
+        self._execute("DELETE FROM inodes WHERE id = %s", (inode,))
+
+    def _release(self, uses: Counter[str]) -> None:
+        now = time.time_ns()
+        self._many(
+            "UPDATE chunks SET refs = refs - %(n)s, zero_since_ns = "
+            "CASE WHEN refs - %(n)s = 0 THEN %(now)s ELSE zero_since_ns END WHERE id = %(id)s",
+            [{"n": n, "now": now, "id": chunk} for chunk, n in uses.items()],
+        )
+
+    def extents(self, inode: int) -> list[Extent]:
+        rows = self._rows(EXTENT_ROWS + 'WHERE x.inode = %s ORDER BY x."offset"', (inode,))
+        size = self._one("SELECT size FROM inodes WHERE id = %s", (inode,))
+        return self._tiled(inode, [self._extent(inode, *row) for row in rows], size)
+
+    def extents_page(self, inode: int, start: int, limit: int) -> list[Extent]:
+        # The extent covering ``start`` begins at the greatest offset <= start;
+        # that the pages tile the file is checked by whoever gathers them.
+        rows = self._rows(
+            EXTENT_ROWS + 'WHERE x.inode = %(inode)s AND x."offset" >= COALESCE('
+            '(SELECT MAX("offset") FROM extents WHERE inode = %(inode)s '
+            'AND "offset" <= %(start)s), 0) ORDER BY x."offset" LIMIT %(limit)s',
+            {"inode": inode, "start": start, "limit": min(limit, PAGE_ROWS_MAX)},
+        )
+        return [self._extent(inode, *row) for row in rows]
+
+    def set_extents(self, inode: int, extents: Iterable[Extent]) -> None:
+        extents = list(extents)
+        self._many(
+            'INSERT INTO extents (inode, "offset", length, chunk, chunk_offset) '
+            "VALUES (%s, %s, %s, %s, %s)",
+            [(inode, x.offset, x.length, x.chunk.id, x.chunk_offset) for x in extents],
+        )
+        uses = Counter(x.chunk.id for x in extents)
+        counted = self._many(
+            "UPDATE chunks SET refs = refs + %s WHERE id = %s",
+            [(n, chunk) for chunk, n in uses.items()],
+        )
+        self._check_counted(counted, len(uses))
+
+    @staticmethod
+    def _check_counted(counted: int, chunks: int) -> None:
+        """A reference taken on a chunk row another writer collected meanwhile: go again
+        (the next run finds the chunk missing and says so)."""
+        if counted != chunks:
+            raise Conflict(f"{chunks - counted} chunk row(s) went while a file was committed")
+
+    # -- chunks -------------------------------------------------------------
+
+    def add_chunks(self, chunks: Iterable[tuple[ChunkRef, tuple[str, ...]]]) -> None:
+        chunks = list(chunks)
+        now = time.time_ns()
+        self._many(
+            "INSERT INTO chunks (id, length, crc32c, refs, zero_since_ns) "
+            "VALUES (%s, %s, %s, 0, %s) ON CONFLICT DO NOTHING",
+            [(c.id, c.length, c.crc32c, now) for c, _ in chunks],
+        )
+        self._many(
+            "INSERT INTO replicas (chunk, node) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            [(c.id, node) for c, nodes in chunks for node in nodes],
+        )
+
+    def replicas(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        rows = self._rows(
+            "SELECT chunk, node FROM replicas WHERE chunk = ANY(%s) ORDER BY chunk, node",
+            (list(ids),),
+        )
+        return grouped(rows)
+
+    def referenced(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        rows = self._rows(
+            "SELECT r.chunk, r.node FROM chunks c JOIN replicas r ON r.chunk = c.id "
+            "WHERE c.refs > 0 AND c.id = ANY(%s) ORDER BY r.chunk, r.node",
+            (list(ids),),
+        )
+        return grouped(rows)
+
+    def known(self, ids: Iterable[str]) -> set[str]:
+        return {c for (c,) in self._rows("SELECT id FROM chunks WHERE id = ANY(%s)", (list(ids),))}
+
+    def named(self, ids: Iterable[str]) -> set[str]:
+        rows = self._rows(
+            "SELECT id FROM chunks WHERE id = ANY(%(ids)s) "
+            "UNION SELECT chunk FROM extents WHERE chunk = ANY(%(ids)s) "
+            "UNION SELECT chunk FROM replicas WHERE chunk = ANY(%(ids)s)",
+            {"ids": list(ids)},
+        )
+        return {c for (c,) in rows}
+
+    def chunk_page(self, after: str, limit: int) -> tuple[list[ChunkRecord], str]:
+        limit = min(limit, PAGE_ROWS_MAX)
+        rows = self._rows(
+            "SELECT id, length, crc32c FROM chunks WHERE id > %s ORDER BY id LIMIT %s",
+            (after, limit),
+        )
+        refs = [ref for ref in (chunk_ref(*row) for row in rows) if ref is not None]
+        held = self.replicas(ref.id for ref in refs)
+        last = rows[-1][0] if len(rows) == limit else ""
+        return [(ref, held.get(ref.id, ())) for ref in refs], last if isinstance(last, str) else ""
+
+    def chunk_users(self, chunk: str, after: int, limit: int) -> list[int]:
+        rows = self._rows(
+            "SELECT DISTINCT inode FROM extents WHERE chunk = %s AND inode > %s "
+            "ORDER BY inode LIMIT %s",
+            (chunk, after, min(limit, PAGE_ROWS_MAX)),
+        )
+        return [inode for (inode,) in rows]
+
+    def path_of(self, inode: int) -> str | None:
+        names: list[str] = []
+        while inode != ROOT_INODE:
+            row = self._one("SELECT parent, name FROM entries WHERE inode = %s LIMIT 1", (inode,))
+            if row is None or len(names) >= MAX_DEPTH:  # unlinked, or a damaged loop
+                return None
+            inode, name = row
+            names.append(name)
+        return "/" + "/".join(reversed(names))
+
+    def forget_unreferenced(self, older_than_ns: int, limit: int) -> list[ChunkRecord]:
+        # An extent naming the chunk means its refs count is wrong, not that it is free.
+        rows = self._rows(
+            "SELECT id, length, crc32c FROM chunks c WHERE refs = 0 AND zero_since_ns < %s "
+            "AND NOT EXISTS (SELECT 1 FROM extents x WHERE x.chunk = c.id) ORDER BY id LIMIT %s",
+            (older_than_ns, min(limit, PAGE_ROWS_MAX)),
+        )
+        found = {ref.id: ref for ref in (chunk_ref(*row) for row in rows) if ref is not None}
+        # ``refs = 0`` again: a commit may have taken a reference since the look above.
+        gone = self._rows(
+            "DELETE FROM chunks WHERE id = ANY(%s) AND refs = 0 RETURNING id", (list(found),)
+        )
+        ids = sorted(chunk for (chunk,) in gone)
+        held = grouped(
+            sorted(self._rows("DELETE FROM replicas WHERE chunk = ANY(%s) RETURNING *", (ids,)))
+        )
+        return [(found[chunk], held.get(chunk, ())) for chunk in ids]
+
+    def inconsistencies(self, limit: int) -> list[ChunkProblem]:
+        raise NotImplementedError
+
+    def store_id(self) -> str:
+        row = self._one("SELECT id FROM store")
+        if row is None or not isinstance(row[0], str):
+            raise IntegrityError("metadata damaged: the store's id is missing")
+        return row[0]
+
+    def add_replicas(self, chunk: str, nodes: Iterable[str]) -> None:
+        self._many(
+            "INSERT INTO replicas (chunk, node) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            [(chunk, node) for node in nodes],
+        )
+
+    def drop_replica(self, chunk: str, node: str) -> None:
+        self._execute("DELETE FROM replicas WHERE chunk = %s AND node = %s", (chunk, node))
+
+    def degraded(self, alive: Iterable[str], limit: int) -> list[Degraded]:
+        # One pass over referenced chunks; an index of "replicas per chunk"
+        # would be the next step for large stores.
+        rows = self._rows(
+            "WITH want AS (SELECT x.chunk, MAX(i.replication) AS copies FROM extents x "
+            "JOIN inodes i ON i.id = x.inode GROUP BY x.chunk), "
+            "have AS (SELECT r.chunk, COUNT(*) AS copies FROM replicas r "
+            "WHERE r.node = ANY(%s) GROUP BY r.chunk) "
+            "SELECT c.id, c.length, c.crc32c, w.copies FROM chunks c "
+            "JOIN want w ON w.chunk = c.id LEFT JOIN have h ON h.chunk = c.id "
+            "WHERE c.refs > 0 AND COALESCE(h.copies, 0) < w.copies ORDER BY c.id LIMIT %s",
+            (sorted(set(alive)), limit),
+        )
+        live = set(alive)
+        held = self.replicas(chunk for chunk, *_ in rows)
+        return [
+            Degraded(
+                ChunkRef(chunk, length, crc),
+                tuple(n for n in held.get(chunk, ()) if n in live),
+                want,
+            )
+            for chunk, length, crc, want in rows
+        ]
+
+    # -- idempotency keys ------------------------------------------------------
+
+    def outcomes(self, keys: Iterable[str]) -> dict[str, bytes]:
+        rows = self._rows("SELECT key, reply FROM outcomes WHERE key = ANY(%s)", (list(keys),))
+        return {key: bytes(reply) for key, reply in rows}
+
+    def record_outcomes(self, outcomes: Iterable[tuple[str, bytes]], made_ns: int) -> None:
+        self._many(
+            "INSERT INTO outcomes (key, made_ns, reply) VALUES (%s, %s, %s)",
+            [(key, made_ns, reply) for key, reply in outcomes],
+        )
+
+    def forget_outcomes(self, older_than_ns: int, limit: int) -> int:
+        cur = self._execute(
+            "DELETE FROM outcomes WHERE key IN (SELECT key FROM outcomes "
+            "WHERE made_ns < %s ORDER BY made_ns LIMIT %s)",
+            (older_than_ns, limit),
+        )
+        return int(cur.rowcount)
+
+    # -- nodes --------------------------------------------------------------
+
+    def upsert_node(self, node: NodeState) -> None:
+        self._execute(
+            "INSERT INTO nodes (id, address, rack, free, total, last_seen) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+            "address = excluded.address, rack = excluded.rack, free = excluded.free, "
+            "total = excluded.total, last_seen = excluded.last_seen",
+            (node.id, node.address, node.rack, node.free, node.total, node.last_seen),
+        )
+
+    def nodes(self) -> list[NodeState]:
+        rows = self._rows("SELECT id, address, rack, free, total, last_seen FROM nodes ORDER BY id")
+        return [NodeState(*row) for row in rows]
+
+    # -- metadata services, the lease, damaged copies -----------------------------
+
+    def now(self) -> float:
+        # Every process sharing an engine on one host runs by its clock.
+        return time.time()
+
+    def lease(self) -> Lease:
+        row = self._one("SELECT holder, fence, expires FROM lease WHERE id = 1")
+        if row is None:
+            raise IntegrityError("metadata damaged: the leader's lease row is missing")
+        return Lease(*row)
+
+    def set_lease(self, lease: Lease) -> None:
+        self._execute(
+            "UPDATE lease SET holder = %s, fence = %s, expires = %s WHERE id = 1",
+            (lease.holder, lease.fence, lease.expires),
+        )
+
+    def upsert_service(self, service: ServiceState) -> None:
+        s = service
+        self._execute(
+            "INSERT INTO services (id, address, engine, started, last_seen) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+            "address = excluded.address, last_seen = excluded.last_seen",
+            (s.id, s.address, s.engine, s.started, s.last_seen),
+        )
+
+    def services(self) -> list[ServiceState]:
+        rows = self._rows(
+            "SELECT id, address, engine, started, last_seen FROM services ORDER BY id"
+        )
+        return [ServiceState(*row) for row in rows]
+
+    def forget_services(self, ids: Iterable[str] = (), seen_before: float = 0.0) -> None:
+        self._execute(
+            "DELETE FROM services WHERE id = ANY(%s) OR last_seen < %s", (list(ids), seen_before)
+        )
+
+    def add_bad(self, chunk: str, node: str, reason: str) -> None:
+        self._execute(
+            "INSERT INTO bad_copies (chunk, node, reason) VALUES (%s, %s, %s) "
+            "ON CONFLICT (chunk, node) DO UPDATE SET reason = excluded.reason",
+            (chunk, node, reason),
+        )
+
+    def bad_copies(self, limit: int) -> list[tuple[str, str, str]]:
+        rows = self._rows(
+            "SELECT chunk, node, reason FROM bad_copies ORDER BY chunk, node LIMIT %s",
+            (min(limit, PAGE_ROWS_MAX),),
+        )
+        return [(chunk, node, reason) for chunk, node, reason in rows]
+
+    def bad_count(self) -> int:
+        row = self._one("SELECT COUNT(*) FROM bad_copies")
+        return int(row[0]) if row else 0
+
+    def forget_bad(self, chunk: str, node: str) -> None:
+        self._execute("DELETE FROM bad_copies WHERE chunk = %s AND node = %s", (chunk, node))
+
+
+def grouped(rows: Iterable[tuple[Any, ...]]) -> dict[str, tuple[str, ...]]:
+    """``(chunk, node)`` rows, in order, as each chunk's nodes."""
+    found: dict[str, list[str]] = {}
+    for chunk, node in rows:
+        found.setdefault(chunk, []).append(node)
+    return {chunk: tuple(nodes) for chunk, nodes in found.items()}
