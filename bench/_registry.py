@@ -24,11 +24,11 @@ if TYPE_CHECKING:
     from ._context import Context
 
 WORKLOAD_MODULES = (
-    *("store", "cluster", "tls", "fsspec", "checkpoint", "fuse", "mounts", "dataset"),
+    *("store", "cluster", "latency", "tls", "fsspec", "checkpoint", "fuse", "mounts", "dataset"),
 )
 """The modules of ``graben.bench._workloads``, in run order: the store core, the
-cluster (plaintext, then TLS), then each door (the doors' workloads reuse the
-cluster's and S3's helpers)."""
+cluster (plaintext, its metadata engine at a distance, then TLS), then each door
+(the doors' workloads reuse the cluster's and S3's helpers)."""
 
 
 @dataclass(frozen=True, slots=True)
