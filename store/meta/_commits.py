@@ -17,7 +17,7 @@ from .._errors import AlreadyExists, GrabenError, IntegrityError, InvalidArgumen
 from .._types import ChunkRef, Extent, FileCommit, FileInfo, Placement
 from ._once import record, recorded, replayed, write_once
 from ._repo import Inode, NewFile, Repository, Tx
-from ._walk import Directories, ensure_dirs, info, locked_entry
+from ._walk import Directories, ensure_dirs, info
 
 Placer = Callable[[ChunkRef, int, int, tuple[str, ...]], tuple[str, ...]]
 """(chunk, replication, fewest acceptable, nodes to avoid) -> the nodes to store it on."""
@@ -177,7 +177,7 @@ class Commits:
                 clean,
             )
         parent = ensure_dirs(tx, parts[:-1], commit.path, known)
-        old = locked_entry(tx, parent.id, parts[-1])  # its mode, owner and names carry over
+        old = tx.locked_entry(parent.id, parts[-1])  # its mode, owner and names carry over
         if old is not None and commit.mode == "create":
             raise AlreadyExists("file exists", clean)
         if old is not None and old.kind == "directory":

@@ -73,7 +73,6 @@ from ._walk import (
     ensure_dirs,
     info,
     lock,
-    locked_entry,
     new_directory,
     resolve,
     resolve_dir,
@@ -263,7 +262,7 @@ class Namespace(Commits, Bookkeeping):
     def _remove(self, tx: Tx, parts: tuple[str, ...], path: str, recursive: bool) -> int:
         clean = _paths.join_parts(parts)
         parent = resolve_dir(tx, parts[:-1], path)
-        node = locked_entry(tx, parent.id, parts[-1])  # a directory: no entry added meanwhile
+        node = tx.locked_entry(parent.id, parts[-1])  # a directory: no entry added meanwhile
         if node is None:
             raise NotFound("no such file or directory", clean)
         if node.kind == "directory" and not recursive and tx.has_children(node.id):
@@ -370,13 +369,13 @@ class Namespace(Commits, Bookkeeping):
             return info(clean_dst, node)
         if node.kind == "directory" and not locked:
             raise _MovesDirectory
-        node = locked_entry(tx, sparent.id, sparts[-1])
+        node = tx.locked_entry(sparent.id, sparts[-1])
         if node is None:
             raise NotFound("no such file or directory", clean_src)
         if _paths.is_within(clean_dst, clean_src):
             raise InvalidPath(f"cannot move {clean_src} into itself", clean_dst)
         dparent = ensure_dirs(tx, dparts[:-1], dst)
-        target = locked_entry(tx, dparent.id, dparts[-1])  # a directory: no entry added
+        target = tx.locked_entry(dparent.id, dparts[-1])  # a directory: no entry added
         if target is not None and target.id == node.id:
             return info(clean_dst, node)  # two names of one file: nothing to do (POSIX)
         if target is not None:

@@ -132,6 +132,12 @@ class Tx(Protocol):
         """The inode with this number as it is now, no other writer changing or deleting
         it until this transaction ends (read it so before a change computed from it)."""
 
+    def locked_entry(self, parent: int, name: str) -> Inode | None:
+        """The inode ``name`` names in ``parent``, locked as ``locked`` and still named so:
+        a writer that replaced, moved or removed it meanwhile is waited for and what it left
+        read again, so writers of one name take turns instead of all running again. Lock an
+        inode so before changing its names: one order for every writer, so none deadlock."""
+
     def lock_tree(self) -> None:
         """Hold the store's one directory-move lock until this transaction ends: directories
         move one at a time, so no two moves together make a cycle (Linux's rename lock)."""

@@ -17,8 +17,6 @@ ROOT = Inode(ROOT_INODE, "directory", 0, 0o755, 0, 1, 1, nlink=2)
 Directories = dict[tuple[str, ...], Inode]
 """Directories one write transaction resolved, by their path's parts."""
 DIR_MODE = 0o755
-LOCK_TRIES = 64
-"""Times ``locked_entry`` reads a name again that other writers keep changing."""
 
 
 def info(path: str, inode: Inode) -> FileInfo:
@@ -93,24 +91,6 @@ def lock(tx: Tx, node: Inode) -> Inode:
     if found is None:
         raise Conflict(f"inode {node.id} went before it could be locked")
     return found
-
-
-def locked_entry(tx: Tx, parent: int, name: str) -> Inode | None:
-    """The inode ``name`` names in ``parent``, locked (see ``lock``) and still named so.
-
-    A writer that replaced, moved or removed it meanwhile is waited for (its row lock) and
-    what it left is read again, in this transaction: many writers of one name take turns
-    instead of all running again. Lock an inode so before changing its names: one order
-    for every writer, so none deadlock.
-    """
-    for _ in range(LOCK_TRIES):
-        node = tx.lookup(parent, name)
-        if node is None:
-            return None
-        found = tx.locked(node.id)
-        if found is not None and (now := tx.lookup(parent, name)) and now.id == found.id:
-            return found
-    raise Conflict(f"the entry {name!r} of directory {parent} kept changing")
 
 
 def new_directory(

@@ -39,6 +39,8 @@ from ._rows import PAGE_ROWS_MAX, CheckedRows, checked_inode, chunk_ref, inode_o
 
 MAX_DEPTH = 4096
 """Directories ``path_of`` climbs at most (a path is at most 4096 bytes)."""
+LOCK_TRIES = 64
+"""Times ``locked_entry`` reads a name again that other writers keep changing."""
 JOINED_INODE = ", ".join("i." + c for c in INODE_COLUMNS.split(", "))
 EXTENT_ROWS = (
     'SELECT x."offset", x.length, x.chunk, c.length, c.crc32c, x.chunk_offset '
@@ -102,6 +104,23 @@ class SqlTx(CheckedRows):
         return inode_of(
             self._one(f"SELECT {INODE_COLUMNS} FROM inodes WHERE id = %s FOR UPDATE", (inode,))
         )
+
+    def locked_entry(self, parent: int, name: str) -> Inode | None:
+        entry = (parent, name)
+        for _ in range(LOCK_TRIES):
+            row = self._one(
+                f"SELECT {INODE_COLUMNS} FROM inodes WHERE id = "
+                "(SELECT inode FROM entries WHERE parent = %s AND name = %s) FOR UPDATE",
+                entry,
+            )
+            # Read again once locked: it may have moved, or gone and been replaced, meanwhile.
+            named = self._one("SELECT inode FROM entries WHERE parent = %s AND name = %s", entry)
+            if named is None:
+                return None
+            node = inode_of(row)
+            if node is not None and node.id == named[0]:
+                return node
+        raise Conflict(f"the entry {name!r} of directory {parent} kept changing")
 
     def lock_tree(self) -> None:
         pass  # an engine with one writer at a time holds it already

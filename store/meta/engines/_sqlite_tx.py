@@ -75,5 +75,8 @@ class SQLiteTx(SqlTx):
     def locked(self, inode: int) -> Inode | None:
         return self.get(inode)  # one writer at a time: nobody else changes it
 
+    def locked_entry(self, parent: int, name: str) -> Inode | None:
+        return self.lookup(parent, name)  # the same: nothing moves it meanwhile
+
     def inconsistencies(self, limit: int) -> list[ChunkProblem]:
         return inconsistencies(self._db, self.path_of, limit)
