@@ -244,5 +244,7 @@ def test_a_node_cut_off_mid_write_costs_copies_not_data_and_gets_them_back(
         if outcome is not None:
             client.put("/cut/big.bin", data)  # the link is back: it goes through now
         eventually(lambda: alive(client) == len(NODES))
-        eventually(lambda: set(copies(client, "/cut/big.bin")) == {3}, 90.0)
+        # At least 3: a chunk whose copy sat on the cut node may be copied elsewhere by
+        # repair before the link returns, and then counts 4 (extra copies are not trimmed).
+        eventually(lambda: min(copies(client, "/cut/big.bin")) >= 3, 90.0)
         assert client.get("/cut/big.bin") == data
