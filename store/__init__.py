@@ -40,6 +40,7 @@ from .client import (
     AsyncWriteFile,
     Client,
     ReadFile,
+    Upload,
     WriteFile,
     connect,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "TLSError",
     "Timeout",
     "Unavailable",
+    "Upload",
     "WriteFile",
     "connect",
     "normalize_path",

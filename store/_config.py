@@ -38,6 +38,10 @@ PAGE_ENTRIES = 128
 collection). A page of chunk records with their read capabilities is ~60 KiB: far
 under the wire's header limit (1 MiB, and a receiver's 256 KiB inbox, which a header
 must fit); a store of any size is just more pages."""
+INLINE_MAX = 64 * 1024
+"""Files up to this size are kept in the metadata engine unless a service says otherwise."""
+INLINE_LIMIT = 1 << 20
+"""The most a service's ``inline_max`` may be: larger files belong on the data nodes."""
 PAGE_BYTES = 64 * 1024
 """Most bytes of text in one page whose entries hold paths (up to 4 KiB each)."""
 RESERVE = 64 << 20
@@ -138,6 +142,9 @@ class Options:
     idempotency key (applied once), and for at most 300 s whatever this says."""
     max_inflight: int = 8
     """Chunks one writer hashes and uploads at once."""
+    inline_max: int | None = None
+    """Largest file this client has the metadata engine keep itself (no data node write:
+    one round trip); ``None``: as large as the store keeps (``--inline-max``), 0: none."""
     read_ahead: int = 16
     """Chunks a sequential reader fetches ahead of the one it is on."""
     io_threads: int = 4
@@ -177,6 +184,8 @@ class Options:
                 raise InvalidArgument(f"{name} must be at least 1")
         if self.read_ahead < 0:
             raise InvalidArgument("read_ahead must not be negative")
+        if self.inline_max is not None and self.inline_max < 0:
+            raise InvalidArgument(f"inline_max must not be negative, not {self.inline_max}")
 
 
 def default_home() -> Path:

@@ -172,7 +172,10 @@ class StoredChunk(msgspec.Struct, frozen=True):
     chunk: ChunkRef
     """The chunk."""
     nodes: tuple[str, ...]
-    """Nodes holding a durable copy."""
+    """Nodes holding a durable copy (none when ``data`` is given)."""
+    data: bytes | None = None
+    """The chunk's bytes, for the metadata engine to keep itself instead of any node
+    (a small file: no placement, no node write; ``Settings.inline_max`` bytes at most)."""
 
 
 class FileLayout(msgspec.Struct, frozen=True):
@@ -188,6 +191,8 @@ class FileLayout(msgspec.Struct, frozen=True):
     """Chunk id -> a cluster's permission to read it (empty for an embedded store)."""
     more: bool = False
     """Whether extents after these remain (a page of a ``GetLayout``)."""
+    inline: dict[str, bytes] = msgspec.field(default_factory=dict)
+    """Chunk id -> its bytes, for chunks the metadata engine keeps itself (small files)."""
 
 
 class FileCommit(msgspec.Struct, frozen=True):
@@ -277,6 +282,8 @@ class ChunkPage(msgspec.Struct, frozen=True):
     """Where the next page starts (``ChunkRefs(after=...)``); ``""``: this was the last."""
     grants: dict[str, Capability] = msgspec.field(default_factory=dict)
     """Chunk id -> a cluster's permission to read it, for fsck (empty embedded)."""
+    inline: dict[str, bytes] = msgspec.field(default_factory=dict)
+    """Chunk id -> its bytes, for chunks the metadata engine keeps itself."""
 
 
 class NodeState(msgspec.Struct, frozen=True):
@@ -356,6 +363,13 @@ class Health(msgspec.Struct, frozen=True):
     """The lease's fencing number: it grows each time another service takes the lease."""
     engine: str = ""
     """The engine: ``sqlite:///path`` or ``postgresql://user@host:port/db`` (no password)."""
+
+
+class Settings(msgspec.Struct, frozen=True):
+    """What a writer needs to know of the metadata service it writes through."""
+
+    inline_max: int = 0
+    """Largest file (bytes) the engine keeps inline, in its own rows; 0: none."""
 
 
 class NodeQuery(msgspec.Struct, frozen=True):

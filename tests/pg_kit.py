@@ -28,7 +28,7 @@ from graben.bench._postgres import NoPostgres, PgServer, start
 from graben.store._types import ChunkRef, Extent, FileCommit, StoredChunk
 from graben.store.meta._namespace import Namespace
 
-MIGRATIONS = 6
+MIGRATIONS = 7
 """The schema version graben writes today."""
 
 

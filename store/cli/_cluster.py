@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import urlsplit
 
-from .._config import raise_open_files, resolve
+from .._config import INLINE_LIMIT, INLINE_MAX, raise_open_files, resolve
 from .._errors import InvalidArgument, NotFound
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
 from ._listen import (
@@ -103,6 +103,13 @@ def add_meta(sub: Subparsers) -> None:
         default=0,
         help="copies a write needs when nodes are down (default: one fewer than it asks "
         "for, at least 1); repair adds the rest",
+    )
+    serve.add_argument(
+        "--inline-max",
+        type=int,
+        default=INLINE_MAX,
+        help=f"files up to this many bytes are kept in the metadata engine itself, not on "
+        f"the nodes (default {INLINE_MAX}; 0: none; at most {INLINE_LIMIT})",
     )
     serve.add_argument(
         "--heartbeat-timeout", type=float, default=10.0, help="seconds before a silent node is dead"
@@ -231,6 +238,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
             secret=secret,
             replication=args.replication,
             min_replicas=args.min_replicas,
+            inline_max=args.inline_max,
             heartbeat_timeout=args.heartbeat_timeout,
             repair_interval=args.repair_interval,
             idle_timeout=args.idle_timeout,

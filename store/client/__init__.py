@@ -18,7 +18,7 @@ from ._client import Client, connect
 from ._files import ReadFile, WriteFile
 from ._loop import run as run_sync
 from ._pages import layout as file_layout
-from ._upload import Staging
+from ._upload import Staging, Upload
 
 __all__ = [
     "AsyncClient",
@@ -27,6 +27,7 @@ __all__ = [
     "Client",
     "ReadFile",
     "Staging",
+    "Upload",
     "WriteFile",
     "connect",
     "file_layout",

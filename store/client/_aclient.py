@@ -13,13 +13,22 @@ from .. import _paths
 from .._buffers import BufferPool
 from .._config import Options, cluster_url, resolve
 from .._errors import AlreadyExists, InvalidArgument, IsADirectory, NotFound
-from .._hashing import crc32c, crc32c_combine
-from .._types import Buffer, Change, Extent, FileCommit, FileInfo, FsckReport, Health, WriteMode
+from .._types import (
+    Buffer,
+    Change,
+    FileCommit,
+    FileInfo,
+    FsckReport,
+    Health,
+    Settings,
+    WriteMode,
+)
 from ..embedded import open_store
 from ..transport import (
     ChunkTransport,
     Commit,
     GetHealth,
+    GetSettings,
     Link,
     MakeDir,
     MetaTransport,
@@ -35,11 +44,13 @@ from ..wire import auth, tls
 from . import _pages
 from ._afiles import AsyncFileOpener
 from ._fsck import Fsck
+from ._parts import stage_parts
 from ._reader import Reader, Report
-from ._upload import Release, Staging, Upload
+from ._upload import Upload
 
-DIRECT_PART = 64 * 1024
-"""``put_parts`` uploads parts this large from the caller's memory; smaller ones are packed."""
+COMMIT_INLINE_MAX = 8 << 20
+"""Bytes for the engine to keep that one commit of several files carries at most (the rest
+go to the nodes): a commit stays one modest frame and one modest transaction."""
 
 Progress = Callable[[int], None]
 
@@ -97,6 +108,7 @@ class AsyncClient:
         self.pool = BufferPool(options.chunk_size, keep=options.max_inflight + 4)
         self._hasher = ThreadPoolExecutor(options.hash_threads, thread_name_prefix="graben-hash")
         self.replication = options.replication or 0  # 0: the store's default
+        self._settings: asyncio.Future[Settings] | None = None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -255,6 +267,30 @@ class AsyncClient:
         A large part's comes from its chunks' own (which the store computes
         anyway), without another pass over its bytes.
         """
+        upload, sums = await self.stage_parts(
+            path,
+            parts,
+            exclusive=exclusive,
+            replication=replication,
+            min_replicas=min_replicas,
+            permissions=permissions,
+            attributes=attributes,
+        )
+        return await upload.commit(), sums
+
+    async def stage_parts(
+        self,
+        path: str,
+        parts: Sequence[Buffer],
+        *,
+        exclusive: bool = False,
+        replication: int | None = None,
+        min_replicas: int | None = None,
+        permissions: int | None = None,
+        attributes: Change | None = None,
+    ) -> tuple[Upload, list[int]]:
+        """``put_parts_checked`` up to its commit: the finished ``Upload`` (commit it, with
+        others in one transaction through ``commit_uploads``) and each part's crc32c."""
         # No early check: the bytes are already here and the commit checks
         # atomically; a stat first would cost a round trip per small file.
         mode: WriteMode = "create" if exclusive else "overwrite"
@@ -267,42 +303,7 @@ class AsyncClient:
             permissions=permissions,
             attributes=attributes,
         )
-        staging = Staging(self.pool)
-        step = self.options.chunk_size
-        added = 0
-        spans: list[tuple[int, int] | int] = []  # a direct part's chunks, or a packed one's crc32c
-
-        async def add(chunk: memoryview, release: Release | None = None) -> None:
-            nonlocal added
-            await upload.add(chunk, release)
-            added += 1
-
-        async def send_packed() -> None:
-            detached = staging.detach()
-            if detached is not None:
-                await add(*detached)
-
-        try:
-            for part in parts:
-                view = memoryview(part).cast("B")
-                if view.nbytes < DIRECT_PART and len(parts) > 1:
-                    spans.append(crc32c(view))
-                    for chunk, release in staging.feed(view):
-                        await add(chunk, release)
-                    continue
-                await send_packed()  # what is packed so far ends before this part
-                first = added
-                for start in range(0, view.nbytes, step):
-                    await add(view[start : start + step])
-                spans.append((first, added))
-            await send_packed()
-        except BaseException:
-            staging.discard()
-            await upload.abort()
-            raise
-        extents = (await upload.finish()).extents  # what commit sends: kept, not made twice
-        info = await upload.commit()
-        return info, [_part_crc(span, extents) for span in spans]
+        return upload, await stage_parts(upload, parts, self.pool, self.options.chunk_size)
 
     async def get(self, path: str) -> bytes:
         """A file's whole content."""
@@ -358,7 +359,22 @@ class AsyncClient:
             max_inflight=self.options.max_inflight,
             permissions=permissions,
             attributes=attributes,
+            inline_max=await self._inline_max(),
         )
+
+    async def _inline_max(self) -> int:
+        """The largest file written inline: the store's limit, cut to the client's own."""
+        asked = self.options.inline_max
+        if asked == 0:
+            return 0
+        if self._settings is None:  # asked once per client; a failure is asked again
+            self._settings = asyncio.ensure_future(self.meta.request(GetSettings()))
+        try:
+            settings = await asyncio.shield(self._settings)
+        except BaseException:
+            self._settings = None
+            raise
+        return settings.inline_max if asked is None else min(asked, settings.inline_max)
 
     async def set_attributes(
         self,
@@ -411,6 +427,11 @@ class AsyncClient:
         Each upload's chunks are waited for first; if any fails, nothing is
         committed and the error is raised.
         """
+        budget = COMMIT_INLINE_MAX
+        for upload in uploads:  # the rest of the small files go to the nodes
+            budget -= upload.inline_bytes
+            if budget < 0:
+                await upload.spill()
         finished = await asyncio.gather(*(u.finish() for u in uploads), return_exceptions=True)
         commits = []
         for outcome in finished:
@@ -465,13 +486,3 @@ class AsyncClient:
         )
         grace = self.options.gc_grace_s if grace is None else grace
         return await run.run(collect=collect, grace=grace, force=force)
-
-
-def _part_crc(span: tuple[int, int] | int, extents: Sequence[Extent]) -> int:
-    """A part's crc32c: computed already (packed), or combined from its chunks' (direct)."""
-    if isinstance(span, int):
-        return span
-    value = 0
-    for extent in extents[span[0] : span[1]]:
-        value = crc32c_combine(value, extent.chunk.crc32c, extent.length)
-    return value

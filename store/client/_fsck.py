@@ -26,7 +26,7 @@ from typing import Literal
 
 from .._buffers import BufferPool
 from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound
-from .._hashing import content_id
+from .._hashing import content_id, crc32c
 from .._types import ChunkProblem, ChunkRef, FsckReport
 from ..transport import (
     CheckMetadata,
@@ -113,6 +113,9 @@ class Fsck:
             self._found.chunks += len(page.chunks)
             self._found.bytes += sum(chunk.length * len(nodes) for chunk, nodes in page.chunks)
             await asyncio.gather(*(self._check(c, n) for c, nodes in page.chunks for n in nodes))
+            for chunk, _ in page.chunks:
+                if chunk.id in page.inline:
+                    await self._check_kept(chunk, page.inline[chunk.id])
             after = page.after
 
     async def _check(self, chunk: ChunkRef, node: str) -> None:
@@ -141,6 +144,16 @@ class Fsck:
                 f"chunk {chunk.id} is corrupt: its bytes hash (blake3) to {actual}, not to its "
                 "id, though their crc32c matches (forged, or damaged past what crc32c sees)"
             )
+
+    async def _check_kept(self, chunk: ChunkRef, data: bytes) -> None:
+        """A chunk the metadata engine keeps: its bytes must match its crc32c and id."""
+        self._found.bytes += len(data)
+        same = len(data) == chunk.length and crc32c(data) == chunk.crc32c
+        if same and content_id(memoryview(data)) == chunk.id:
+            return
+        users = await self._users(chunk.id)
+        why = f"the bytes the metadata engine keeps for chunk {chunk.id} do not match it"
+        self._found.problems.append(ChunkProblem("corrupt", chunk.id, "engine", users, why))
 
     async def _damaged(
         self, chunk: ChunkRef, node: str, kind: Literal["missing", "corrupt"], why: str

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from .._buffers import BufferPool, writable_bytes
 from .._errors import GrabenError, IntegrityError, NotFound, Timeout, Unavailable
+from .._hashing import crc32c
 from .._types import ChunkRef, Extent, FileLayout
 from ..transport import ChunkTransport
 
@@ -193,6 +194,8 @@ class Reader:
 
     async def _fetch(self, extent: Extent, into: memoryview) -> None:
         """Read the extent's whole chunk into ``into``, failing over between replicas."""
+        if self._kept(extent.chunk, into):
+            return
         chunk = extent.chunk
         errors: list[GrabenError] = []
         for node in self.layout.replicas.get(chunk.id, ()):
@@ -204,6 +207,19 @@ class Reader:
                 if self._report is not None and isinstance(exc, (IntegrityError, NotFound)):
                     self._tell(chunk.id, node, exc.message)
         raise self._failure(extent, errors)
+
+    def _kept(self, chunk: ChunkRef, into: memoryview) -> bool:
+        """Fill ``into`` with a chunk the metadata engine keeps, checked; whether it is one."""
+        data = self.layout.inline.get(chunk.id)
+        if data is None:
+            return False
+        if len(data) != chunk.length or crc32c(data) != chunk.crc32c:
+            raise IntegrityError(
+                f"{self.layout.info.path}: the bytes the metadata engine keeps for chunk "
+                f"{chunk.id} fail their checksum (run fsck)"
+            )
+        into[: chunk.length] = data
+        return True
 
     def _tell(self, chunk: str, node: str, reason: str) -> None:
         """Report a damaged copy so it is repaired; the read does not wait for it."""
@@ -224,13 +240,18 @@ class Reader:
         """
         read = self._chunks.local_read
         n = min(into.nbytes, self.size - offset)
-        if read is None or n <= 0:
+        if (read is None and not self.layout.inline) or n <= 0:
             return None
         index = bisect.bisect_right(self._starts, offset) - 1
         extent = self.layout.extents[index]
         if extent.offset != offset or extent.length != n or not _whole(extent):
             return None
         if index in self._cache:
+            return None
+        if self._kept(extent.chunk, into):
+            self._next_offset = offset + n
+            return n
+        if read is None:
             return None
         if offset == self._next_offset and self._hint_due(index + 1):
             self._loop.call_soon_threadsafe(self._hint, index + 1)

@@ -50,8 +50,12 @@ class Upload:
         permissions: int | None = None,
         attributes: Change | None = None,
         min_replicas: int = 0,
+        inline_max: int = 0,
     ) -> None:
         self._meta, self._chunks, self._hasher = meta, chunks, hasher
+        self._inline_max = inline_max
+        self._held: tuple[ChunkRef, bytes] | None = None
+        """A first chunk small enough for the engine to keep, until the file proves longer."""
         self.path, self._mode, self._replication = path, mode, replication
         self._min_replicas = min_replicas  # 0: the store's
         self._attributes = attributes or Change()
@@ -66,7 +70,18 @@ class Upload:
         """Start storing the next chunk; waits while ``max_inflight`` are in flight.
 
         ``release`` is called once the bytes of ``data`` are no longer needed.
+        A small first chunk is held back: if it turns out to be the whole file,
+        the commit carries it and the engine keeps it (no node round trip).
         """
+        if not self._tasks and self._held is None and 0 < data.nbytes <= self._inline_max:
+            self._held = (chunk_ref(data), bytes(data))
+            if release:
+                release()
+            return
+        await self.spill()
+        await self._start(data, release)
+
+    async def _start(self, data: memoryview, release: Release | None) -> None:
         try:
             await self._slots.acquire()
         except BaseException:
@@ -89,6 +104,16 @@ class Upload:
             exc = task.exception()
             if isinstance(exc, Exception):
                 self._failure = exc
+
+    async def spill(self) -> None:
+        """Store a held-back first chunk on the nodes after all (the file goes on, or its
+        commit carries too many bytes already)."""
+        if self._held is None:
+            return
+        _, data = self._held
+        self._held = None
+        self._finished = None  # a finished commit carried it: it is made again without
+        await self._start(memoryview(data), None)
 
     async def _store(
         self, data: memoryview, release: Release | None
@@ -166,27 +191,39 @@ class Upload:
         """
         if self._finished is not None:
             return self._finished
+        if self._held is not None and not self._tasks:
+            ref, data = self._held
+            return self._finish([(ref, None)], [StoredChunk(ref, (), data)])
         try:
             results = await asyncio.gather(*self._tasks)
         except BaseException:
             await self.abort()
             raise
-        extents, stored, offset = [], {}, 0
-        for ref, new in results:
+        stored = {new.chunk.id: new for _, new in results if new is not None}
+        return self._finish(results, list(stored.values()))
+
+    def _finish(
+        self, results: list[tuple[ChunkRef, StoredChunk | None]], stored: list[StoredChunk]
+    ) -> FileCommit:
+        extents, offset = [], 0
+        for ref, _ in results:
             extents.append(Extent(offset, ref.length, ref))
             offset += ref.length
-            if new is not None:
-                stored[ref.id] = new
         a = self._attributes
         self._finished = FileCommit(
             self.path,
             tuple(extents),
-            tuple(stored.values()),
+            tuple(stored),
             self._mode,
             self._replication,
             *(a.mode, a.uid, a.gid, a.mtime_ns),
         )
         return self._finished
+
+    @property
+    def inline_bytes(self) -> int:
+        """Bytes its commit will carry for the engine to keep (0 or one small chunk)."""
+        return 0 if self._held is None else len(self._held[1])
 
     async def abort(self) -> None:
         """Give up; nothing becomes visible.
@@ -194,6 +231,7 @@ class Upload:
         In-flight chunks are waited for, not cancelled: their worker threads
         still read the buffers, which must not be reused under them.
         """
+        self._held = None
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 

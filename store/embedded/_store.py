@@ -43,6 +43,7 @@ from ..transport import (
     Commit,
     GetHealth,
     GetLayout,
+    GetSettings,
     GetStoreId,
     ListDir,
     Prepare,
@@ -55,7 +56,7 @@ R = TypeVar("R")
 HINT_THREADS = 4
 READERS = 2
 """Threads answering reads (stat, listings, layouts) beside the one writer."""
-READS = (Stat, ListDir, GetLayout, Prepare, Usage, ChunkRefs, ChunkUsers, GetStoreId)
+READS = (Stat, ListDir, GetLayout, Prepare, Usage, ChunkRefs, ChunkUsers, GetStoreId, GetSettings)
 """Requests that only read the namespace."""
 
 

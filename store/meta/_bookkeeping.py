@@ -24,6 +24,9 @@ from ._leader import GONE_S, fenced_write
 from ._once import write_once
 from ._repo import Repository, Tx
 
+PAGE_INLINE_BYTES = 16 << 20
+"""Bytes of chunks the engine keeps that one page of the chunk layer carries at most."""
+
 
 class Bookkeeping:
     """Chunk and node operations over a repository (see ``Namespace``, which sets the
@@ -42,7 +45,15 @@ class Bookkeeping:
         """A page of the chunk layer: chunks with ids after ``after``."""
         with self.repo.read() as tx:
             chunks, last = tx.chunk_page(after, page_entries(limit))
-        return ChunkPage(chunks, last)
+            inline = tx.inline(chunk.id for chunk, nodes in chunks if not nodes)
+        size = 0
+        for index, (chunk, _) in enumerate(chunks):  # a page of bytes stays a page
+            size += len(inline.get(chunk.id, b""))
+            if size > PAGE_INLINE_BYTES and index + 1 < len(chunks):
+                kept = chunks[: index + 1]
+                held = {c.id: inline[c.id] for c, _ in kept if c.id in inline}
+                return ChunkPage(kept, chunk.id, inline=held)
+        return ChunkPage(chunks, last, inline=inline)
 
     def chunk_users(self, chunk: str, after: int = 0, limit: int = 0) -> list[tuple[int, str]]:
         """A page of the files using a chunk: ``(inode, path)``, ``""`` for an unnamed inode.

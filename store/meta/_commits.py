@@ -14,11 +14,14 @@ from collections.abc import Callable, Sequence
 
 from .. import _paths
 from .._errors import AlreadyExists, GrabenError, IntegrityError, InvalidArgument, IsADirectory
-from .._types import ChunkRef, Extent, FileCommit, FileInfo, Placement
+from .._hashing import content_id, crc32c
+from .._types import ChunkRef, Extent, FileCommit, FileInfo, Placement, Settings, StoredChunk
 from ._once import record, recorded, replayed, write_once
 from ._repo import Inode, NewFile, Repository, Tx
 from ._walk import Directories, ensure_dirs, info
 
+Touched = dict[int, int]
+"""Directories that gained a file in a transaction: inode -> the time their entries changed."""
 Placer = Callable[[ChunkRef, int, int, tuple[str, ...]], tuple[str, ...]]
 """(chunk, replication, fewest acceptable, nodes to avoid) -> the nodes to store it on."""
 PERMISSION_BITS = 0o7777
@@ -48,6 +51,12 @@ class Commits:
     """Copies of each chunk unless a file asks otherwise."""
     min_replicas: int
     """Copies a write needs at least (0: one fewer than it asks for, at least 1)."""
+    inline_max: int
+    """Largest chunk the engine keeps itself (a small file's bytes); 0: none."""
+
+    def settings(self) -> Settings:
+        """What a writer needs to know: how small a file the engine keeps inline."""
+        return Settings(self.inline_max)
 
     def prepare(
         self,
@@ -89,7 +98,10 @@ class Commits:
 
         def apply(tx: Tx) -> list[FileInfo]:
             known: Directories = {}  # made afresh each run: a run again forgets the last
-            return [self._commit_one(tx, f, known) for f in files]
+            touched: Touched = {}
+            done = [self._commit_one(tx, f, known, touched) for f in files]
+            _touch(tx, touched)
+            return done
 
         return write_once(self.repo, key, list[FileInfo], apply)
 
@@ -126,15 +138,17 @@ class Commits:
             done = recorded(tx, keys)
             fresh: dict[str, list[FileInfo]] = {}  # a key twice in one group: applied once
             known: Directories = {}
+            touched: Touched = {}
             for files, key in zip(batches, keys, strict=True):
                 if key in done:
                     results.append(replayed(done[key], list[FileInfo], key))
                 elif key in fresh:
                     results.append(fresh[key])
                 else:
-                    results.append(self._commit_batch(tx, files, known, together))
+                    results.append(self._commit_batch(tx, files, known, touched, together))
                     if key and isinstance(results[-1], list):
                         fresh[key] = results[-1]
+            _touch(tx, touched)
             if fresh:
                 record(tx, list(fresh.items()))
             return results
@@ -142,30 +156,43 @@ class Commits:
         return self.repo.transact(apply)
 
     def _commit_batch(
-        self, tx: Tx, files: tuple[FileCommit, ...], known: Directories, together: bool
+        self,
+        tx: Tx,
+        files: tuple[FileCommit, ...],
+        known: Directories,
+        touched: Touched,
+        together: bool,
     ) -> list[FileInfo] | GrabenError:
         """One batch of a group: its files, or the error that undid it (``together``: no
         savepoint; a failure raises ``_BatchFailed``, undoing the whole group)."""
         if together:
             try:
-                return [self._commit_one(tx, f, known) for f in files]
+                return [self._commit_one(tx, f, known, touched) for f in files]
             except GrabenError as exc:
                 raise _BatchFailed from exc  # out of the block: the transaction rolls back
+        before = dict(touched)
         try:
             with tx.savepoint():
-                return [self._commit_one(tx, f, known) for f in files]
+                return [self._commit_one(tx, f, known, touched) for f in files]
         except GrabenError as exc:
             known.clear()  # directories it made were rolled back with it
+            touched.clear()
+            touched.update(before)  # and the directories it named files in are as they were
             return exc
 
-    def _commit_one(self, tx: Tx, commit: FileCommit, known: Directories) -> FileInfo:
+    def _commit_one(
+        self, tx: Tx, commit: FileCommit, known: Directories, touched: Touched
+    ) -> FileInfo:
         parts = _paths.split(commit.path)
         clean = _paths.join_parts(parts)
         if not parts:
             raise IsADirectory("cannot write to the root", clean)
         size = _check_extents(commit.extents, clean)
         _check_commit(commit, size, clean)
-        tx.add_chunks((s.chunk, s.nodes) for s in commit.stored)
+        for stored in commit.stored:
+            if stored.data is not None:
+                _check_inline(stored, self.inline_max, clean)
+        tx.add_chunks(commit.stored)
         # What the commit stores itself is known now; only chunks it reuses are asked for.
         missing = {x.chunk.id for x in commit.extents} - {s.chunk.id for s in commit.stored}
         if missing:
@@ -185,7 +212,7 @@ class Commits:
         now = time.time_ns()
         new = NewFile(self._attributes(commit, old, size, now), commit.extents)
         if old is None:
-            tx.touch(parent.id, now)
+            touched[parent.id] = now  # its times move once, at the end (see ``_touch``)
         else:
             tx.unlink(parent.id, parts[-1])
         node = tx.create_file(parent.id, parts[-1], new)
@@ -210,6 +237,15 @@ class Commits:
         return Inode(
             0, "file", size, mode, mtime, generation, copies, uid, gid, now, mtime, links, c.rdev
         )
+
+
+def _touch(tx: Tx, touched: Touched) -> None:
+    """Move the times of the directories new files went into: once each, in inode order,
+    last in the transaction. A group of 64 files into one directory changes its row once,
+    not 64 times, and holds that row's lock only from here to the commit, so writers of
+    other services wait for it a moment, not a whole transaction."""
+    for directory in sorted(touched):
+        tx.touch(directory, touched[directory])
 
 
 class _BatchFailed(Exception):
@@ -238,6 +274,23 @@ def _check_commit(commit: FileCommit, size: int, path: str) -> None:
             raise InvalidArgument("a fifo, socket or device node holds no bytes", path)
     check_time(commit.mtime_ns, path)
     check_owner(commit.uid, commit.gid, path)
+
+
+def _check_inline(stored: StoredChunk, limit: int, path: str) -> None:
+    """Bytes the engine is to keep must be small and be the chunk they say they are: a
+    forged id would serve them to every file that names that chunk."""
+    chunk, data = stored.chunk, stored.data
+    assert data is not None
+    if len(data) > limit:
+        raise InvalidArgument(
+            f"{len(data)} bytes are over this service's inline limit of {limit}", path
+        )
+    if stored.nodes:
+        raise InvalidArgument(f"chunk {chunk.id} is kept inline and on nodes at once", path)
+    if len(data) != chunk.length or crc32c(data) != chunk.crc32c:
+        raise IntegrityError(f"the bytes sent for chunk {chunk.id} do not match it", path)
+    if content_id(memoryview(data)) != chunk.id:
+        raise IntegrityError(f"the bytes sent for chunk {chunk.id} do not hash to its id", path)
 
 
 def _check_extents(extents: tuple[Extent, ...], path: str) -> int:

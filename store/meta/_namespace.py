@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from .. import _paths
-from .._config import page_entries
+from .._config import INLINE_LIMIT, INLINE_MAX, page_entries
 from .._errors import (
     AlreadyExists,
     DirectoryNotEmpty,
@@ -49,6 +49,7 @@ from ..transport import (
     Commit,
     GetHealth,
     GetLayout,
+    GetSettings,
     GetStoreId,
     Heartbeat,
     Link,
@@ -99,6 +100,7 @@ class Namespace(Commits, Bookkeeping):
         default_replication: int = 1,
         min_replicas: int = 0,
         heartbeat_timeout: float = 10.0,
+        inline_max: int = INLINE_MAX,
     ) -> None:
         if min_replicas < 0:
             raise InvalidArgument(f"min_replicas must be at least 1, not {min_replicas}")
@@ -108,6 +110,9 @@ class Namespace(Commits, Bookkeeping):
         self.min_replicas = min_replicas
         """Copies a write needs at least (0: one fewer than it asks for, at least 1)."""
         self.heartbeat_timeout = heartbeat_timeout
+        if not 0 <= inline_max <= INLINE_LIMIT:
+            raise InvalidArgument(f"inline_max must be 0 to {INLINE_LIMIT} bytes, not {inline_max}")
+        self.inline_max = inline_max
         with repo.read() as tx:
             self.store_id = tx.store_id()
             """The store's id: data nodes and capabilities of another store are refused."""
@@ -130,6 +135,7 @@ class Namespace(Commits, Bookkeeping):
             Collectable: lambda r: self.collectable(r.grace_s, r.limit, key=r.key),
             CheckMetadata: lambda r: self.check_metadata(r.limit),
             GetStoreId: lambda r: self.store_id,
+            GetSettings: lambda r: self.settings(),
             Heartbeat: lambda r: self.heartbeat(r.node, r.store_id),
             ReportBad: lambda r: self.report_bad(r.chunk, r.node, r.reason),
             GetHealth: lambda r: self.health(),
@@ -188,9 +194,14 @@ class Namespace(Commits, Bookkeeping):
             if node.kind == "directory":
                 raise IsADirectory("is a directory", clean)
             extents = tx.extents_page(node.id, start, limit + 1)
-            replicas = tx.replicas({x.chunk.id for x in extents[:limit]})
+            ids = {x.chunk.id for x in extents[:limit]}
+            replicas = tx.replicas(ids)
+            bare = ids - replicas.keys()  # only a chunk no node holds may be the engine's
+            inline = tx.inline(bare) if bare else {}
         more = len(extents) > limit
-        return FileLayout(info(clean, node), tuple(extents[:limit]), replicas, more=more)
+        return FileLayout(
+            info(clean, node), tuple(extents[:limit]), replicas, more=more, inline=inline
+        )
 
     def known(self, chunks: Iterable[str]) -> set[str]:
         """Which of these chunk ids any metadata names (a chunk row, an extent, a replica)."""

@@ -26,7 +26,16 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
-from .._types import ChunkProblem, ChunkRef, Degraded, Extent, Kind, NodeState, ServiceState
+from .._types import (
+    ChunkProblem,
+    ChunkRef,
+    Degraded,
+    Extent,
+    Kind,
+    NodeState,
+    ServiceState,
+    StoredChunk,
+)
 
 ROOT_INODE = 1
 R = TypeVar("R")
@@ -189,11 +198,16 @@ class Tx(Protocol):
     def set_extents(self, inode: int, extents: Iterable[Extent]) -> None:
         """Attach extents to a new file inode, taking a reference on each chunk."""
 
-    def add_chunks(self, chunks: Iterable[tuple[ChunkRef, tuple[str, ...]]]) -> None:
-        """Record chunks (if new) and the nodes holding them."""
+    def add_chunks(self, chunks: Iterable[StoredChunk]) -> None:
+        """Record chunks (if new) and the nodes holding them, or the bytes of those the
+        engine keeps itself (``data``)."""
+
+    def inline(self, ids: Iterable[str]) -> dict[str, bytes]:
+        """Of these chunk ids, those the engine keeps itself, with their bytes."""
 
     def referenced(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
-        """Of these chunk ids, those some file uses, with their replicas."""
+        """Of these chunk ids, those some file uses, with their replicas (none for a chunk
+        the engine keeps itself)."""
 
     def known(self, ids: Iterable[str]) -> set[str]:
         """Of these chunk ids, those the chunk layer holds at all."""
@@ -219,7 +233,8 @@ class Tx(Protocol):
 
     def forget_unreferenced(self, older_than_ns: int, limit: int) -> list[ChunkRecord]:
         """Delete up to ``limit`` chunk rows without references since before
-        ``older_than_ns`` (and no extent naming them); they and their former replicas."""
+        ``older_than_ns`` (and no extent naming them, and their bytes if the engine kept
+        them); they and their former replicas."""
 
     def inconsistencies(self, limit: int) -> list[ChunkProblem]:
         """Up to ``limit`` places where the tables contradict each other or hold
@@ -235,7 +250,9 @@ class Tx(Protocol):
         """Forget one node's copy of a chunk."""
 
     def degraded(self, alive: Iterable[str], limit: int) -> list[Degraded]:
-        """Referenced chunks with fewer copies on ``alive`` nodes than their files want."""
+        """Referenced chunks with fewer copies on ``alive`` nodes than their files want
+        (never one the engine keeps itself and no node holds: it is as safe as the
+        metadata)."""
 
     def outcomes(self, keys: Iterable[str]) -> dict[str, bytes]:
         """Of these idempotency keys, those recorded, each with its recorded reply."""

@@ -36,7 +36,7 @@ from typing import Any, Union
 import msgspec
 from msgspec.structs import replace
 
-from .._config import TLS
+from .._config import INLINE_MAX, TLS
 from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound, PermissionDenied
 from .._group import Batcher
 from .._types import (
@@ -136,6 +136,7 @@ class MetaService:
         secret: bytes,
         replication: int = 3,
         min_replicas: int = 0,
+        inline_max: int = INLINE_MAX,
         heartbeat_timeout: float = 10.0,
         repair_interval: float = 5.0,
         threads: int = 8,
@@ -152,6 +153,7 @@ class MetaService:
             default_replication=replication,
             min_replicas=min_replicas,
             heartbeat_timeout=heartbeat_timeout,
+            inline_max=inline_max,
         )
         self._threads = ThreadPoolExecutor(threads, thread_name_prefix="graben-meta")
         self._nodes: tuple[float, list[NodeState]] = (0.0, [])
@@ -450,7 +452,7 @@ class MetaService:
             grants = iter(self._caps([p.chunk.id for p in placements if p.upload], "write"))
             return [replace(p, grant=next(grants)) if p.upload else p for p in placements]
         if isinstance(result, FileLayout):
-            caps = self._caps({x.chunk.id for x in result.extents}, "read")
+            caps = self._caps({x.chunk.id for x in result.extents} - result.inline.keys(), "read")
             return replace(result, grants={c.chunk: c for c in caps})
         if isinstance(result, ChunkPage):
             caps = self._caps((chunk.id for chunk, _ in result.chunks), "read")

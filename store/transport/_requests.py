@@ -36,6 +36,7 @@ from .._types import (
     NodeState,
     Op,
     Placement,
+    Settings,
 )
 
 R = TypeVar("R")
@@ -248,6 +249,12 @@ class GetHealth(Request[Health], frozen=True):
     """The store's health at a glance."""
 
     response = Health
+
+
+class GetSettings(Request[Settings], frozen=True):
+    """What a writer needs to know of the service (asked once per client)."""
+
+    response = Settings
 
 
 class CommitEach(Request[list[Committed]], frozen=True):

@@ -299,3 +299,24 @@ def test_a_mount_that_cannot_start_says_why_and_leaves_nothing_mounted(tmp_path:
     assert not os.path.ismount(tmp_path / "mnt")
     with pytest.raises(MountError, match="no such directory"):
         mount(str(tmp_path), tmp_path / "missing")
+
+
+def test_a_small_file_is_kept_by_the_engine_and_grows_into_chunks(
+    here: Path, direct: Client
+) -> None:
+    from graben.store.client import _loop
+    from graben.store.transport import GetLayout
+
+    def kept(name: str) -> bool:
+        layout = _loop.run(direct.aio.meta.request(GetLayout(f"/{here.name}/{name}")))
+        return bool(layout.inline)
+
+    path = here / "notes.txt"
+    path.write_bytes(b"first line\n")
+    assert kept("notes.txt") and path.read_bytes() == b"first line\n"
+    with open(path, "ab") as f:
+        f.write(b"x" * 100_000)
+    assert not kept("notes.txt") and path.stat().st_size == 100_011
+    os.truncate(path, 5)
+    assert kept("notes.txt") and path.read_bytes() == b"first"
+    assert direct.get(f"/{here.name}/notes.txt") == b"first"

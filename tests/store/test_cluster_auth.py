@@ -90,7 +90,7 @@ def _forge(cap: Capability, **change: object) -> Capability:
 
 
 def test_data_nodes_read_only_with_the_right_capability(authorised: Client) -> None:
-    data = os.urandom(50_000)
+    data = os.urandom(100_000)  # past the inline limit: a chunk on a node
     authorised.put("/secret-data", data, replication=1)
     layout = _loop.run(authorised.aio.meta.request(GetLayout("/secret-data")))
     chunk = layout.extents[0].chunk

@@ -131,9 +131,12 @@ def _write(address: str, chunk: ChunkRef, cap: object, data: bytes) -> None:
     _loop.run(go())
 
 
+# The attacks below are on the nodes' copies: the files are kept off the engine.
+
+
 def test_a_live_chunk_is_not_writable_and_forged_bytes_are_refused(cluster: LocalCluster) -> None:
     data = os.urandom(SMALL_CHUNK)
-    with connect(cluster.url) as client:
+    with connect(cluster.url, inline_max=0) as client:
         client.put("/live", data)
         layout = _loop.run(client.aio.meta.request(GetLayout("/live")))
         chunk = layout.extents[0].chunk
@@ -156,7 +159,7 @@ def test_fsck_finds_a_forged_copy_on_a_node(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path, nodes=3)
     try:
         data = os.urandom(SMALL_CHUNK)
-        with connect(cluster.url) as client:
+        with connect(cluster.url, inline_max=0) as client:
             client.put("/f", data)
             victim = _chunk_files(cluster.root)[0]
             victim.write_bytes(forge(data))
@@ -174,12 +177,12 @@ def test_the_scrubber_finds_a_forged_copy_and_repair_replaces_it(tmp_path: Path)
     cluster = LocalCluster(tmp_path, nodes=3, repair=0.5, scrub=0.5)
     try:
         data = os.urandom(SMALL_CHUNK)
-        with connect(cluster.url) as client:
+        with connect(cluster.url, inline_max=0) as client:
             client.put("/f", data)
         victim = _chunk_files(cluster.root)[0]
         victim.write_bytes(forge(data))
         eventually(lambda: victim.exists() and victim.read_bytes() == data)
-        with connect(cluster.url) as client:
+        with connect(cluster.url, inline_max=0) as client:
             assert not client.fsck().problems
     finally:
         cluster.close()

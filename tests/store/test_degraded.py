@@ -130,18 +130,19 @@ def test_min_replicas_three_refuses_a_degraded_write(tmp_path: Path) -> None:
             cluster.kill(1)
             _wait_alive(client, 2)
             with pytest.raises(CannotPlace, match="need 3 nodes, 2 of 3 eligible; 1 dead"):
-                client.put("/f", b"x" * 1000)
+                client.put("/f", b"x" * 100_000)  # past the inline limit: to the nodes
+            client.put("/tiny", b"t" * 1000)  # the engine keeps it: no node needed
         with connect(cluster.url, min_replicas=1) as client:  # the client may ask for less
-            client.put("/f", b"x" * 1000)
+            client.put("/f", b"x" * 100_000)
             assert copies(client, "/f") == [2]
         with connect(cluster.url) as client:  # and so may one file
-            client.put("/g", b"y" * 1000, min_replicas=2)
+            client.put("/g", b"y" * 100_000, min_replicas=2)
             assert copies(client, "/g") == [2]
             with pytest.raises(CannotPlace, match="need 3 nodes"):
-                client.put_parts("/h", [b"z" * 1000], min_replicas=3)
+                client.put_parts("/h", [b"z" * 100_000], min_replicas=3)
             lenient = connect(cluster.url, min_replicas=1)  # the file's setting wins
             with lenient, pytest.raises(CannotPlace, match="need 3 nodes"):
-                lenient.put("/h", b"z" * 1000, min_replicas=3)
+                lenient.put("/h", b"z" * 100_000, min_replicas=3)
     finally:
         cluster.close()
 
@@ -216,7 +217,7 @@ def test_a_dead_nodes_many_small_chunks_are_all_copied_again(tmp_path: Path) -> 
     lost node held gets its third copy back, and reads back whole."""
     cluster = LocalCluster(tmp_path, nodes=4, timeout=HEARTBEAT_TIMEOUT, repair=0.5)
     try:
-        with connect(cluster.url, chunk_size=MiB) as client:
+        with connect(cluster.url, chunk_size=MiB, inline_max=0) as client:  # all on nodes
             files = {f"/small/{i}": os.urandom(4096 + i) for i in range(300)}
             files["/big"] = os.urandom(6 * MiB + 5)
             for path, data in files.items():

@@ -217,7 +217,7 @@ def test_collection_refuses_when_most_chunk_files_are_orphans(tmp_path: Path) ->
     donor, root = tmp_path / "donor", tmp_path / "s"
     with connect(donor, chunk_size=SMALL_CHUNK) as client:
         client.put("/big", os.urandom(100 * SMALL_CHUNK))
-    with connect(root) as client:
+    with connect(root, inline_max=0) as client:  # its one chunk file on the node
         client.put("/small", b"small")
     for path in _chunk_files(donor):  # 100 chunk files no metadata of this store names
         dest = root / path.relative_to(donor)
@@ -236,7 +236,7 @@ def test_the_cli_says_why_it_refuses_and_force_overrides(tmp_path: Path) -> None
     donor, root = tmp_path / "donor", tmp_path / "s"
     with connect(donor, chunk_size=SMALL_CHUNK) as client:
         client.put("/big", os.urandom(100 * SMALL_CHUNK))
-    with connect(root) as client:
+    with connect(root, inline_max=0) as client:  # its one chunk file on the node
         client.put("/small", b"small")
     for path in _chunk_files(donor):
         dest = root / path.relative_to(donor)

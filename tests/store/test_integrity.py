@@ -55,7 +55,7 @@ def test_missing_chunk_is_an_integrity_error_not_file_not_found(
     store_dir: Path, chunk_files: ChunkFiles
 ) -> None:
     with connect(store_dir) as client:
-        client.put("/f", os.urandom(5000))
+        client.put("/f", os.urandom(100_000))  # past the inline limit: a chunk file
         [chunk] = chunk_files()
         chunk.unlink()
         with pytest.raises(IntegrityError, match="missing"):
@@ -66,7 +66,7 @@ def test_missing_chunk_is_an_integrity_error_not_file_not_found(
 
 def test_truncated_chunk_is_caught(store_dir: Path, chunk_files: ChunkFiles) -> None:
     with connect(store_dir) as client:
-        client.put("/f", os.urandom(5000))
+        client.put("/f", os.urandom(100_000))  # past the inline limit: a chunk file
         [chunk] = chunk_files()
         os.truncate(chunk, 4000)
         with pytest.raises(IntegrityError, match="wrong length"):
@@ -104,7 +104,7 @@ def test_chunks_survive_while_any_file_uses_them(store_dir: Path, chunk_files: C
 
 def test_collection_waits_for_the_grace_period(store_dir: Path, chunk_files: ChunkFiles) -> None:
     with connect(store_dir, gc_grace_s=3600) as client:
-        client.put("/a", b"x" * 100)
+        client.put("/a", b"x" * 100_000)
         client.rm("/a")
         assert client.fsck(collect=True).collected == 0
         assert len(chunk_files()) == 1

@@ -106,7 +106,7 @@ def test_fsck_and_collection_page_through_a_cluster(cluster: LocalCluster) -> No
 
 
 def test_a_chunk_shared_by_many_files_lists_them_all(tmp_path: Path, small_pages: None) -> None:
-    with connect(tmp_path / "s") as client:
+    with connect(tmp_path / "s", inline_max=0) as client:  # the chunk in a file of its own
         client.put("/original", b"shared bytes")
         for i in range(30):
             client.copy("/original", f"/copies/{i:02}")

@@ -19,7 +19,7 @@ from typing import Any
 from psycopg.pq import TransactionStatus
 
 from ..._errors import IntegrityError
-from ..._types import ChunkProblem, ChunkRef, Extent
+from ..._types import ChunkProblem, Extent, StoredChunk
 from .._repo import NEW_INODE_COLUMNS, Inode, Lease, NewFile, new_values
 from ._postgres_schema import Connection, inconsistencies
 from ._sql_tx import SqlTx
@@ -106,21 +106,26 @@ class PostgresTx(SqlTx):
         assert row is not None
         self._check_counted(row[0], len({x.chunk.id for x in extents}))
 
-    def add_chunks(self, chunks: Iterable[tuple[ChunkRef, tuple[str, ...]]]) -> None:
+    def add_chunks(self, chunks: Iterable[StoredChunk]) -> None:
         chunks = list(chunks)
-        held = [(c.id, node) for c, nodes in chunks for node in nodes]
+        held = [(s.chunk.id, node) for s in chunks for node in s.nodes]
+        kept = [(s.chunk.id, s.data) for s in chunks if s.data is not None]
         self._execute(
             "WITH added AS (INSERT INTO chunks (id, length, crc32c, refs, zero_since_ns) "
             "SELECT id, length, crc, 0, %s FROM "
             "unnest(%s::text[], %s::bigint[], %s::bigint[]) AS n (id, length, crc) "
-            "ON CONFLICT DO NOTHING) "
+            "ON CONFLICT DO NOTHING), "
+            "kept AS (INSERT INTO chunk_bytes (id, data) "
+            "SELECT * FROM unnest(%s::text[], %s::bytea[]) ON CONFLICT DO NOTHING) "
             "INSERT INTO replicas (chunk, node) SELECT * FROM unnest(%s::text[], %s::text[]) "
             "ON CONFLICT DO NOTHING",
             (
                 time.time_ns(),
-                [c.id for c, _ in chunks],
-                [c.length for c, _ in chunks],
-                [c.crc32c for c, _ in chunks],
+                [s.chunk.id for s in chunks],
+                [s.chunk.length for s in chunks],
+                [s.chunk.crc32c for s in chunks],
+                [chunk for chunk, _ in kept],
+                [data for _, data in kept],
                 [chunk for chunk, _ in held],
                 [node for _, node in held],
             ),

@@ -141,6 +141,15 @@ MIGRATIONS = (
         WHERE e.parent = inodes.id AND c.kind = 'directory'
     ) WHERE kind = 'directory';
     """,
+    # 7: chunks the engine keeps itself (a small file's bytes: no node holds them).
+    # A table of its own, with a rowid on SQLite: rows of up to 64 KiB in the chunks
+    # table (WITHOUT ROWID) would slow every lookup of it.
+    """
+    CREATE TABLE chunk_bytes (
+        id {text} PRIMARY KEY,
+        data {blob} NOT NULL
+    );
+    """,
 )
 
 

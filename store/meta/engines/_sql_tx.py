@@ -17,13 +17,19 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 from ..._errors import IntegrityError
-from ..._types import ChunkProblem, ChunkRef, Degraded, Extent, NodeState, ServiceState
+from ..._types import (
+    ChunkProblem,
+    ChunkRef,
+    Degraded,
+    Extent,
+    StoredChunk,
+)
 from .._repo import (
     INODE_COLUMNS,
     NEW_INODE_COLUMNS,
@@ -31,11 +37,11 @@ from .._repo import (
     ChunkRecord,
     Conflict,
     Inode,
-    Lease,
     NewFile,
     new_values,
 )
 from ._rows import PAGE_ROWS_MAX, CheckedRows, checked_inode, chunk_ref, inode_of
+from ._sql_records import SqlRecords
 
 MAX_DEPTH = 4096
 """Directories ``path_of`` climbs at most (a path is at most 4096 bytes)."""
@@ -48,27 +54,12 @@ EXTENT_ROWS = (
 )
 
 
-class SqlTx(CheckedRows):
+class SqlTx(SqlRecords, CheckedRows):
     """A transaction on one connection (see ``Tx`` in ``meta/_repo.py``).
 
     A subclass gives ``_execute`` (one statement) and ``_many`` (one
     statement for each of many parameter rows) for its connection.
     """
-
-    def _execute(self, query: str, params: Any = None) -> Any:
-        """Run one statement; its cursor."""
-        raise NotImplementedError
-
-    def _many(self, query: str, rows: Sequence[Any]) -> int:
-        """Run one statement for each parameter row; how many rows they changed."""
-        raise NotImplementedError
-
-    def _rows(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
-        return list(self._execute(query, params).fetchall())
-
-    def _one(self, query: str, params: Any = None) -> tuple[Any, ...] | None:
-        row: tuple[Any, ...] | None = self._execute(query, params).fetchone()
-        return row
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -246,18 +237,29 @@ class SqlTx(CheckedRows):
 
     # -- chunks -------------------------------------------------------------
 
-    def add_chunks(self, chunks: Iterable[tuple[ChunkRef, tuple[str, ...]]]) -> None:
+    def add_chunks(self, chunks: Iterable[StoredChunk]) -> None:
         chunks = list(chunks)
         now = time.time_ns()
         self._many(
             "INSERT INTO chunks (id, length, crc32c, refs, zero_since_ns) "
             "VALUES (%s, %s, %s, 0, %s) ON CONFLICT DO NOTHING",
-            [(c.id, c.length, c.crc32c, now) for c, _ in chunks],
+            [(s.chunk.id, s.chunk.length, s.chunk.crc32c, now) for s in chunks],
         )
         self._many(
             "INSERT INTO replicas (chunk, node) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-            [(c.id, node) for c, nodes in chunks for node in nodes],
+            [(s.chunk.id, node) for s in chunks for node in s.nodes],
         )
+        self._many(
+            "INSERT INTO chunk_bytes (id, data) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            [(s.chunk.id, s.data) for s in chunks if s.data is not None],
+        )
+
+    def inline(self, ids: Iterable[str]) -> dict[str, bytes]:
+        wanted = list(ids)
+        if not wanted:
+            return {}
+        rows = self._rows("SELECT id, data FROM chunk_bytes WHERE id = ANY(%s)", (wanted,))
+        return {chunk: bytes(data) for chunk, data in rows}
 
     def replicas(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
         rows = self._rows(
@@ -267,10 +269,15 @@ class SqlTx(CheckedRows):
         return grouped(rows)
 
     def referenced(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        # A chunk the engine keeps is held too (no nodes): a new file reuses it, so no
+        # chunk is kept by the engine and on nodes at once.
+        wanted = list(ids)
         rows = self._rows(
             "SELECT r.chunk, r.node FROM chunks c JOIN replicas r ON r.chunk = c.id "
-            "WHERE c.refs > 0 AND c.id = ANY(%s) ORDER BY r.chunk, r.node",
-            (list(ids),),
+            "WHERE c.refs > 0 AND c.id = ANY(%(ids)s) "
+            "UNION ALL SELECT b.id, NULL FROM chunks c JOIN chunk_bytes b ON b.id = c.id "
+            "WHERE c.refs > 0 AND c.id = ANY(%(ids)s) ORDER BY 1, 2",
+            {"ids": wanted},
         )
         return grouped(rows)
 
@@ -328,6 +335,7 @@ class SqlTx(CheckedRows):
             "DELETE FROM chunks WHERE id = ANY(%s) AND refs = 0 RETURNING id", (list(found),)
         )
         ids = sorted(chunk for (chunk,) in gone)
+        self._execute("DELETE FROM chunk_bytes WHERE id = ANY(%s)", (ids,))
         held = grouped(
             sorted(self._rows("DELETE FROM replicas WHERE chunk = ANY(%s) RETURNING *", (ids,)))
         )
@@ -361,7 +369,10 @@ class SqlTx(CheckedRows):
             "WHERE r.node = ANY(%s) GROUP BY r.chunk) "
             "SELECT c.id, c.length, c.crc32c, w.copies FROM chunks c "
             "JOIN want w ON w.chunk = c.id LEFT JOIN have h ON h.chunk = c.id "
-            "WHERE c.refs > 0 AND COALESCE(h.copies, 0) < w.copies ORDER BY c.id LIMIT %s",
+            "WHERE c.refs > 0 AND COALESCE(h.copies, 0) < w.copies "
+            "AND (NOT EXISTS (SELECT 1 FROM chunk_bytes b WHERE b.id = c.id) "
+            "OR EXISTS (SELECT 1 FROM replicas r WHERE r.chunk = c.id)) "
+            "ORDER BY c.id LIMIT %s",
             (sorted(set(alive)), limit),
         )
         live = set(alive)
@@ -375,104 +386,12 @@ class SqlTx(CheckedRows):
             for chunk, length, crc, want in rows
         ]
 
-    # -- idempotency keys ------------------------------------------------------
-
-    def outcomes(self, keys: Iterable[str]) -> dict[str, bytes]:
-        rows = self._rows("SELECT key, reply FROM outcomes WHERE key = ANY(%s)", (list(keys),))
-        return {key: bytes(reply) for key, reply in rows}
-
-    def record_outcomes(self, outcomes: Iterable[tuple[str, bytes]], made_ns: int) -> None:
-        self._many(
-            "INSERT INTO outcomes (key, made_ns, reply) VALUES (%s, %s, %s)",
-            [(key, made_ns, reply) for key, reply in outcomes],
-        )
-
-    def forget_outcomes(self, older_than_ns: int, limit: int) -> int:
-        cur = self._execute(
-            "DELETE FROM outcomes WHERE key IN (SELECT key FROM outcomes "
-            "WHERE made_ns < %s ORDER BY made_ns LIMIT %s)",
-            (older_than_ns, limit),
-        )
-        return int(cur.rowcount)
-
-    # -- nodes --------------------------------------------------------------
-
-    def upsert_node(self, node: NodeState) -> None:
-        self._execute(
-            "INSERT INTO nodes (id, address, rack, free, total, last_seen) "
-            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
-            "address = excluded.address, rack = excluded.rack, free = excluded.free, "
-            "total = excluded.total, last_seen = excluded.last_seen",
-            (node.id, node.address, node.rack, node.free, node.total, node.last_seen),
-        )
-
-    def nodes(self) -> list[NodeState]:
-        rows = self._rows("SELECT id, address, rack, free, total, last_seen FROM nodes ORDER BY id")
-        return [NodeState(*row) for row in rows]
-
-    # -- metadata services, the lease, damaged copies -----------------------------
-
-    def now(self) -> float:
-        # Every process sharing an engine on one host runs by its clock.
-        return time.time()
-
-    def lease(self) -> Lease:
-        row = self._one("SELECT holder, fence, expires FROM lease WHERE id = 1")
-        if row is None:
-            raise IntegrityError("metadata damaged: the leader's lease row is missing")
-        return Lease(*row)
-
-    def set_lease(self, lease: Lease) -> None:
-        self._execute(
-            "UPDATE lease SET holder = %s, fence = %s, expires = %s WHERE id = 1",
-            (lease.holder, lease.fence, lease.expires),
-        )
-
-    def upsert_service(self, service: ServiceState) -> None:
-        s = service
-        self._execute(
-            "INSERT INTO services (id, address, engine, started, last_seen) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
-            "address = excluded.address, last_seen = excluded.last_seen",
-            (s.id, s.address, s.engine, s.started, s.last_seen),
-        )
-
-    def services(self) -> list[ServiceState]:
-        rows = self._rows(
-            "SELECT id, address, engine, started, last_seen FROM services ORDER BY id"
-        )
-        return [ServiceState(*row) for row in rows]
-
-    def forget_services(self, ids: Iterable[str] = (), seen_before: float = 0.0) -> None:
-        self._execute(
-            "DELETE FROM services WHERE id = ANY(%s) OR last_seen < %s", (list(ids), seen_before)
-        )
-
-    def add_bad(self, chunk: str, node: str, reason: str) -> None:
-        self._execute(
-            "INSERT INTO bad_copies (chunk, node, reason) VALUES (%s, %s, %s) "
-            "ON CONFLICT (chunk, node) DO UPDATE SET reason = excluded.reason",
-            (chunk, node, reason),
-        )
-
-    def bad_copies(self, limit: int) -> list[tuple[str, str, str]]:
-        rows = self._rows(
-            "SELECT chunk, node, reason FROM bad_copies ORDER BY chunk, node LIMIT %s",
-            (min(limit, PAGE_ROWS_MAX),),
-        )
-        return [(chunk, node, reason) for chunk, node, reason in rows]
-
-    def bad_count(self) -> int:
-        row = self._one("SELECT COUNT(*) FROM bad_copies")
-        return int(row[0]) if row else 0
-
-    def forget_bad(self, chunk: str, node: str) -> None:
-        self._execute("DELETE FROM bad_copies WHERE chunk = %s AND node = %s", (chunk, node))
-
 
 def grouped(rows: Iterable[tuple[Any, ...]]) -> dict[str, tuple[str, ...]]:
     """``(chunk, node)`` rows, in order, as each chunk's nodes."""
     found: dict[str, list[str]] = {}
     for chunk, node in rows:
-        found.setdefault(chunk, []).append(node)
+        held = found.setdefault(chunk, [])
+        if node is not None:  # none: the engine keeps it
+            held.append(node)
     return {chunk: tuple(nodes) for chunk, nodes in found.items()}

@@ -50,6 +50,10 @@ BAD_ROWS = {
         f"OR NOT ({_HEX_ID.format('chunk')}) OR typeof(chunk_offset) != 'integer' "
         "OR chunk_offset < 0"
     ),
+    "chunk_bytes": (
+        "SELECT NULL, 'the kept bytes of chunk ' || quote(id) || ' do not decode' "
+        f"FROM chunk_bytes WHERE NOT ({_HEX_ID.format('id')}) OR typeof(data) != 'blob'"
+    ),
 }
 """Rows whose values cannot be what graben wrote: (inode or NULL, what is wrong)."""
 

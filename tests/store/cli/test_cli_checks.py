@@ -54,7 +54,7 @@ def test_fsck_finds_a_corrupt_chunk_and_exits_1(graben: Graben, tmp_path: Path) 
 
 
 def test_fsck_shows_an_odd_file_name_on_one_line(graben: Graben) -> None:
-    graben("put", "-", "/ckpt/w\nx", stdin=b"w" * 10_000)
+    graben("put", "-", "/ckpt/w\nx", stdin=b"w" * 100_000)  # past --inline-max: on a node
     (chunk,) = chunk_files(graben.store)
     flip_byte(chunk, 5)
 
@@ -65,7 +65,7 @@ def test_fsck_shows_an_odd_file_name_on_one_line(graben: Graben) -> None:
 
 
 def test_fsck_finds_a_missing_chunk(graben: Graben) -> None:
-    graben("put", "-", "/gone", stdin=b"g" * 5000)
+    graben("put", "-", "/gone", stdin=b"g" * 100_000)
     (chunk,) = chunk_files(graben.store)
     chunk.unlink()
 
