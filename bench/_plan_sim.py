@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import pickle
+import posixpath
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +43,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 
 from graben.checkpoint import GrabenLoadPlanner, GrabenReader, GrabenSavePlanner, GrabenWriter
+from graben.checkpoint._ranked import rank_metadata, rank_metadata_name
 from graben.store import Client
 
 ROWS, COLS = 16, 8
@@ -97,8 +99,14 @@ def results_of(plan: SavePlan, file: str) -> list[WriteResult]:
 class SimulatedGrabenWriter(GrabenWriter):
     """``GrabenWriter`` storing no tensor data: its metadata path is the real one."""
 
-    def _write_file(self, plan: SavePlan, planner: SavePlanner, target: Any) -> list[WriteResult]:
-        return results_of(plan, target.file)
+    def _write_rank(
+        self, plan: SavePlan, planner: SavePlanner, target: Any
+    ) -> tuple[list[WriteResult], bytes]:
+        results = results_of(plan, target.file)
+        metadata = rank_metadata(plan.items, results)
+        name = posixpath.join(target.staging, rank_metadata_name(target.rank))
+        self.client.put(name, metadata, replication=self.replication)
+        return results, metadata
 
 
 class SimulatedFileSystemWriter(FileSystemWriter):

@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from graben.store import Client
+from graben.store import AsyncClient, Client, Upload
 
 from ._format import (
     INDEX_DIR,
@@ -154,21 +154,16 @@ class GrabenWriter(OnStore, StorageWriter):
                 "of its plan); use GrabenSavePlanner for plan caching"
             )
         _written.add((target.staging, target.rank))
-        results = self._write_file(plan, planner, target)
-        metadata = rank_metadata(plan.items, results)
-        self.client.put(
-            posixpath.join(target.staging, rank_metadata_name(target.rank)),
-            metadata,
-            replication=self.replication,
-        )
+        results, metadata = self._write_rank(plan, planner, target)
         done: Future[list[WriteResult]] = Future()
         done.set_result(_results(results, metadata, target.known))
         return done
 
-    def _write_file(
+    def _write_rank(
         self, plan: SavePlan, planner: SavePlanner, target: _Target
-    ) -> list[WriteResult]:
-        """Write this rank's items into its file and its index; their results."""
+    ) -> tuple[list[WriteResult], bytes]:
+        """Write this rank's file, its index and its metadata in one commit (the small two
+        ride in it: the engine keeps them); their results and the metadata."""
         records = [(item, self._record(item, planner.resolve_data(item))) for item in plan.items]
         results, firsts, position = [], [], 0
         parts: list[memoryview | bytes] = []
@@ -178,22 +173,27 @@ class GrabenWriter(OnStore, StorageWriter):
             firsts.append(len(parts))
             parts.extend(record.parts)
             position += record.length
-        client = self.client
-        # each part's crc32c comes from the store's chunk checksums: no pass of our own
-        _, sums = client.put_parts_checked(
-            posixpath.join(target.staging, target.file), parts, replication=self.replication
-        )
-        index = {}
-        for (_, record), first, result in zip(records, firsts, results, strict=True):
-            checksum = sums[first + record.data_part] if record.data_part >= 0 else 0
-            at = result.storage_data.offset
-            index[at] = _index_entry(at, record, checksum)
-        client.put(
-            posixpath.join(target.staging, INDEX_DIR, target.file),
-            encode_index(index),
-            replication=self.replication,
-        )
-        return results
+        metadata = rank_metadata(plan.items, results)
+        join, copies = posixpath.join, self.replication
+
+        async def save(aio: AsyncClient) -> None:
+            # each part's crc32c comes from the store's chunk checksums: no pass of our own
+            data, sums = await aio.stage_parts(
+                join(target.staging, target.file), parts, replication=copies
+            )
+            index = {}
+            for (_, record), first, result in zip(records, firsts, results, strict=True):
+                checksum = sums[first + record.data_part] if record.data_part >= 0 else 0
+                at = result.storage_data.offset
+                index[at] = _index_entry(at, record, checksum)
+            small = {
+                join(target.staging, INDEX_DIR, target.file): encode_index(index),
+                join(target.staging, rank_metadata_name(target.rank)): metadata,
+            }
+            await aio.commit_uploads([data, *await _staged(aio, small, copies)])
+
+        self.client.submit(save).result()
+        return results, metadata
 
     def _record(self, item: WriteItem, data: Any) -> Record:
         record = bytes_record(data) if item.type == WriteItemType.BYTE_IO else tensor_record(data)
@@ -203,10 +203,17 @@ class GrabenWriter(OnStore, StorageWriter):
         last = self._reuse(metadata, results)
         _last_saves[(self._store, len(results))] = last
         metadata.storage_meta = self.storage_meta()
-        staging, client = self._staging, self.client
-        client.put(posixpath.join(staging, METADATA), last.metadata, replication=self.replication)
-        client.put(posixpath.join(staging, DIRECTORY), last.directory, replication=self.replication)
-        client.rename(staging, self.path, replace=self.overwrite, replace_tree=True)
+        staging, copies = self._staging, self.replication
+        files = {
+            posixpath.join(staging, METADATA): last.metadata,
+            posixpath.join(staging, DIRECTORY): last.directory,
+        }
+
+        async def publish(aio: AsyncClient) -> None:
+            await aio.commit_uploads(await _staged(aio, files, copies))
+            await aio.rename(staging, self.path, replace=self.overwrite, replace_tree=True)
+
+        self.client.submit(publish).result()
 
     def _reuse(self, metadata: Metadata, results: list[list[WriteResult]]) -> _LastSave:
         """This save's metadata files: the last save's when nothing changed."""
@@ -228,6 +235,13 @@ class GrabenWriter(OnStore, StorageWriter):
         )
         directory = encode_directory(directory_of(metadata, full))
         return _LastSave(digests, full, keys, data, directory)
+
+
+async def _staged(aio: AsyncClient, files: dict[str, bytes], copies: int | None) -> list[Upload]:
+    """Uploads of small files, finished and not yet committed."""
+    return [
+        (await aio.stage_parts(path, [data], replication=copies))[0] for path, data in files.items()
+    ]
 
 
 def _result(

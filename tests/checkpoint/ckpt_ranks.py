@@ -101,13 +101,15 @@ def main() -> None:
 
 def _die_halfway(writer: GrabenWriter) -> None:
     """Rank 1 stores part of its file's chunks, then is killed."""
-    client = writer.client
+    aio = writer.client.aio
+    stage = aio.stage_parts
 
-    def dying(path: str, parts: list[object], **kwargs: object) -> object:
-        client.put(path + ".part", b"".join(bytes(memoryview(p)) for p in parts[:2]))  # type: ignore[arg-type]
+    async def dying(path: str, parts: list[object], **kwargs: object) -> object:
+        upload, _ = await stage(path + ".part", parts[:2])  # type: ignore[arg-type]
+        await upload.commit()
         os._exit(9)
 
-    client.put_parts_checked = dying  # type: ignore[method-assign,assignment]
+    aio.stage_parts = dying  # type: ignore[method-assign,assignment]
 
 
 if __name__ == "__main__":

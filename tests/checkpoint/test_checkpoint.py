@@ -94,6 +94,29 @@ def test_round_trip_every_kind_of_item(home: Path) -> None:
         assert [e.path for e in client.ls("/ckpt")] == ["/ckpt/step-1"]  # no staging left
 
 
+def test_a_save_is_two_commits_and_a_rename(home: Path) -> None:
+    """A rank's file, index and metadata go in one commit; the coordinator's two files in
+    one more, then the rename that publishes: three metadata writes for a whole save."""
+    from collections import Counter
+
+    from graben.store.transport import Commit, Rename
+
+    sent: Counter[str] = Counter()
+    with connect(home) as client:
+        request = client.aio.meta.request
+
+        async def counted(req: object) -> object:
+            sent[type(req).__name__] += 1
+            return await request(req)  # type: ignore[arg-type]
+
+        client.aio.meta.request = counted  # type: ignore[method-assign]
+        state = _state()
+        writer = GrabenWriter("graben:///ckpt/step-1", client=client)
+        dcp.save(state, storage_writer=writer, no_dist=True)
+    assert (sent[Commit.__name__], sent[Rename.__name__]) == (2, 1)
+    _assert_same(_load("graben:///ckpt/step-1", state), state)
+
+
 def test_dcps_own_reader_reads_a_graben_checkpoint(home: Path, tmp_path: Path) -> None:
     state = _state()
     _save("graben:///ckpt/s", state)
@@ -217,7 +240,7 @@ def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint(cluster_url: str)
     with connect(cluster_url) as client:
         before = _listing(client, f"{base}/ckpt")
     outcomes = run_ranks(RANKS, "die", url, 2)
-    assert outcomes[1][0] == 9 and outcomes[0][0] != 0
+    assert outcomes[1][0] == 9 and outcomes[0][0] != 0, outcomes[1]
     with connect(cluster_url) as client:
         assert _listing(client, f"{base}/ckpt") == before  # not one file changed
         fresh = f"{base}/never"
