@@ -99,7 +99,7 @@ class Commits:
         def apply(tx: Tx) -> list[FileInfo]:
             known: Directories = {}  # made afresh each run: a run again forgets the last
             touched: Touched = {}
-            done = [self._commit_one(tx, f, known, touched) for f in files]
+            done = self._commit_files(tx, files, known, touched)
             _touch(tx, touched)
             return done
 
@@ -114,75 +114,124 @@ class Commits:
         gets its error in its place and leaves the others alone. ``keys``
         (one per batch, ``""`` for none) are recorded in the same transaction
         with each committed batch's reply; a batch whose key is recorded
-        already gets that reply and is not committed again.
+        already gets that reply and is not committed again, and a key twice
+        in one group is applied once.
 
-        Batches rarely fail, so they go together first, without a savepoint
-        each (two round trips per batch on PostgreSQL). If one fails, that
-        transaction is rolled back whole and the group goes again, each batch
-        in a savepoint of its own.
+        Batches rarely fail, so all their files go together first, a
+        statement per table for the whole group (``_commit_files``). If one
+        fails, that transaction is rolled back whole and the group goes
+        again, each batch in a savepoint of its own.
         """
         keys = list(keys) or [""] * len(batches)
-        if len(batches) > 1:
-            try:
-                return self._commit_keyed(batches, keys, together=True)
-            except _BatchFailed:
-                pass
-        return self._commit_keyed(batches, keys, together=False)
+        try:
+            return self._commit_keyed(batches, keys, together=True)
+        except _BatchFailed:
+            return self._commit_keyed(batches, keys, together=False)
 
     def _commit_keyed(
         self, batches: Sequence[tuple[FileCommit, ...]], keys: Sequence[str], *, together: bool
     ) -> list[list[FileInfo] | GrabenError]:
 
         def apply(tx: Tx) -> list[list[FileInfo] | GrabenError]:
-            results: list[list[FileInfo] | GrabenError] = []
             done = recorded(tx, keys)
-            fresh: dict[str, list[FileInfo]] = {}  # a key twice in one group: applied once
+            first: dict[str, int] = {}  # a key twice in one group: applied once
+            todo = []
+            for i, key in enumerate(keys):
+                if key not in done and (not key or first.setdefault(key, i) == i):
+                    todo.append(i)
             known: Directories = {}
             touched: Touched = {}
-            for files, key in zip(batches, keys, strict=True):
+            if together:
+                applied = self._commit_together(tx, [batches[i] for i in todo], known, touched)
+            else:
+                applied = [self._commit_batch(tx, batches[i], known, touched) for i in todo]
+            outcome = dict(zip(todo, applied, strict=True))
+            results: list[list[FileInfo] | GrabenError] = []
+            for i, key in enumerate(keys):
                 if key in done:
                     results.append(replayed(done[key], list[FileInfo], key))
-                elif key in fresh:
-                    results.append(fresh[key])
                 else:
-                    results.append(self._commit_batch(tx, files, known, touched, together))
-                    if key and isinstance(results[-1], list):
-                        fresh[key] = results[-1]
+                    results.append(outcome[i] if i in outcome else outcome[first[key]])
             _touch(tx, touched)
+            fresh: list[tuple[str, object]] = [
+                (keys[i], r) for i, r in outcome.items() if keys[i] and isinstance(r, list)
+            ]
             if fresh:
-                record(tx, list(fresh.items()))
+                record(tx, fresh)
             return results
 
         return self.repo.transact(apply)
 
-    def _commit_batch(
+    def _commit_together(
         self,
         tx: Tx,
-        files: tuple[FileCommit, ...],
+        batches: list[tuple[FileCommit, ...]],
         known: Directories,
         touched: Touched,
-        together: bool,
+    ) -> list[list[FileInfo] | GrabenError]:
+        """Every batch's files at once, no savepoint; a failure raises ``_BatchFailed``,
+        undoing the whole group."""
+        try:
+            infos = iter(self._commit_files(tx, [f for b in batches for f in b], known, touched))
+        except GrabenError as exc:
+            raise _BatchFailed from exc  # out of the block: the transaction rolls back
+        return [[next(infos) for _ in batch] for batch in batches]
+
+    def _commit_batch(
+        self, tx: Tx, files: tuple[FileCommit, ...], known: Directories, touched: Touched
     ) -> list[FileInfo] | GrabenError:
-        """One batch of a group: its files, or the error that undid it (``together``: no
-        savepoint; a failure raises ``_BatchFailed``, undoing the whole group)."""
-        if together:
-            try:
-                return [self._commit_one(tx, f, known, touched) for f in files]
-            except GrabenError as exc:
-                raise _BatchFailed from exc  # out of the block: the transaction rolls back
+        """One batch of a group in a savepoint of its own: its files, or the error that
+        undid it."""
         before = dict(touched)
         try:
             with tx.savepoint():
-                return [self._commit_one(tx, f, known, touched) for f in files]
+                return self._commit_files(tx, files, known, touched)
         except GrabenError as exc:
             known.clear()  # directories it made were rolled back with it
             touched.clear()
             touched.update(before)  # and the directories it named files in are as they were
             return exc
 
-    def _commit_one(
-        self, tx: Tx, commit: FileCommit, known: Directories, touched: Touched
-    ) -> FileInfo:
+    def _commit_files(
+        self, tx: Tx, commits: Sequence[FileCommit], known: Directories, touched: Touched
+    ) -> list[FileInfo]:
+        """Commit files of distinct paths with a statement per table for all of them (one
+        round trip each across a network), not per file. A path twice: one at a time, in
+        order, each version replacing the last."""
+        checked = [self._checked(commit) for commit in commits]
+        if len({clean for _, clean, _ in checked}) < len(checked):
+            return [info for c in commits for info in self._commit_files(tx, (c,), known, touched)]
+        tx.add_chunks([s for c in commits for s in c.stored])
+        _check_held(tx, commits, checked)
+        names = []
+        for commit, (parts, _, _) in zip(commits, checked, strict=True):
+            parent = ensure_dirs(tx, parts[:-1], commit.path, known)
+            names.append((parent.id, parts[-1]))
+        olds = tx.locked_entries(names)  # their modes, owners and names carry over
+        now = time.time_ns()
+        made = []
+        for commit, (_, clean, size), name in zip(commits, checked, names, strict=True):
+            old = olds.get(name)
+            if old is not None and commit.mode == "create":
+                raise AlreadyExists("file exists", clean)
+            if old is not None and old.kind == "directory":
+                raise IsADirectory("a directory has this name", clean)
+            if old is None:
+                touched[name[0]] = now  # its times move once, at the end (see ``_touch``)
+            else:
+                tx.unlink(*name)
+            made.append((*name, NewFile(self._attributes(commit, old, size, now), commit.extents)))
+        nodes = tx.create_files(made)
+        for name, node in zip(names, nodes, strict=True):
+            old = olds.get(name)
+            if old is not None:  # after the new one is numbered: SQLite would reuse its number
+                if old.nlink > 1:
+                    tx.relink(old.id, node.id)  # its other names see the new version too
+                tx.delete(old.id)
+        return [info(clean, node) for (_, clean, _), node in zip(checked, nodes, strict=True)]
+
+    def _checked(self, commit: FileCommit) -> tuple[tuple[str, ...], str, int]:
+        """A commit's path (parts, normalised) and size, once it is shown well formed."""
         parts = _paths.split(commit.path)
         clean = _paths.join_parts(parts)
         if not parts:
@@ -192,35 +241,7 @@ class Commits:
         for stored in commit.stored:
             if stored.data is not None:
                 _check_inline(stored, self.inline_max, clean)
-        tx.add_chunks(commit.stored)
-        # What the commit stores itself is known now; only chunks it reuses are asked for.
-        missing = {x.chunk.id for x in commit.extents} - {s.chunk.id for s in commit.stored}
-        if missing:
-            missing -= tx.known(missing)
-        if missing:
-            raise IntegrityError(
-                f"commit names {len(missing)} chunk(s) the store does not hold "
-                f"(collected while the writer was open?): {sorted(missing)[0]}",
-                clean,
-            )
-        parent = ensure_dirs(tx, parts[:-1], commit.path, known)
-        old = tx.locked_entry(parent.id, parts[-1])  # its mode, owner and names carry over
-        if old is not None and commit.mode == "create":
-            raise AlreadyExists("file exists", clean)
-        if old is not None and old.kind == "directory":
-            raise IsADirectory("a directory has this name", clean)
-        now = time.time_ns()
-        new = NewFile(self._attributes(commit, old, size, now), commit.extents)
-        if old is None:
-            touched[parent.id] = now  # its times move once, at the end (see ``_touch``)
-        else:
-            tx.unlink(parent.id, parts[-1])
-        node = tx.create_file(parent.id, parts[-1], new)
-        if old is not None:  # after the new one is numbered: SQLite would reuse its number
-            if old.nlink > 1:
-                tx.relink(old.id, node.id)  # its other names see the new version too
-            tx.delete(old.id)
-        return info(clean, node)
+        return parts, clean, size
 
     def _attributes(self, commit: FileCommit, old: Inode | None, size: int, now: int) -> Inode:
         """The new version's row: what the commit sets, else what ``old`` had."""
@@ -246,6 +267,30 @@ def _touch(tx: Tx, touched: Touched) -> None:
     other services wait for it a moment, not a whole transaction."""
     for directory in sorted(touched):
         tx.touch(directory, touched[directory])
+
+
+def _check_held(
+    tx: Tx, commits: Sequence[FileCommit], checked: Sequence[tuple[tuple[str, ...], str, int]]
+) -> None:
+    """Every chunk the commits name is in the store: what they store is known now; only
+    the chunks they reuse are asked for."""
+    stored = {s.chunk.id for c in commits for s in c.stored}
+    missing = {x.chunk.id for c in commits for x in c.extents} - stored
+    if missing:
+        missing -= tx.known(missing)
+    if not missing:
+        return
+    gone = min(missing)
+    clean = next(
+        clean
+        for c, (_, clean, _) in zip(commits, checked, strict=True)
+        if any(x.chunk.id == gone for x in c.extents)
+    )
+    raise IntegrityError(
+        f"commit names {len(missing)} chunk(s) the store does not hold "
+        f"(collected while the writer was open?): {gone}",
+        clean,
+    )
 
 
 class _BatchFailed(Exception):

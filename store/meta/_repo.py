@@ -21,7 +21,7 @@ got there first (see docs/architecture.md, "Writes side by side").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
@@ -147,6 +147,11 @@ class Tx(Protocol):
         read again, so writers of one name take turns instead of all running again. Lock an
         inode so before changing its names: one order for every writer, so none deadlock."""
 
+    def locked_entries(self, names: Sequence[tuple[int, str]]) -> dict[tuple[int, str], Inode]:
+        """``locked_entry`` for many ``(parent, name)`` at once: those that name an inode,
+        each locked and still so named (one round trip or two where the engine is across
+        a network, not two per name)."""
+
     def lock_tree(self) -> None:
         """Hold the store's one directory-move lock until this transaction ends: directories
         move one at a time, so no two moves together make a cycle (Linux's rename lock)."""
@@ -167,6 +172,10 @@ class Tx(Protocol):
         """A new file inode with its extents (a reference taken on each chunk), linked
         at ``name`` in ``parent`` (the name must be free): ``create``, ``set_extents``
         and ``link`` at once (one round trip where the engine is across a network)."""
+
+    def create_files(self, files: Sequence[tuple[int, str, NewFile]]) -> list[Inode]:
+        """``create_file`` for each ``(parent, name, file)``, in order (each name free):
+        a statement per table for all of them where the engine is across a network."""
 
     def update(self, node: Inode) -> None:
         """Set an inode's mode, times and owner to ``node``'s (``Conflict`` if it is gone)."""
@@ -311,6 +320,10 @@ class Repository(Protocol):
     def transact(self, work: Callable[[Tx], R]) -> R:
         """``work`` in a write transaction that commits durably when it returns; run
         again from the start (a new transaction) while a concurrent writer conflicts."""
+
+    @property
+    def writers(self) -> int:
+        """Write transactions worth running side by side (1: the engine has one writer)."""
 
     @property
     def location(self) -> str:

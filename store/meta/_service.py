@@ -163,7 +163,7 @@ class MetaService:
         checker = ThreadPoolExecutor(2, thread_name_prefix="graben-repair")
         self._secret = secret
         self._group: Batcher[Commit, list[FileInfo]] = Batcher(
-            self._commit_group, size=lambda c: len(c.files)
+            self._commit_group, size=lambda c: len(c.files), concurrency=repo.writers
         )
         self.chunks = RemoteChunks(
             self._list_nodes,

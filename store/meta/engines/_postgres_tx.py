@@ -20,9 +20,10 @@ from psycopg.pq import TransactionStatus
 
 from ..._errors import IntegrityError
 from ..._types import ChunkProblem, Extent, StoredChunk
-from .._repo import NEW_INODE_COLUMNS, Inode, Lease, NewFile, new_values
+from .._repo import NEW_INODE_COLUMNS, Conflict, Inode, Lease, NewFile, new_values
 from ._postgres_schema import Connection, inconsistencies
-from ._sql_tx import SqlTx
+from ._rows import checked_inode
+from ._sql_tx import JOINED_INODE, LOCK_TRIES, SqlTx
 
 TREE_LOCK = 0x67726162656F
 """The advisory lock a directory's move holds (``lock_tree``)."""
@@ -37,6 +38,11 @@ _ADD_EXTENTS = (
 """A file's extents added, and a reference taken on each of their chunks (the last parts
 of a ``WITH``; ``{inode}``: the file's number, or a query for it; parameters:
 ``_extent_arrays``). ``SELECT COUNT(*) FROM counted``: the chunk rows counted."""
+_ADD_MANY_EXTENTS = _ADD_EXTENTS.replace(
+    "SELECT {inode}, * FROM unnest(", "SELECT * FROM unnest(%s::bigint[], "
+)
+"""``_ADD_EXTENTS`` for the extents of many files: each extent's inode is in an array
+before ``_extent_arrays``'s."""
 
 
 def _extent_arrays(extents: Sequence[Extent]) -> tuple[list[Any], ...]:
@@ -85,6 +91,68 @@ class PostgresTx(SqlTx):
         self._check_counted(row[1], len({x.chunk.id for x in file.extents}))
         return file.inode(row[0])
 
+    def create_files(self, files: Sequence[tuple[int, str, NewFile]]) -> list[Inode]:
+        # Two round trips for any number: their numbers, then one statement for every table.
+        if len(files) < 2:
+            return super().create_files(files)
+        numbers = self._new_ids(len(files))
+        rows = [(n, *new_values(f.attributes)) for n, (_, _, f) in zip(numbers, files, strict=True)]
+        extents = [x for _, _, f in files for x in f.extents]
+        owners = [n for n, (_, _, f) in zip(numbers, files, strict=True) for _ in f.extents]
+        row = self._one(
+            "WITH node AS (INSERT INTO inodes (id, " + NEW_INODE_COLUMNS + ") SELECT * FROM "
+            "unnest(%s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::bigint[], "
+            "%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], "
+            "%s::bigint[], %s::bigint[], %s::bigint[])), "
+            "named AS (INSERT INTO entries (parent, name, inode) "
+            "SELECT * FROM unnest(%s::bigint[], %s::text[], %s::bigint[])), "
+            + _ADD_MANY_EXTENTS
+            + "SELECT COUNT(*) FROM counted",
+            (
+                *(list(column) for column in zip(*rows, strict=True)),
+                [parent for parent, _, _ in files],
+                [name for _, name, _ in files],
+                numbers,
+                owners,
+                *_extent_arrays(extents),
+            ),
+        )
+        assert row is not None
+        self._check_counted(row[0], len({x.chunk.id for x in extents}))
+        return [f.inode(n) for n, (_, _, f) in zip(numbers, files, strict=True)]
+
+    def _new_ids(self, count: int) -> list[int]:
+        rows = self._rows(
+            "SELECT nextval(pg_get_serial_sequence('inodes', 'id')) FROM generate_series(1, %s)",
+            (count,),
+        )
+        return [number for (number,) in rows]
+
+    def locked_entries(self, names: Sequence[tuple[int, str]]) -> dict[tuple[int, str], Inode]:
+        # Two round trips for any number of names: lock the inodes they name, then read the
+        # names again (one may have moved, or gone and been replaced, meanwhile).
+        if len(names) < 2:
+            return super().locked_entries(names)
+        wanted = ([parent for parent, _ in names], [name for _, name in names])
+        for _ in range(LOCK_TRIES):
+            rows = self._rows(
+                f"SELECT w.parent, w.name, {JOINED_INODE} FROM "
+                "unnest(%s::bigint[], %s::text[]) AS w (parent, name) "
+                "JOIN entries e ON e.parent = w.parent AND e.name = w.name "
+                "JOIN inodes i ON i.id = e.inode FOR UPDATE OF i",
+                wanted,
+            )
+            named = self._rows(
+                "SELECT w.parent, w.name, e.inode FROM "
+                "unnest(%s::bigint[], %s::text[]) AS w (parent, name) "
+                "JOIN entries e ON e.parent = w.parent AND e.name = w.name",
+                wanted,
+            )
+            locked = {(row[0], row[1]): checked_inode(row[2:]) for row in rows}
+            if {(p, n): i for p, n, i in named} == {k: v.id for k, v in locked.items()}:
+                return locked
+        raise Conflict("the names a commit replaces kept changing")
+
     def delete(self, inode: int) -> None:
         # One round trip: the extents go, their chunks lose a reference each, the inode goes.
         self._execute(
@@ -116,7 +184,7 @@ class PostgresTx(SqlTx):
             "unnest(%s::text[], %s::bigint[], %s::bigint[]) AS n (id, length, crc) "
             "ON CONFLICT DO NOTHING), "
             "kept AS (INSERT INTO chunk_bytes (id, data) "
-            "SELECT * FROM unnest(%s::text[], %s::bytea[]) ON CONFLICT DO NOTHING) "
+            "SELECT * FROM unnest(%s::text[], %b::bytea[]) ON CONFLICT DO NOTHING) "
             "INSERT INTO replicas (chunk, node) SELECT * FROM unnest(%s::text[], %s::text[]) "
             "ON CONFLICT DO NOTHING",
             (
@@ -135,7 +203,7 @@ class PostgresTx(SqlTx):
         pairs = list(outcomes)
         self._execute(
             "INSERT INTO outcomes (key, made_ns, reply) "
-            "SELECT key, %s, reply FROM unnest(%s::text[], %s::bytea[]) AS n (key, reply)",
+            "SELECT key, %s, reply FROM unnest(%s::text[], %b::bytea[]) AS n (key, reply)",
             (made_ns, [key for key, _ in pairs], [reply for _, reply in pairs]),
         )
 

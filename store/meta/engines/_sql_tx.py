@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -113,6 +113,14 @@ class SqlTx(SqlRecords, CheckedRows):
                 return node
         raise Conflict(f"the entry {name!r} of directory {parent} kept changing")
 
+    def locked_entries(self, names: Sequence[tuple[int, str]]) -> dict[tuple[int, str], Inode]:
+        found = {}
+        for parent, name in names:
+            node = self.locked_entry(parent, name)
+            if node is not None:
+                found[parent, name] = node
+        return found
+
     def lock_tree(self) -> None:
         pass  # an engine with one writer at a time holds it already
 
@@ -149,6 +157,33 @@ class SqlTx(SqlRecords, CheckedRows):
         self.set_extents(node.id, file.extents)
         self.link(parent, name, node.id)
         return node
+
+    def create_files(self, files: Sequence[tuple[int, str, NewFile]]) -> list[Inode]:
+        if len(files) < 2:
+            return [self.create_file(parent, name, file) for parent, name, file in files]
+        numbered = list(zip(self._new_ids(len(files)), files, strict=True))
+        self._many(
+            f"INSERT INTO inodes (id, {NEW_INODE_COLUMNS}) VALUES ({', '.join(['%s'] * 13)})",
+            [(number, *new_values(file.attributes)) for number, (_, _, file) in numbered],
+        )
+        self._many(
+            "INSERT INTO entries (parent, name, inode) VALUES (%s, %s, %s)",
+            [(parent, name, number) for number, (parent, name, _) in numbered],
+        )
+        extents = [(n, x) for n, (_, _, file) in numbered for x in file.extents]
+        self._many(
+            'INSERT INTO extents (inode, "offset", length, chunk, chunk_offset) '
+            "VALUES (%s, %s, %s, %s, %s)",
+            [(n, x.offset, x.length, x.chunk.id, x.chunk_offset) for n, x in extents],
+        )
+        self._take_references(Counter(x.chunk.id for _, x in extents))
+        return [file.inode(number) for number, (_, _, file) in numbered]
+
+    def _new_ids(self, count: int) -> list[int]:
+        """Numbers for ``count`` new inodes (SQLite's next rowids: it has one writer)."""
+        row = self._one("SELECT MAX(id) FROM inodes")
+        first = (row[0] if row and row[0] is not None else 0) + 1
+        return list(range(first, first + count))
 
     def update(self, node: Inode) -> None:
         n = node
@@ -221,7 +256,10 @@ class SqlTx(SqlRecords, CheckedRows):
             "VALUES (%s, %s, %s, %s, %s)",
             [(inode, x.offset, x.length, x.chunk.id, x.chunk_offset) for x in extents],
         )
-        uses = Counter(x.chunk.id for x in extents)
+        self._take_references(Counter(x.chunk.id for x in extents))
+
+    def _take_references(self, uses: Counter[str]) -> None:
+        """A reference on each chunk for each use; every chunk row still there."""
         counted = self._many(
             "UPDATE chunks SET refs = refs + %s WHERE id = %s",
             [(n, chunk) for chunk, n in uses.items()],

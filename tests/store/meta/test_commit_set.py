@@ -1,0 +1,73 @@
+"""A commit group's files go a statement per table, not per file, on both engines; and
+what the group does is what committing its batches one by one would have done."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from pg_kit import (  # noqa: F401  (fixtures)
+    Engine,
+    chunk,
+    engine_fixture,
+    file,
+    pg_database_fixture,
+    pg_server_fixture,
+    pg_url_fixture,
+)
+
+from graben.store import AlreadyExists
+from graben.store.meta._namespace import Namespace
+from graben.store.meta.engines._sql_tx import SqlTx
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """How many statements (or statement batches) the engines are sent."""
+    sent: Counter[str] = Counter()
+    for name in ("_execute", "_many"):
+        for cls in SqlTx.__subclasses__():
+            real = getattr(cls, name)
+
+            def counted(self: SqlTx, *args: object, _real: object = real, _n: str = name) -> object:
+                sent[_n] += 1
+                return _real(self, *args)  # type: ignore[operator]
+
+            monkeypatch.setattr(cls, name, counted)
+    return sent
+
+
+@pytest.mark.parametrize("count", [64, 256])
+def test_a_group_of_new_files_costs_the_same_few_statements_whatever_its_size(
+    engine: Engine, statements: Counter[str], count: int
+) -> None:
+    ns = Namespace(engine.open())
+    ns.mkdir("/run")
+    statements.clear()
+    batches = [(file(f"/run/{i}", [chunk(i)]),) for i in range(count)]
+    outcome = ns.commit_group(batches, [f"key-{i}" for i in range(count)])
+    assert all(isinstance(o, list) for o in outcome)
+    assert sum(statements.values()) <= 16, statements
+    assert len(ns.listdir("/run").entries) == count
+
+
+def test_a_group_replaces_files_keeps_their_links_and_refuses_one_alone(engine: Engine) -> None:
+    ns = Namespace(engine.open())
+    ns.commit((file("/d/a", [chunk(1)]), file("/d/b", [chunk(2)])))
+    ns.link("/d/a", "/d/a-link")
+    before = ns.stat("/d/a")
+    outcome = ns.commit_group(
+        [
+            (file("/d/a", [chunk(3)]),),  # replaces, and its other name sees it too
+            (file("/d/b", [chunk(4)], mode="create"),),  # refused: the rest goes on
+            (file("/d/c", [chunk(5)]), file("/d/a", [chunk(6)])),  # a path twice: the last wins
+        ]
+    )
+    assert isinstance(outcome[1], AlreadyExists)
+    assert ns.layout("/d/a").extents[0].chunk == chunk(6)
+    assert ns.layout("/d/a-link").extents[0].chunk == chunk(6)
+    assert ns.stat("/d/a").generation == before.generation + 2
+    assert ns.layout("/d/b").extents[0].chunk == chunk(2)
+    assert ns.layout("/d/c").extents[0].chunk == chunk(5)
+    assert ns.check_metadata() == []
+    assert engine.sql("SELECT refs FROM chunks WHERE id = %s", chunk(1).id) == [(0,)]
