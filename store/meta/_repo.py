@@ -322,10 +322,6 @@ class Repository(Protocol):
         again from the start (a new transaction) while a concurrent writer conflicts."""
 
     @property
-    def writers(self) -> int:
-        """Write transactions worth running side by side (1: the engine has one writer)."""
-
-    @property
     def location(self) -> str:
         """The engine as an operator names it, without secrets: ``sqlite:///path`` or
         ``postgresql://user@host:port/db``."""

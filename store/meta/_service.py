@@ -162,8 +162,10 @@ class MetaService:
         self.idle_timeout = idle_timeout
         checker = ThreadPoolExecutor(2, thread_name_prefix="graben-repair")
         self._secret = secret
+        # One group at a time: two side by side on PostgreSQL measured slower on 2 cores
+        # (docs/benchmarks.md, "Small files").
         self._group: Batcher[Commit, list[FileInfo]] = Batcher(
-            self._commit_group, size=lambda c: len(c.files), concurrency=repo.writers
+            self._commit_group, size=lambda c: len(c.files)
         )
         self.chunks = RemoteChunks(
             self._list_nodes,

@@ -70,10 +70,6 @@ from ._postgres_tx import PostgresTx, alive
 from ._postgres_url import SCHEMES, display_url
 
 log = logging.getLogger("graben.postgres")
-WRITERS = 2
-"""Commit groups one service runs side by side: while one waits on the server (its
-statements, its commit's fsync), the next gathers and goes (measured: see
-docs/benchmarks.md, "Group commit on PostgreSQL")."""
 POOL_SIZE = 16
 """Connections one repository keeps at most (a metadata service runs 8 engine threads)."""
 WAIT_S = 30.0
@@ -112,7 +108,6 @@ class PostgresRepository:
         self.where = display_url(url)
         """The URL without its password: what messages name."""
         self.location = self.where
-        self.writers = WRITERS
         """The engine as an operator names it (``graben status`` shows it)."""
         self._wait_s = wait_s
         self.conflicts = 0

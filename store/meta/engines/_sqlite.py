@@ -66,7 +66,6 @@ class SQLiteRepository:
         """
         self.path = str(path)
         self.location = f"sqlite://{Path(path).absolute()}"
-        self.writers = 1  # one writer at a time: a second group would only wait
         """The engine as an operator names it (``graben status`` shows it)."""
         self._local = threading.local()
         self._all: list[tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = []
