@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -57,6 +58,9 @@ class Outcome:
     """Established client connections each server held after the save (by address)."""
     seed: int
     """What the published checkpoint's tensors were made from (``shard(rank, seed)``)."""
+    cpu_s: float = 0.0
+    """CPU time (user + system) the timed save cost every process of this machine's tree
+    under the bench: ranks, coordinator, metadata services, data nodes."""
 
 
 def shard(rank: int, seed: int) -> torch.Tensor:
@@ -241,7 +245,9 @@ def save_and_load(
         if warm_up:
             _save(workers, storage.at("-warmup"), client, seed=2 * seed + 1)
         saved = 2 * seed + 2
+        cpu = tree_cpu()
         publish = _save(workers, storage, client, seed=saved)
+        cpu = tree_cpu() - cpu
         connections = {} if client is None else _connections(storage.store, client)
         started = time.perf_counter()
         wrong = workers.tell("load", storage, saved)
@@ -252,7 +258,32 @@ def save_and_load(
         workers.close()
         if client is not None:
             client.close()
-    return Outcome(ranks, len(workers.procs), publish, load, connections, saved)
+    return Outcome(ranks, len(workers.procs), publish, load, connections, saved, cpu)
+
+
+def tree_cpu(root: int | None = None) -> float:
+    """CPU seconds (user + system, all threads) used so far by ``root`` (this process)
+    and every process below it that is still running (``/proc``)."""
+    root = os.getpid() if root is None else root
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        parents[int(entry)] = int(fields[1])
+        used[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += used.get(pid, 0.0)
+        todo.extend(child for child, parent in parents.items() if parent == pid)
+    return total
 
 
 def _save(workers: _Workers, storage: Storage, client: Client | None, seed: int) -> float:

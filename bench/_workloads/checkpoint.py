@@ -402,6 +402,10 @@ def ckpt_ranks(ctx: Context) -> list[Result]:
         for system, outcome in outcomes.items():
             row = f"{system}: {world} ranks, {what}"
             results.append(Result(name, row, getattr(outcome, value), UNIT, base))
+    base = f"{stock}: CPU per published rank, every process"
+    for system, outcome in outcomes.items():
+        row = f"{system}: CPU per published rank, every process"
+        results.append(Result(name, row, 1000 * outcome.cpu_s / world, "ms", base))
     held = outcomes[GRABEN_RANKS].connections
     metas, nodes = list(held.values())[:1], list(held.values())[1:]
     for row, count in (
