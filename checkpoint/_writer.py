@@ -210,8 +210,8 @@ class GrabenWriter(OnStore, StorageWriter):
         }
 
         async def publish(aio: AsyncClient) -> None:
-            await aio.commit_uploads(await _staged(aio, files, copies))
-            await aio.rename(staging, self.path, replace=self.overwrite, replace_tree=True)
+            last = await _staged(aio, files, copies)
+            await aio.publish(last, staging, self.path, replace=self.overwrite, replace_tree=True)
 
         self.client.submit(publish).result()
 

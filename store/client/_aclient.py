@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Literal
 
+import msgspec
+
 from .. import _paths
 from .._buffers import BufferPool
 from .._config import Options, cluster_url, resolve
@@ -44,13 +46,9 @@ from ..wire import auth, tls
 from . import _pages
 from ._afiles import AsyncFileOpener
 from ._fsck import Fsck
-from ._parts import stage_parts
+from ._parts import finished, stage_parts
 from ._reader import Reader, Report
 from ._upload import Upload
-
-COMMIT_INLINE_MAX = 8 << 20
-"""Bytes for the engine to keep that one commit of several files carries at most (the rest
-go to the nodes): a commit stays one modest frame and one modest transaction."""
 
 Progress = Callable[[int], None]
 
@@ -177,6 +175,21 @@ class AsyncClient:
         return await self.meta.request(
             Rename(_paths.normalize(src), _paths.normalize(dst), replace, replace_tree)
         )
+
+    async def publish(
+        self,
+        uploads: Sequence[Upload],
+        src: str,
+        dst: str,
+        *,
+        replace: bool = True,
+        replace_tree: bool = False,
+    ) -> FileInfo:
+        """Commit ``uploads`` and ``rename(src, dst)`` in one transaction: readers see
+        neither or both (how a checkpoint's last files and its name arrive at once)."""
+        files = await finished(uploads)
+        move = Rename(_paths.normalize(src), _paths.normalize(dst), replace, replace_tree)
+        return await self.meta.request(msgspec.structs.replace(move, files=tuple(files)))
 
     async def _report_bad(self, chunk: str, node: str, reason: str) -> None:
         await self.meta.request(ReportBad(chunk, node, reason))
@@ -427,17 +440,7 @@ class AsyncClient:
         Each upload's chunks are waited for first; if any fails, nothing is
         committed and the error is raised.
         """
-        budget = COMMIT_INLINE_MAX
-        for upload in uploads:  # the rest of the small files go to the nodes
-            budget -= upload.inline_bytes
-            if budget < 0:
-                await upload.spill()
-        finished = await asyncio.gather(*(u.finish() for u in uploads), return_exceptions=True)
-        commits = []
-        for outcome in finished:
-            if isinstance(outcome, BaseException):
-                raise outcome
-            commits.append(outcome)
+        commits = await finished(uploads)
         if not commits:
             return []
         return await self.meta.request(Commit(tuple(commits)))

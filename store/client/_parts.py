@@ -1,23 +1,28 @@
-"""Many parts of one file: large ones sent from the caller's memory, small ones packed.
+"""Many parts of one file, and many files of one commit.
 
 ``stage_parts`` feeds an ``Upload`` the parts of ``AsyncClient.put_parts``
 and its kin: a part of ``DIRECT_PART`` bytes or more becomes chunks of its
 own, uncopied (so an unchanged tensor in the next checkpoint dedups); smaller
 parts are packed together into pooled chunk buffers. Each part's crc32c
 comes back with it, a large part's combined from its chunks' own.
+``finished`` gathers several finished uploads into one commit's files.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from .._buffers import BufferPool
 from .._hashing import crc32c, crc32c_combine
-from .._types import Buffer, Extent
+from .._types import Buffer, Extent, FileCommit
 from ._upload import Release, Staging, Upload
 
 DIRECT_PART = 64 * 1024
 """``put_parts`` uploads parts this large from the caller's memory; smaller ones are packed."""
+COMMIT_INLINE_MAX = 8 << 20
+"""Bytes for the engine to keep that one commit of several files carries at most (the rest
+go to the nodes): a commit stays one modest frame and one modest transaction."""
 
 
 async def stage_parts(
@@ -59,6 +64,24 @@ async def stage_parts(
         raise
     extents = (await upload.finish()).extents  # what commit sends: kept, not made twice
     return [_part_crc(span, extents) for span in spans]
+
+
+async def finished(uploads: Sequence[Upload]) -> list[FileCommit]:
+    """What one commit of ``uploads`` sends, each waited for; the first failure raised.
+    Past ``COMMIT_INLINE_MAX`` bytes kept inline, the rest of the small files go to the
+    nodes."""
+    budget = COMMIT_INLINE_MAX
+    for upload in uploads:
+        budget -= upload.inline_bytes
+        if budget < 0:
+            await upload.spill()
+    done = await asyncio.gather(*(u.finish() for u in uploads), return_exceptions=True)
+    commits = []
+    for outcome in done:
+        if isinstance(outcome, BaseException):
+            raise outcome
+        commits.append(outcome)
+    return commits
 
 
 def _part_crc(span: tuple[int, int] | int, extents: Sequence[Extent]) -> int:

@@ -96,14 +96,16 @@ class Commits:
     def commit(self, files: tuple[FileCommit, ...], *, key: str = "") -> list[FileInfo]:
         """Make each file visible; all of the batch or none of it."""
 
-        def apply(tx: Tx) -> list[FileInfo]:
-            known: Directories = {}  # made afresh each run: a run again forgets the last
-            touched: Touched = {}
-            done = self._commit_files(tx, files, known, touched)
-            _touch(tx, touched)
-            return done
+        return write_once(self.repo, key, list[FileInfo], lambda tx: self.commit_in(tx, files))
 
-        return write_once(self.repo, key, list[FileInfo], apply)
+    def commit_in(self, tx: Tx, files: Sequence[FileCommit]) -> list[FileInfo]:
+        """``commit``'s work inside a transaction of the caller's (a write that commits
+        files and does more at once)."""
+        known: Directories = {}  # made afresh each run: a run again forgets the last
+        touched: Touched = {}
+        done = self._commit_files(tx, files, known, touched)
+        _touch(tx, touched)
+        return done
 
     def commit_group(
         self, batches: Sequence[tuple[FileCommit, ...]], keys: Sequence[str] = ()

@@ -37,6 +37,7 @@ from .._types import (
     MAX_PAGE,
     Change,
     ChunkRef,
+    FileCommit,
     FileInfo,
     FileLayout,
     Listing,
@@ -124,7 +125,9 @@ class Namespace(Commits, Bookkeeping):
             ),
             Link: lambda r: self.link(r.src, r.dst, key=r.key),
             Remove: lambda r: self.remove(r.path, r.recursive, key=r.key),
-            Rename: lambda r: self.rename(r.src, r.dst, r.replace, r.replace_tree, key=r.key),
+            Rename: lambda r: self.rename(
+                r.src, r.dst, r.replace, r.replace_tree, key=r.key, files=r.files
+            ),
             SetAttributes: lambda r: self.set_attributes(r.path, r.change, key=r.key),
             GetLayout: lambda r: self.layout(r.path, r.start, r.limit, r.inode),
             Prepare: lambda r: self.prepare(r.chunks, r.replication, r.avoid, r.min_replicas),
@@ -338,11 +341,13 @@ class Namespace(Commits, Bookkeeping):
         replace_tree: bool = False,
         *,
         key: str = "",
+        files: tuple[FileCommit, ...] = (),
     ) -> FileInfo:
         """Move ``src`` to ``dst`` in one transaction (``os.replace`` semantics).
 
         With ``replace_tree`` a non-empty destination directory is replaced too:
-        readers see the old tree or the new one, never neither.
+        readers see the old tree or the new one, never neither. ``files`` are
+        committed first in the same transaction (all of it or none).
         """
         sparts, dparts = _paths.split(src), _paths.split(dst)
         if not sparts or not dparts:
@@ -350,6 +355,8 @@ class Namespace(Commits, Bookkeeping):
             raise InvalidPath("cannot rename the root", clean_src if not sparts else clean_dst)
 
         def move(tx: Tx) -> FileInfo:
+            if files:
+                self.commit_in(tx, files)
             how = ((sparts, src), (dparts, dst), replace, replace_tree)
             try:
                 return self._move(tx, *how, locked=False)

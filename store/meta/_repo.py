@@ -134,6 +134,11 @@ class Tx(Protocol):
     def lookup(self, parent: int, name: str) -> Inode | None:
         """The inode named ``name`` in directory ``parent``."""
 
+    def walk(self, parts: Sequence[str]) -> list[Inode]:
+        """The inodes ``parts`` names from the root down, one per part, as far as they
+        exist: ``parts[0]`` in the root, ``parts[1]`` in that, and so on (ends at the
+        first name missing, or past a file)."""
+
     def get(self, inode: int) -> Inode | None:
         """The inode with this number."""
 

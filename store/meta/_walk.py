@@ -33,16 +33,14 @@ def resolve(tx: Tx, parts: tuple[str, ...], path: str) -> Inode:
     """The inode ``parts`` names (``NotFound``, ``NotADirectory`` on the way)."""
     if not parts:
         return tx.get(ROOT_INODE) or ROOT
-    node = ROOT
-    for depth, name in enumerate(parts):
-        if node.kind != "directory":
+    found = tx.walk(parts)  # one query where the engine is across a network
+    for depth, node in enumerate(found, start=1):
+        if depth < len(parts) and node.kind != "directory":
             where = _paths.join_parts(parts[:depth])
             raise NotADirectory(f"{where} is a file, not a directory", path)
-        found = tx.lookup(node.id, name)
-        if found is None:
-            raise NotFound("no such file or directory", path)
-        node = found
-    return node
+    if len(found) < len(parts):
+        raise NotFound("no such file or directory", path)
+    return found[-1]
 
 
 def resolve_dir(tx: Tx, parts: tuple[str, ...], path: str) -> Inode:

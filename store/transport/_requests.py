@@ -120,6 +120,9 @@ class Rename(Request[FileInfo], frozen=True):
     """Replace a non-empty directory too, deleting its tree in the same transaction."""
     key: str = ""
     """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
+    files: tuple[FileCommit, ...] = ()
+    """Files committed first, in the same transaction (a checkpoint's last files and its
+    publishing move at once)."""
 
 
 class SetAttributes(Request[FileInfo], frozen=True):

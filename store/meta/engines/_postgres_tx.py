@@ -20,7 +20,7 @@ from psycopg.pq import TransactionStatus
 
 from ..._errors import IntegrityError
 from ..._types import ChunkProblem, Extent, StoredChunk
-from .._repo import NEW_INODE_COLUMNS, Conflict, Inode, Lease, NewFile, new_values
+from .._repo import NEW_INODE_COLUMNS, ROOT_INODE, Conflict, Inode, Lease, NewFile, new_values
 from ._postgres_schema import Connection, inconsistencies
 from ._rows import checked_inode
 from ._sql_tx import JOINED_INODE, LOCK_TRIES, SqlTx
@@ -120,6 +120,23 @@ class PostgresTx(SqlTx):
         assert row is not None
         self._check_counted(row[0], len({x.chunk.id for x in extents}))
         return [f.inode(n) for n, (_, _, f) in zip(numbers, files, strict=True)]
+
+    def walk(self, parts: Sequence[str]) -> list[Inode]:
+        # One round trip for the whole path, not one per name.
+        if len(parts) < 2:
+            return super().walk(parts)
+        rows = self._rows(
+            "WITH RECURSIVE down (depth, id, kind) AS ("
+            f"SELECT 0, {ROOT_INODE}::bigint, 'directory'::text UNION ALL "
+            "SELECT d.depth + 1, e.inode, i.kind FROM down d "
+            "JOIN entries e ON e.parent = d.id AND e.name = (%(parts)s::text[])[d.depth + 1] "
+            "JOIN inodes i ON i.id = e.inode "
+            "WHERE d.kind = 'directory' AND d.depth < %(depth)s) "
+            f"SELECT {JOINED_INODE} FROM down d JOIN inodes i ON i.id = d.id "
+            "WHERE d.depth > 0 ORDER BY d.depth",
+            {"parts": list(parts), "depth": len(parts)},
+        )
+        return [checked_inode(row) for row in rows]
 
     def _new_ids(self, count: int) -> list[int]:
         rows = self._rows(

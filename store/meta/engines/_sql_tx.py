@@ -88,6 +88,19 @@ class SqlTx(SqlRecords, CheckedRows):
             )
         )
 
+    def walk(self, parts: Sequence[str]) -> list[Inode]:
+        found: list[Inode] = []
+        parent = ROOT_INODE
+        for name in parts:
+            node = self.lookup(parent, name)
+            if node is None:
+                break
+            found.append(node)
+            if node.kind != "directory":
+                break
+            parent = node.id
+        return found
+
     def get(self, inode: int) -> Inode | None:
         return inode_of(self._one(f"SELECT {INODE_COLUMNS} FROM inodes WHERE id = %s", (inode,)))
 

@@ -11,7 +11,7 @@ import pytest
 
 from graben.store import Client, IntegrityError, connect
 from graben.store._types import FileLayout
-from graben.store.client import _aclient, _loop
+from graben.store.client import _loop, _parts
 from graben.store.transport import GetLayout
 
 
@@ -74,7 +74,7 @@ def test_a_client_may_keep_its_small_files_on_the_nodes(client: Client) -> None:
 def test_a_transaction_of_many_small_files_carries_a_bounded_share_inline(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_aclient, "COMMIT_INLINE_MAX", 3000)
+    monkeypatch.setattr(_parts, "COMMIT_INLINE_MAX", 3000)
     aio = client.aio
 
     async def write() -> None:

@@ -16,7 +16,7 @@ from pg_kit import (  # noqa: F401  (fixtures)
     pg_url_fixture,
 )
 
-from graben.store import AlreadyExists
+from graben.store import AlreadyExists, DirectoryNotEmpty, NotADirectory, NotFound
 from graben.store.meta._namespace import Namespace
 from graben.store.meta.engines._sql_tx import SqlTx
 
@@ -71,3 +71,29 @@ def test_a_group_replaces_files_keeps_their_links_and_refuses_one_alone(engine: 
     assert ns.layout("/d/c").extents[0].chunk == chunk(5)
     assert ns.check_metadata() == []
     assert engine.sql("SELECT refs FROM chunks WHERE id = %s", chunk(1).id) == [(0,)]
+
+
+def test_files_and_a_move_commit_together_or_not_at_all(engine: Engine) -> None:
+    """How a checkpoint is published: its last files and its name in one transaction."""
+    ns = Namespace(engine.open())
+    ns.commit((file("/.step.saving/rank0", [chunk(1)]), file("/step/old", [chunk(9)])))
+    last = (file("/.step.saving/.metadata", [chunk(2)]),)
+    with pytest.raises(DirectoryNotEmpty):  # the old checkpoint is there, not to be replaced
+        ns.rename("/.step.saving", "/step", files=last)
+    assert [e.name for e in ns.listdir("/.step.saving").entries] == ["rank0"]  # undone too
+    ns.rename("/.step.saving", "/step", replace_tree=True, files=last)
+    assert [e.name for e in ns.listdir("/step").entries] == [".metadata", "rank0"]
+    assert ns.check_metadata() == []
+
+
+def test_a_deep_path_is_found_in_one_statement(engine: Engine, statements: Counter[str]) -> None:
+    ns = Namespace(engine.open())
+    ns.commit((file("/a/b/c/d/e/f/g/h", [chunk(1)]),))
+    statements.clear()
+    assert ns.stat("/a/b/c/d/e/f/g/h").size == chunk(1).length
+    if engine.name == "postgresql":  # across a network: one round trip, not eight
+        assert sum(statements.values()) == 1, statements
+    with pytest.raises(NotADirectory):
+        ns.stat("/a/b/c/d/e/f/g/h/i")
+    with pytest.raises(NotFound):
+        ns.stat("/a/b/c/x/e")
