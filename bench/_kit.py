@@ -1,6 +1,6 @@
 """Tools workloads share: test data, page-cache control, space checks, rates.
 
-Rules every workload follows (DESIGN.md "Wire"): move data through buffers
+Rules every workload follows (docs/architecture.md, "Wire"): move data through buffers
 that are allocated and touched once, page-aligned (``mmap``), and never time
 the making of the data.
 """
@@ -46,7 +46,7 @@ def environ(values: dict[str, str]) -> Iterator[None]:
 
 
 def gbps(nbytes: int, seconds: float) -> float:
-    """Decimal gigabytes per second (the unit of DESIGN.md's tables)."""
+    """Decimal gigabytes per second (the unit of docs/architecture.md's tables)."""
     return nbytes / seconds / 1e9 if seconds > 0 else 0.0
 
 

@@ -48,6 +48,21 @@ RESERVE = 64 << 20
 """Bytes a node keeps free beyond the chunk, so a disk stops taking chunks before it fills."""
 
 
+ENV_SECRET = "GRABEN_SECRET"
+"""The cluster secret itself, as text."""
+ENV_SECRET_FILE = "GRABEN_SECRET_FILE"
+"""A file holding the cluster secret."""
+ENV_TOKEN = "GRABEN_TOKEN"
+"""A cluster client's token."""
+
+
+def env(name: str) -> str | None:
+    """A variable of the environment, ``None`` if unset or empty: every module asks here,
+    so what graben reads from the environment is in this one module (see its docstring
+    for each variable's precedence)."""
+    return os.environ.get(name) or None
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     if value is None:
@@ -211,7 +226,8 @@ class Target:
 
 
 def resolve(url: str | os.PathLike[str] | None) -> Target:
-    """Turn a ``connect`` argument into a target (see DESIGN.md "Public interface")."""
+    """Turn a ``connect`` argument into a target: a ``graben://HOST:PORT`` URL, a
+    directory; ``None`` (or ``graben:///``) for ``$GRABEN_URL``, else the default home."""
     if url is None:
         return _default_target()
     text = os.fspath(url)

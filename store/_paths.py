@@ -51,14 +51,6 @@ def join_parts(parts: tuple[str, ...] | list[str]) -> str:
     return "/" + "/".join(parts)
 
 
-def parent_and_name(path: str) -> tuple[str, str]:
-    """Split a normalised path into its parent and its last name."""
-    if path == ROOT:
-        raise InvalidPath("the root has no parent", path)
-    head, _, name = path.rpartition("/")
-    return head or ROOT, name
-
-
 def is_within(path: str, ancestor: str) -> bool:
     """Whether normalised ``path`` is ``ancestor`` or lies below it."""
     return ancestor in (ROOT, path) or path.startswith(ancestor + "/")

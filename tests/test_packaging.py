@@ -1,10 +1,11 @@
-"""The package layout, the public names and the dependency rules of DESIGN.md."""
+"""The package layout, the public names and the dependency rules of docs/architecture.md."""
 
 from __future__ import annotations
 
 import ast
 import importlib
 import pickle
+import re
 import subprocess
 import sys
 import tomllib
@@ -148,3 +149,41 @@ def test_error_tree_covers_the_builtins() -> None:
     assert isinstance(graben.store.NotFound("x"), FileNotFoundError)
     assert isinstance(graben.store.InvalidPath("x"), ValueError)
     assert _errors.error_from_code("no-such-code", "m").__class__ is graben.store.GrabenError
+
+
+def test_every_module_is_named_in_the_architecture() -> None:
+    """docs/architecture.md is the design: each module of every package is in its tree."""
+    arch = (ROOT / "docs" / "architecture.md").read_text()
+    unnamed = [
+        str(path.relative_to(ROOT))
+        for folder in ("store", "fuse", "checkpoint", "dataloader", "bench")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path.name != "__init__.py" and path.name not in arch
+    ]
+    assert unnamed == []
+
+
+def test_every_path_the_docs_name_exists() -> None:
+    """The repository stands alone: what its pages point at is in it."""
+    named = re.compile(r"`((?:store|fuse|checkpoint|dataloader|bench|tests|docs)/[\w./-]+)`")
+    linked = re.compile(r"\]\(((?!https?:|#)[^)#\s]+)")
+    missing = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text()
+        for path in named.findall(text):
+            if not (ROOT / path.rstrip("/")).exists():
+                missing.append(f"{page.name}: {path}")
+        for link in linked.findall(text):
+            if not (page.parent / link).exists():
+                missing.append(f"{page.name}: ({link})")
+    assert missing == []
+
+
+def test_the_store_reads_the_environment_in_its_config_alone() -> None:
+    """What graben.store takes from the environment is in one module, with its precedence."""
+    readers = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "store").rglob("*.py"))
+        if path.name != "_config.py" and re.search(r"os\.environ|getenv", path.read_text())
+    ]
+    assert readers == []

@@ -8,7 +8,6 @@ what they asked for.
 from __future__ import annotations
 
 import itertools
-import os
 import stat
 import sys
 import threading
@@ -30,6 +29,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from .._config import env
 from .._types import ChunkProblem, FileInfo, FsckReport, Health
 
 LARGE = 64 << 20
@@ -254,7 +254,7 @@ def emit_json(value: object) -> None:
 
 def stderr_is_terminal() -> bool:
     """Whether a person is watching stderr (a terminal that understands escapes)."""
-    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+    return sys.stderr.isatty() and env("TERM") != "dumb"
 
 
 def progress_allowed(*, json: bool = False, data_to_stdout: bool = False) -> bool:

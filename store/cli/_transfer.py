@@ -1,7 +1,7 @@
 """The store's commands that move bytes: cat, get and put.
 
 Data moves through one reused, page-aligned buffer of the store's chunk size
-(DESIGN.md "Wire": a touched mmap copies ~10x faster than fresh memory), so
+(docs/architecture.md, "Wire": a touched buffer copies ~10x faster than fresh memory), so
 a transfer never holds more than one block in memory. A get writes its local
 file whole or not at all; a put commits each file whole or not at all.
 """

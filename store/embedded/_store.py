@@ -23,6 +23,7 @@ from typing import Any, TypeVar, cast
 
 import msgspec
 
+from .._batcher import Batcher
 from .._buffers import in_thread
 from .._config import page_entries
 from .._errors import (
@@ -33,7 +34,6 @@ from .._errors import (
     Unavailable,
     from_os_error,
 )
-from .._group import Batcher
 from .._types import LOCAL_NODE, ChunkRef, Health, NodeState
 from ..meta import Namespace, SQLiteRepository
 from ..node import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, read_id, write_private

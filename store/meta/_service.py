@@ -36,9 +36,9 @@ from typing import Any, Union
 import msgspec
 from msgspec.structs import replace
 
+from .._batcher import Batcher
 from .._config import INLINE_MAX, TLS
 from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound, PermissionDenied
-from .._group import Batcher
 from .._types import (
     Capability,
     ChunkPage,

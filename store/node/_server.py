@@ -42,10 +42,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from .._batcher import Batcher
 from .._buffers import BufferPool
 from .._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, RESERVE, TLS, page_entries
 from .._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError
-from .._group import Batcher
 from .._types import (
     Capability,
     ChunkCall,

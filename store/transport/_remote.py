@@ -35,10 +35,10 @@ from typing import TypeVar
 
 import msgspec
 
+from .._batcher import Batcher, Batchers
 from .._buffers import in_thread
 from .._config import page_entries
 from .._errors import GrabenError, IntegrityError, PermissionDenied, Timeout, Unavailable
-from .._group import Batcher, Batchers
 from .._hashing import crc32c
 from .._types import (
     Capability,

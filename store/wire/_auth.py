@@ -35,13 +35,10 @@ from typing import Final
 
 import msgspec
 
+from .._config import ENV_SECRET, ENV_SECRET_FILE, ENV_TOKEN, env
 from .._errors import InvalidArgument, PermissionDenied, from_os_error
 from .._types import OPS, Capability, Op
 
-ENV_SECRET: Final = "GRABEN_SECRET"
-"""The secret itself, as text."""
-ENV_SECRET_FILE: Final = "GRABEN_SECRET_FILE"
-"""A file holding the secret."""
 MIN_SECRET: Final = 16
 """Fewest bytes a secret may have: 128 bits, if it is random."""
 MAX_SECRET: Final = 4096
@@ -73,9 +70,9 @@ def load_secret(path: str | Path | None = None) -> bytes:
     """
     if path is not None:
         return _read_secret_file(Path(path))
-    if text := os.environ.get(ENV_SECRET):
+    if text := env(ENV_SECRET):
         return _checked_secret(os.fsencode(text).strip(), f"${ENV_SECRET}")
-    if file := os.environ.get(ENV_SECRET_FILE):
+    if file := env(ENV_SECRET_FILE):
         return _read_secret_file(Path(file))
     raise InvalidArgument(
         f"no cluster secret: pass a secret file, or set ${ENV_SECRET} or ${ENV_SECRET_FILE}"
@@ -89,9 +86,9 @@ def cluster_token(given: str | None) -> str:
     """
     if given is not None:
         return given
-    if token := os.environ.get("GRABEN_TOKEN"):
+    if token := env(ENV_TOKEN):
         return token
-    if not (os.environ.get(ENV_SECRET) or os.environ.get(ENV_SECRET_FILE)):
+    if not (env(ENV_SECRET) or env(ENV_SECRET_FILE)):
         return ""
     return client_token(load_secret())
 

@@ -23,7 +23,7 @@ and ``on_refused`` answers), or defer it (``None``: reading pauses until
 A body too large for a header (a commit of many chunks, a page of long
 paths) travels as the frame's payload instead, flagged ``bulk``.
 
-Measured on loopback here (DESIGN.md "Wire"): ``recv_into`` a preallocated
+Measured on loopback here (docs/architecture.md, "Wire"): ``recv_into`` a preallocated
 buffer 5.3 GB/s, asyncio streams 1.4.
 """
 

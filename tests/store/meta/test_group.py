@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from graben.store import AlreadyExists, AsyncClient, FileInfo, IntegrityError, connect
-from graben.store._group import Batcher, Batchers
+from graben.store._batcher import Batcher, Batchers
 from graben.store._hashing import chunk_ref
 from graben.store._types import FileCommit
 from graben.store.meta._namespace import Namespace
