@@ -9,8 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Literal
 
-import msgspec
-
 from .. import _paths
 from .._buffers import BufferPool
 from .._config import Options, cluster_url, resolve
@@ -188,8 +186,10 @@ class AsyncClient:
         """Commit ``uploads`` and ``rename(src, dst)`` in one transaction: readers see
         neither or both (how a checkpoint's last files and its name arrive at once)."""
         files = await finished(uploads)
-        move = Rename(_paths.normalize(src), _paths.normalize(dst), replace, replace_tree)
-        return await self.meta.request(msgspec.structs.replace(move, files=tuple(files)))
+        move = Rename(
+            _paths.normalize(src), _paths.normalize(dst), replace, replace_tree, files=tuple(files)
+        )
+        return await self.meta.request(move)
 
     async def _report_bad(self, chunk: str, node: str, reason: str) -> None:
         await self.meta.request(ReportBad(chunk, node, reason))
@@ -382,11 +382,14 @@ class AsyncClient:
             return 0
         if self._settings is None:  # asked once per client; a failure is asked again
             self._settings = asyncio.ensure_future(self.meta.request(GetSettings()))
-        try:
-            settings = await asyncio.shield(self._settings)
-        except BaseException:
-            self._settings = None
-            raise
+        if self._settings.done() and self._settings.exception() is None:
+            settings = self._settings.result()  # every upload after the first: no await
+        else:
+            try:
+                settings = await asyncio.shield(self._settings)
+            except BaseException:
+                self._settings = None
+                raise
         return settings.inline_max if asked is None else min(asked, settings.inline_max)
 
     async def set_attributes(

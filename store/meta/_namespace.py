@@ -199,8 +199,7 @@ class Namespace(Commits, Bookkeeping):
             extents = tx.extents_page(node.id, start, limit + 1)
             ids = {x.chunk.id for x in extents[:limit]}
             replicas = tx.replicas(ids)
-            bare = ids - replicas.keys()  # only a chunk no node holds may be the engine's
-            inline = tx.inline(bare) if bare else {}
+            inline = tx.inline(ids - replicas.keys())  # only a chunk no node holds
         more = len(extents) > limit
         return FileLayout(
             info(clean, node), tuple(extents[:limit]), replicas, more=more, inline=inline
