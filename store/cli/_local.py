@@ -251,13 +251,12 @@ def _wait_for_nodes(
     after unix time ``since``: a restarted cluster's engine still lists its nodes' old
     addresses, alive for a while yet). ``tls``: the servers' own TLS (``None``:
     plaintext, whatever the environment says)."""
-    from ..client import connect, run_sync
-    from ..transport import ListNodes
+    from ..client import connect
 
     deadline = time.monotonic() + READY_TIMEOUT_S
     with connect(url, token=token, tls=tls) as client:
         while time.monotonic() < deadline:
-            nodes = run_sync(client.aio.meta.request(ListNodes()))
+            nodes = client.health().nodes
             if sum(n.alive and n.last_seen >= since for n in nodes) >= count:
                 return
             time.sleep(0.1)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .._errors import InvalidArgument, InvalidPath, IsADirectory
 from .._paths import is_within, normalize
 from .._types import FileInfo
-from ..client import Client, file_layout, run_sync
+from ..client import Client
 from ._render import shown
 from ._stores import locate, open_client, remote_dest
 from ._tls import client_tls
@@ -79,7 +79,7 @@ def physical(client: Client, root: str) -> tuple[int, int]:
     for entry in walk(client, root):
         if entry.info.is_dir:
             continue
-        layout = run_sync(file_layout(client.aio.meta, entry.info.path))
+        layout = client.layout(entry.info.path)
         for extent in layout.extents:
             copies = len(layout.replicas.get(extent.chunk.id, ())) or 1
             held[extent.chunk.id] = extent.chunk.length * copies

@@ -16,8 +16,6 @@ from ._aclient import AsyncClient
 from ._afiles import AsyncReadFile, AsyncWriteFile
 from ._client import Client, connect
 from ._files import ReadFile, WriteFile
-from ._loop import run as run_sync
-from ._pages import layout as file_layout
 from ._upload import Staging, Upload
 
 __all__ = [
@@ -30,6 +28,4 @@ __all__ = [
     "Upload",
     "WriteFile",
     "connect",
-    "file_layout",
-    "run_sync",
 ]

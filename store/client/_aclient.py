@@ -18,6 +18,7 @@ from .._types import (
     Change,
     FileCommit,
     FileInfo,
+    FileLayout,
     FsckReport,
     Health,
     Settings,
@@ -123,6 +124,16 @@ class AsyncClient:
 
     def __repr__(self) -> str:
         return f"<AsyncClient {self.name}>"
+
+    @property
+    def local(self) -> bool:
+        """Whether the store runs in this process (embedded): its reads cost no hand-off."""
+        return self.meta.local_read is not None
+
+    @property
+    def chunk_size(self) -> int:
+        """Bytes per chunk for new files."""
+        return self.options.chunk_size
 
     # -- namespace ------------------------------------------------------------
 
@@ -307,7 +318,7 @@ class AsyncClient:
         # No early check: the bytes are already here and the commit checks
         # atomically; a stat first would cost a round trip per small file.
         mode: WriteMode = "create" if exclusive else "overwrite"
-        upload = await self.upload(
+        upload = await self._open_upload(
             path,
             mode,
             replication,
@@ -326,18 +337,23 @@ class AsyncClient:
         """Bytes ``[start, end)`` of a file (``end=None``: to the end), cut at the end."""
         if start < 0 or (end is not None and end < start):
             raise InvalidArgument(f"bad range [{start}, {end})", path)
-        reader = await self.reader(path)
+        reader = await self._open_reader(path)
         try:
             return await reader.read(start, (end if end is not None else reader.size) - start)
         finally:
             await reader.close()
 
-    async def reader(self, path: str) -> Reader:
+    async def layout(self, path: str) -> FileLayout:
+        """Where a file's bytes are: its extents in order and the nodes holding each chunk
+        (what ``graben du --physical`` counts)."""
+        return await _pages.layout(self.meta, _paths.normalize(path))
+
+    async def _open_reader(self, path: str) -> Reader:
         """A ``Reader`` of the file's current version (``NotFound``, ``IsADirectory``)."""
         layout = await _pages.layout(self.meta, _paths.normalize(path))
         return Reader(self.chunks, self.pool, layout, self.options.read_ahead, self._report)
 
-    async def upload(
+    async def _open_upload(
         self,
         path: str,
         mode: WriteMode = "overwrite",
@@ -458,9 +474,18 @@ class AsyncClient:
         if mode == "create":
             raise AlreadyExists("file exists", path)
 
-    def open(self, path: str, mode: Literal["rb", "wb", "xb"] = "rb") -> AsyncFileOpener:
-        """``async with client.open(path, mode) as f`` (or ``f = await client.open(...)``)."""
-        return AsyncFileOpener(self, path, mode)
+    def open(
+        self, path: str, mode: Literal["rb", "wb", "xb"] = "rb", *, autocommit: bool = True
+    ) -> AsyncFileOpener:
+        """``async with client.open(path, mode) as f`` (or ``f = await client.open(...)``).
+
+        ``rb``: the version committed at open time, seekable. ``wb``: a new
+        version, visible atomically at ``close`` (with ``autocommit=False``, at
+        ``commit``, or with others through ``commit_uploads``). ``xb``: like
+        ``wb`` but fails with ``AlreadyExists`` if the path exists (at open and
+        at commit).
+        """
+        return AsyncFileOpener(self, path, mode, autocommit)
 
     # -- integrity ------------------------------------------------------------
 

@@ -6,6 +6,7 @@ The opener asks its client only for a ``Reader``, an ``Upload`` and buffers
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Generator
 from types import TracebackType
@@ -18,6 +19,11 @@ from ._reader import Reader
 from ._upload import Staging, Upload
 
 MODES = ("rb", "wb", "xb")
+
+
+def write_mode(mode: str) -> WriteMode:
+    """What a commit of a file opened ``wb`` or ``xb`` does to an existing one."""
+    return "create" if mode == "xb" else "overwrite"
 
 
 def check_mode(mode: str) -> None:
@@ -74,51 +80,88 @@ class AsyncReadFile:
 
 
 class AsyncWriteFile:
-    """A new file version; visible at ``close``, discarded by ``abort``."""
+    """A new file version: visible at ``close``; an exception in an ``async with`` block
+    discards it (the sync ``WriteFile``'s methods, awaited).
 
-    def __init__(self, upload: Upload, staging: Staging) -> None:
-        self._upload, self._staging = upload, staging
+    Opened with ``autocommit=False``, ``close`` only uploads: ``commit`` publishes it,
+    or ``AsyncClient.commit_uploads`` publishes several files' ``upload`` at once.
+    """
+
+    def __init__(self, upload: Upload, staging: Staging, *, autocommit: bool = True) -> None:
+        self.upload, self._staging, self._autocommit = upload, staging, autocommit
         self.name = upload.path
+        self.mode = "wb"
         self.info: FileInfo | None = None
+        """The committed version's attributes (``None`` until committed)."""
         self.closed = False
         self._pos = 0
 
+    def writable(self) -> bool:
+        """Always true: the file is open for writing."""
+        return True
+
     async def write(self, data: Buffer) -> int:
         """Stage ``data``; full chunks start uploading at once."""
+        if self.closed:
+            raise InvalidArgument("write to a closed file", self.name)
         for chunk, release in self._staging.feed(data):
-            await self._upload.add(chunk, release)
+            await self.upload.add(chunk, release)
         size = memoryview(data).nbytes
         self._pos += size
         return size
-
-    async def _send(self) -> None:
-        detached = self._staging.detach()
-        if detached is not None:
-            await self._upload.add(*detached)
 
     def tell(self) -> int:
         """Bytes written so far."""
         return self._pos
 
-    async def close(self) -> FileInfo:
-        """Upload what is staged and commit; returns the new file's attributes."""
-        if self.info is None:
-            if self.closed:
-                raise InvalidArgument("write file was aborted", self.name)
-            self.closed = True
-            try:
-                await self._send()
-            except BaseException:
-                await self.abort()
-                raise
-            self.info = await self._upload.commit()
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Only to where the file is: graben write files are sequential."""
+        return sequential_seek(self._pos, offset, whence)
+
+    async def flush(self) -> None:
+        """Nothing to do: bytes become durable and visible at ``close``."""
+
+    async def close(self) -> FileInfo | None:
+        """Upload what is staged and commit; returns the new version's attributes
+        (``None`` opened with ``autocommit=False``: only uploaded, not yet visible)."""
+        if self.closed:
+            return self.info
+        self.closed = True
+        try:
+            detached = self._staging.detach()
+            if detached is not None:
+                await self.upload.add(*detached)
+            if self._autocommit:
+                self.info = await self.upload.commit()
+            else:
+                await self.upload.finish()  # upload errors surface here, not later
+        except BaseException:
+            await self._drop()
+            raise
         return self.info
 
+    async def commit(self) -> FileInfo:
+        """Publish a file opened with ``autocommit=False`` (closing it first)."""
+        await self.close()
+        if self.info is None:
+            self.info = await self.upload.commit()
+        return self.info
+
+    async def discard(self) -> None:
+        """Drop the file, open or closed but not committed: nothing becomes visible."""
+        if self.info is None:
+            self.closed = True
+            await self._drop()
+
     async def abort(self) -> None:
-        """Discard the file: nothing becomes visible."""
-        self.closed = True
+        """Discard an open file: nothing becomes visible."""
+        if not self.closed:
+            self.closed = True
+            await self._drop()
+
+    async def _drop(self) -> None:
         self._staging.discard()
-        await self._upload.abort()
+        await self.upload.abort()
 
     async def __aenter__(self) -> AsyncWriteFile:
         return self
@@ -130,6 +173,13 @@ class AsyncWriteFile:
             await self.close()
         else:
             await self.abort()
+
+
+def sequential_seek(pos: int, offset: int, whence: int) -> int:
+    """``seek`` on a write file: anywhere but where it is is refused."""
+    if seek_position(pos, pos, offset, whence) != pos:
+        raise io.UnsupportedOperation("graben write files are sequential")
+    return pos
 
 
 def seek_position(pos: int, size: int, offset: int, whence: int) -> int:
@@ -153,28 +203,27 @@ class Opens(Protocol):
     pool: BufferPool
     """Chunk buffers for a writer's staging."""
 
-    async def reader(self, path: str) -> Reader:
+    async def _open_reader(self, path: str) -> Reader:
         """A reader of the file's current version."""
 
-    async def upload(self, path: str, mode: WriteMode = "overwrite") -> Upload:
+    async def _open_upload(self, path: str, mode: WriteMode = "overwrite") -> Upload:
         """An upload that commits a new version at ``path``."""
 
 
 class AsyncFileOpener:
     """What ``AsyncClient.open`` returns: awaitable, and an async context manager."""
 
-    def __init__(self, client: Opens, path: str, mode: str) -> None:
+    def __init__(self, client: Opens, path: str, mode: str, autocommit: bool) -> None:
         check_mode(mode)
         self._client, self._path, self._mode = client, path, mode
+        self._autocommit = autocommit
         self._file: AsyncReadFile | AsyncWriteFile | None = None
 
     async def _open(self) -> AsyncReadFile | AsyncWriteFile:
         if self._mode == "rb":
-            return AsyncReadFile(await self._client.reader(self._path), self._path)
-        upload = await self._client.upload(
-            self._path, "create" if self._mode == "xb" else "overwrite"
-        )
-        return AsyncWriteFile(upload, Staging(self._client.pool))
+            return AsyncReadFile(await self._client._open_reader(self._path), self._path)
+        upload = await self._client._open_upload(self._path, write_mode(self._mode))
+        return AsyncWriteFile(upload, Staging(self._client.pool), autocommit=self._autocommit)
 
     def __await__(self) -> Generator[Any, None, AsyncReadFile | AsyncWriteFile]:
         return self._open().__await__()

@@ -2,28 +2,66 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Literal, TypeVar, overload
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
+from .._config import Options
 from .._errors import InvalidArgument
 from .._paths import normalize as normalize_path
-from .._types import Buffer, Change, FileInfo, FsckReport, Health
-from ..transport import Stat
+from .._types import FileInfo
+from ..transport import ChunkTransport, MetaTransport, Stat
 from . import _loop
-from ._aclient import AsyncClient, Progress
-from ._afiles import check_mode
+from ._aclient import AsyncClient
+from ._afiles import check_mode, write_mode
 from ._files import ReadFile, WriteFile
 from ._upload import Staging
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+class Mirror(Generic[P, T]):
+    """A ``Client`` method made from an ``AsyncClient`` coroutine method: the same
+    parameters and docstring, run on the client's loop (as fsspec derives its sync
+    methods from its async ones)."""
+
+    def __init__(self, method: Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]):
+        self._method = method
+        self.__name__, self.__doc__ = method.__name__, method.__doc__
+        self.__signature__ = inspect.signature(method)
+        """The unbound method's parameters, ``self`` first (``inspect.signature(Client.put)``)."""
+        parameters = list(self.__signature__.parameters.values())
+        self._bound = self.__signature__.replace(parameters=parameters[1:])
+
+    @overload
+    def __get__(self, client: None, owner: type[Client]) -> Mirror[P, T]: ...
+    @overload
+    def __get__(self, client: Client, owner: type[Client]) -> Callable[P, T]: ...
+
+    def __get__(self, client: Client | None, owner: type[Client]) -> Mirror[P, T] | Callable[P, T]:
+        if client is None:
+            return self
+        method = self._method
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            return _loop.run(method(client.aio, *args, **kwargs))
+
+        call.__name__, call.__doc__ = self.__name__, self.__doc__
+        call.__signature__ = self._bound  # type: ignore[attr-defined]
+        return call
+
+    def __call__(self, client: Client, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``Client.put(client, ...)``, as a plain method would allow."""
+        return _loop.run(self._method(client.aio, *args, **kwargs))
 
 
 class Client:
-    """Sync access to one store; every method mirrors ``AsyncClient``'s.
+    """Sync access to one store: ``AsyncClient``'s methods, each waited for.
 
     Thread-safe: many threads may share one client.
     """
@@ -74,10 +112,6 @@ class Client:
     def __repr__(self) -> str:
         return f"<Client {self.aio.name}>"
 
-    def close(self) -> None:
-        """Release threads, buffers and connections."""
-        _loop.run(self.aio.close())
-
     def submit(self, call: Callable[[AsyncClient], Awaitable[T]]) -> Future[T]:
         """Start ``call(self.aio)`` on the client's event loop and return at once.
 
@@ -95,12 +129,19 @@ class Client:
     @property
     def local(self) -> bool:
         """Whether the store runs in this process (embedded): its reads cost no hand-off."""
-        return self.aio.meta.local_read is not None
+        return self.aio.local
 
     @property
     def chunk_size(self) -> int:
         """Bytes per chunk for new files."""
-        return self.aio.options.chunk_size
+        return self.aio.chunk_size
+
+    @classmethod
+    def over(
+        cls, meta: MetaTransport, chunks: ChunkTransport, options: Options, name: str = "custom"
+    ) -> Client:
+        """A client over given transports (the seam tests and the cluster use)."""
+        return cls.wrap(AsyncClient.over(meta, chunks, options, name))
 
     def stat(self, path: str) -> FileInfo:
         """Attributes of a file or directory; ``NotFound`` if absent."""
@@ -110,175 +151,57 @@ class Client:
             return info
         return _loop.run(self.aio.stat(path))
 
-    def exists(self, path: str) -> bool:
-        """Whether ``path`` names a file or directory."""
-        return _loop.run(self.aio.exists(path))
-
-    def ls(self, path: str = "/") -> list[FileInfo]:
-        """Entries of a directory sorted by name (a file lists as itself)."""
-        return _loop.run(self.aio.ls(path))
-
-    def mkdir(
-        self,
-        path: str,
-        *,
-        parents: bool = False,
-        exist_ok: bool = False,
-        mode: int | None = None,
-        uid: int = -1,
-        gid: int = -1,
-    ) -> FileInfo:
-        """Create a directory (``pathlib`` semantics; see ``AsyncClient.mkdir``)."""
-        return _loop.run(
-            self.aio.mkdir(path, parents=parents, exist_ok=exist_ok, mode=mode, uid=uid, gid=gid)
-        )
-
-    def rm(self, path: str, *, recursive: bool = False) -> None:
-        """Remove a file or empty directory; everything below it with ``recursive``."""
-        _loop.run(self.aio.rm(path, recursive=recursive))
-
-    def rename(
-        self, src: str, dst: str, *, replace: bool = True, replace_tree: bool = False
-    ) -> FileInfo:
-        """Move atomically (``os.replace`` semantics; ``replace=False`` refuses to clobber;
-        ``replace_tree`` replaces a non-empty directory in the same transaction)."""
-        return _loop.run(self.aio.rename(src, dst, replace=replace, replace_tree=replace_tree))
-
-    def health(self) -> Health:
-        """Data nodes, and chunks short of copies (what ``graben status`` shows)."""
-        return _loop.run(self.aio.health())
-
-    def du(self, path: str = "/") -> tuple[int, int]:
-        """(files, bytes) at or below ``path``."""
-        return _loop.run(self.aio.du(path))
-
-    def put(
-        self,
-        path: str,
-        data: Buffer,
-        *,
-        exclusive: bool = False,
-        replication: int | None = None,
-        min_replicas: int | None = None,
-        permissions: int | None = None,
-        attributes: Change | None = None,
-    ) -> FileInfo:
-        """Store ``data`` at ``path`` in one commit, without copying it (``permissions``:
-        mode bits; ``None`` keeps those of the file replaced; ``attributes``: an owner or
-        a modification time too; ``min_replicas``: copies this write needs while nodes
-        are down)."""
-        return _loop.run(
-            self.aio.put(
-                path,
-                data,
-                exclusive=exclusive,
-                replication=replication,
-                min_replicas=min_replicas,
-                permissions=permissions,
-                attributes=attributes,
-            )
-        )
-
-    def set_attributes(
-        self,
-        path: str,
-        *,
-        mode: int | None = None,
-        mtime_ns: int | None = None,
-        atime_ns: int | None = None,
-        uid: int | None = None,
-        gid: int | None = None,
-    ) -> FileInfo:
-        """Change mode bits, times or owner in place (``chmod``, ``touch``, ``chown``)."""
-        return _loop.run(
-            self.aio.set_attributes(
-                path, mode=mode, mtime_ns=mtime_ns, atime_ns=atime_ns, uid=uid, gid=gid
-            )
-        )
-
-    def link(self, src: str, dst: str) -> FileInfo:
-        """Give the file at ``src`` another name (a hard link; see ``AsyncClient.link``)."""
-        return _loop.run(self.aio.link(src, dst))
-
-    def mknod(
-        self, path: str, mode: int, *, rdev: int = 0, uid: int | None = None, gid: int | None = None
-    ) -> FileInfo:
-        """Make a fifo, socket or device node (see ``AsyncClient.mknod``)."""
-        return _loop.run(self.aio.mknod(path, mode, rdev=rdev, uid=uid, gid=gid))
-
-    def copy(self, src: str, dst: str, *, exclusive: bool = False) -> FileInfo:
-        """A new file at ``dst`` sharing ``src``'s chunks: metadata only, whatever the size."""
-        return _loop.run(self.aio.copy(src, dst, exclusive=exclusive))
-
-    def put_parts(
-        self,
-        path: str,
-        parts: Sequence[Buffer],
-        *,
-        exclusive: bool = False,
-        replication: int | None = None,
-        min_replicas: int | None = None,
-    ) -> FileInfo:
-        """Store the concatenation of ``parts``; large parts go without a copy and
-        dedup as units (see ``AsyncClient.put_parts``)."""
-        run = self.aio.put_parts(
-            path, parts, exclusive=exclusive, replication=replication, min_replicas=min_replicas
-        )
-        return _loop.run(run)
-
-    def put_parts_checked(
-        self,
-        path: str,
-        parts: Sequence[Buffer],
-        *,
-        exclusive: bool = False,
-        replication: int | None = None,
-        min_replicas: int | None = None,
-    ) -> tuple[FileInfo, list[int]]:
-        """``put_parts``, and each part's crc32c (a large part's from its chunks' own)."""
-        run = self.aio.put_parts_checked(
-            path, parts, exclusive=exclusive, replication=replication, min_replicas=min_replicas
-        )
-        return _loop.run(run)
-
-    def get(self, path: str) -> bytes:
-        """A file's whole content."""
-        return _loop.run(self.aio.get(path))
-
-    def get_range(self, path: str, start: int, end: int | None = None) -> bytes:
-        """Bytes ``[start, end)`` of a file, cut at its end."""
-        return _loop.run(self.aio.get_range(path, start, end))
-
     @overload
-    def open(self, path: str, mode: Literal["rb"] = "rb") -> ReadFile: ...
+    def open(
+        self, path: str, mode: Literal["rb"] = "rb", *, autocommit: bool = True
+    ) -> ReadFile: ...
     @overload
-    def open(self, path: str, mode: Literal["wb", "xb"]) -> WriteFile: ...
+    def open(
+        self, path: str, mode: Literal["wb", "xb"], *, autocommit: bool = True
+    ) -> WriteFile: ...
 
-    def open(self, path: str, mode: Literal["rb", "wb", "xb"] = "rb") -> ReadFile | WriteFile:
+    def open(
+        self, path: str, mode: Literal["rb", "wb", "xb"] = "rb", *, autocommit: bool = True
+    ) -> ReadFile | WriteFile:
         """A binary file object.
 
         ``rb``: the version committed at open time, seekable. ``wb``: a new
-        version, visible atomically at ``close``. ``xb``: like ``wb`` but fails
-        with ``AlreadyExists`` if the path exists (at open and at close).
+        version, visible atomically at ``close`` (with ``autocommit=False``, at
+        ``commit``, or with others through ``commit_uploads``). ``xb``: like
+        ``wb`` but fails with ``AlreadyExists`` if the path exists (at open and
+        at commit).
         """
         check_mode(mode)
+        aio = self.aio
         if mode == "rb":
-            return ReadFile(_loop.run(self.aio.reader(path)), path)
-        upload = _loop.run(self.aio.upload(path, "create" if mode == "xb" else "overwrite"))
-        return WriteFile(upload, Staging(self.aio.pool))
+            return ReadFile(_loop.run(aio._open_reader(path)), path)
+        upload = _loop.run(aio._open_upload(path, write_mode(mode)))
+        return WriteFile(upload, Staging(aio.pool), autocommit=autocommit)
 
-    def fsck(
-        self,
-        *,
-        collect: bool = False,
-        grace: float | None = None,
-        force: bool = False,
-        progress: Progress | None = None,
-    ) -> FsckReport:
-        """Re-read and verify every chunk copy and the metadata; report what is missing,
-        corrupt, inconsistent or left over (see ``AsyncClient.fsck``)."""
-        run = self.aio.fsck(collect=collect, grace=grace, force=force, progress=progress)
-        return _loop.run(run)
+    # Every other method is AsyncClient's, run on the loop: written once, they cannot
+    # drift (tests/store/client/test_sync_api.py checks the two classes match).
+    close = Mirror(AsyncClient.close)
+    exists = Mirror(AsyncClient.exists)
+    ls = Mirror(AsyncClient.ls)
+    mkdir = Mirror(AsyncClient.mkdir)
+    rm = Mirror(AsyncClient.rm)
+    rename = Mirror(AsyncClient.rename)
+    publish = Mirror(AsyncClient.publish)
+    health = Mirror(AsyncClient.health)
+    du = Mirror(AsyncClient.du)
+    put = Mirror(AsyncClient.put)
+    put_parts = Mirror(AsyncClient.put_parts)
+    put_parts_checked = Mirror(AsyncClient.put_parts_checked)
+    stage_parts = Mirror(AsyncClient.stage_parts)
+    commit_uploads = Mirror(AsyncClient.commit_uploads)
+    get = Mirror(AsyncClient.get)
+    get_range = Mirror(AsyncClient.get_range)
+    layout = Mirror(AsyncClient.layout)
+    set_attributes = Mirror(AsyncClient.set_attributes)
+    link = Mirror(AsyncClient.link)
+    mknod = Mirror(AsyncClient.mknod)
+    copy = Mirror(AsyncClient.copy)
+    fsck = Mirror(AsyncClient.fsck)
 
 
 async def _make(url: str | os.PathLike[str] | None, options: dict[str, object]) -> AsyncClient:

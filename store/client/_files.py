@@ -13,9 +13,10 @@ import os
 import warnings
 from types import TracebackType
 
+from .._errors import InvalidArgument
 from .._types import Buffer, FileInfo
 from . import _loop
-from ._afiles import seek_position
+from ._afiles import seek_position, sequential_seek
 from ._reader import Reader
 from ._upload import Staging, Upload
 
@@ -75,8 +76,10 @@ class ReadFile(io.BufferedReader):
 class WriteFile(io.BufferedIOBase):
     """A new file version: visible at ``close``; an exception in a ``with`` block discards it.
 
-    A writer that is garbage-collected without ``close`` is discarded too
-    (with a ``ResourceWarning``): nothing half-written ever becomes visible.
+    Opened with ``autocommit=False``, ``close`` only uploads: ``commit`` publishes it,
+    or ``Client.commit_uploads`` publishes several files' ``upload`` at once. A
+    writer that is garbage-collected without ``close`` is discarded (with a
+    ``ResourceWarning``): nothing half-written ever becomes visible.
     """
 
     def __init__(self, upload: Upload, staging: Staging, *, autocommit: bool = True) -> None:
@@ -85,80 +88,78 @@ class WriteFile(io.BufferedIOBase):
         self.name = upload.path
         self.mode = "wb"
         self.info: FileInfo | None = None
+        """The committed version's attributes (``None`` until committed)."""
         self._pos = 0
         self._done = False
 
     def writable(self) -> bool:
+        """Always true: the file is open for writing."""
         return True
 
     def write(self, data: Buffer) -> int:  # type: ignore[override]
+        """Stage ``data`` (copied into chunk buffers here); full chunks start uploading."""
         if self._done:
-            raise ValueError("write to a closed file")
+            raise InvalidArgument("write to a closed file", self.name)
         for chunk, release in self._staging.feed(data):
             _loop.run(self.upload.add(chunk, release))
         size = memoryview(data).nbytes
         self._pos += size
         return size
 
-    def _send(self) -> None:
-        detached = self._staging.detach()
-        if detached is not None:
-            _loop.run(self.upload.add(*detached))
-
     def tell(self) -> int:
+        """Bytes written so far."""
         return self._pos
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        if seek_position(self._pos, self._pos, offset, whence) != self._pos:
-            raise io.UnsupportedOperation("graben write files are sequential")
-        return self._pos
+        """Only to where the file is: graben write files are sequential."""
+        return sequential_seek(self._pos, offset, whence)
 
     def flush(self) -> None:
         """Nothing to do: bytes become durable and visible at ``close``."""
 
     def close(self) -> None:
-        """Upload what is staged and commit; the new version is visible on return.
-
-        Opened with ``autocommit=False``, only upload: ``commit`` (or
-        ``AsyncClient.commit_uploads``, for several files at once) publishes it.
-        """
+        """Upload what is staged and commit; the new version is visible on return
+        (opened with ``autocommit=False``: only uploaded, not yet visible)."""
         if self._done:
             super().close()
             return
         self._done = True
         try:
-            self._send()
+            detached = self._staging.detach()
+            if detached is not None:
+                _loop.run(self.upload.add(*detached))
             if self._autocommit:
                 self.info = _loop.run(self.upload.commit())
             else:
                 _loop.run(self.upload.finish())  # upload errors surface here, not later
         except BaseException:
-            self._discard()
+            self._drop()
             raise
         finally:
             super().close()
 
-    def commit(self) -> None:
-        """Publish a file closed with ``autocommit=False``."""
+    def commit(self) -> FileInfo:
+        """Publish a file opened with ``autocommit=False`` (closing it first)."""
         self.close()
         if self.info is None:
             self.info = _loop.run(self.upload.commit())
+        return self.info
 
     def discard(self) -> None:
-        """Drop a file opened with ``autocommit=False`` (or abort an open one)."""
-        if self._done and self.info is None:
-            self._staging.discard()
-            _loop.run(self.upload.abort())
-        self.abort()
-
-    def abort(self) -> None:
-        """Discard the file: nothing becomes visible."""
-        if not self._done:
+        """Drop the file, open or closed but not committed: nothing becomes visible."""
+        if self.info is None:
             self._done = True
-            self._discard()
+            self._drop()
         super().close()
 
-    def _discard(self) -> None:
+    def abort(self) -> None:
+        """Discard an open file: nothing becomes visible."""
+        if not self._done:
+            self._done = True
+            self._drop()
+        super().close()
+
+    def _drop(self) -> None:
         self._staging.discard()
         _loop.run(self.upload.abort())
 

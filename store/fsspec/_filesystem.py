@@ -33,12 +33,12 @@ from fsspec.utils import isfilelike, stringify_path
 from .._buffers import pump, transfer_buffer
 from .._config import Options, Target, resolve
 from .._errors import InvalidArgument, IsADirectory, NotFound
-from .._types import Buffer, FileInfo, WriteMode
-from ..client import Client, ReadFile, Staging, WriteFile, connect, run_sync
+from .._types import Buffer, FileInfo
+from ..client import Client, ReadFile, WriteFile, connect
 from . import _exit, _urls
 
 _OPTIONS = frozenset(Options.__dataclass_fields__)
-_MODES: dict[str, WriteMode] = {"wb": "overwrite", "xb": "create"}
+_MODES = ("wb", "xb")
 _NOT_SHARED = frozenset({"url", "token"})
 """Options a filesystem does not pass on to another store's: its address and its credential."""
 
@@ -383,9 +383,9 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
         return file
 
     def _writer(self, path: str, mode: str, *, autocommit: bool = True) -> WriteFile:
-        aio = self.client.aio
-        upload = run_sync(aio.upload(_urls.store_path(path), _MODES[mode]))
-        return WriteFile(upload, Staging(aio.pool), autocommit=autocommit)
+        exclusive = mode == "xb"
+        path = _urls.store_path(path)
+        return self.client.open(path, "xb" if exclusive else "wb", autocommit=autocommit)
 
 
 class GrabenTransaction(Transaction):  # type: ignore[misc]
@@ -405,7 +405,7 @@ class GrabenTransaction(Transaction):  # type: ignore[misc]
                 for f in files:
                     f.close()
                 fs: GrabenFileSystem = self.fs
-                run_sync(fs.client.aio.commit_uploads([f.upload for f in files]))
+                fs.client.commit_uploads([f.upload for f in files])
                 return
         except BaseException:
             _discard(files)

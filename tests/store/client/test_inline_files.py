@@ -75,18 +75,12 @@ def test_a_transaction_of_many_small_files_carries_a_bounded_share_inline(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_parts, "COMMIT_INLINE_MAX", 3000)
-    aio = client.aio
-
-    async def write() -> None:
-        uploads = []
-        for i in range(5):
-            upload = await aio.upload(f"/t/{i}")
-            await upload.add(memoryview(bytes([i]) * 1000))
-            await upload.finish()  # a file closed before its transaction commits
-            uploads.append(upload)
-        await aio.commit_uploads(uploads)
-
-    _loop.run(write())
+    files = []
+    for i in range(5):
+        with client.open(f"/t/{i}", "wb", autocommit=False) as f:
+            f.write(bytes([i]) * 1000)
+        files.append(f)  # closed before its transaction commits
+    client.commit_uploads([f.upload for f in files])
     kept = [bool(layout(client, f"/t/{i}").inline) for i in range(5)]
     assert kept == [True, True, True, False, False]
     assert [client.get(f"/t/{i}") for i in range(5)] == [bytes([i]) * 1000 for i in range(5)]
