@@ -53,10 +53,18 @@ def writer(spec: dict[str, Any], target: str) -> Any:
         return S3StorageWriter(region, target, s3client_config=config)
     from graben.checkpoint import GrabenWriter
 
-    return GrabenWriter(target, replication=spec.get("storage_options", {}).get("replication"))
+    # one per process, reset to each save, as a job keeps it: it holds the last save's metadata
+    made = _writers.get("graben")
+    if made is None:
+        replication = spec.get("storage_options", {}).get("replication")
+        made = _writers["graben"] = GrabenWriter(target, replication=replication)
+    else:
+        made.reset(target)
+    return made
 
 
 _planners: dict[str, Any] = {}
+_writers: dict[str, Any] = {}
 
 
 def planner(spec: dict[str, Any]) -> Any:

@@ -156,8 +156,11 @@ class Kind:
     """What the report calls it."""
     planner: Callable[[int], SavePlanner]
     """A rank's planner (made once, kept across saves)."""
-    writer: Callable[[str, int], StorageWriter]
-    """A rank's writer for one save: (checkpoint, rank)."""
+    checkpoint: Callable[[str], Any]
+    """A save's checkpoint id, from its name."""
+    writer: Callable[[Any], StorageWriter]
+    """A rank's writer, made for the first save's checkpoint id and reset to each next
+    one (as ``dcp.save(..., checkpoint_id=...)`` resets the writer it is given)."""
 
 
 def graben_kind(client: Client, root: str) -> Kind:
@@ -165,7 +168,8 @@ def graben_kind(client: Client, root: str) -> Kind:
     return Kind(
         "GrabenSavePlanner + GrabenWriter",
         lambda rank: GrabenSavePlanner(),
-        lambda name, rank: SimulatedGrabenWriter(f"graben://{root}/{name}", client=client),
+        lambda name: f"graben://{root}/{name}",
+        lambda checkpoint: SimulatedGrabenWriter(checkpoint, client=client),
     )
 
 
@@ -178,20 +182,24 @@ def stock_kind(root: Path, *, caching: bool = False) -> Kind:
         return made
 
     name = "DCP DefaultSavePlanner + FileSystemWriter" + (" (plan caching)" if caching else "")
-    return Kind(name, planner, lambda ckpt, rank: SimulatedFileSystemWriter(root / ckpt))
+    return Kind(name, planner, lambda ckpt: root / ckpt, SimulatedFileSystemWriter)
 
 
 def simulate_saves(kind: Kind, world: int, tensors: int, saves: int) -> Iterator[Times]:
     """Save the same layout ``saves`` times with ``world`` simulated ranks; each save's times."""
     planners = [kind.planner(rank) for rank in range(world)]
     states = [state_dict(rank, world, tensors) for rank in range(world)]
+    writers = [kind.writer(kind.checkpoint("step-0")) for _ in range(world)]
     for save in range(saves):
-        yield _one_save(kind, planners, states, f"step-{save}")
+        for writer in writers:
+            writer.reset(kind.checkpoint(f"step-{save}"))
+        yield _one_save(planners, writers, states)
 
 
-def _one_save(kind: Kind, planners: list[SavePlanner], states: list[Any], name: str) -> Times:
-    times, world = Times(), len(planners)
-    writers = [kind.writer(name, rank) for rank in range(world)]
+def _one_save(
+    planners: list[SavePlanner], writers: list[StorageWriter], states: list[Any]
+) -> Times:
+    times = Times()
     sent = []
     for rank, (planner, writer) in enumerate(zip(planners, writers, strict=True)):
         start = time.perf_counter()

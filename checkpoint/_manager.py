@@ -25,11 +25,10 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save, save
 
-from graben.store import Client, FileInfo, NotFound, split_url
+from graben.store import Client, FileInfo, NotFound, shared_client, split_url
 
 from ._planner import GrabenLoadPlanner, GrabenSavePlanner
 from ._reader import GrabenReader
-from ._storage import shared_client
 from ._writer import GrabenWriter
 
 LATEST = "latest"
@@ -103,6 +102,7 @@ class CheckpointManager:
         self._stager: DefaultStager | None = None
         self._pending: Future[Any] | None = None
         self._planner = GrabenSavePlanner()  # one for every save: its plan cache
+        self._writer: GrabenWriter | None = None
 
     @property
     def client(self) -> Client:
@@ -127,12 +127,7 @@ class CheckpointManager:
         asynchronous save is waited for first.
         """
         self.wait()
-        writer = GrabenWriter(
-            self.url_of(step),
-            client=self._client,
-            replication=self._replication,
-            compression=self._compression,
-        )
+        writer = self._writer_for(step)
         if not async_:
             save(state_dict, storage_writer=writer, planner=planner or self._planner)
             return self._published(step)
@@ -148,6 +143,19 @@ class CheckpointManager:
         upload.add_done_callback(_then(done, lambda: self._published(step)))
         self._pending = done
         return done
+
+    def _writer_for(self, step: int) -> GrabenWriter:
+        """One writer for every save: it keeps the last one's metadata to reuse."""
+        if self._writer is None:
+            self._writer = GrabenWriter(
+                self.url_of(step),
+                client=self._client,
+                replication=self._replication,
+                compression=self._compression,
+            )
+        else:
+            self._writer.reset(self.url_of(step))
+        return self._writer
 
     def wait(self) -> None:
         """Wait for an asynchronous save still in flight (its errors are raised here)."""

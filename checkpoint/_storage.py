@@ -1,8 +1,8 @@
 """DCP storage on a graben store: the protocol, and what the writer and the reader share.
 
 ``GrabenWriter`` (``_writer``) and ``GrabenReader`` (``_reader``) each name a
-checkpoint by URL (``OnStore``) and use one client per store per process
-(``shared_client``) unless they are given one.
+checkpoint by URL (``OnStore``) and use the store's shared client
+(``graben.store.shared_client``) unless they are given one.
 
 Save (DCP calls, in order: ``reset``, ``set_up_storage_writer``,
 ``prepare_local_plan``, ``prepare_global_plan`` on the coordinator,
@@ -30,12 +30,9 @@ rows that overlap.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
-import threading
 
-from graben.store import Client, connect, split_url
+from graben.store import Client, shared_client, split_url
 
 METADATA = ".metadata"
 SUFFIX = ".distcp"
@@ -46,39 +43,6 @@ def store_and_path(checkpoint_id: str | os.PathLike[str]) -> tuple[str | None, s
     if path in ("", "/"):
         raise ValueError(f"a checkpoint needs a directory below the root, not {checkpoint_id!r}")
     return store, path.rstrip("/")
-
-
-_shared_clients: dict[tuple[object, ...], Client] = {}
-_shared_lock = threading.Lock()
-
-
-def shared_client(store: str | None) -> Client:
-    """One client per store per process, for every writer and reader without one.
-
-    A job saving each step with ``GrabenWriter(url)`` would otherwise open a
-    client (threads, connections, buffers) per step, pay for it in the save
-    and never close it. The default store's key includes the environment
-    that names it; a forked child makes its own.
-    """
-    key = (os.getpid(), store, os.environ.get("GRABEN_URL"), os.environ.get("GRABEN_HOME"))
-    with _shared_lock:
-        client = _shared_clients.get(key)
-        if client is None:
-            client = _shared_clients[key] = connect(store)
-        return client
-
-
-@atexit.register
-def _close_shared_clients() -> None:
-    # While Python is whole: a client left open to interpreter exit leaves its
-    # loop, threads and buffers to be torn down with it, where C++ threads of
-    # torch or gloo that still hold its memory can take the process down.
-    with _shared_lock:
-        mine = [c for key, c in _shared_clients.items() if key[0] == os.getpid()]
-        _shared_clients.clear()
-    for client in mine:
-        with contextlib.suppress(Exception):  # exiting: nothing left to tell
-            client.close()
 
 
 class OnStore:

@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from graben.store import AsyncClient, Client, Upload
+from graben.store import AsyncClient, Client, InvalidArgument, Upload
 
 from ._format import (
     INDEX_DIR,
@@ -82,11 +82,8 @@ class _LastSave:
     """The pickled ``.metadata``."""
     directory: bytes
     """The encoded ``.graben/directory``."""
-
-
-_last_saves: dict[tuple[str | None, int], _LastSave] = {}
-_written: set[tuple[str, int]] = set()
-"""(staging, rank) this process wrote: a plan naming one again is stale."""
+    store: str | None
+    """The store it was saved to (``None``: the default one)."""
 
 
 class GrabenWriter(OnStore, StorageWriter):
@@ -100,6 +97,11 @@ class GrabenWriter(OnStore, StorageWriter):
     ``compression=LEVEL`` compresses each item with zstd at that level (DCP's
     own ``stream.zstd`` transform, so its readers read it too); compressed
     tensors no longer dedup or load in place.
+
+    Reuse one writer for each step's save (``dcp.save(..., checkpoint_id=url,
+    storage_writer=writer)`` resets it; ``CheckpointManager`` does): it keeps
+    the last save's metadata, and ranks whose items did not change send the
+    coordinator a digest instead of their write results.
     """
 
     def __init__(
@@ -117,7 +119,7 @@ class GrabenWriter(OnStore, StorageWriter):
         self.save_id = uuid.uuid4().hex
         self.is_coordinator = False
         self._staging = ""  # named by the coordinator in prepare_global_plan
-        self._last: _LastSave | None = None  # what the coordinator told ranks it holds
+        self._last: _LastSave | None = None  # the coordinator's last save, to reuse
 
     # docstring inherited
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
@@ -138,7 +140,9 @@ class GrabenWriter(OnStore, StorageWriter):
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         parent, name = posixpath.split(self.path)
         staging = self._staging = posixpath.join(parent, f".{name}.saving-{self.save_id}")
-        last = self._last = _last_saves.get((self._store, len(plans)))
+        last = self._last
+        if last is not None and (last.store != self._store or len(last.digests) != len(plans)):
+            last = self._last = None  # another store or world size: nothing to reuse
         return [
             dataclasses.replace(
                 plan, storage_data=_Target(staging, i, last.digests[i] if last else b"")
@@ -148,16 +152,24 @@ class GrabenWriter(OnStore, StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         target: _Target = plan.storage_data
-        if (target.staging, target.rank) in _written:
-            raise ValueError(
+        if self._stale(target.staging):
+            raise InvalidArgument(
                 "GrabenWriter was handed a stale plan (a planner cached the storage part "
-                "of its plan); use GrabenSavePlanner for plan caching"
+                "of its plan); use GrabenSavePlanner for plan caching",
+                self.path,
             )
-        _written.add((target.staging, target.rank))
         results, metadata = self._write_rank(plan, planner, target)
         done: Future[list[WriteResult]] = Future()
         done.set_result(_results(results, metadata, target.known))
         return done
+
+    def _stale(self, staging: str) -> bool:
+        """Whether ``staging`` is not this save's: another checkpoint's, or (on the
+        coordinator, which named it for this save alone) not the one it named."""
+        if self.is_coordinator and staging != self._staging:
+            return True
+        parent, name = posixpath.split(self.path)
+        return not staging.startswith(posixpath.join(parent, f".{name}.saving-"))
 
     def _write_rank(
         self, plan: SavePlan, planner: SavePlanner, target: _Target
@@ -200,8 +212,7 @@ class GrabenWriter(OnStore, StorageWriter):
         return record if self.compression is None else compressed(record, self.compression)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        last = self._reuse(metadata, results)
-        _last_saves[(self._store, len(results))] = last
+        last = self._last = self._reuse(metadata, results)
         metadata.storage_meta = self.storage_meta()
         staging, copies = self._staging, self.replication
         files = {
@@ -234,7 +245,7 @@ class GrabenWriter(OnStore, StorageWriter):
             dataclasses.replace(metadata, storage_meta=None), protocol=pickle.HIGHEST_PROTOCOL
         )
         directory = encode_directory(directory_of(metadata, full))
-        return _LastSave(digests, full, keys, data, directory)
+        return _LastSave(digests, full, keys, data, directory, self._store)
 
 
 async def _staged(aio: AsyncClient, files: dict[str, bytes], copies: int | None) -> list[Upload]:

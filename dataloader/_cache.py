@@ -38,7 +38,6 @@ import mmap
 import os
 import secrets
 import stat
-import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -47,7 +46,7 @@ from pathlib import Path
 
 import crc32c
 
-from graben.store import NotADirectory, PermissionDenied
+from graben.store import NotADirectory, PermissionDenied, cache_home
 
 from ._manifest import Shard
 
@@ -67,18 +66,9 @@ Fetch = Callable[[int, int], bytes]
 
 
 def default_dir() -> Path:
-    """Where the node cache is when no ``cache_dir`` is given.
-
-    ``$XDG_CACHE_HOME/graben/datasets`` (an absolute ``XDG_CACHE_HOME``), else
-    ``~/.cache/graben/datasets``; without a home, ``$TMPDIR/graben-<uid>/datasets``.
-    """
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    if os.path.isabs(xdg):
-        return Path(xdg) / "graben" / "datasets"
-    home = os.path.expanduser("~")
-    if os.path.isabs(home) and os.path.isdir(home) and os.access(home, os.W_OK):
-        return Path(home) / ".cache" / "graben" / "datasets"
-    return Path(tempfile.gettempdir()) / f"graben-{os.geteuid()}" / "datasets"
+    """Where the node cache is when no ``cache_dir`` is given: ``datasets`` in the
+    store's cache home (``$XDG_CACHE_HOME/graben``, else ``~/.cache/graben``)."""
+    return cache_home() / "datasets"
 
 
 DEFAULT_LIMIT = 100 << 30

@@ -1,7 +1,8 @@
 """graben.store: the chunked, replicated object store and its clients.
 
 ``connect(url)`` opens a store and returns a ``Client``; ``AsyncClient`` is
-the same API for asyncio code; ``TLS`` says how to reach a cluster over TLS
+the same API for asyncio code; ``shared_client(url)`` is the process's one
+client for a store, which every door uses; ``TLS`` says how to reach a cluster over TLS
 (``connect(url, tls=TLS(ca=...))``, or ``$GRABEN_TLS_CA``); ``parse_size``
 reads a size as people write it (``"50G"``). Every error is a ``GrabenError``
 that also subclasses the builtin it means. ``optional_door`` is for graben's
@@ -9,7 +10,7 @@ own doors: importing one without its extra raises ``MissingExtra`` (an
 ``ImportError``) naming it.
 """
 
-from ._config import TLS, Options, parse_size, split_url
+from ._config import TLS, Options, cache_home, parse_size, split_url
 from ._errors import (
     AlreadyExists,
     CannotPlace,
@@ -42,7 +43,9 @@ from .client import (
     ReadFile,
     Upload,
     WriteFile,
+    clear_shared_clients,
     connect,
+    shared_client,
 )
 from .fsspec import GrabenFileSystem
 
@@ -80,9 +83,12 @@ __all__ = [
     "Unavailable",
     "Upload",
     "WriteFile",
+    "cache_home",
+    "clear_shared_clients",
     "connect",
     "normalize_path",
     "optional_door",
     "parse_size",
+    "shared_client",
     "split_url",
 ]

@@ -21,6 +21,7 @@ import os
 import re
 import resource
 import ssl
+import tempfile
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -201,6 +202,19 @@ class Options:
             raise InvalidArgument("read_ahead must not be negative")
         if self.inline_max is not None and self.inline_max < 0:
             raise InvalidArgument(f"inline_max must not be negative, not {self.inline_max}")
+
+
+def cache_home() -> Path:
+    """Where graben keeps caches on this machine: ``$XDG_CACHE_HOME/graben`` (an absolute
+    ``XDG_CACHE_HOME``), else ``~/.cache/graben``; without a writable home,
+    ``$TMPDIR/graben-<uid>``."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "graben"
+    home = os.path.expanduser("~")
+    if os.path.isabs(home) and os.path.isdir(home) and os.access(home, os.W_OK):
+        return Path(home) / ".cache" / "graben"
+    return Path(tempfile.gettempdir()) / f"graben-{os.geteuid()}"
 
 
 def default_home() -> Path:

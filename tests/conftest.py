@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 from store_kit import SMALL_CHUNK
 
-from graben.store import Client, connect
+from graben.store import Client, clear_shared_clients, connect
 from graben.store.cli._local import local_cluster, make_secret_file
 
 
@@ -67,14 +66,7 @@ def client(request: pytest.FixtureRequest, store_dir: Path) -> Iterator[Client]:
 
 
 @pytest.fixture(autouse=True)
-def _close_shared_checkpoint_clients() -> Iterator[None]:
-    """The checkpoint door keeps one client per store per process; tests use many stores."""
+def _close_shared_clients() -> Iterator[None]:
+    """The doors share one client per store per process; tests use many stores."""
     yield
-    _storage = sys.modules.get("graben.checkpoint._storage")
-    if _storage is None:  # not imported: nothing to close (and no torch to import)
-        return
-    with _storage._shared_lock:
-        clients = list(_storage._shared_clients.values())
-        _storage._shared_clients.clear()
-    for client in clients:
-        client.close()
+    clear_shared_clients()

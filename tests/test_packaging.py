@@ -179,11 +179,48 @@ def test_every_path_the_docs_name_exists() -> None:
     assert missing == []
 
 
-def test_the_store_reads_the_environment_in_its_config_alone() -> None:
-    """What graben.store takes from the environment is in one module, with its precedence."""
+DOORS = ("checkpoint", "dataloader", "fuse")
+"""The packages beside the store that users reach it through."""
+
+
+def test_the_environment_is_read_in_the_store_config_alone() -> None:
+    """What graben takes from the environment is in one module, with its precedence."""
     readers = [
         str(path.relative_to(ROOT))
-        for path in sorted((ROOT / "store").rglob("*.py"))
+        for top in ("store", *DOORS)
+        for path in sorted((ROOT / top).rglob("*.py"))
         if path.name != "_config.py" and re.search(r"os\.environ|getenv", path.read_text())
     ]
     assert readers == []
+
+
+PROCESS_RECORDS = {
+    "fuse/_mount.py:_daemons",
+    "store/fsspec/_exit.py:_filesystems",
+    "store/fsspec/_exit.py:_files",
+}
+"""Module state kept on purpose, of the process itself: the daemons it started are its
+children (as ``subprocess`` keeps its own), which ``unmount`` waits for; the exit hook
+that outwaits pyarrow's threads holds weak references to what they may hold."""
+MUTABLE = {"dict", "list", "set", "defaultdict", "OrderedDict", "WeakSet", "WeakValueDictionary"}
+
+
+def test_the_doors_keep_no_state_in_their_modules() -> None:
+    """A door's memory (clients, earlier saves) belongs to an object its caller owns;
+    upper-case names are constants."""
+    found = []
+    for top in (*DOORS, "store/fsspec"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    names = [t.id for t in targets if isinstance(t, ast.Name)]
+                    value = node.value
+                    call = value.func if isinstance(value, ast.Call) else None
+                    called = getattr(call, "attr", getattr(call, "id", ""))
+                    mutable = isinstance(value, ast.Dict | ast.List | ast.Set) or called in MUTABLE
+                    for name in names:
+                        where = f"{path.relative_to(ROOT)}:{name}"
+                        if mutable and not name.isupper() and name != "__all__":
+                            found.append(where)
+    assert sorted(set(found) - PROCESS_RECORDS) == []

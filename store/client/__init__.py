@@ -4,7 +4,8 @@ Owns ``AsyncClient`` (``_aclient``) and its sync facade ``Client``
 (``_client``, on one event loop thread: ``_loop``), the file objects
 (``_afiles``, ``_files``), the write path (``_upload``: staging, hashing,
 placement, upload, commit), the read path (``_reader``: verified reads,
-read-ahead), paged listings and layouts (``_pages``) and the client's side
+read-ahead), one client per store per process for every door
+(``_shared``), paged listings and layouts (``_pages``) and the client's side
 of fsck (``_fsck``).
 
 May import: ``embedded`` (to open a local store), ``transport``, ``wire``
@@ -16,6 +17,7 @@ from ._aclient import AsyncClient
 from ._afiles import AsyncReadFile, AsyncWriteFile
 from ._client import Client, connect
 from ._files import ReadFile, WriteFile
+from ._shared import clear_shared_clients, shared_client
 from ._upload import Staging, Upload
 
 __all__ = [
@@ -27,5 +29,7 @@ __all__ = [
     "Staging",
     "Upload",
     "WriteFile",
+    "clear_shared_clients",
     "connect",
+    "shared_client",
 ]

@@ -1,4 +1,8 @@
-"""``AsyncClient``: the store's API, written once over the transport seam."""
+"""``AsyncClient``: the store's API, written once over the transport seam.
+
+Over 500 lines: it is the whole API (the sync ``Client`` is derived from it),
+one documented method per operation; the work is in the modules beside it.
+"""
 
 from __future__ import annotations
 
@@ -106,6 +110,7 @@ class AsyncClient:
         self._hasher = ThreadPoolExecutor(options.hash_threads, thread_name_prefix="graben-hash")
         self.replication = options.replication or 0  # 0: the store's default
         self._settings: asyncio.Future[Settings] | None = None
+        self._closed = False
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -116,7 +121,10 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        """Release threads, buffers and connections."""
+        """Release threads, buffers and connections (again: nothing happens)."""
+        if self._closed:
+            return
+        self._closed = True
         self._hasher.shutdown(wait=True)
         await self.meta.close()
         await self.chunks.close()
@@ -124,6 +132,11 @@ class AsyncClient:
 
     def __repr__(self) -> str:
         return f"<AsyncClient {self.name}>"
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called."""
+        return self._closed
 
     @property
     def local(self) -> bool:

@@ -127,6 +127,11 @@ class Client:
         return _loop.submit(run())
 
     @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called."""
+        return self._aio.closed
+
+    @property
     def local(self) -> bool:
         """Whether the store runs in this process (embedded): its reads cost no hand-off."""
         return self.aio.local

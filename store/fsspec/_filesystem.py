@@ -34,7 +34,7 @@ from .._buffers import pump, transfer_buffer
 from .._config import Options, Target, resolve
 from .._errors import InvalidArgument, IsADirectory, NotFound
 from .._types import Buffer, FileInfo
-from ..client import Client, ReadFile, WriteFile, connect
+from ..client import Client, ReadFile, WriteFile, shared_client
 from . import _exit, _urls
 
 _OPTIONS = frozenset(Options.__dataclass_fields__)
@@ -59,14 +59,21 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def __init__(self, url: str | None = None, **options: Any) -> None:
         super().__init__(url=url, **options)
-        known = {k: v for k, v in options.items() if k in _OPTIONS}
         self.url = url
-        self.client: Client = connect(url, **known)
-        """The store client underneath."""
+        self._options = {k: v for k, v in options.items() if k in _OPTIONS}
+        self._client: Client = shared_client(url, **self._options)
         self._target = resolve(url)
         # what this store's URLs start with; None for an embedded store (it has none of its own)
         self._base = _urls.url_of(self._target) if self._target.addresses else None
         _exit.track_filesystem(self)
+
+    @property
+    def client(self) -> Client:
+        """The store's shared client (``graben.store.shared_client``): one per store per
+        process, whichever door asks; made again if someone closed it."""
+        if self._client.closed:
+            self._client = shared_client(self.url, **self._options)
+        return self._client
 
     # -- which store a path names -------------------------------------------------
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import fsspec
 import pytest
 import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.api import CheckpointException
 
-from graben.checkpoint import CheckpointManager, GrabenWriter
-from graben.store import connect
+from graben.checkpoint import CheckpointManager, GrabenReader, GrabenWriter
+from graben.store import connect, shared_client
 from graben.store.cli._main import main
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -119,9 +120,12 @@ def test_cli_ls_rm_export(home: Path, tmp_path: Path, capsys: pytest.CaptureFixt
         assert [c.step for c in manager.list()] == [3]
 
 
-def test_writers_share_one_client_per_store(home: Path) -> None:
-    """A job that makes a GrabenWriter per step must not open a client per step."""
+def test_every_door_shares_one_client_per_store(home: Path) -> None:
+    """A job that makes a GrabenWriter per step must not open a client per step, nor
+    hold another for the dataset it reads through fsspec."""
     first, second = GrabenWriter("graben:///x/1"), GrabenWriter("graben:///x/2")
-    assert first.client is second.client
+    assert first.client is second.client is GrabenReader("graben:///x/1").client
+    assert fsspec.filesystem("graben").client is first.client is shared_client()
+    assert CheckpointManager("graben:///runs").client is first.client
     with connect(home) as mine:
         assert GrabenWriter("graben:///x/3", client=mine).client is mine
