@@ -81,6 +81,14 @@ class CheckpointManager:
     ``load_latest`` (they are collective, like ``dcp.save``); only the
     coordinator (rank 0) moves ``latest`` and removes old checkpoints.
     ``compression`` is a zstd level for every save (see ``GrabenWriter``).
+
+    Collectives run on ``process_group`` (default: the default group), except
+    an asynchronous save's: its background thread gathers plans while the
+    training loop runs its own collectives (DDP's all-reduce), and two threads
+    on one group deadlock. So asynchronous saves run on a gloo group of the
+    manager's own, made at the first one (every rank's main thread makes it,
+    as every rank calls ``save``), or on ``process_group`` if given: then
+    nothing else may use that group while a save is in flight.
     """
 
     def __init__(
@@ -93,6 +101,7 @@ class CheckpointManager:
         client: Client | None = None,
         replication: int | None = None,
         compression: int | None = None,
+        process_group: dist.ProcessGroup | None = None,
     ) -> None:
         store, root = split_url(root_url)
         self.root_url, self.root = root_url.rstrip("/"), root.rstrip("/") or "/"
@@ -103,6 +112,7 @@ class CheckpointManager:
         self._pending: Future[Any] | None = None
         self._planner = GrabenSavePlanner()  # one for every save: its plan cache
         self._writer: GrabenWriter | None = None
+        self._group, self._background = process_group, process_group
 
     @property
     def client(self) -> Client:
@@ -129,12 +139,18 @@ class CheckpointManager:
         self.wait()
         writer = self._writer_for(step)
         if not async_:
-            save(state_dict, storage_writer=writer, planner=planner or self._planner)
+            save(
+                state_dict,
+                storage_writer=writer,
+                planner=planner or self._planner,
+                process_group=self._group,
+            )
             return self._published(step)
         upload = async_save(
             state_dict,
             storage_writer=writer,
             planner=planner or self._planner,
+            process_group=self._background_group(),
             async_stager=self._staging(),
         )
         if isinstance(upload, AsyncSaveResponse):
@@ -157,6 +173,12 @@ class CheckpointManager:
             self._writer.reset(self.url_of(step))
         return self._writer
 
+    def _background_group(self) -> dist.ProcessGroup | None:
+        """The group asynchronous saves gather on: never the one the training loop uses."""
+        if self._background is None and dist.is_available() and dist.is_initialized():
+            self._background = dist.new_group(backend="gloo")
+        return self._background
+
     def wait(self) -> None:
         """Wait for an asynchronous save still in flight (its errors are raised here)."""
         pending, self._pending = self._pending, None
@@ -170,7 +192,7 @@ class CheckpointManager:
 
     def _published(self, step: int) -> CheckpointInfo:
         info = self._info(step)
-        if _is_coordinator():
+        if _is_coordinator(self._group):
             self._client.put(posixpath.join(self.root, LATEST), _name(step).encode())
             self.apply_retention()
         return info
@@ -216,7 +238,8 @@ class CheckpointManager:
     ) -> None:
         """Load checkpoint ``step`` into ``state_dict`` in place."""
         reader = GrabenReader(self.url_of(step), client=self._client)
-        dcp_load(state_dict, storage_reader=reader, planner=planner or GrabenLoadPlanner())
+        planner = planner or GrabenLoadPlanner()
+        dcp_load(state_dict, storage_reader=reader, planner=planner, process_group=self._group)
 
     def list(self) -> list[CheckpointInfo]:
         """Complete checkpoints, oldest first."""
@@ -274,8 +297,9 @@ def _name(step: int) -> str:
     return f"step-{step:012d}"
 
 
-def _is_coordinator() -> bool:
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+def _is_coordinator(group: dist.ProcessGroup | None) -> bool:
+    """Whether this process is rank 0 of ``group`` (DCP's coordinator), or alone."""
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank(group) == 0
 
 
 def _then(done: Future[Any], publish: Callable[[], Any]) -> Callable[[Future[Any]], None]:

@@ -16,8 +16,11 @@ def free_port() -> int:
         return port
 
 
-def run_ranks(script: Path, action: str, url: str, world: int) -> list[tuple[int, str]]:
-    """Run ``script action url RANK WORLD PORT`` for every rank; each one's exit code and output."""
+def run_ranks(
+    script: Path, action: str, url: str, world: int, timeout: float = 240
+) -> list[tuple[int, str]]:
+    """Run ``script action url RANK WORLD PORT`` for every rank; each one's exit code and
+    output (a rank still running after ``timeout`` seconds is killed: a hang fails)."""
     port = free_port()
     procs = [
         subprocess.Popen(
@@ -31,7 +34,7 @@ def run_ranks(script: Path, action: str, url: str, world: int) -> list[tuple[int
     outcomes = []
     for proc in procs:
         try:
-            out, _ = proc.communicate(timeout=240)
+            out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
