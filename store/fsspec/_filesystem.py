@@ -307,6 +307,10 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
         """Store ``value`` at ``path``; ``mode="create"`` raises ``FileExistsError`` if present."""
         if mode not in ("overwrite", "create"):
             raise InvalidArgument(f"pipe_file mode must be 'overwrite' or 'create', not {mode!r}")
+        if self._intrans:  # one of the transaction's files: visible with the rest, or never
+            with self.open(path, "xb" if mode == "create" else "wb") as f:
+                f.write(value)
+            return
         self.client.put(_urls.store_path(path), value, exclusive=mode == "create")
 
     def put_file(
@@ -321,9 +325,9 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
         if os.path.isdir(lpath):
             self.makedirs(rpath, exist_ok=True)
             return
-        with (
+        with (  # self.open: in a transaction, the file is one of its own
             open(lpath, "rb", buffering=0) as src,
-            self._writer(rpath, "xb" if mode == "create" else "wb") as dst,
+            self.open(rpath, "xb" if mode == "create" else "wb") as dst,
             transfer_buffer(self.client.chunk_size) as block,
         ):
             callback.set_size(os.fstat(src.fileno()).st_size)
@@ -361,6 +365,14 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
         src, dst = _urls.store_path(path1), _urls.store_path(path2)
         if self.client.stat(src).is_dir:
             self.makedirs(dst, exist_ok=True)
+            return
+        if self._intrans:  # a copy in a transaction is one of its files: its bytes move
+            with (
+                self.client.open(src) as source,
+                self.open(dst, "wb") as target,
+                transfer_buffer(self.client.chunk_size) as block,
+            ):
+                pump(source.readinto, target.write, block, lambda _: None)
             return
         self.client.copy(src, dst)
 

@@ -204,6 +204,37 @@ def test_transaction_publishes_all_files_at_once_or_none(base: str) -> None:
     assert not fs._intrans  # the filesystem leaves transaction mode either way
 
 
+def test_every_write_in_a_transaction_is_all_or_nothing(base: str, tmp_path: Path) -> None:
+    """pipe_file, put_file, touch and cp_file join it as open does (the docs' example
+    pipes)."""
+    fs, root = _fs(base)
+    fs.pipe_file(f"{root}/src", b"source")
+    local = tmp_path / "local.bin"
+    local.write_bytes(b"local")
+
+    def write_all(into: str) -> None:
+        fs.pipe_file(f"{into}/piped", b"piped")
+        fs.put_file(str(local), f"{into}/put")
+        fs.touch(f"{into}/touched")
+        fs.cp_file(f"{root}/src", f"{into}/copied")
+        fs.pipe({f"{into}/many/{i}": b"%d" % i for i in range(3)})
+
+    with pytest.raises(RuntimeError), fs.transaction:
+        write_all(f"{root}/failed")
+        assert not fs.exists(f"{root}/failed/piped")  # nothing visible before the end
+        raise RuntimeError("training step failed")
+    assert not fs.exists(f"{root}/failed")
+
+    with fs.transaction:
+        write_all(f"{root}/done")
+        assert not fs.exists(f"{root}/done")
+    assert fs.cat_file(f"{root}/done/piped") == b"piped"
+    assert fs.cat_file(f"{root}/done/put") == b"local"
+    assert fs.cat_file(f"{root}/done/touched") == b""
+    assert fs.cat_file(f"{root}/done/copied") == b"source"
+    assert [fs.cat_file(f"{root}/done/many/{i}") for i in range(3)] == [b"0", b"1", b"2"]
+
+
 @pytest.mark.parametrize("compression", ["gzip", "bz2", "xz"])
 def test_open_with_compression(base: str, compression: str) -> None:
     text = "".join(f"line {i}\n" for i in range(10_000))
