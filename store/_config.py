@@ -296,6 +296,10 @@ def _default_target() -> Target:
     return Target(embedded=default_home())
 
 
+_OTHER_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
+"""Another scheme's URL (``s3://``, ``http://``): never taken for a path in a store."""
+
+
 def split_url(url: str) -> tuple[str | None, str]:
     """Split a file URL into (store URL, path in the store).
 
@@ -305,7 +309,17 @@ def split_url(url: str) -> tuple[str | None, str]:
     """
     parts = urlsplit(url)
     if parts.scheme != "graben":
+        if _OTHER_URL.match(url):
+            raise InvalidArgument(
+                f"{url!r} is not in a graben store: graben takes graben:// URLs and "
+                f"paths in a store, not {parts.scheme}: URLs"
+            )
         return None, url or "/"
+    if not url[len("graben:") :].startswith("//"):
+        raise InvalidArgument(
+            f"{url!r} is not a graben URL: graben:///path names the default store, "
+            "graben://host:port/path a cluster"
+        )
     store = f"graben://{parts.netloc}" if parts.netloc else None
     return store, unquote(parts.path) or "/"
 

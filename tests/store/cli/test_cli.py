@@ -114,6 +114,31 @@ def test_put_of_a_missing_local_file_fails_cleanly(graben: Graben, tmp_path: Pat
     failed(graben("put", str(tmp_path / "nope"), "/x"), "No such file", "nope")
 
 
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("put", "{local}", "s3://bucket/x"), ("'s3://bucket/x'", "not in a graben store")),
+        (("ls", "http://host/runs"), ("'http://host/runs'", "not in a graben store")),
+        (("ls", "graben:/runs"), ("not a graben URL", "graben:///path")),
+    ],
+)
+def test_another_scheme_is_refused_not_taken_for_a_path(
+    graben: Graben,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    args: tuple[str, ...],
+    words: tuple[str, ...],
+) -> None:
+    """``graben put model.pt s3://bucket/x`` wrote /s3:/bucket/x into a new default store."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("GRABEN_HOME", str(home))
+    local = str(write(tmp_path / "model.pt", b"weights"))
+    result = graben(*(a.format(local=local) for a in args), store=False)
+    failed(result, *words)
+    assert len(result.err.strip().splitlines()) == 1
+    assert not home.exists()
+
+
 def test_failed_get_leaves_the_old_local_file_alone(graben: Graben, tmp_path: Path) -> None:
     graben("put", str(write(tmp_path / "big", os.urandom(20 * MiB))), "/big")
     flip_byte(chunk_files(graben.store)[0])  # the smallest: the tail of the file
