@@ -58,6 +58,13 @@ def _mount_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds the kernel caches names and attributes (default: %(default)s)",
     )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=defaults.wait,
+        metavar="S",
+        help="seconds to keep trying to reach a cluster that is starting (default: %(default)s)",
+    )
     parser.add_argument("--log", type=Path, help="the daemon's log file")
     parser.add_argument(
         "--log-level",
@@ -87,6 +94,7 @@ def _options(args: argparse.Namespace) -> MountOptions:
         spool_dir=args.spool,
         spool_limit=args.spool_limit,
         timeout=args.timeout,
+        wait=args.wait,
         log_file=args.log,
         allow_other=args.allow_other,
         log_level=args.log_level,

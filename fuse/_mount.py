@@ -146,7 +146,7 @@ def _mounted(
     takes it all down again (the mount first)."""
     spool = Spool(private_directory(options.spool_dir), options.spool_limit)
     stack.callback(spool.close)
-    client = stack.enter_context(connect(url))
+    client = stack.enter_context(connect(url, wait=options.wait))
     client.stat("/")  # an unreachable store fails the mount, not every call after it
     ops = Operations(client, spool, read_only=options.read_only, timeout=options.timeout)
     metrics = _serve_metrics(ops, options.metrics)
@@ -339,7 +339,7 @@ def _start_daemon(url: str, target: Path, options: MountOptions) -> int:
         os.close(log_out)
     os.close(write)
     try:
-        ready, why = _wait_ready(read, process)
+        ready, why = _wait_ready(read, process, options.wait)
     finally:
         os.close(read)
     if not ready:
@@ -355,9 +355,11 @@ def _start_daemon(url: str, target: Path, options: MountOptions) -> int:
     return process.pid
 
 
-def _wait_ready(read: int, process: subprocess.Popen[bytes]) -> tuple[bool, str]:
-    """Whether the daemon mounted, else why not (``""`` if it did not say)."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
+def _wait_ready(read: int, process: subprocess.Popen[bytes], wait: float) -> tuple[bool, str]:
+    """Whether the daemon mounted, else why not (``""`` if it did not say); ``wait``: how
+    long it may try to reach its store first."""
+    patience = READY_TIMEOUT_S + wait
+    deadline = time.monotonic() + patience
     while time.monotonic() < deadline:
         ready, _, _ = select.select([read], [], [], 0.2)
         if ready:
@@ -365,7 +367,7 @@ def _wait_ready(read: int, process: subprocess.Popen[bytes]) -> tuple[bool, str]
             return said == b"1", said[1:].decode(errors="replace")
         if process.poll() is not None:
             return False, ""
-    return False, f"not mounted after {READY_TIMEOUT_S:.0f} s"
+    return False, f"not mounted after {patience:.0f} s"
 
 
 def _tail(path: Path) -> str:
@@ -381,7 +383,7 @@ def daemon_args(url: str, target: Path, options: MountOptions) -> list[str]:
     """``graben mount`` arguments that mount the same way in the foreground."""
     args = [url, os.fspath(target), "--foreground"]
     args += ["--spool", os.fspath(options.spool_dir), "--spool-limit", str(options.spool_limit)]
-    args += ["--timeout", repr(options.timeout)]
+    args += ["--timeout", repr(options.timeout), "--wait", repr(options.wait)]
     args += ["--read-only"] * options.read_only + ["--allow-other"] * options.allow_other
     args += ["--log-level", options.log_level]
     args += [] if options.metrics is None else ["--metrics", options.metrics]

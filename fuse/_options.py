@@ -27,6 +27,8 @@ class MountOptions:
     """Bytes the spool may hold; a write past it fails with ``ENOSPC``."""
     timeout: float = 1.0
     """Seconds the kernel may cache attributes and names."""
+    wait: float = 1.0
+    """Seconds to keep trying to reach a cluster that is starting before the mount fails."""
     log_file: Path | None = None
     """The daemon's log (background mounts; default: ``<spool_dir>/mount.log``)."""
     allow_other: bool = False

@@ -156,6 +156,10 @@ class Options:
     connect, connection lost, no answer), moving to another of the cluster's services
     if there is one; refusals are never retried. Mutations are repeated with their
     idempotency key (applied once), and for at most 300 s whatever this says."""
+    wait: float = 1.0
+    """Seconds a client that has never reached the cluster keeps trying (a refused or
+    unanswered connection) before it says so: a dead endpoint costs this, not
+    ``timeout``. Raise it to wait for a cluster that is starting (``--wait``)."""
     max_inflight: int = 8
     """Chunks one writer hashes and uploads at once."""
     inline_max: int | None = None
@@ -191,10 +195,11 @@ class Options:
             raise InvalidArgument(f"replication must be at least 1, not {self.replication}")
         if self.min_replicas is not None and self.min_replicas < 1:
             raise InvalidArgument(f"min_replicas must be at least 1, not {self.min_replicas}")
-        if not self.timeout > 0:
-            raise InvalidArgument(
-                f"timeout must be a positive number of seconds, not {self.timeout}"
-            )
+        for name in ("timeout", "wait"):
+            if not getattr(self, name) > 0:
+                raise InvalidArgument(
+                    f"{name} must be a positive number of seconds, not {getattr(self, name)}"
+                )
         for name in ("max_inflight", "io_threads", "hash_threads"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1")

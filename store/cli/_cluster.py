@@ -44,7 +44,7 @@ from ._listen import (
 from ._logs import log_arg
 from ._main import config_arg
 from ._stores import timeout_arg
-from ._tls import client_tls, server_tls, server_tls_args, tls_arg
+from ._tls import server_tls, server_tls_args, tls_arg
 
 if TYPE_CHECKING:
     from ..meta import Repository, SQLiteRepository
@@ -168,7 +168,7 @@ def _status(args: argparse.Namespace) -> int:
     from ._render import emit_lines, status_lines
     from ._stores import open_client
 
-    with open_client(args.store, create=True, timeout=args.timeout, tls=client_tls(args)) as client:
+    with open_client(args.store, args, create=True) as client:
         health = client.health()
     cluster = resolve(args.store).address is not None
     dead = cluster and not any(n.alive for n in health.nodes)

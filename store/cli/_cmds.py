@@ -20,7 +20,7 @@ from .._paths import normalize
 from . import _render as out
 from . import _transfer, _trees
 from ._stores import locate, open_client, remote_dest, timeout_arg
-from ._tls import client_tls, tls_arg
+from ._tls import tls_arg
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Run: TypeAlias = Callable[[argparse.Namespace], int]
@@ -241,7 +241,7 @@ def _byte_range(text: str) -> tuple[int, int | None]:
 
 def _ls(args: argparse.Namespace) -> int:
     store, (path,) = locate(args.store, args.path)
-    with open_client(store, timeout=args.timeout, tls=client_tls(args)) as client:
+    with open_client(store, args) as client:
         infos = client.ls(path)
     if args.json:
         out.emit_json(infos)
@@ -252,7 +252,7 @@ def _ls(args: argparse.Namespace) -> int:
 
 def _stat(args: argparse.Namespace) -> int:
     store, (path,) = locate(args.store, args.path)
-    with open_client(store, timeout=args.timeout, tls=client_tls(args)) as client:
+    with open_client(store, args) as client:
         info = client.stat(path)
     if args.json:
         out.emit_json(info)
@@ -263,7 +263,7 @@ def _stat(args: argparse.Namespace) -> int:
 
 def _du(args: argparse.Namespace) -> int:
     store, (path,) = locate(args.store, args.path)
-    with open_client(store, timeout=args.timeout, tls=client_tls(args)) as client:
+    with open_client(store, args) as client:
         files, size = client.du(path)
         held, chunks = _trees.physical(client, path) if args.physical else (size, 0)
     clean = normalize(path)
@@ -277,14 +277,14 @@ def _du(args: argparse.Namespace) -> int:
 
 def _mkdir(args: argparse.Namespace) -> int:
     store, (path,) = locate(args.store, args.path)
-    with open_client(store, create=True, timeout=args.timeout, tls=client_tls(args)) as client:
+    with open_client(store, args, create=True) as client:
         client.mkdir(path, parents=args.parents, exist_ok=args.parents)
     return 0
 
 
 def _rm(args: argparse.Namespace) -> int:
     store, (path,) = locate(args.store, args.path)
-    with open_client(store, timeout=args.timeout, tls=client_tls(args)) as client:
+    with open_client(store, args) as client:
         try:
             client.rm(path, recursive=args.recursive)
         except DirectoryNotEmpty:
@@ -297,14 +297,14 @@ def _rm(args: argparse.Namespace) -> int:
 
 def _mv(args: argparse.Namespace) -> int:
     store, (src, dst) = locate(args.store, args.src, args.dst)
-    with open_client(store, timeout=args.timeout, tls=client_tls(args)) as client:
+    with open_client(store, args) as client:
         dest = remote_dest(client, dst, posixpath.basename(normalize(src)))
         client.rename(src, dest, replace=not args.no_clobber)
     return 0
 
 
 def _fsck(args: argparse.Namespace) -> int:
-    with open_client(args.store, timeout=args.timeout, tls=client_tls(args)) as client:
+    with open_client(args.store, args) as client:
         allowed = out.progress_allowed(json=args.json)
         with out.Meter("fsck", None, enabled=allowed) as meter:
             report = client.fsck(

@@ -254,7 +254,7 @@ def _wait_for_nodes(
     from ..client import connect
 
     deadline = time.monotonic() + READY_TIMEOUT_S
-    with connect(url, token=token, tls=tls) as client:
+    with connect(url, token=token, tls=tls, wait=READY_TIMEOUT_S) as client:
         while time.monotonic() < deadline:
             nodes = client.health().nodes
             if sum(n.alive and n.last_seen >= since for n in nodes) >= count:

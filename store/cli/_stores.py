@@ -13,9 +13,10 @@ import posixpath
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .._config import TLS, resolve, split_url
+from .._config import resolve, split_url
 from .._errors import GrabenError, InvalidArgument, NotADirectory, NotFound, from_os_error
 from ..client import Client, connect
+from ._tls import client_tls
 
 
 def locate(flag: str | None, *paths: str) -> tuple[str | None, list[str]]:
@@ -36,7 +37,8 @@ def locate(flag: str | None, *paths: str) -> tuple[str | None, list[str]]:
 
 
 def timeout_arg(parser: argparse.ArgumentParser) -> None:
-    """``--timeout SECONDS``: how long a client command retries an unreachable service."""
+    """``--timeout SECONDS``: how long a client command retries a service it lost;
+    ``--wait SECONDS``: how long it tries to reach one it never reached."""
     parser.add_argument(
         "--timeout",
         type=float,
@@ -44,26 +46,29 @@ def timeout_arg(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="give up retrying an unreachable metadata service after this long (default 30)",
     )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="keep trying to reach a cluster that is starting for this long (default 1)",
+    )
 
 
 @contextmanager
 def open_client(
-    store: str | None,
-    *,
-    create: bool = False,
-    timeout: float | None = None,
-    tls: TLS | None = None,
+    store: str | None, args: argparse.Namespace, *, create: bool = False
 ) -> Iterator[Client]:
-    """A client of ``store``; commands that only read refuse to create a store. ``tls``
-    (``client_tls``) reaches a cluster over TLS; ``None``: plaintext.
+    """A client of ``store`` as the command's ``--timeout``, ``--wait`` and ``--tls-*``
+    flags say; commands that only read refuse to create a store.
 
     Opening an embedded store creates its directory, so a mistyped
     ``--store`` on ``ls`` would otherwise leave a new empty store behind.
     """
     if not create:
         _require_store(store)
-    options = {} if timeout is None else {"timeout": timeout}
-    with connect(store, tls=tls, **options) as client:
+    options = {k: v for k in ("timeout", "wait") if (v := getattr(args, k, None)) is not None}
+    with connect(store, tls=client_tls(args), **options) as client:
         yield client
 
 

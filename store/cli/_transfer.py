@@ -32,7 +32,6 @@ from ._stores import (
     remote_dest,
     remote_is_dir,
 )
-from ._tls import client_tls
 from ._trees import Entry, walk, without_links
 
 WriteMode: TypeAlias = Literal["wb", "xb"]
@@ -44,7 +43,7 @@ def cat(args: argparse.Namespace) -> int:
     start, end = args.range or (0, None)
     store, (path,) = locate(args.store, args.path)
     with (
-        open_client(store, timeout=args.timeout, tls=client_tls(args)) as client,
+        open_client(store, args) as client,
         client.open(path, "rb") as src,
     ):
         size = src.info.size
@@ -56,7 +55,7 @@ def cat(args: argparse.Namespace) -> int:
 
 def get(args: argparse.Namespace) -> int:
     store, (remote,) = locate(args.store, args.remote)
-    with open_client(store, timeout=args.timeout, tls=client_tls(args)) as client:
+    with open_client(store, args) as client:
         if args.local == STDIO:
             with client.open(remote, "rb") as src:
                 _to_stdout(client, src, src.info.size, remote)
@@ -196,7 +195,7 @@ def _replacing(parent: int, name: str) -> Iterator[BinaryIO]:
 def put(args: argparse.Namespace) -> int:
     store, (remote,) = locate(args.store, args.remote)
     mode: WriteMode = "xb" if args.exclusive else "wb"
-    with open_client(store, create=True, timeout=args.timeout, tls=client_tls(args)) as client:
+    with open_client(store, args, create=True) as client:
         if args.local == STDIO:
             _put_stdin(client, remote, mode)
             return 0

@@ -19,7 +19,6 @@ from .._types import FileInfo
 from ..client import Client
 from ._render import shown
 from ._stores import locate, open_client, remote_dest
-from ._tls import client_tls
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +87,7 @@ def physical(client: Client, root: str) -> tuple[int, int]:
 
 def cp(args: argparse.Namespace) -> int:
     store, (src, dst) = locate(args.store, args.src, args.dst)
-    with open_client(store, timeout=args.timeout, tls=client_tls(args)) as client:
+    with open_client(store, args) as client:
         [entry] = without_links([Entry((), client.stat(src))], "cp")
         info = entry.info
         dest = remote_dest(client, dst, posixpath.basename(normalize(src)))

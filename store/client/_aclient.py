@@ -74,6 +74,7 @@ class AsyncClient:
                 token=auth.cluster_token(opts.token),
                 read_ahead=opts.remote_read_ahead,
                 timeout=opts.timeout,
+                wait=opts.wait,
                 tls=None if opts.tls is None else tls.client_context(opts.tls),
             )
             self._setup(remote, nodes, opts, cluster_url(target.addresses), report=True)

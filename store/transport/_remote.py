@@ -95,6 +95,8 @@ CALL_TIMEOUT = DEFAULT_TIMEOUT
 
 RETRY_FOR_S = 30.0
 """How long requests keep retrying while the metadata service is away."""
+FIRST_CONTACT_S = 1.0
+"""How long a client that has never reached a service keeps trying to."""
 RETRYABLE = frozenset(
     {
         Stat,
@@ -138,12 +140,13 @@ def open_cluster(
     token: str,
     read_ahead: int = 0,
     timeout: float = RETRY_FOR_S,
+    wait: float = FIRST_CONTACT_S,
     tls: ssl.SSLContext | None = None,
 ) -> tuple[RemoteMeta, RemoteChunks]:
     """Transports to the cluster whose metadata services listen at ``endpoints``
     (``(host, port)`` each; a name stands for all its addresses), over TLS with the
     client context ``tls`` (to the services and the data nodes)."""
-    meta = RemoteMeta(endpoints, token, timeout=timeout, tls=tls)
+    meta = RemoteMeta(endpoints, token, timeout=timeout, wait=wait, tls=tls)
     checker = ThreadPoolExecutor(check_threads, thread_name_prefix="graben-check")
     nodes = RemoteChunks(
         lambda: meta.request(ListNodes()),
@@ -253,12 +256,16 @@ class RemoteMeta:
         token: str,
         *,
         timeout: float = RETRY_FOR_S,
+        wait: float = FIRST_CONTACT_S,
         tls: ssl.SSLContext | None = None,
     ) -> None:
         self.endpoints = Endpoints(endpoints)
         """The services' addresses, and the one in use."""
         self.timeout = timeout
         """Seconds a request keeps retrying transport failures."""
+        self.wait = wait
+        """Seconds a request keeps trying to connect while no service was ever reached."""
+        self._reached = False
         self._pool = Pool(tls)
         self._token = token
         self.grants = Grants(lambda chunks, op: self.request(Grant(chunks, op)))
@@ -362,9 +369,11 @@ class RemoteMeta:
         retry.answered = False
         several = self.endpoints.several
         wait = min(max(retry.left(), 0.1), CALL_TIMEOUT)
-        conn = await self._pool.get(
-            address, timeout=min(ANSWER_WITHIN_S if several else CONNECT_TIMEOUT, wait)
-        )
+        connect = min(ANSWER_WITHIN_S if several else CONNECT_TIMEOUT, wait)
+        if not self._reached:  # a dead endpoint costs the first contact's wait, no more
+            connect = min(connect, max(self.wait - (time.monotonic() - retry.start), 0.1))
+        conn = await self._pool.get(address, timeout=connect)
+        self._reached = True
         try:
             return await watched(conn, body, self._token, wait, ping=several)
         except Unavailable:
@@ -379,6 +388,12 @@ class RemoteMeta:
         retry.tries += 1
         if retry.limit <= 0:
             raise exc
+        if not self._reached and time.monotonic() - retry.start >= self.wait:
+            raise Unavailable(
+                f"cannot reach the metadata service: {exc.message} (to wait for a cluster "
+                "that is starting: --wait SECONDS, or connect(url, wait=SECONDS))",
+                exc.path,
+            ) from None
         left = retry.left()
         if left <= 0:
             raise type(exc)(
@@ -391,7 +406,7 @@ class RemoteMeta:
             retry.tried.add(address)
             if self.endpoints.move(address, exc.message) not in retry.tried:
                 return
-        if not retry.warned:
+        if not retry.warned and self._reached:  # else a first contact: its error says it all
             retry.warned = True
             log.warning(
                 "metadata service at %s: %s; retrying %s until %s (timeout %g s)",
