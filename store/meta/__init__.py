@@ -17,11 +17,13 @@ anything above it.
 """
 
 from ._namespace import Namespace
+from ._placement import LOCAL_NODE
 from ._repo import Repository
 from ._service import MetaService
 from .engines import SQLiteRepository, is_postgres, open_postgres
 
 __all__ = [
+    "LOCAL_NODE",
     "MetaService",
     "Namespace",
     "Repository",

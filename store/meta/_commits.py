@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from .. import _paths
 from .._errors import AlreadyExists, GrabenError, IntegrityError, InvalidArgument, IsADirectory
 from .._hashing import content_id, crc32c
-from .._types import ChunkRef, Extent, FileCommit, FileInfo, Placement, Settings, StoredChunk
+from .._types import ChunkRef, Extent, FileCommit, FileInfo, StoredChunk
+from ..transport import Placement, Settings
 from ._once import record, recorded, replayed, write_once
 from ._repo import Inode, NewFile, Repository, Tx
 from ._walk import Directories, ensure_dirs, info

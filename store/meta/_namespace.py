@@ -30,19 +30,11 @@ from .._errors import (
     NotADirectory,
     NotFound,
 )
-from .._types import (
+from .._types import Change, ChunkRef, FileCommit, FileInfo, FileLayout
+from ..transport import (
     LAYOUT_PAGE,
     LIST_PAGE,
-    LOCAL_NODE,
     MAX_PAGE,
-    Change,
-    ChunkRef,
-    FileCommit,
-    FileInfo,
-    FileLayout,
-    Listing,
-)
-from ..transport import (
     CheckMetadata,
     ChunkRefs,
     ChunkUsers,
@@ -55,6 +47,7 @@ from ..transport import (
     Heartbeat,
     Link,
     ListDir,
+    Listing,
     ListNodes,
     MakeDir,
     Prepare,
@@ -69,6 +62,7 @@ from ..transport import (
 from ._bookkeeping import Bookkeeping
 from ._commits import PERMISSION_BITS, Commits, Placer, check_owner, check_time
 from ._once import write_once
+from ._placement import LOCAL_NODE
 from ._repo import Inode, Repository, Tx
 from ._walk import (
     DIR_MODE,
