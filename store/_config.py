@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import resource
 import ssl
 import tempfile
 from dataclasses import dataclass, field
@@ -324,20 +323,3 @@ def parse_size(text: str | int) -> int:
     scale = 1 << (10 * _POWERS[unit])
     tenths: int = 10 ** len(fraction)
     return int(whole) * scale + int(fraction or "0") * scale // tenths
-
-
-OPEN_FILES = 65536
-"""Descriptors a server asks for at start: each client connection holds one, and a
-thousand-rank job holds a thousand connections to the metadata service and to each
-data node."""
-
-
-def raise_open_files(want: int = OPEN_FILES) -> int:
-    """Raise this process's soft limit on open files towards ``want`` (never past the hard
-    limit, which only root may raise); the soft limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        return target
-    return soft
