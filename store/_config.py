@@ -8,6 +8,12 @@ and ``GRABEN_TOKEN``, then ``GRABEN_SECRET`` / ``GRABEN_SECRET_FILE``, read
 by ``wire/_auth.py``: ``cluster_token``, ``load_secret``), then the defaults
 below. Servers read ``GRABEN_PAGE_ENTRIES`` (``page_entries``) on every page
 they serve.
+
+Besides ``Options`` and ``TLS``: where a store is (``resolve``: its URL or
+the default home; ``split_url``), where caches go (``cache_home``), sizes as
+people write them (``parse_size``), and the constants that clients and
+servers, or a data node and the metadata service's placement, agree on
+(chunk sizes, ``PAGE_ENTRIES``, ``RESERVE``).
 """
 
 from __future__ import annotations
@@ -30,12 +36,6 @@ PAGE_ENTRIES = 128
 collection). A page of chunk records with their read capabilities is ~60 KiB: far
 under the wire's header limit (1 MiB, and a receiver's 256 KiB inbox, which a header
 must fit); a store of any size is just more pages."""
-INLINE_MAX = 64 * 1024
-"""Files up to this size are kept in the metadata engine unless a service says otherwise."""
-INLINE_LIMIT = 1 << 20
-"""The most a service's ``inline_max`` may be: larger files belong on the data nodes."""
-PAGE_BYTES = 64 * 1024
-"""Most bytes of text in one page whose entries hold paths (up to 4 KiB each)."""
 RESERVE = 64 << 20
 """Bytes a node keeps free beyond the chunk, so a disk stops taking chunks before it fills."""
 

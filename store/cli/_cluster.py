@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import urlsplit
 
-from .._config import INLINE_LIMIT, INLINE_MAX, resolve
+from .._config import resolve
 from .._errors import InvalidArgument, NotFound
+from ..meta import INLINE_LIMIT, INLINE_MAX
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
 from ._listen import (
     META_PORT,

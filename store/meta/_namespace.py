@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from .. import _paths
-from .._config import INLINE_LIMIT, INLINE_MAX, page_entries
+from .._config import page_entries
 from .._errors import (
     AlreadyExists,
     DirectoryNotEmpty,
@@ -60,7 +60,15 @@ from ..transport import (
     Usage,
 )
 from ._bookkeeping import Bookkeeping
-from ._commits import PERMISSION_BITS, Commits, Placer, check_owner, check_time
+from ._commits import (
+    INLINE_LIMIT,
+    INLINE_MAX,
+    PERMISSION_BITS,
+    Commits,
+    Placer,
+    check_owner,
+    check_time,
+)
 from ._once import write_once
 from ._placement import LOCAL_NODE
 from ._repo import Inode, Repository, Tx

@@ -37,7 +37,7 @@ import msgspec
 from msgspec.structs import replace
 
 from .._batcher import Batcher
-from .._config import INLINE_MAX, TLS
+from .._config import TLS
 from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound, PermissionDenied
 from .._types import Capability, ChunkRef, FileInfo, FileLayout, NodeState, Op, ServiceState
 from ..transport import (
@@ -69,6 +69,7 @@ from ..wire import (
 from ..wire import (
     tls as wire_tls,
 )
+from ._commits import INLINE_MAX
 from ._leader import BEAT_S, LEASE_S, Deposed, Leadership
 from ._namespace import Namespace
 from ._placement import place
