@@ -38,7 +38,8 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystem
 
 from graben.checkpoint import GrabenLoadPlanner, GrabenReader, GrabenWriter
 from graben.store import Client
-from graben.store._config import endpoints, raise_open_files
+from graben.store._config import endpoints
+from graben.store.cli._cluster import raise_open_files
 
 SHARD_BYTES = 64 * 1024
 """Bytes of the tensor each rank saves."""

@@ -9,27 +9,24 @@ by ``wire/_auth.py``: ``cluster_token``, ``load_secret``), then the defaults
 below. Servers read ``GRABEN_PAGE_ENTRIES`` (``page_entries``) on every page
 they serve.
 
-Servers' flags may also come from a TOML file (``--config``): ``load_config``
-reads one table of it and ``config_defaults`` makes that table a command's
-defaults, so flags given on the command line still win.
+Besides ``Options`` and ``TLS``: where a store is (``resolve``: its URL or
+the default home; ``split_url``), where caches go (``cache_home``), sizes as
+people write them (``parse_size``), and the constants that clients and
+servers, or a data node and the metadata service's placement, agree on
+(chunk sizes, ``PAGE_ENTRIES``, ``RESERVE``).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
-import resource
 import ssl
 import tempfile
-import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ._errors import InvalidArgument, NotFound
+from ._errors import InvalidArgument
 
 MiB = 1 << 20
 DEFAULT_CHUNK_SIZE = 8 * MiB
@@ -39,12 +36,6 @@ PAGE_ENTRIES = 128
 collection). A page of chunk records with their read capabilities is ~60 KiB: far
 under the wire's header limit (1 MiB, and a receiver's 256 KiB inbox, which a header
 must fit); a store of any size is just more pages."""
-INLINE_MAX = 64 * 1024
-"""Files up to this size are kept in the metadata engine unless a service says otherwise."""
-INLINE_LIMIT = 1 << 20
-"""The most a service's ``inline_max`` may be: larger files belong on the data nodes."""
-PAGE_BYTES = 64 * 1024
-"""Most bytes of text in one page whose entries hold paths (up to 4 KiB each)."""
 RESERVE = 64 << 20
 """Bytes a node keeps free beyond the chunk, so a disk stops taking chunks before it fills."""
 
@@ -329,76 +320,6 @@ def split_url(url: str) -> tuple[str | None, str]:
     return store, unquote(parts.path) or "/"
 
 
-# -- config files ----------------------------------------------------------------
-
-
-def load_config(path: Path, section: str) -> dict[str, Any]:
-    """The table ``[section]`` of the TOML file at ``path`` (empty if it has none)."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise NotFound("no such config file", str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(f"cannot read config file {path}: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidArgument(f"config file {path} is not valid TOML: {exc}") from None
-    table = data.get(section, {})
-    if not isinstance(table, dict):
-        raise InvalidArgument(f"config file {path}: [{section}] must be a table")
-    return table
-
-
-def config_defaults(parser: argparse.ArgumentParser, values: Mapping[str, Any], where: str) -> None:
-    """Make ``values`` the defaults of ``parser``'s flags (keys are flag names without
-    ``--``; ``_`` may stand for ``-``). Every key must name one of its flags, and each
-    value passes the flag's own type check; a flag given a value here is no longer
-    required. ``where`` names the file and table in errors."""
-    flags = _long_flags(parser)
-    for key, value in values.items():
-        action = flags.get(key.replace("_", "-"))
-        if action is None:
-            known = ", ".join(sorted(flags))
-            raise InvalidArgument(f"{where}: unknown key {key!r} (known: {known})")
-        parser.set_defaults(**{action.dest: _flag_value(action, value, f"{where}: {key}")})
-        action.required = False
-
-
-def _long_flags(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """The parser's ``--name`` flags by name, but the config file's own and help."""
-    return {
-        option[2:]: action
-        for action in parser._actions
-        for option in action.option_strings
-        if option.startswith("--") and option not in ("--config", "--help")
-    }
-
-
-def _flag_value(action: argparse.Action, value: Any, where: str) -> Any:
-    """``value`` as the flag would parse it from the command line."""
-    if action.nargs == 0:  # a switch such as --init: true or false
-        if not isinstance(value, bool):
-            raise InvalidArgument(f"{where} must be true or false, not {value!r}")
-        return action.const if value else action.default
-    if isinstance(value, list):
-        if action.nargs not in ("*", "+") and not isinstance(action, argparse._AppendAction):
-            raise InvalidArgument(f"{where} takes one value, not a list")
-        return [_one_value(action, v, where) for v in value]
-    return _one_value(action, value, where)
-
-
-def _one_value(action: argparse.Action, value: Any, where: str) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise InvalidArgument(f"{where} must be a string or a number, not {value!r}")
-    convert = action.type if callable(action.type) else str
-    try:
-        parsed = convert(str(value))
-    except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
-        raise InvalidArgument(f"{where}: {value!r} is not valid ({exc})") from None
-    if action.choices is not None and parsed not in action.choices:
-        raise InvalidArgument(f"{where} must be one of {', '.join(map(str, action.choices))}")
-    return parsed
-
-
 # --- sizes as people write them ---------------------------------------------------
 
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
@@ -421,20 +342,3 @@ def parse_size(text: str | int) -> int:
     scale = 1 << (10 * _POWERS[unit])
     tenths: int = 10 ** len(fraction)
     return int(whole) * scale + int(fraction or "0") * scale // tenths
-
-
-OPEN_FILES = 65536
-"""Descriptors a server asks for at start: each client connection holds one, and a
-thousand-rank job holds a thousand connections to the metadata service and to each
-data node."""
-
-
-def raise_open_files(want: int = OPEN_FILES) -> int:
-    """Raise this process's soft limit on open files towards ``want`` (never past the hard
-    limit, which only root may raise); the soft limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        return target
-    return soft

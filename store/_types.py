@@ -1,4 +1,14 @@
-"""Values shared by every layer of the store: clients, servers and the wire.
+"""The store's public values: what ``graben.store`` exports and what its client
+API returns, with the values inside them.
+
+``FileInfo`` and ``Change``; ``FsckReport`` and its ``ChunkProblem`` findings;
+``Health`` with its ``NodeState`` and ``ServiceState`` rows; ``FileLayout``
+(``Client.layout``) with its ``Extent``, ``ChunkRef`` and ``Capability``
+values; the ``FileCommit`` an ``Upload`` finishes as, with its
+``StoredChunk`` values. Every layer uses them. What the layers only pass
+among themselves lives where they do: the metadata service's other replies
+and a data node's calls in ``transport``, the wire's error in ``wire``, the
+repository's records in ``meta``.
 
 All are frozen msgspec Structs: slotted, hashable, and encodable as they are,
 so servers and clients share one set of types.
@@ -15,18 +25,6 @@ Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 """What the store accepts as bytes (anything with the buffer protocol works at run time)."""
 Kind = Literal["file", "directory"]
 WriteMode = Literal["overwrite", "create"]
-
-LOCAL_NODE = "local"
-"""The one node id of an embedded store."""
-
-# Pages: no reply lists more than this, so no directory or file is too large.
-LIST_PAGE = 1000
-"""Directory entries in one ``ListDir`` reply unless fewer are asked for."""
-LAYOUT_PAGE = 256
-"""Extents in one ``GetLayout`` reply unless fewer are asked for (with replicas
-and grants, ~100 KiB at three copies)."""
-MAX_PAGE = 10_000
-"""Most entries one reply carries, whatever is asked."""
 
 
 class FileInfo(msgspec.Struct, frozen=True):
@@ -126,18 +124,6 @@ class Capability(msgspec.Struct, frozen=True):
     store refuses it (``""``: minted for no store in particular)."""
 
 
-class ChunkCall(msgspec.Struct, frozen=True):
-    """The body of a data node's ``chunk.read`` and ``chunk.write``."""
-
-    chunk: ChunkRef
-    """The chunk to read or write."""
-    cap: Capability
-    """The metadata service's permission for this op on this chunk."""
-    forward: tuple[str, ...] = ()
-    """Chain replication: addresses of further replicas, each passing the chunk
-    on to the next while it stores its own copy (writes only)."""
-
-
 class Extent(msgspec.Struct, frozen=True):
     """A run of a file's bytes stored in one chunk."""
 
@@ -149,21 +135,6 @@ class Extent(msgspec.Struct, frozen=True):
     """The chunk holding them."""
     chunk_offset: int = 0
     """Where the run starts in the chunk."""
-
-
-class Placement(msgspec.Struct, frozen=True):
-    """The metadata service's answer for one chunk a writer is about to store."""
-
-    chunk: ChunkRef
-    """The chunk asked about."""
-    upload: bool
-    """False when the store holds the chunk already (dedup): send nothing."""
-    nodes: tuple[str, ...]
-    """Where to send it (or where it already is)."""
-    grant: Capability | None = None
-    """A cluster's permission to write it to those nodes (none embedded, or when not uploaded)."""
-    minimum: int = 1
-    """Copies the write needs durable before it may go on (degraded) without the rest."""
 
 
 class StoredChunk(msgspec.Struct, frozen=True):
@@ -262,30 +233,6 @@ class FsckReport(msgspec.Struct, frozen=True):
         return not any(p.kind in DAMAGE for p in self.problems)
 
 
-class Listing(msgspec.Struct, frozen=True):
-    """One page of a directory's entries (see ``ListDir``)."""
-
-    entries: list[FileInfo]
-    """Entries sorted by name (a file lists as itself)."""
-    directory: int = 0
-    """Inode of the directory listed, for the next page (0 for a file)."""
-    more: bool = False
-    """Whether entries after the last one remain."""
-
-
-class ChunkPage(msgspec.Struct, frozen=True):
-    """One page of the chunk layer, in id order."""
-
-    chunks: list[tuple[ChunkRef, tuple[str, ...]]]
-    """Chunks with the nodes holding them."""
-    after: str = ""
-    """Where the next page starts (``ChunkRefs(after=...)``); ``""``: this was the last."""
-    grants: dict[str, Capability] = msgspec.field(default_factory=dict)
-    """Chunk id -> a cluster's permission to read it, for fsck (empty embedded)."""
-    inline: dict[str, bytes] = msgspec.field(default_factory=dict)
-    """Chunk id -> its bytes, for chunks the metadata engine keeps itself."""
-
-
 class NodeState(msgspec.Struct, frozen=True):
     """A data node as the metadata service knows it."""
 
@@ -303,26 +250,6 @@ class NodeState(msgspec.Struct, frozen=True):
     """Unix time of its last heartbeat."""
     alive: bool = True
     """Heard from within the heartbeat timeout."""
-
-
-class Joined(msgspec.Struct, frozen=True):
-    """The metadata service's answer to a heartbeat."""
-
-    store_id: str
-    """The store the node has joined: it keeps this id and refuses any other."""
-    replication: int
-    """The store's default copies per chunk."""
-
-
-class Degraded(msgspec.Struct, frozen=True):
-    """A chunk with fewer live copies than its files ask for."""
-
-    chunk: ChunkRef
-    """The chunk."""
-    live: tuple[str, ...]
-    """Alive nodes holding a copy."""
-    want: int
-    """Copies its most demanding file asks for."""
 
 
 class ServiceState(msgspec.Struct, frozen=True):
@@ -363,47 +290,3 @@ class Health(msgspec.Struct, frozen=True):
     """The lease's fencing number: it grows each time another service takes the lease."""
     engine: str = ""
     """The engine: ``sqlite:///path`` or ``postgresql://user@host:port/db`` (no password)."""
-
-
-class Settings(msgspec.Struct, frozen=True):
-    """What a writer needs to know of the metadata service it writes through."""
-
-    inline_max: int = 0
-    """Largest file (bytes) the engine keeps inline, in its own rows; 0: none."""
-
-
-class NodeQuery(msgspec.Struct, frozen=True):
-    """The body of a data node's ``chunk.inventory`` and ``chunk.temporaries``: one page."""
-
-    store: str
-    """The store the caller means; a node of another store refuses."""
-    after: str = ""
-    """File names after this one, in name order."""
-    limit: int = 0
-    """Most entries; 0 (and anything larger) is the node's page size."""
-
-
-class NodeClean(msgspec.Struct, frozen=True):
-    """The body of a data node's ``chunk.clean``: remove writers' leftover temporaries."""
-
-    store: str
-    """The store the caller means; a node of another store refuses."""
-    older_than: float
-    """Unix time: temporaries last written before it go."""
-
-
-class WireError(msgspec.Struct, frozen=True):
-    """A ``GrabenError`` as it crosses the wire (see ``_errors.ERRORS``)."""
-
-    code: str
-    message: str
-    path: str | None = None
-
-
-class Committed(msgspec.Struct, frozen=True):
-    """One batch's outcome in a ``CommitEach``: its files, or its error."""
-
-    infos: list[FileInfo] = msgspec.field(default_factory=list)
-    """What ``Commit`` would have returned."""
-    error: WireError | None = None
-    """Why the batch was not committed (then nothing of it was)."""

@@ -1,7 +1,8 @@
 """The ``graben`` command and the store's subcommands.
 
 Owns the dispatcher (``_main``: finds every package's subcommands through the
-``graben.commands`` entry points, prints errors as one line), the store's
+``graben.commands`` entry points, prints errors as one line; ``_configfile``:
+servers' flags from a TOML file), the store's
 commands (``_cmds``: ls stat du mkdir rm mv cp fsck; ``_transfer``: cat get
 put; ``_trees``: walking a tree for cp, get -r and du --physical), the
 cluster's (``_cluster``: meta serve, node serve, status; ``_local``: cluster

@@ -21,14 +21,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import resource
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import urlsplit
 
-from .._config import INLINE_LIMIT, INLINE_MAX, raise_open_files, resolve
+from .._config import resolve
 from .._errors import InvalidArgument, NotFound
+from ..meta import INLINE_LIMIT, INLINE_MAX
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
 from ._listen import (
     META_PORT,
@@ -51,6 +53,10 @@ if TYPE_CHECKING:
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 READY_TIMEOUT_S = 30.0
+OPEN_FILES = 65536
+"""Descriptors a server asks for at start: each client connection holds one, and a
+thousand-rank job holds a thousand connections to the metadata service and to each
+data node."""
 LOW_OPEN_FILES = 4096
 """Below this many descriptors, a server warns that large jobs cannot all connect."""
 log = logging.getLogger("graben.cli")
@@ -182,6 +188,17 @@ def _status(args: argparse.Namespace) -> int:
 
 
 # -- serving ------------------------------------------------------------------
+
+
+def raise_open_files(want: int = OPEN_FILES) -> int:
+    """Raise this process's soft limit on open files towards ``want`` (never past the hard
+    limit, which only root may raise); the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return target
+    return soft
 
 
 def _serve(start: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]]) -> int:

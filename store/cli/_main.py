@@ -25,8 +25,8 @@ from typing import TypeAlias
 from rich.console import Console
 from rich.text import Text
 
-from .._config import config_defaults, load_config
 from .._errors import GrabenError, MissingExtra
+from ._configfile import config_defaults, load_config
 from ._logs import configure
 
 GROUP = "graben.commands"

@@ -17,17 +17,7 @@ from .. import _paths
 from .._buffers import BufferPool
 from .._config import Options, cluster_url, resolve
 from .._errors import AlreadyExists, InvalidArgument, IsADirectory, NotFound
-from .._types import (
-    Buffer,
-    Change,
-    FileCommit,
-    FileInfo,
-    FileLayout,
-    FsckReport,
-    Health,
-    Settings,
-    WriteMode,
-)
+from .._types import Buffer, Change, FileCommit, FileInfo, FileLayout, FsckReport, Health, WriteMode
 from ..embedded import open_store
 from ..transport import (
     ChunkTransport,
@@ -41,6 +31,7 @@ from ..transport import (
     Rename,
     ReportBad,
     SetAttributes,
+    Settings,
     Stat,
     Usage,
     open_cluster,

@@ -13,8 +13,8 @@ loud ``IntegrityError``, not a short or wrong read.
 from __future__ import annotations
 
 from .._errors import IntegrityError, NotFound
-from .._types import LAYOUT_PAGE, LIST_PAGE, Capability, Extent, FileInfo, FileLayout
-from ..transport import GetLayout, ListDir, MetaTransport
+from .._types import Capability, Extent, FileInfo, FileLayout
+from ..transport import LAYOUT_PAGE, LIST_PAGE, GetLayout, ListDir, MetaTransport
 
 RESTARTS = 5
 """Times a layout is gathered again because its file was replaced meanwhile."""

@@ -34,8 +34,8 @@ from .._errors import (
     Unavailable,
     from_os_error,
 )
-from .._types import LOCAL_NODE, ChunkRef, Health, NodeState
-from ..meta import Namespace, SQLiteRepository
+from .._types import ChunkRef, Health, NodeState
+from ..meta import LOCAL_NODE, Namespace, SQLiteRepository
 from ..node import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, read_id, write_private
 from ..transport import (
     ChunkRefs,

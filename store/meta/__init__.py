@@ -16,12 +16,17 @@ May import: ``transport`` (the service reaches data nodes as a client does),
 anything above it.
 """
 
+from ._commits import INLINE_LIMIT, INLINE_MAX
 from ._namespace import Namespace
+from ._placement import LOCAL_NODE
 from ._repo import Repository
 from ._service import MetaService
 from .engines import SQLiteRepository, is_postgres, open_postgres
 
 __all__ = [
+    "INLINE_LIMIT",
+    "INLINE_MAX",
+    "LOCAL_NODE",
     "MetaService",
     "Namespace",
     "Repository",

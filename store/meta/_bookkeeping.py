@@ -17,13 +17,17 @@ from itertools import accumulate
 
 import msgspec
 
-from .._config import PAGE_BYTES, page_entries
+from .._config import page_entries
 from .._errors import InvalidArgument, PermissionDenied
-from .._types import LOCAL_NODE, ChunkPage, ChunkProblem, Degraded, Health, Joined, NodeState
+from .._types import ChunkProblem, Health, NodeState
+from ..transport import ChunkPage, Joined
 from ._leader import GONE_S, fenced_write
 from ._once import write_once
-from ._repo import Repository, Tx
+from ._placement import LOCAL_NODE
+from ._repo import Degraded, Repository, Tx
 
+PAGE_BYTES = 64 * 1024
+"""Most bytes of text in one page whose entries hold paths (up to 4 KiB each)."""
 PAGE_INLINE_BYTES = 16 << 20
 """Bytes of chunks the engine keeps that one page of the chunk layer carries at most."""
 

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from .. import _paths
 from .._errors import AlreadyExists, GrabenError, IntegrityError, InvalidArgument, IsADirectory
 from .._hashing import content_id, crc32c
-from .._types import ChunkRef, Extent, FileCommit, FileInfo, Placement, Settings, StoredChunk
+from .._types import ChunkRef, Extent, FileCommit, FileInfo, StoredChunk
+from ..transport import Placement, Settings
 from ._once import record, recorded, replayed, write_once
 from ._repo import Inode, NewFile, Repository, Tx
 from ._walk import Directories, ensure_dirs, info
@@ -37,6 +38,10 @@ MAX_ID = 2**32 - 2
 """The largest user or group id (``(uid_t)-1`` means "none")."""
 TIME_RANGE = range(-(2**63), 2**63)
 """Times the engines hold (ns since the epoch, 64-bit)."""
+INLINE_MAX = 64 * 1024
+"""Files up to this size are kept in the metadata engine unless a service says otherwise."""
+INLINE_LIMIT = 1 << 20
+"""The most a service's ``inline_max`` may be: larger files belong on the data nodes."""
 
 
 class Commits:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from .. import _paths
-from .._config import INLINE_LIMIT, INLINE_MAX, page_entries
+from .._config import page_entries
 from .._errors import (
     AlreadyExists,
     DirectoryNotEmpty,
@@ -30,19 +30,11 @@ from .._errors import (
     NotADirectory,
     NotFound,
 )
-from .._types import (
+from .._types import Change, ChunkRef, FileCommit, FileInfo, FileLayout
+from ..transport import (
     LAYOUT_PAGE,
     LIST_PAGE,
-    LOCAL_NODE,
     MAX_PAGE,
-    Change,
-    ChunkRef,
-    FileCommit,
-    FileInfo,
-    FileLayout,
-    Listing,
-)
-from ..transport import (
     CheckMetadata,
     ChunkRefs,
     ChunkUsers,
@@ -55,6 +47,7 @@ from ..transport import (
     Heartbeat,
     Link,
     ListDir,
+    Listing,
     ListNodes,
     MakeDir,
     Prepare,
@@ -67,8 +60,17 @@ from ..transport import (
     Usage,
 )
 from ._bookkeeping import Bookkeeping
-from ._commits import PERMISSION_BITS, Commits, Placer, check_owner, check_time
+from ._commits import (
+    INLINE_LIMIT,
+    INLINE_MAX,
+    PERMISSION_BITS,
+    Commits,
+    Placer,
+    check_owner,
+    check_time,
+)
 from ._once import write_once
+from ._placement import LOCAL_NODE
 from ._repo import Inode, Repository, Tx
 from ._walk import (
     DIR_MODE,

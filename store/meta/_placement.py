@@ -10,7 +10,8 @@ Racks are spread in rounds: each rack's best node, then each rack's second
 best, and so on, every round ordered by score. Taking the first
 ``replication`` nodes of that order puts replicas on distinct racks while
 there are enough, and never gives a rack a second replica before every rack
-has one.
+has one. An embedded store has one node, ``LOCAL_NODE``, which holds every
+chunk.
 
 Pure: no I/O, no clock, no randomness beyond the hash.
 """
@@ -25,6 +26,9 @@ from typing import Literal, Protocol
 
 from .._config import RESERVE
 from .._errors import CannotPlace, InvalidArgument, NoSpace
+
+LOCAL_NODE = "local"
+"""The one node id of an embedded store."""
 
 Reason = Literal["dead", "excluded", "full"]
 _REASONS: tuple[Reason, ...] = ("dead", "excluded", "full")

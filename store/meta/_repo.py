@@ -26,16 +26,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
-from .._types import (
-    ChunkProblem,
-    ChunkRef,
-    Degraded,
-    Extent,
-    Kind,
-    NodeState,
-    ServiceState,
-    StoredChunk,
-)
+import msgspec
+
+from .._types import ChunkProblem, ChunkRef, Extent, Kind, NodeState, ServiceState, StoredChunk
 
 ROOT_INODE = 1
 R = TypeVar("R")
@@ -111,6 +104,17 @@ class NewFile:
     def inode(self, number: int) -> Inode:
         """The inode it is, once numbered."""
         return replace(self.attributes, id=number)
+
+
+class Degraded(msgspec.Struct, frozen=True):
+    """A chunk with fewer live copies than its files ask for."""
+
+    chunk: ChunkRef
+    """The chunk."""
+    live: tuple[str, ...]
+    """Alive nodes holding a copy."""
+    want: int
+    """Copies its most demanding file asks for."""
 
 
 @dataclass(frozen=True, slots=True)

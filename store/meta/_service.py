@@ -37,26 +37,17 @@ import msgspec
 from msgspec.structs import replace
 
 from .._batcher import Batcher
-from .._config import INLINE_MAX, TLS
+from .._config import TLS
 from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound, PermissionDenied
-from .._types import (
-    Capability,
-    ChunkPage,
-    ChunkRef,
-    Committed,
-    Degraded,
-    FileInfo,
-    FileLayout,
-    NodeState,
-    Op,
-    Placement,
-    ServiceState,
-)
+from .._types import Capability, ChunkRef, FileInfo, FileLayout, NodeState, Op, ServiceState
 from ..transport import (
+    ChunkPage,
     Commit,
     CommitEach,
+    Committed,
     Grant,
     Grants,
+    Placement,
     Prepare,
     RemoteChunks,
     Request,
@@ -78,10 +69,11 @@ from ..wire import (
 from ..wire import (
     tls as wire_tls,
 )
+from ._commits import INLINE_MAX
 from ._leader import BEAT_S, LEASE_S, Deposed, Leadership
 from ._namespace import Namespace
 from ._placement import place
-from ._repo import Repository
+from ._repo import Degraded, Repository
 
 log = logging.getLogger("graben.meta")
 AnyRequest: Any = Union[request_types()]  # noqa: UP007  (built at run time)

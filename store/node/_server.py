@@ -46,18 +46,18 @@ from .._batcher import Batcher
 from .._buffers import BufferPool
 from .._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, RESERVE, TLS, page_entries
 from .._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError
-from .._types import (
-    Capability,
+from .._types import Capability, ChunkRef, NodeState, Op
+from ..transport import (
     ChunkCall,
-    ChunkRef,
+    Heartbeat,
     Joined,
     NodeClean,
     NodeQuery,
-    NodeState,
-    Op,
-    WireError,
+    Pool,
+    RemoteMeta,
+    ReportBad,
+    Request,
 )
-from ..transport import Heartbeat, Pool, RemoteMeta, ReportBad, Request
 from ..wire import (
     DEFAULT_IDLE_TIMEOUT,
     Answer,
@@ -67,6 +67,7 @@ from ..wire import (
     Metrics,
     PayloadSink,
     Server,
+    WireError,
     auth,
     decode,
     encode,

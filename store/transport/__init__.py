@@ -1,7 +1,9 @@
 """The transport seam: what reaching a store's two halves looks like.
 
 Owns the metadata requests (``_requests``: each names its response type;
-mutations carry idempotency keys), the two protocols every client feature
+mutations carry idempotency keys), the replies that are not public values
+(``_replies``: pages, placements, a node's welcome), the bodies of a data
+node's calls (``_chunk_calls``), the two protocols every client feature
 is written against (``_protocols``: ``MetaTransport`` for the metadata
 service, ``ChunkTransport`` for the data nodes) and their implementations
 over the wire (``_remote``: ``RemoteMeta``, ``RemoteChunks``, the
@@ -13,9 +15,21 @@ implementations are the ``embedded`` layer's.
 May import: ``wire`` and the store's shared modules.
 """
 
+from ._chunk_calls import ChunkCall, NodeClean, NodeQuery
 from ._endpoints import Endpoints
 from ._protocols import ChunkTransport, MetaTransport
 from ._remote import Grants, Pool, RemoteChunks, RemoteMeta, open_cluster
+from ._replies import (
+    LAYOUT_PAGE,
+    LIST_PAGE,
+    MAX_PAGE,
+    ChunkPage,
+    Committed,
+    Joined,
+    Listing,
+    Placement,
+    Settings,
+)
 from ._requests import (
     KEY_LIFETIME_S,
     KEYED,
@@ -52,14 +66,20 @@ from ._requests import (
 __all__ = [
     "KEYED",
     "KEY_LIFETIME_S",
+    "LAYOUT_PAGE",
+    "LIST_PAGE",
+    "MAX_PAGE",
     "RETRY_WITHIN_S",
     "CheckMetadata",
+    "ChunkCall",
+    "ChunkPage",
     "ChunkRefs",
     "ChunkTransport",
     "ChunkUsers",
     "Collectable",
     "Commit",
     "CommitEach",
+    "Committed",
     "Endpoints",
     "GetHealth",
     "GetLayout",
@@ -68,11 +88,16 @@ __all__ = [
     "Grant",
     "Grants",
     "Heartbeat",
+    "Joined",
     "Link",
     "ListDir",
     "ListNodes",
+    "Listing",
     "MakeDir",
     "MetaTransport",
+    "NodeClean",
+    "NodeQuery",
+    "Placement",
     "Pool",
     "Prepare",
     "RemoteChunks",
@@ -82,6 +107,7 @@ __all__ = [
     "ReportBad",
     "Request",
     "SetAttributes",
+    "Settings",
     "Stat",
     "Usage",
     "new_key",

@@ -40,30 +40,20 @@ from .._buffers import in_thread
 from .._config import page_entries
 from .._errors import GrabenError, IntegrityError, PermissionDenied, Timeout, Unavailable
 from .._hashing import crc32c
-from .._types import (
-    Capability,
-    ChunkCall,
-    ChunkPage,
-    ChunkRef,
-    FileInfo,
-    FileLayout,
-    NodeClean,
-    NodeQuery,
-    NodeState,
-    Op,
-    Placement,
-    WireError,
-)
+from .._types import Capability, ChunkRef, FileInfo, FileLayout, NodeState, Op
 from ..wire import (
     CLIENT_IDLE_S,
     CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
     Connection,
+    WireError,
     decode,
     encode,
     from_wire,
 )
+from ._chunk_calls import ChunkCall, NodeClean, NodeQuery
 from ._endpoints import ANSWER_WITHIN_S, Endpoints, Retry, watched
+from ._replies import ChunkPage, Placement
 from ._requests import (
     KEYED,
     RETRY_WITHIN_S,

@@ -3,7 +3,8 @@
 Each request names its response type; the metadata logic (``meta``)
 executes them, an embedded client hands them over in-process and a remote
 one sends them over the wire (``_remote``). The values they carry and
-return are the shared ones of ``graben.store._types``.
+return are the public ones of ``graben.store._types`` and the replies of
+``_replies``.
 
 Mutations (``KEYED``, and ``CommitEach`` per batch) carry an idempotency
 key: a remote client gives each logical request one (``with_key``) and keeps
@@ -23,21 +24,16 @@ import msgspec
 from .._types import (
     Capability,
     Change,
-    ChunkPage,
     ChunkProblem,
     ChunkRef,
-    Committed,
     FileCommit,
     FileInfo,
     FileLayout,
     Health,
-    Joined,
-    Listing,
     NodeState,
     Op,
-    Placement,
-    Settings,
 )
+from ._replies import ChunkPage, Committed, Joined, Listing, Placement, Settings
 
 R = TypeVar("R")
 

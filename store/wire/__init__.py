@@ -13,7 +13,7 @@ May import: the store's shared modules only (``graben.store._types``,
 
 from . import _auth as auth
 from . import _tls as tls
-from ._frames import Call, FileSpan, decode, encode, from_wire, to_wire
+from ._frames import Call, FileSpan, WireError, decode, encode, from_wire, to_wire
 from ._metrics import Metrics
 from ._rpc import (
     CLIENT_IDLE_S,
@@ -41,6 +41,7 @@ __all__ = [
     "Metrics",
     "PayloadSink",
     "Server",
+    "WireError",
     "auth",
     "decode",
     "encode",

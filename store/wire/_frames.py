@@ -39,7 +39,6 @@ from typing import Any, Final, NamedTuple, cast
 import msgspec
 
 from .._errors import GrabenError, InvalidArgument, ProtocolError, TLSError, error_from_code
-from .._types import WireError
 from ._budget import MemoryBudget
 from ._tls import ALERT, looks_like_tls
 
@@ -60,6 +59,14 @@ TLS_SLICE: Final = 256 << 10
 """Bytes of a payload handed to a TLS transport at once (see ``_send_sliced``)."""
 
 NIL: Final = msgspec.Raw(b"\xc0")  # msgpack nil
+
+
+class WireError(msgspec.Struct, frozen=True):
+    """A ``GrabenError`` as it crosses the wire (see ``_errors.ERRORS``)."""
+
+    code: str
+    message: str
+    path: str | None = None
 
 
 class Call(msgspec.Struct, frozen=True, tag="call"):

@@ -15,11 +15,13 @@ import pytest
 
 from graben.store import Client, PermissionDenied, Unavailable, connect
 from graben.store._hashing import chunk_ref
-from graben.store._types import Capability, ChunkCall, ChunkRef, NodeQuery, Op, WireError
+from graben.store._types import Capability, ChunkRef, Op
 from graben.store.cli._local import local_cluster
 from graben.store.client import _loop
+from graben.store.transport import ChunkCall, NodeQuery
 from graben.store.transport._remote import REFRESH_BEFORE_S, Grants, RemoteChunks
 from graben.store.transport._requests import GetLayout, Grant, Prepare
+from graben.store.wire import WireError
 from graben.store.wire._auth import client_token, grant, load_secret
 from graben.store.wire._frames import NIL, decode, encode
 from graben.store.wire._rpc import Connection

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from graben.store import InvalidArgument, connect
-from graben.store._config import config_defaults, load_config
+from graben.store.cli._configfile import config_defaults, load_config
 from graben.store.cli._local import _stop
 from graben.store.cli._main import apply_config, build_parser
 

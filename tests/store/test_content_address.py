@@ -17,9 +17,10 @@ from store_kit import SMALL_CHUNK
 
 from graben.store import IntegrityError, PermissionDenied, connect
 from graben.store._hashing import chunk_ref, crc32c
-from graben.store._types import ChunkCall, ChunkRef
+from graben.store._types import ChunkRef
 from graben.store.client import _loop
 from graben.store.node._chunkstore import LocalChunkStore
+from graben.store.transport import ChunkCall
 from graben.store.transport._requests import GetLayout, Grant
 from graben.store.wire._auth import grant, load_secret
 from graben.store.wire._frames import encode

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from graben.store import IntegrityError
 from graben.store._hashing import chunk_ref, crc32c, crc32c_combine
-from graben.store._types import LOCAL_NODE
 from graben.store.embedded._store import LocalChunks
+from graben.store.meta import LOCAL_NODE
 from graben.store.node._chunkstore import MIN_READ_PIECE, LocalChunkStore, read_spans
 
 

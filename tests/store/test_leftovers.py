@@ -18,8 +18,8 @@ from cluster_kit import LocalCluster
 from graben.store import NoSpace, connect
 from graben.store._config import RESERVE
 from graben.store._hashing import chunk_ref
-from graben.store._types import ChunkCall
 from graben.store.client import _loop
+from graben.store.transport import ChunkCall
 from graben.store.wire._auth import grant, load_secret
 from graben.store.wire._frames import encode
 from graben.store.wire._rpc import Connection

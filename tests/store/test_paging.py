@@ -16,8 +16,8 @@ import pytest
 from cluster_kit import LocalCluster
 
 from graben.store import connect
-from graben.store._types import NodeQuery
 from graben.store.client import _loop
+from graben.store.transport import NodeQuery
 from graben.store.transport._requests import ChunkRefs
 from graben.store.wire._auth import client_token, load_secret
 from graben.store.wire._frames import decode, encode

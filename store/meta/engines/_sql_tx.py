@@ -23,19 +23,14 @@ from dataclasses import replace
 from typing import Any
 
 from ..._errors import IntegrityError
-from ..._types import (
-    ChunkProblem,
-    ChunkRef,
-    Degraded,
-    Extent,
-    StoredChunk,
-)
+from ..._types import ChunkProblem, ChunkRef, Extent, StoredChunk
 from .._repo import (
     INODE_COLUMNS,
     NEW_INODE_COLUMNS,
     ROOT_INODE,
     ChunkRecord,
     Conflict,
+    Degraded,
     Inode,
     NewFile,
     new_values,

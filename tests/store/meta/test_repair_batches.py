@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graben.store._types import ChunkRef, Degraded
+from graben.store._types import ChunkRef
+from graben.store.meta._repo import Degraded
 from graben.store.meta._service import REPAIR_BYTES, REPAIR_CHUNKS, _repair_batches
 
 

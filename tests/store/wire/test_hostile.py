@@ -16,7 +16,8 @@ import pytest
 from cluster_kit import LocalCluster
 
 from graben.store import connect
-from graben.store._types import Capability, ChunkCall, ChunkRef
+from graben.store._types import Capability, ChunkRef
+from graben.store.transport import ChunkCall
 from graben.store.wire._frames import MAGIC, PREFIX, Call, encode, frame_prefix
 
 IDLE_S = 3.0
