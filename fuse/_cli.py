@@ -51,20 +51,17 @@ def _mount_arguments(parser: argparse.ArgumentParser) -> None:
         help="what the spool may hold: bytes, or 512M, 50G, 1TiB "
         f"(default: {defaults.spool_limit >> 30} GiB)",
     )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=defaults.timeout,
-        metavar="S",
-        help="seconds the kernel caches names and attributes (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--wait",
-        type=float,
-        default=defaults.wait,
-        metavar="S",
-        help="seconds to keep trying to reach a cluster that is starting (default: %(default)s)",
-    )
+    for flag, default, what in (
+        ("--timeout", defaults.timeout, "the kernel caches names and attributes"),
+        ("--wait", defaults.wait, "to keep trying to reach a cluster that is starting"),
+    ):
+        parser.add_argument(
+            flag,
+            type=float,
+            default=default,
+            metavar="S",
+            help=f"seconds {what} (default: %(default)s)",
+        )
     parser.add_argument("--log", type=Path, help="the daemon's log file")
     parser.add_argument(
         "--log-level",
