@@ -145,6 +145,10 @@ def add_put(sub: Subparsers) -> None:
     parser.add_argument(
         "-r", "--recursive", action="store_true", help="upload a local directory tree"
     )
+    parser.set_defaults(
+        interrupted="a file not uploaded whole is not written; the chunks it sent are "
+        "removed by graben fsck --collect once older than the grace period (1 h)"
+    )
 
 
 def add_get(sub: Subparsers) -> None:
@@ -167,6 +171,7 @@ def add_get(sub: Subparsers) -> None:
     parser.add_argument(
         "-r", "--recursive", action="store_true", help="download a store directory tree"
     )
+    parser.set_defaults(interrupted="a local file not downloaded whole is not written")
 
 
 def add_cp(sub: Subparsers) -> None:
@@ -190,6 +195,9 @@ def add_fsck(sub: Subparsers) -> None:
         "exit 1 if anything is missing, corrupt or inconsistent."
     )
     parser = _command(sub, "fsck", summary, _fsck)
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="list every leftover, not only their count"
+    )
     parser.add_argument(
         "--collect",
         action="store_true",
@@ -313,5 +321,5 @@ def _fsck(args: argparse.Namespace) -> int:
     if args.json:
         out.emit_json(out.fsck_json(report))
     else:
-        out.emit_lines(out.fsck_lines(report))
+        out.emit_lines(out.fsck_lines(report, verbose=args.verbose))
     return 0 if report.ok else 1

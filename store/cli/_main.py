@@ -145,6 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _err(f"graben: {describe(exc)}")
         return FAILED
     except KeyboardInterrupt:
+        said = getattr(args, "interrupted", "")
+        fresh_line = "\n" if sys.stderr.isatty() else ""  # past a progress bar
+        _err(f"{fresh_line}graben: interrupted{'; ' + said if said else ''}")
         return INTERRUPTED
     except BrokenPipeError:
         return 0

@@ -152,11 +152,27 @@ def du_line(path: str, files: int, size: int, *, human: bool) -> str:
     return f"{size_text(size, human)}  {files} {noun}  {shown(path)}"
 
 
-def fsck_lines(report: FsckReport) -> list[str]:
-    """``fsck`` output: what was checked, each problem, a verdict."""
+LEFTOVERS = {
+    "orphan": "chunk files no metadata names (left by writers that stopped)",
+    "unreferenced": "chunks no file uses any more",
+    "temporary": "writers' leftover temporary files",
+}
+"""What collection removes, and what each kind is: summarised unless asked for."""
+
+
+def fsck_lines(report: FsckReport, *, verbose: bool = False) -> list[str]:
+    """``fsck`` output: what was checked, each damage found, leftovers counted (each one
+    with ``verbose``), a verdict."""
     lines = [f"checked {report.chunks} chunks, {human_size(report.bytes)} re-read"]
     for problem in report.problems:
-        lines.extend(_problem_lines(problem))
+        if verbose or problem.kind not in LEFTOVERS:
+            lines.extend(_problem_lines(problem))
+    if not verbose:
+        counts = _count_kinds(p for p in report.problems if p.kind in LEFTOVERS)
+        for kind, n in counts.items():
+            lines.append(f"{n} {kind}: {LEFTOVERS[kind]} (--verbose lists them)")
+        if counts and not report.collected:
+            lines.append("graben fsck --collect removes them once older than the grace period")
     lines.append(_verdict(report))
     return lines
 

@@ -74,14 +74,16 @@ def test_fsck_finds_a_missing_chunk(graben: Graben) -> None:
     assert [p["kind"] for p in result.json()["problems"]] == ["missing"]
 
 
-def test_fsck_lists_orphans_but_passes_and_collects_them(graben: Graben) -> None:
+def test_fsck_counts_orphans_lists_them_verbose_passes_and_collects_them(graben: Graben) -> None:
     graben("put", "-", "/a", stdin=b"a")
     orphan_id = "ab" * 32
     orphan = write(graben.store / "chunks" / "ab" / "ab" / orphan_id, b"stray")
 
     result = graben("fsck")
     assert result.code == 0
-    assert f"orphan   {orphan_id}" in result.text
+    assert "1 orphan: chunk files no metadata names" in result.text
+    assert orphan_id not in result.text
+    assert f"orphan   {orphan_id}" in graben("fsck", "--verbose").text
 
     old = time.time() - 10 * 86400  # older than the collection grace period
     os.utime(orphan, (old, old))

@@ -1,0 +1,47 @@
+"""Ctrl-C: one line saying what was and was not written, never a traceback; fsck
+counts the leftovers instead of listing each."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cli_kit import chunk_files, run_script
+
+from graben.store import connect
+
+
+def test_an_interrupted_put_writes_nothing_and_says_so(store: Path, tmp_path: Path) -> None:
+    big = tmp_path / "big.bin"
+    with big.open("wb") as f:
+        for _ in range(64):
+            f.write(os.urandom(8 << 20))  # 512 MiB: uploading takes seconds here
+    script = Path(sys.executable).parent / "graben"
+    put = subprocess.Popen(
+        [str(script), "put", "--store", str(store), str(big), "/big.bin"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while len(chunk_files(store)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)  # some chunks are on disk: mid-upload
+    put.send_signal(signal.SIGINT)
+    _, err = put.communicate(timeout=60)
+    assert put.returncode == 130, err
+    message = err.decode()
+    assert message.startswith("graben: interrupted; a file not uploaded whole is not written")
+    assert "fsck --collect" in message and "Traceback" not in message
+    assert len(message.strip().splitlines()) == 1
+    with connect(store) as client:
+        assert not client.exists("/big.bin")
+    left = len(chunk_files(store))
+    summary = run_script("fsck", "--store", str(store))
+    lines = summary.stdout.decode().splitlines()
+    assert f"{left} orphan: chunk files no metadata names" in lines[1]
+    assert len(lines) == 4  # checked, the count, how to collect, the verdict
+    listed = run_script("fsck", "--verbose", "--store", str(store))
+    assert listed.stdout.decode().count("orphan ") == left
