@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 from graben.store import optional_door as _optional_door
 
 if TYPE_CHECKING:
-    from ._manager import CheckpointInfo, CheckpointManager, Retention
+    from ._manager import CheckpointManager, Retention
     from ._planner import GrabenLoadPlanner, GrabenSavePlanner
     from ._reader import GrabenReader
+    from ._steps import CheckpointInfo
     from ._writer import GrabenWriter
 
 __all__ = [
@@ -38,7 +39,8 @@ __getattr__ = _optional_door(
     "checkpoint",
     needs=("torch", "numpy"),
     names={
-        "._manager": ("CheckpointInfo", "CheckpointManager", "Retention"),
+        "._manager": ("CheckpointManager", "Retention"),
+        "._steps": ("CheckpointInfo",),
         "._planner": ("GrabenLoadPlanner", "GrabenSavePlanner"),
         "._reader": ("GrabenReader",),
         "._writer": ("GrabenWriter",),

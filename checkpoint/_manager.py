@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import builtins
 import posixpath
-import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -29,24 +28,11 @@ from graben.store import Client, FileInfo, NotFound, shared_client, split_url
 
 from ._planner import GrabenLoadPlanner, GrabenSavePlanner
 from ._reader import GrabenReader
+from ._steps import LATEST, CheckpointInfo, step_name, step_of
 from ._writer import GrabenWriter
 
-LATEST = "latest"
-_STEP = re.compile(r"step-(\d{12})")
 STALE_STAGING_S = 3600.0
 """Staging directories of saves that died are removed once this old."""
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointInfo:
-    """One complete checkpoint under a manager's root."""
-
-    step: int
-    """The training step it was saved at."""
-    url: str
-    """Its URL (what ``GrabenReader`` or ``dcp.load`` takes)."""
-    mtime: float
-    """When it was published, seconds since the epoch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +179,7 @@ class CheckpointManager:
     def _published(self, step: int) -> CheckpointInfo:
         info = self._info(step)
         if _is_coordinator(self._group):
-            self._client.put(posixpath.join(self.root, LATEST), _name(step).encode())
+            self._client.put(posixpath.join(self.root, LATEST), step_name(step).encode())
             self.apply_retention()
         return info
 
@@ -220,8 +206,8 @@ class CheckpointManager:
             name = self._client.get(posixpath.join(self.root, LATEST)).decode()
         except NotFound:
             return None
-        match = _STEP.fullmatch(name)
-        return self._info(int(match.group(1))) if match else None
+        step = step_of(name)
+        return self._info(step) if step is not None else None
 
     def load_latest(
         self, state_dict: dict[str, Any], *, planner: LoadPlanner | None = None
@@ -245,15 +231,14 @@ class CheckpointManager:
         """Complete checkpoints, oldest first."""
         found = []
         for entry in self._entries():
-            match = _STEP.fullmatch(entry.name)
-            if match and entry.is_dir:
-                step = int(match.group(1))
+            step = step_of(entry.name)
+            if step is not None and entry.is_dir:
                 found.append(CheckpointInfo(step, self.url_of(step), entry.mtime_ns / 1e9))
         return sorted(found, key=lambda c: c.step)
 
     def url_of(self, step: int) -> str:
         """The URL checkpoint ``step`` has (or will have)."""
-        return f"{self.root_url}/{_name(step)}"
+        return f"{self.root_url}/{step_name(step)}"
 
     def close(self) -> None:
         """Wait for a pending save, then release the staging buffers (the client is shared)."""
@@ -273,7 +258,7 @@ class CheckpointManager:
     # -- helpers ------------------------------------------------------------------
 
     def _path_of(self, step: int) -> str:
-        return posixpath.join(self.root, _name(step))
+        return posixpath.join(self.root, step_name(step))
 
     def _info(self, step: int) -> CheckpointInfo:
         stat = self._client.stat(self._path_of(step))
@@ -284,17 +269,6 @@ class CheckpointManager:
             return self._client.ls(self.root)
         except NotFound:
             return []
-
-
-def checkpoint_steps(entries: Iterable[FileInfo]) -> list[str]:
-    """The names of the complete checkpoints among a root's entries, oldest first."""
-    return sorted(e.name for e in entries if e.is_dir and _STEP.fullmatch(e.name))
-
-
-def _name(step: int) -> str:
-    if step < 0:
-        raise ValueError(f"a step is a non-negative integer, not {step}")
-    return f"step-{step:012d}"
 
 
 def _is_coordinator(group: dist.ProcessGroup | None) -> bool:

@@ -123,7 +123,7 @@ def _mount(args: argparse.Namespace) -> int:
 
 def mount_main(argv: list[str] | None = None) -> int:
     """``graben mount`` on its own (what the background daemon runs)."""
-    parser = argparse.ArgumentParser(prog="graben mount")
+    parser = argparse.ArgumentParser(prog="graben mount", allow_abbrev=False)
     _mount_arguments(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     return _mount(args)

@@ -93,6 +93,8 @@ def unmount(
     command = ["fusermount3", "-u", *(["-z"] if lazy else []), target]
     deadline = time.monotonic() + busy_wait
     while (done := subprocess.run(command, capture_output=True, text=True, check=False)).returncode:
+        if mount_device(target) is None:
+            raise MountError("not mounted", target)
         if time.monotonic() >= deadline or "busy" not in done.stderr:
             why = done.stderr.strip() or f"fusermount3 failed ({done.returncode})"
             raise MountError(why, target)

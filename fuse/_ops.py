@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import posixpath
 import stat
 from collections.abc import Sequence
 
@@ -250,8 +251,10 @@ class Operations(FileHandles):
             here = (directory or "/") == path
             if file.created and not file.unlinked and here and name not in listed:
                 entries.append((name, pending, None))
+        parent = posixpath.dirname(path)  # the root's parent is the root
+        dots: list[tuple[str, str, FileInfo | None]] = [(".", path, None), ("..", parent, None)]
         fh = self._new_fh()
-        self._listings[fh] = entries
+        self._listings[fh] = dots + entries
         return fh
 
     @answers_errno
@@ -259,11 +262,17 @@ class Operations(FileHandles):
         entries = self._listings[fh]
         for index in range(start_id, len(entries)):
             name, path, info = entries[index]
+            dot = name in (".", "..")
             inode = self.inodes.number(path, linked(info))
-            attrs = self._attrs(inode, info, self._open.get(inode))
+            if dot:  # the kernel takes only their inode and type, and counts no lookup
+                attrs = pyfuse3.EntryAttributes()
+                attrs.st_ino, attrs.st_mode = inode, stat.S_IFDIR
+            else:
+                attrs = self._attrs(inode, info, self._open.get(inode))
             if not pyfuse3.readdir_reply(token, os.fsencode(name), attrs, index + 1):
                 return
-            self.inodes.lookup(path)
+            if not dot:
+                self.inodes.lookup(path)
 
     async def releasedir(self, fh: int) -> None:
         self._listings.pop(fh, None)

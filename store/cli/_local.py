@@ -44,8 +44,16 @@ def add_cluster(sub: Subparsers) -> None:
         "--port",
         type=int,
         default=META_PORT,
-        help=f"metadata service port (default {META_PORT}; the nodes take {NODE_PORT} and up); "
+        help=f"metadata service port (default {META_PORT}); "
         "0: any free ports, for the service and the nodes",
+    )
+    up.add_argument(
+        "--node-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help=f"the data nodes listen on PORT, PORT+1, ... (default: the first free ones from "
+        f"{NODE_PORT})",
     )
     up.add_argument("--replication", type=int, default=None, help="default: min(3, nodes)")
     up.add_argument(
@@ -76,6 +84,14 @@ def add_cluster(sub: Subparsers) -> None:
     log_arg(up)
     config_arg(up, "cluster")  # and its servers read [meta] and [node] of the same file
     up.set_defaults(run=_cluster_up)
+
+
+def _node_listen(args: argparse.Namespace, i: int) -> tuple[str, ...]:
+    """Node ``i``'s ``--listen``: ``--node-port`` + i, any port with ``--port 0``, else
+    none (the first free from the default)."""
+    if args.node_port is not None:
+        return ("--listen", f"127.0.0.1:{args.node_port + i if args.node_port else 0}")
+    return ("--listen", "127.0.0.1:0") if args.port == 0 else ()
 
 
 def _spawn(*argv: str) -> tuple[subprocess.Popen[str], str]:
@@ -184,7 +200,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
                 ",".join(addresses),
                 "--rack",
                 f"rack{i}",
-                *(("--listen", "127.0.0.1:0") if args.port == 0 else ()),
+                *_node_listen(args, i),
                 *metrics_at(args.metrics, 1 + i),
                 *shared,
             )

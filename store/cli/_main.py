@@ -60,7 +60,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             _not_installed(sub, entry.name, exc)
         except Exception as exc:  # one broken plug-in must not take every command down
             _err(f"warning: command {entry.name!r} is unavailable ({entry.value}): {exc}")
+    _whole_flags_only(parser)
     return parser
+
+
+def _whole_flags_only(parser: argparse.ArgumentParser) -> None:
+    """No abbreviated flags, in any subcommand: ``--node 3`` must not run as ``--nodes 3``."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _whole_flags_only(sub)
 
 
 def _not_installed(sub: Subparsers, name: str, missing: MissingExtra) -> None:
@@ -106,7 +116,7 @@ def apply_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     section = leaf.get_default("config_section")
     if section is None:
         return
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", type=Path, default=None)
     path: Path | None = pre.parse_known_args(argv)[0].config
     if path is not None:

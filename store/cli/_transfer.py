@@ -82,11 +82,14 @@ def _to_stdout(client: Client, src: ReadFile, count: int, label: str) -> None:
 
 
 def _local_dest(local: str, name: str) -> Path:
-    """``local``, or ``local/name`` if it ends with a separator or is a directory."""
+    """``local``, or ``local/name`` if it ends with a separator (a directory, made if
+    missing, as the user named one) or is a directory."""
     path = Path(local)
-    if local.endswith(os.sep) or path.is_dir():
+    if local.endswith(os.sep):
+        with local_errors(path):
+            path.mkdir(parents=True, exist_ok=True)
         return path / name
-    return path
+    return path / name if path.is_dir() else path
 
 
 def _get_entries(client: Client, entries: list[Entry], dest: Path, *, exclusive: bool) -> None:

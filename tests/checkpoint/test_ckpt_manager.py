@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import fsspec
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -92,6 +95,36 @@ def test_dead_saves_staging_is_swept(home: Path, monkeypatch: pytest.MonkeyPatch
         manager.save(10, _state(10))
     with connect(home) as client:
         assert [e.name for e in client.ls("/runs/a")] == ["latest", "step-000000000010"]
+
+
+def test_cli_ls_lists_stock_dcp_checkpoints_too_without_torch(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``graben ckpt ls`` of stock ``dcp.save`` checkpoints said "no checkpoints"."""
+    with CheckpointManager(ROOT, keep_last=None) as manager:
+        manager.save(7, _state(7))
+    for name in ("final", "best"):
+        dcp.save(_state(1), storage_writer=GrabenWriter(f"{ROOT}/{name}"), no_dist=True)
+    dcp.save(_state(2), storage_writer=GrabenWriter("graben:///alone"), no_dist=True)
+    assert main(["ckpt", "ls", ROOT, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["url"], r["step"], r["latest"]) for r in rows] == [
+        (f"{ROOT}/step-000000000007", 7, True),
+        (f"{ROOT}/best", None, False),
+        (f"{ROOT}/final", None, False),
+    ]
+    assert main(["ckpt", "ls", "graben:///alone"]) == 0  # a checkpoint named as a root
+    assert capsys.readouterr().out.split()[-1] == "graben:///alone"
+    code = (
+        "import sys; from graben.store.cli._main import main; "
+        f"code = main(['ckpt', 'ls', {ROOT!r}]); "
+        "sys.exit(code or ('torch' in sys.modules and 'torch imported'))"
+    )
+    listed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "step-000000000007" in listed.stdout
 
 
 def test_cli_ls_rm_export(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

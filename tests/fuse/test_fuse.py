@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import subprocess
 import threading
 import uuid
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from fuse_kit import mounted, needs_fuse
 
-from graben.fuse import MountError, MountOptions, mount
+from graben.fuse import MountError, MountOptions, mount, unmount
 from graben.store import Client, NotFound, connect
 
 pytestmark = needs_fuse
@@ -286,6 +287,23 @@ def test_truncating_open_of_a_file_open_elsewhere_and_renaming_over_it(here: Pat
         os.rename(here / "new", here / "f")
     # The held handle's file was replaced: its write does not come back over the new one.
     assert (here / "f").read_bytes() == b"replacement"
+
+
+def test_a_listing_has_dot_entries_and_a_second_umount_says_not_mounted(
+    tmp_path: Path,
+) -> None:
+    with mounted(str(tmp_path / "store"), tmp_path) as point:
+        (point / "d").mkdir()
+        (point / "d" / "f").write_bytes(b"x")
+        listed = subprocess.run(
+            ["ls", "-ai", str(point / "d")], capture_output=True, text=True, check=True
+        )
+        inodes = {name: int(number) for number, name in map(str.split, listed.stdout.splitlines())}
+        assert sorted(inodes) == [".", "..", "f"]
+        assert inodes["."] == os.stat(point / "d").st_ino
+        assert inodes[".."] == os.stat(point).st_ino
+    with pytest.raises(MountError, match="not mounted"):
+        unmount(point)
 
 
 def test_a_mount_that_cannot_start_says_why_and_leaves_nothing_mounted(tmp_path: Path) -> None:

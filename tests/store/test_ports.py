@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from cluster_kit import LocalCluster
 
-from graben.store.cli._local import _spawn, _stop
+from graben.store import connect
+from graben.store.cli._local import _spawn, _stop, local_cluster
 
 GRABEN = (sys.executable, "-m", "graben.store.cli")
 
@@ -140,3 +141,29 @@ def test_a_server_raises_its_open_file_limit_for_a_thousand_clients(tmp_path: Pa
         finally:
             proc.terminate()
             proc.wait(10)
+
+
+def _free_run(count: int) -> int:
+    """The first of ``count`` consecutive free loopback ports."""
+    for first in range(20000, 30000, count):
+        held = [_held(first + i) for i in range(count)]
+        for sock in held:
+            if sock is not None:
+                sock.close()
+        if all(held):
+            return first
+    pytest.skip(f"no {count} consecutive free ports")
+
+
+def test_cluster_up_puts_its_nodes_on_node_port_and_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--port N`` moved the metadata service but left the nodes on 7200 and up."""
+    first = _free_run(3)
+    ports = ("--port", str(first), "--node-port", str(first + 1))
+    with local_cluster(tmp_path, 2, extra=ports) as url:
+        assert url == f"graben://127.0.0.1:{first}"
+        monkeypatch.setenv("GRABEN_SECRET_FILE", str(tmp_path / "secret"))
+        with connect(url) as client:
+            nodes = sorted(n.address for n in client.health().nodes)
+    assert nodes == [f"127.0.0.1:{first + 1}", f"127.0.0.1:{first + 2}"]

@@ -8,13 +8,17 @@ embedded store under ``tmp_path`` (``cli_kit.Graben``; fixtures in
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cli_kit import COMMANDS, Graben, MiB, chunk_files, failed, flip_byte, write
+
+from graben.store.cli._main import build_parser
 
 # --- help ---------------------------------------------------------------------------
 
@@ -137,6 +141,22 @@ def test_another_scheme_is_refused_not_taken_for_a_path(
     failed(result, *words)
     assert len(result.err.strip().splitlines()) == 1
     assert not home.exists()
+
+
+def test_no_flag_is_taken_from_an_abbreviation(graben: Graben) -> None:
+    """``--node 3`` ran as ``--nodes 3``: every command's flags are whole or refused."""
+    refused = graben("ls", "--jso", "/")
+    assert refused.code == 2 and "unrecognized arguments: --jso" in refused.err
+
+    def parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from parsers(sub)
+
+    every = list(parsers(build_parser()))
+    assert len(every) >= 15 and not any(p.allow_abbrev for p in every)
 
 
 def test_failed_get_leaves_the_old_local_file_alone(graben: Graben, tmp_path: Path) -> None:

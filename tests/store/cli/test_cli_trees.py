@@ -59,6 +59,15 @@ def test_get_recursive_downloads_a_tree(graben: Graben, tmp_path: Path) -> None:
     assert _local_tree(tmp_path / "into" / "ckpt") == CKPT
 
 
+def test_get_recursive_into_a_missing_directory_named_with_a_slash(
+    graben: Graben, tmp_path: Path
+) -> None:
+    """``graben get -r /runs/ckpt ./dl/`` (the docs' form) makes ``dl``, as rsync does."""
+    _tree(graben)
+    assert graben("get", "-r", "/runs/ckpt", f"{tmp_path / 'dl' / 'deep'}/").code == 0
+    assert _local_tree(tmp_path / "dl" / "deep" / "ckpt") == CKPT
+
+
 def test_get_recursive_replaces_files_unless_exclusive(graben: Graben, tmp_path: Path) -> None:
     _tree(graben)
     local = tmp_path / "ckpt"
