@@ -43,22 +43,21 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from torch.distributed.checkpoint.filesystem import FileSystemReader
-
-from graben.checkpoint import GrabenReader
 from graben.store import NotFound, connect, split_url
 
 from .._context import Context
 from .._kit import free_port, gbps
 from .._peers import Mount
-from .._plan_sim import Kind, graben_kind, quiet_gc, simulate_load, simulate_saves, stock_kind
-from .._ranks import Outcome, Storage, save_and_load
 from .._registry import Result, Skip, workload
 from .cluster import local_cluster
 from .fsspec import aws_env, moto_s3
 from .mounts import durable_rows, mounts, sync_seconds
+
+if TYPE_CHECKING:  # torch, imported by the workloads that run it: --list stays quick
+    from .._plan_sim import Kind
+    from .._ranks import Outcome
 
 T = TypeVar("T")
 GBPS = "GB/s"
@@ -323,6 +322,8 @@ def _world(ctx: Context) -> int:
 
 def _saves(ctx: Context, kind: Kind, world: int) -> tuple[float, float]:
     """(first save, second save) seconds of planning + commit."""
+    from .._plan_sim import simulate_saves
+
     with ctx.step(f"{world} simulated ranks: {kind.name}, 2 saves", 2) as tick:
         times = []
         for save in simulate_saves(kind, world, TENSORS, 2):
@@ -334,6 +335,12 @@ def _saves(ctx: Context, kind: Kind, world: int) -> tuple[float, float]:
 @workload("ckpt-plan", "DCP planning + commit, 4096 simulated ranks x 300 tensors (s)")
 def ckpt_plan(ctx: Context) -> list[Result]:
     """Both planners twice on the same layout; then a load plan on three ranks each."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    from graben.checkpoint import GrabenReader
+
+    from .._plan_sim import graben_kind, quiet_gc, simulate_load, stock_kind
+
     world, store = _world(ctx), ctx.scratch / "store"
     with connect(str(store)) as client, quiet_gc():
         graben = _saves(ctx, graben_kind(client, "/plan"), world)
@@ -379,6 +386,8 @@ def ckpt_ranks(ctx: Context) -> list[Result]:
     the run's cluster (its default, RF=3: every rank connects to every node) beside DCP's
     FileSystemWriter/Reader on the local disk driven the same way; and the connections
     the servers held."""
+    from .._ranks import Storage, save_and_load
+
     url, world = ctx.fixture(local_cluster), _ranks(ctx)
     seed = 1000 * ctx.trial + 1  # other bytes each trial: the store skips chunks it holds
     systems = {
