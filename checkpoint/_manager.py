@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save, save
 
-from graben.store import Client, FileInfo, NotFound, split_url
+from graben.store import Client, FileInfo, InvalidArgument, NotFound, split_url
 
 from ._planner import GrabenLoadPlanner, GrabenSavePlanner
 from ._reader import GrabenReader
@@ -262,7 +262,7 @@ def checkpoint_steps(entries: Iterable[FileInfo]) -> list[str]:
 
 def _name(step: int) -> str:
     if step < 0:
-        raise ValueError(f"a step is a non-negative integer, not {step}")
+        raise InvalidArgument(f"a step is a non-negative integer, not {step}")
     return f"step-{step:012d}"
 
 
