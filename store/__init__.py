@@ -6,7 +6,8 @@ the same API for asyncio code; ``TLS`` says how to reach a cluster over TLS
 reads a size as people write it (``"50G"``). Every error is a ``GrabenError``
 that also subclasses the builtin it means. ``optional_door`` is for graben's
 own doors: importing one without its extra raises ``MissingExtra`` (an
-``ImportError``) naming it.
+``ImportError``) naming it; ``serve_metrics`` serves a Prometheus registry
+at ``/metrics``, as the servers and the mount daemon do.
 """
 
 from ._config import TLS, Options, parse_size, split_url
@@ -45,6 +46,7 @@ from .client import (
     connect,
 )
 from .fsspec import GrabenFileSystem
+from .wire import serve_metrics
 
 __all__ = [
     "TLS",
@@ -84,5 +86,6 @@ __all__ = [
     "normalize_path",
     "optional_door",
     "parse_size",
+    "serve_metrics",
     "split_url",
 ]
