@@ -23,6 +23,8 @@ import msgspec
 import numpy as np
 import torch
 
+from graben.store import InvalidArgument
+
 INDEX_DIR = ".graben"
 """Directory of a checkpoint holding each rank file's index."""
 
@@ -150,7 +152,7 @@ def _zstandard() -> Any:
     try:
         import zstandard
     except ImportError:
-        raise ValueError(
+        raise InvalidArgument(
             "zstd checkpoints need the zstandard package: pip install zstandard"
         ) from None
     return zstandard

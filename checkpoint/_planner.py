@@ -26,6 +26,8 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, SavePlan
 from torch.distributed.checkpoint.planner_helpers import _create_chunk_list
 
+from graben.store import InvalidArgument
+
 from ._ranked import Wants, ranked_of
 
 
@@ -77,7 +79,7 @@ class GrabenSavePlanner(DefaultSavePlanner):
         unchanged = [not plan.usable for plan in all_plans]
         if any(unchanged) and (self._all is None or len(self._all) != len(all_plans)):
             self._all = self._global = None
-            raise RuntimeError(
+            raise InvalidArgument(
                 "GrabenSavePlanner: a rank reused a plan the coordinator no longer has "
                 "(was the coordinator's planner replaced?); save again"
             )
@@ -109,7 +111,7 @@ class GrabenSavePlanner(DefaultSavePlanner):
         if not new_plan.usable:  # a placeholder: the plan this rank sent, or its last one
             kept = self._final if self._pending is None else self._pending
             if kept is None:
-                raise RuntimeError("GrabenSavePlanner: told to reuse a plan it never made")
+                raise InvalidArgument("GrabenSavePlanner: told to reuse a plan it never made")
             # the storage layer's part (where to write this time) is new each save
             new_plan = dataclasses.replace(kept, storage_data=new_plan.storage_data)
         self._final = new_plan

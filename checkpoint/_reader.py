@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from graben.store import Client, IntegrityError, NotFound
+from graben.store import Client, IntegrityError, InvalidArgument, NotFound
 
 from ._format import INDEX_DIR, ZSTD, FileIndex, ItemIndex, decode_index, decompressed, tensor_bytes
 from ._ranked import DIRECTORY, RankedMetadata, decode_directory, rank_metadata_name
@@ -104,7 +104,7 @@ class GrabenReader(OnStore, StorageReader):
                     planner.load_bytes(item, io.BytesIO(_record_bytes(stream, info)))
                     continue
                 target = planner.resolve_tensor(item).detach()
-                saved = _saved(self._metadata, item.storage_index)
+                saved = _saved(self._metadata, item.storage_index, stream.name)
                 if entry is None or entry.data_offset < 0:
                     _load_record(stream, info, item, target)
                 else:
@@ -141,20 +141,22 @@ class _Saved:
     """Its element type."""
 
 
-def _saved(metadata: Metadata, index: MetadataIndex) -> _Saved:
+def _saved(metadata: Metadata, index: MetadataIndex, path: str) -> _Saved:
     entry = metadata.state_dict_metadata[index.fqn]
     assert isinstance(entry, TensorStorageMetadata)
     for chunk in entry.chunks:
         if tuple(chunk.offsets) == tuple(index.offset or ()):
             return _Saved(list(chunk.sizes), entry.properties.dtype)
-    raise KeyError(f"no saved chunk of {index.fqn} at {index.offset}")
+    raise IntegrityError(f"no saved chunk of {index.fqn} at {index.offset}", path)
 
 
 def _read_at(stream: io.BufferedReader, offset: int, length: int) -> bytes:
     stream.seek(offset)
     data = stream.read(length)
     if len(data) != length:
-        raise IntegrityError(f"checkpoint file ends early: wanted {length} bytes at {offset}")
+        raise IntegrityError(
+            f"checkpoint file ends early: wanted {length} bytes at {offset}", stream.name
+        )
     return data
 
 
@@ -165,7 +167,9 @@ def _record_bytes(stream: io.BufferedReader, info: _StorageInfo) -> bytes:
     if transforms == (ZSTD,):
         return decompressed(data)
     if transforms:
-        raise ValueError(f"checkpoint item stored with unknown transforms {transforms}")
+        raise InvalidArgument(
+            f"checkpoint item stored with unknown transforms {transforms}", stream.name
+        )
     return data
 
 
@@ -175,7 +179,7 @@ def _readinto_at(stream: io.BufferedReader, offset: int, into: memoryview) -> No
     while done < into.nbytes:
         n = stream.readinto(into[done:])
         if not n:
-            raise IntegrityError(f"checkpoint file ends early at {offset + done}")
+            raise IntegrityError(f"checkpoint file ends early at {offset + done}", stream.name)
         done += n
 
 
@@ -208,7 +212,7 @@ def _load_raw(
         view = tensor_bytes(target)
         _readinto_at(stream, entry.data_offset + first * row_bytes, view)
         if rows == (sizes[0] if sizes else 1):
-            _check(view, entry)
+            _check(view, entry, stream.name)
         return
     block = torch.empty([rows, *sizes[1:]], dtype=saved.dtype)
     _readinto_at(stream, entry.data_offset + first * row_bytes, tensor_bytes(block))
@@ -221,8 +225,8 @@ def _inner(item: ReadItem) -> Iterator[tuple[int, int]]:
     yield from zip(item.storage_offsets[1:], item.lengths[1:], strict=True)
 
 
-def _check(data: memoryview, entry: ItemIndex) -> None:
+def _check(data: memoryview, entry: ItemIndex, path: str) -> None:
     if _crc32c(data) != entry.crc32c:
         raise IntegrityError(
-            f"checkpoint item at offset {entry.offset} fails its crc32c: the file is damaged"
+            f"checkpoint item at offset {entry.offset} fails its crc32c: the file is damaged", path
         )

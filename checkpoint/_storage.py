@@ -32,16 +32,17 @@ from __future__ import annotations
 
 import os
 
-from graben.store import Client, shared_client, split_url
+from graben.store import Client, InvalidArgument, shared_client, split_url
 
 METADATA = ".metadata"
 SUFFIX = ".distcp"
 
 
 def store_and_path(checkpoint_id: str | os.PathLike[str]) -> tuple[str | None, str]:
-    store, path = split_url(os.fspath(checkpoint_id))
+    url = os.fspath(checkpoint_id)
+    store, path = split_url(url)
     if path in ("", "/"):
-        raise ValueError(f"a checkpoint needs a directory below the root, not {checkpoint_id!r}")
+        raise InvalidArgument("a checkpoint needs a directory below the root", url)
     return store, path.rstrip("/")
 
 

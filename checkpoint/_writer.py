@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from graben.store import AsyncClient, Client, InvalidArgument, Upload
+from graben.store import AlreadyExists, AsyncClient, Client, InvalidArgument, Upload
 
 from ._format import (
     INDEX_DIR,
@@ -134,7 +134,7 @@ class GrabenWriter(OnStore, StorageWriter):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         if self.is_coordinator and not self.overwrite and self.client.exists(self.path):
-            raise FileExistsError(f"checkpoint {self._url} exists and overwrite=False")
+            raise AlreadyExists("checkpoint exists and overwrite=False", self._url)
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import crc32c
 
-from graben.store import NotADirectory, PermissionDenied, cache_home
+from graben.store import IntegrityError, NoSpace, NotADirectory, PermissionDenied, cache_home
 
 from ._manifest import Shard
 
@@ -240,10 +240,8 @@ class NodeCache:
         deadline = time.monotonic() + FULL_WAIT_S
         while (fd := self._try_reserve(temp, size)) is None:
             if time.monotonic() > deadline:
-                raise OSError(
-                    f"the cache at {self.root} stayed full of fills in progress for "
-                    f"{FULL_WAIT_S:g} s"
-                )
+                waited = f"the cache stayed full of fills in progress for {FULL_WAIT_S:g} s"
+                raise NoSpace(waited, str(self.root))
             time.sleep(0.02)
         return fd
 
@@ -267,7 +265,8 @@ class NodeCache:
         if self.limit is None:
             return True
         if need > self.limit:
-            raise OSError(f"a shard of {need} bytes cannot fit a cache limited to {self.limit}")
+            too_big = f"a shard of {need} bytes cannot fit a cache limited to {self.limit}"
+            raise NoSpace(too_big, str(self.root))
         files = sorted(self._files(), key=lambda f: f[2])  # least recently used first
         used = sum(size for _, size, _ in files)
         for name, size, _ in files:
@@ -344,7 +343,7 @@ def _copy(fetch: Fetch, fd: int, shard: Shard) -> None:
             piece, pos = piece[written:], pos + written
         del piece  # not held while the next is fetched
     if pos != shard.size or crc != shard.crc32c:
-        raise OSError(f"shard {shard.name} does not match its manifest (size or crc32c)")
+        raise IntegrityError("the shard does not match its manifest (size or crc32c)", shard.name)
 
 
 def _mapped(fd: int, size: int) -> memoryview:

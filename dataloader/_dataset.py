@@ -33,6 +33,8 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
+from graben.store import InvalidArgument
+
 from ._order import Plan, worker_turns
 from ._shards import Sample, ShardSource
 
@@ -157,7 +159,7 @@ class CachedDataset(ShardSource, IterableDataset[Sample]):
                 "yielded": yielded,
             }
         if samples_seen is None and self._shared.workers_read:
-            raise RuntimeError(
+            raise InvalidArgument(
                 "CachedDataset.state_dict(): DataLoader workers read this dataset, so the main"
                 " process cannot tell how far the loop got; ask the loader (CachedLoader or"
                 " torchdata's StatefulDataLoader) or pass samples_seen="
@@ -182,7 +184,7 @@ class CachedDataset(ShardSource, IterableDataset[Sample]):
             self._loaded = self._worker_state(state)
             return
         if "worker" in state:
-            raise ValueError(
+            raise InvalidArgument(
                 "this is one DataLoader worker's state; load the loader's whole state_dict()"
             )
         state = self._global_state(state)
@@ -216,7 +218,9 @@ class CachedDataset(ShardSource, IterableDataset[Sample]):
 
     def _check_seed(self, state: dict[str, Any]) -> None:
         if state.get("seed", self.seed) != self.seed:
-            raise ValueError(f"state is for seed {state['seed']}, this dataset has {self.seed}")
+            raise InvalidArgument(
+                f"state is for seed {state['seed']}, this dataset has {self.seed}"
+            )
 
     def _worker_state(self, state: dict[str, Any]) -> dict[str, int]:
         """``state`` as this worker's next iteration, if it can be this worker's."""
@@ -229,7 +233,7 @@ class CachedDataset(ShardSource, IterableDataset[Sample]):
         saved = (state["world_size"], state["workers"], state["worker_batch"], state["worker"])
         here = (self.world_size, info.num_workers, self.worker_batch, info.id)
         if saved != here:
-            raise ValueError(
+            raise InvalidArgument(
                 f"this loader state was saved with world size {saved[0]}, {saved[1]} workers and"
                 f" worker_batch {saved[2]}; here: {here[0]}, {here[1]} and {here[2]}. To resume on"
                 " another layout, pass the old loader's state_dict() to"
@@ -243,14 +247,14 @@ class CachedDataset(ShardSource, IterableDataset[Sample]):
             snapshots = state["_snapshot"].get("_worker_snapshots", {}).values()
             workers = [w.get("dataset_state") for w in snapshots]
             if not workers or any(w is None for w in workers):
-                raise ValueError("this StatefulDataLoader state holds no CachedDataset state")
+                raise InvalidArgument("this StatefulDataLoader state holds no CachedDataset state")
             return self._merged(workers, steps=state.get("_steps_since_snapshot", 0))
         if "dataset_state" in state:  # StatefulDataLoader without workers
             if state["dataset_state"] is None:
-                raise ValueError("this StatefulDataLoader state holds no CachedDataset state")
+                raise InvalidArgument("this StatefulDataLoader state holds no CachedDataset state")
             return self._global_state(state["dataset_state"])
         if "position" not in state or "epoch" not in state:
-            raise ValueError(f"not a CachedDataset state: keys {sorted(state)}")
+            raise InvalidArgument(f"not a CachedDataset state: keys {sorted(state)}")
         self._check_seed(state)
         return {"epoch": int(state["epoch"]), "position": int(state["position"]), "seed": self.seed}
 
@@ -264,7 +268,7 @@ class CachedDataset(ShardSource, IterableDataset[Sample]):
         for state in workers:
             self._check_seed(state)
             if any(state[k] != first[k] for k in ("epoch", "start", "world_size", "workers")):
-                raise ValueError("the workers' states are of different iterations")
+                raise InvalidArgument("the workers' states are of different iterations")
         world, batch = first["world_size"], first["worker_batch"]
         plan = self._plan(first["epoch"])
         count = plan.per_rank(world, start=first["start"], drop_last=self.drop_last)
@@ -274,7 +278,7 @@ class CachedDataset(ShardSource, IterableDataset[Sample]):
             read[np.flatnonzero(turns == state["worker"])[: state["yielded"]]] = True
         done = int(read.sum())
         if not read[:done].all():
-            raise ValueError(
+            raise InvalidArgument(
                 "the workers had read samples out of the rank's order, so no position says"
                 " where the job was: give CachedDataset worker_batch= the loader's batch_size"
             )

@@ -18,6 +18,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from graben.store import InvalidArgument
+
 from ._dataset import STATS, CachedDataset
 
 
@@ -31,9 +33,13 @@ class CachedLoader(DataLoader[Any]):
 
     def __init__(self, dataset: CachedDataset, batch_size: int = 1, **kwargs: Any) -> None:
         if kwargs.get("in_order") is False:
-            raise ValueError("CachedLoader: batches must reach the loop in order (in_order=True)")
+            raise InvalidArgument(
+                "CachedLoader: batches must reach the loop in order (in_order=True)"
+            )
         if not isinstance(dataset, CachedDataset):
-            raise TypeError(f"CachedLoader reads a CachedDataset, not {type(dataset).__name__}")
+            raise InvalidArgument(
+                f"CachedLoader reads a CachedDataset, not {type(dataset).__name__}"
+            )
         dataset.worker_batch = batch_size or 1  # None: no batching, a sample at a time
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         self.cached = dataset

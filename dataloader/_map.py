@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
+from graben.store import InvalidArgument
+
 from ._shards import Sample, ShardReader, ShardSource
 
 
@@ -47,7 +49,7 @@ class CachedMapDataset(ShardSource, Dataset[Sample]):
             url, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options
         )
         if open_shards < 1:
-            raise ValueError(f"open_shards must be at least 1, not {open_shards}")
+            raise InvalidArgument(f"open_shards must be at least 1, not {open_shards}")
         self.open_shards = open_shards
         self._starts = [0, *itertools.accumulate(s.samples for s in self.manifest.shards)]
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
@@ -83,7 +85,7 @@ class CachedMapDataset(ShardSource, Dataset[Sample]):
         if self.manifest.kind == "files":
             return self.manifest.shards[shard].name
         if "key" not in self.manifest.columns:
-            raise KeyError(f"the samples of {self.url} have no keys (no 'key' column)")
+            raise InvalidArgument("the samples have no keys (no 'key' column)", self.url)
         sample = self[index]
         assert isinstance(sample, dict)
         return str(sample["key"])

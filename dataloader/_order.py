@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graben.store import InvalidArgument
+
 
 @dataclass(frozen=True, slots=True)
 class Plan:
@@ -77,7 +79,7 @@ class Plan:
         positions past the end wrap round (padding).
         """
         if not 0 <= rank < world_size or not 0 <= worker < workers:
-            raise ValueError(f"rank {rank} of {world_size}, worker {worker} of {workers}")
+            raise InvalidArgument(f"rank {rank} of {world_size}, worker {worker} of {workers}")
         count = self.per_rank(world_size, start=start, drop_last=drop_last)
         mine = start + rank + world_size * np.arange(count, dtype=np.int64)
         turns = worker_turns(count, workers, worker_batch)

@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from graben.store import InvalidArgument, NotFound
+
 BATCH_ROWS = 8192
 """Rows read from a Parquet file at a time."""
 FILES_BATCH = 256
@@ -33,18 +35,18 @@ def source_batches(
     if source.is_file():
         return _parquet([source], label_column)
     if not source.is_dir():
-        raise FileNotFoundError(f"no such file or directory: {source}")
+        raise NotFound("no such file or directory", str(source))
     files = sorted(
         p
         for p in source.rglob("*")
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(source).parts)
     )
     if not files:
-        raise ValueError(f"no files under {source}")
+        raise InvalidArgument("the source holds no files", str(source))
     if all(p.suffix == ".parquet" for p in files):
         return _parquet(files, label_column)
     if label_column is not None:
-        raise ValueError(
+        raise InvalidArgument(
             "--label-column is for Parquet; the labels of files come from their folders"
         )
     return _files(source, files)
@@ -65,11 +67,12 @@ def _label_values(files: list[Path], column: str) -> pa.Array:
     for path in files:
         schema = pq.read_schema(path)
         if column not in schema.names:
-            raise ValueError(f"{path}: no column {column!r} (it has {', '.join(schema.names)})")
-        if column != "label" and "label" in schema.names:
-            raise ValueError(
-                f"{path}: has a 'label' column already; use --label-column label, or rename it"
+            raise InvalidArgument(
+                f"no column {column!r} (it has {', '.join(schema.names)})", str(path)
             )
+        if column != "label" and "label" in schema.names:
+            already = "a 'label' column already; use --label-column label, or rename it"
+            raise InvalidArgument(already, str(path))
         seen.append(pc.unique(pq.read_table(path, columns=[column])[column]))
     values = pc.unique(pa.chunked_array(seen))
     return pc.take(values, pc.sort_indices(values)).drop_null()

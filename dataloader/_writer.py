@@ -94,9 +94,9 @@ class _Limits:
             rows = ROWS_PER_SHARD
         for name, value in (("rows_per_shard", rows), ("rows_per_group", group)):
             if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1, not {value}")
+                raise InvalidArgument(f"{name} must be at least 1, not {value}")
         if shard_bytes is not None and shard_bytes < 1:
-            raise ValueError("shard_size must be at least 1 byte")
+            raise InvalidArgument("shard_size must be at least 1 byte")
         if group is None and rows is not None:
             group = max(1, rows // 10)
         return cls(rows, group, shard_bytes)
@@ -224,7 +224,7 @@ class _Shards:
         try:  # dict rows: a chunk of all-null values comes out typed ``null``
             return batch.cast(self.schema)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
-            raise ValueError(
+            raise InvalidArgument(
                 f"write_dataset: rows with columns {batch.schema.names} ({batch.schema.types})"
                 f" after {self.schema.names} ({self.schema.types}): every batch needs one schema"
             ) from None
@@ -250,7 +250,7 @@ def _batches(data: Any) -> tuple[Kind, Iterator[Any]]:
     items: Iterator[Any] = iter(data)
     first = next(items, None)
     if first is None:
-        raise ValueError("write_dataset: no samples")
+        raise InvalidArgument("write_dataset: no samples")
     items = itertools.chain([first], items)
     if isinstance(first, pa.Table | pa.RecordBatch):
         return "parquet", _typed(items, (pa.Table, pa.RecordBatch), "tables or record batches")
@@ -258,13 +258,15 @@ def _batches(data: Any) -> tuple[Kind, Iterator[Any]]:
         return "parquet", (pa.Table.from_pylist(list(b)) for b in _chunked(items, 1024))
     if isinstance(first, bytes | bytearray | memoryview):
         return "records", (list(b) for b in _chunked(_typed(items, Sample, "bytes"), 1024))
-    raise TypeError(f"write_dataset: samples must be dicts or bytes, not {type(first).__name__}")
+    raise InvalidArgument(
+        f"write_dataset: samples must be dicts or bytes, not {type(first).__name__}"
+    )
 
 
 def _typed(items: Iterator[Any], kind: Any, said: str) -> Iterator[Any]:
     for item in items:
         if not isinstance(item, kind):
-            raise TypeError(f"write_dataset: expected {said}, found {type(item).__name__}")
+            raise InvalidArgument(f"write_dataset: expected {said}, found {type(item).__name__}")
         yield item
 
 
@@ -298,7 +300,7 @@ def index_files(url: str, *, storage_options: dict[str, Any] | None = None) -> M
         data = fs.cat_file(path)
         shards.append(Shard(name, 1, len(data), crc32c.crc32c(data)))
     if not shards:
-        raise ValueError(f"index_files: no files under {url}")
+        raise InvalidArgument("index_files: the URL holds no files", url)
     manifest = check(Manifest("files", tuple(shards)), url)
     fs.pipe_file(f"{root}/{MANIFEST}", encode(manifest))
     return manifest

@@ -8,10 +8,9 @@ kernel read answered from a block already fetched or in flight) and misses.
 
 The names follow the servers' (``graben_requests_total``,
 ``graben_request_seconds``), with ``graben_mount_`` for the mount's own. As
-there, the registry is this mount's alone, and prometheus_client is imported
-only when metrics are asked for. (Serving them repeats a few lines of the
-servers' ``wire/_metrics.py``: a door uses only ``graben.store``'s public
-names.)
+there, the registry is this mount's alone, served by the servers' own
+``graben.store.serve_metrics``, and prometheus_client is imported only when
+metrics are asked for.
 """
 
 from __future__ import annotations
@@ -19,18 +18,13 @@ from __future__ import annotations
 import errno
 import functools
 import inspect
-import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyfuse3
 
-from graben.store import Unavailable
-
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-
     from prometheus_client import CollectorRegistry, Counter, Histogram
     from prometheus_client.metrics_core import Metric
 
@@ -44,7 +38,7 @@ bytes; ``write``: their count)."""
 
 
 class MountMetrics:
-    """One mount's metrics, served over HTTP at ``/metrics`` from ``serve`` to ``close``."""
+    """One mount's metrics, in a registry of its own (``registry``)."""
 
     def __init__(self, ops: Base) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -76,7 +70,6 @@ class MountMetrics:
         )
         self._bytes: dict[str, Counter] = {"write": received, "read": sent}
         self.registry.register(_State(ops))
-        self._http: tuple[WSGIServer, threading.Thread] | None = None
 
     def instrument(self, ops: Base) -> None:
         """Count and time every FUSE request ``ops`` answers from now on."""
@@ -105,26 +98,6 @@ class MountMetrics:
             return result
 
         return observed
-
-    def serve(self, host: str, port: int) -> str:
-        """Serve ``/metrics`` on ``host:port`` until ``close``; the address bound."""
-        from prometheus_client import start_http_server
-
-        try:
-            self._http = start_http_server(port, host, registry=self.registry)
-        except OSError as exc:
-            why = exc.strerror or exc
-            raise Unavailable(f"cannot serve metrics on {host}:{port}: {why}") from None
-        return f"{host}:{self._http[0].server_port}"
-
-    def close(self) -> None:
-        """Stop serving ``/metrics``."""
-        if self._http is not None:
-            server, thread = self._http
-            self._http = None
-            server.shutdown()
-            server.server_close()
-            thread.join()
 
 
 class _State:

@@ -19,12 +19,13 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyfuse3
 import trio
 
-from graben.store import GrabenError, connect
+from graben.store import GrabenError, connect, serve_metrics
 
 from ._metrics import MountMetrics
 from ._openers import mount_device
@@ -151,9 +152,9 @@ def _mounted(
     client = stack.enter_context(connect(url, wait=options.wait))
     client.stat("/")  # an unreachable store fails the mount, not every call after it
     ops = Operations(client, spool, read_only=options.read_only, timeout=options.timeout)
-    metrics = _serve_metrics(ops, options.metrics)
-    if metrics is not None:
-        stack.callback(metrics.close)
+    stop_metrics = _serve_metrics(ops, options.metrics)
+    if stop_metrics is not None:
+        stack.callback(stop_metrics)
     fuse_options = set(pyfuse3.default_options) | {"fsname=graben", "subtype=graben", "noatime"}
     if options.read_only:
         fuse_options.add("ro")
@@ -190,17 +191,18 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
-def _serve_metrics(ops: Operations, where: str | None) -> MountMetrics | None:
-    """The mount's metrics, served at ``where`` (``HOST:PORT``), if asked for."""
+def _serve_metrics(ops: Operations, where: str | None) -> Callable[[], None] | None:
+    """Serve the mount's metrics at ``where`` (``HOST:PORT``), if asked for; what stops it."""
     if where is None:
         return None
     host, _, port = where.rpartition(":")
     if not host or not port.isdigit():
         raise MountError(f"--metrics wants HOST:PORT, not {where!r}")
     metrics = MountMetrics(ops)
-    log.info("metrics at http://%s/metrics", metrics.serve(host, int(port)))
+    address, stop = serve_metrics(metrics.registry, host, int(port))
+    log.info("metrics at http://%s/metrics", address)
     metrics.instrument(ops)
-    return metrics
+    return stop
 
 
 def private_directory(path: Path) -> int:

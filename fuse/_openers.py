@@ -25,6 +25,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from graben.store import InvalidArgument
+
 PF_EXITING = 0x4
 """``task_struct.flags``: the task is in ``do_exit``."""
 _FLAGS, _START, _EXIT_CODE = 9, 22, 52
@@ -99,7 +101,7 @@ def _thread_group(tid: int) -> int:
         for line in status:
             if line.startswith("Tgid:"):
                 return int(line.split()[1])
-    raise ValueError(f"no Tgid in /proc/{tid}/status")
+    raise InvalidArgument("no Tgid line", f"/proc/{tid}/status")
 
 
 def _stat(pid: int) -> list[str]:

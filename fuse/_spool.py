@@ -19,6 +19,8 @@ import os
 import secrets
 from collections.abc import Iterator
 
+from graben.store import IntegrityError, NoSpace
+
 log = logging.getLogger("graben.fuse")
 COPY_BLOCK = 8 << 20
 """Bytes copied at a time when a file's committed content is spooled."""
@@ -53,7 +55,7 @@ class Spool:
 
     def _grow(self, old: int, new: int) -> None:
         if new > old and self.used + new - old > self.limit:
-            raise OSError(errno.ENOSPC, f"the mount's spool is full ({self.limit} bytes)")
+            raise NoSpace(f"the mount's spool is full ({self.limit} bytes)")
         self.used += new - old
 
 
@@ -99,7 +101,7 @@ class SpoolFile:
             while done < size:
                 n = source.readinto(view[done : done + COPY_BLOCK])
                 if not n:
-                    raise OSError(errno.EIO, "the file changed length while it was spooled")
+                    raise IntegrityError("the file changed length while it was spooled")
                 done += n
 
     @contextlib.contextmanager

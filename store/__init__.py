@@ -7,7 +7,8 @@ client for a store, which every door uses; ``TLS`` says how to reach a cluster o
 reads a size as people write it (``"50G"``). Every error is a ``GrabenError``
 that also subclasses the builtin it means. ``optional_door`` is for graben's
 own doors: importing one without its extra raises ``MissingExtra`` (an
-``ImportError``) naming it.
+``ImportError``) naming it; ``serve_metrics`` serves a Prometheus registry
+at ``/metrics``, as the servers and the mount daemon do.
 """
 
 from ._config import TLS, Options, cache_home, parse_size, split_url
@@ -48,6 +49,7 @@ from .client import (
     shared_client,
 )
 from .fsspec import GrabenFileSystem
+from .wire import serve_metrics
 
 __all__ = [
     "TLS",
@@ -89,6 +91,7 @@ __all__ = [
     "normalize_path",
     "optional_door",
     "parse_size",
+    "serve_metrics",
     "shared_client",
     "split_url",
 ]

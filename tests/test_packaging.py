@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import pickle
 import re
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from types import ModuleType
 
 import grimp
 import pytest
@@ -149,6 +151,58 @@ def test_error_tree_covers_the_builtins() -> None:
     assert isinstance(graben.store.NotFound("x"), FileNotFoundError)
     assert isinstance(graben.store.InvalidPath("x"), ValueError)
     assert _errors.error_from_code("no-such-code", "m").__class__ is graben.store.GrabenError
+
+
+DOORS = ("checkpoint", "dataloader", "fuse")
+PROTOCOL_RAISES: dict[str, tuple[str, ...]] = {
+    # What a door raises because a protocol it implements says so, and where.
+    "KeyError": ("checkpoint/_ranked.py",),  # Mapping.__getitem__ of a missing key
+    "IndexError": ("dataloader/_map.py",),  # a map-style Dataset past its end
+    "NotImplementedError": ("dataloader/_shards.py",),  # an abstract method
+    # argparse shows only this error's words as a usage error (type= callables)
+    "argparse.ArgumentTypeError": ("dataloader/_cli.py", "fuse/_cli.py"),
+    # a FUSE op answers the kernel with an errno
+    "pyfuse3.FUSEError": ("fuse/_base.py", "fuse/_handles.py", "fuse/_ops.py"),
+    "SystemExit": ("fuse/__main__.py",),  # ``python -m graben.fuse``'s exit status
+}
+
+
+def _raises(path: Path) -> list[tuple[int, str, bool]]:
+    """Each ``raise`` in ``path``: its line, what it names, and whether it calls it."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            called = isinstance(node.exc, ast.Call)
+            named = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            found.append((node.lineno, ast.unparse(named), called))
+    return found
+
+
+def _resolved(module: ModuleType, dotted: str) -> object:
+    """What ``dotted`` names in ``module`` (its globals, then the builtins); None if nothing."""
+    first, *rest = dotted.split(".")
+    value = vars(module).get(first, getattr(builtins, first, None))
+    for part in rest:
+        value = getattr(value, part, None)
+    return value
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_doors_raise_the_stores_errors(door: str) -> None:
+    """A door raises a ``GrabenError`` on purpose; a builtin only where a protocol says so."""
+    wrong = []
+    for path in sorted((ROOT / door).rglob("*.py")):
+        where = path.relative_to(ROOT).as_posix()
+        for line, named, called in _raises(path):
+            if where in PROTOCOL_RAISES.get(named, ()):
+                continue
+            module = importlib.import_module(package_name(where.removesuffix(".py")))
+            raised = _resolved(module, named)
+            if not isinstance(raised, type) and not called:
+                continue  # a caught exception raised again (``raise exc``)
+            if not (isinstance(raised, type) and issubclass(raised, graben.store.GrabenError)):
+                wrong.append(f"{where}:{line}: {named}")
+    assert wrong == []
 
 
 def test_every_module_is_named_in_the_architecture() -> None:

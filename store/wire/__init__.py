@@ -14,7 +14,7 @@ May import: the store's shared modules only (``graben.store._types``,
 from . import _auth as auth
 from . import _tls as tls
 from ._frames import Call, FileSpan, WireError, decode, encode, from_wire, to_wire
-from ._metrics import Metrics
+from ._metrics import Metrics, serve_metrics
 from ._rpc import (
     CLIENT_IDLE_S,
     CONNECT_TIMEOUT,
@@ -47,6 +47,7 @@ __all__ = [
     "encode",
     "every",
     "from_wire",
+    "serve_metrics",
     "stop",
     "tls",
     "to_wire",

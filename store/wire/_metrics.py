@@ -9,21 +9,21 @@ counters to the same registry.
 
 The HTTP server runs on a thread of prometheus_client's own: a scrape
 never waits for the event loop, and a busy loop never delays a scrape.
+``serve_metrics`` is that server for any registry: the mount daemon serves
+its own with it too (``graben.store`` exports it for the doors).
 prometheus_client is imported only when a server asks for metrics: clients
 import this package too, and need not pay for it.
 """
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._errors import Unavailable
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-
-    from prometheus_client import Counter, Gauge
+    from prometheus_client import CollectorRegistry, Counter, Gauge
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 """Seconds: metadata requests take well under a millisecond, a chunk write some tens."""
@@ -54,7 +54,7 @@ class Metrics:
         self._sent = self.counter(
             "graben_response_bytes", "Bytes of reply bodies and payloads sent", ("op",)
         )
-        self._http: tuple[WSGIServer, threading.Thread] | None = None
+        self._stop: Callable[[], None] | None = None
 
     def counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
         """A counter in this server's registry (``_total`` is added to ``name``)."""
@@ -78,25 +78,38 @@ class Metrics:
     @property
     def serving(self) -> bool:
         """Whether ``/metrics`` is being served."""
-        return self._http is not None
+        return self._stop is not None
 
     def serve(self, host: str, port: int) -> str:
         """Serve ``/metrics`` on ``host:port`` until ``close``; the address bound."""
-        from prometheus_client import start_http_server
-
-        try:
-            self._http = start_http_server(port, host, registry=self.registry)
-        except OSError as exc:
-            raise Unavailable(
-                f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}"
-            ) from None
-        return f"{host}:{self._http[0].server_port}"
+        where, self._stop = serve_metrics(self.registry, host, port)
+        return where
 
     def close(self) -> None:
         """Stop serving ``/metrics`` (a scrape in flight finishes first)."""
-        if self._http is not None:
-            server, thread = self._http
-            self._http = None
-            server.shutdown()
-            server.server_close()
-            thread.join()
+        stop, self._stop = self._stop, None
+        if stop is not None:
+            stop()
+
+
+def serve_metrics(
+    registry: CollectorRegistry, host: str, port: int
+) -> tuple[str, Callable[[], None]]:
+    """Serve ``registry`` over HTTP at ``/metrics`` on ``host:port`` (port 0: any free one).
+
+    Returns the address bound and the function that stops serving (a scrape
+    in flight finishes first). A port that cannot be had is ``Unavailable``.
+    """
+    from prometheus_client import start_http_server
+
+    try:
+        server, thread = start_http_server(port, host, registry=registry)
+    except OSError as exc:
+        raise Unavailable(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+    return f"{host}:{server.server_port}", stop

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from graben.dataloader import CachedDataset, Manifest, Shard, write_dataset
-from graben.store import NotADirectory, PermissionDenied
+from graben.store import IntegrityError, NoSpace, NotADirectory, PermissionDenied
 
 NOBODY = 65534
 """Another local user: the one planting links."""
@@ -239,3 +239,18 @@ def test_a_fill_waits_for_room_while_others_fills_take_the_whole_cache(tmp_path:
         t.join(30)
     assert results == {0: blobs[0], 1: blobs[1]}
     assert cache.used() <= 2000
+
+
+def test_a_shard_too_big_or_damaged_is_told_in_the_stores_errors(tmp_path: Path) -> None:
+    import crc32c
+
+    from graben.dataloader._cache import NodeCache
+
+    data = os.urandom(100)
+    shard = Shard("s", 1, len(data), crc32c.crc32c(data))
+    with pytest.raises(NoSpace, match="cannot fit") as full:
+        NodeCache(tmp_path / "small", limit=99).open("ds", shard, lambda s, e: data[s:e])
+    assert full.value.filename == str(tmp_path / "small")
+    with pytest.raises(IntegrityError, match="does not match its manifest") as damaged:
+        NodeCache(tmp_path / "c").open("ds", shard, lambda s, e: bytes(e - s))
+    assert damaged.value.filename == "s"

@@ -18,6 +18,7 @@ from graben.dataloader import (
     read_manifest,
     write_dataset,
 )
+from graben.store import InvalidArgument
 
 N = 203
 
@@ -121,7 +122,7 @@ def test_a_manifest_from_before_labels_still_reads(tmp_path: Path, rows: str) ->
     assert read_manifest(str(tmp_path / "old")).classes == ()
     ds = CachedMapDataset(str(tmp_path / "old"), cache_dir=tmp_path / "cache")
     assert ds.classes == () and ds[7]["id"] == 7  # type: ignore[index]
-    with pytest.raises(KeyError, match="no keys"):
+    with pytest.raises(InvalidArgument, match="no keys"):
         ds.key(0)
 
 

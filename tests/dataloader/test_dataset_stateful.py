@@ -18,6 +18,7 @@ from dataset_kit import N
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from graben.dataloader import CachedDataset, CachedLoader
+from graben.store import InvalidArgument
 
 BATCH = 4
 
@@ -149,7 +150,7 @@ def test_the_main_process_state_with_workers_raises(dataset: str, tmp_path: Path
     loader = StatefulDataLoader(ds, batch_size=BATCH, num_workers=2, collate_fn=_listed)
     batches = iter(loader)
     next(batches)
-    with pytest.raises(RuntimeError, match="workers read this dataset"):
+    with pytest.raises(InvalidArgument, match="workers read this dataset"):
         ds.state_dict()  # the main process's copy never read a sample
     assert ds.state_dict(samples_seen=8)["position"] == 8
     del batches

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from graben.dataloader import Manifest, read_manifest, write_dataset
+from graben.store import InvalidArgument
 
 
 def _shard_bytes(url: str, options: dict[str, Any] | None, name: str) -> bytes:
@@ -69,7 +70,7 @@ def test_dict_rows_and_bytes_samples(tmp_path: Any) -> None:
 def test_bad_input_is_refused_before_anything_is_written(tmp_path: Any) -> None:
     with pytest.raises(ValueError, match="no samples"):
         write_dataset(str(tmp_path / "empty"), [])
-    with pytest.raises(TypeError, match="dicts or bytes"):
+    with pytest.raises(InvalidArgument, match="dicts or bytes"):
         write_dataset(str(tmp_path / "ints"), [1, 2, 3])
     with pytest.raises(ValueError, match="rows_per_shard"):
         write_dataset(str(tmp_path / "zero"), [b"x"], rows_per_shard=0)
