@@ -108,7 +108,8 @@ def matches(name: str, pattern: str) -> bool:
     """Whether ``pattern`` selects workload ``name``.
 
     A pattern is a name, a glob (``read-*``) or a family prefix: ``read``
-    selects ``read-warm`` and ``read-cold``.
+    selects ``read-warm`` and ``read-cold`` (``select`` takes a workload's whole
+    name as that workload alone).
     """
     return fnmatchcase(name, pattern) or name.startswith(f"{pattern}-")
 
@@ -124,4 +125,9 @@ def select(available: Sequence[Workload], patterns: Sequence[str]) -> list[Workl
     if unmatched:
         known = ", ".join(w.name for w in available)
         raise InvalidArgument(f"no workload matches {', '.join(unmatched)} (known: {known})")
-    return [w for w in available if any(matches(w.name, p) for p in patterns)]
+    names = {w.name for w in available}
+
+    def picks(name: str, pattern: str) -> bool:  # a whole name: mount-read is not -warm too
+        return name == pattern if pattern in names else matches(name, pattern)
+
+    return [w for w in available if any(picks(w.name, p) for p in patterns)]

@@ -12,6 +12,7 @@ import asyncio
 import mmap
 import os
 import socket
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
@@ -33,6 +34,9 @@ from .._kit import BLOCK, block_buffer, drain, environ, gbps, random_data, write
 from .._postgres import NoPostgres, PgServer
 from .._postgres import start as start_postgres
 from .._registry import Result, Skip, workload
+
+BENCH_ROOT = f"/.graben-bench-{uuid.uuid4().hex[:12]}"
+"""Where this run writes on a cluster (a name no user holds); removed whole after each use."""
 
 GBPS = "GB/s"
 PLAIN_WRITE = "plain write+fsync"
@@ -84,13 +88,13 @@ def _plain_write(ctx: Context, data: mmap.mmap) -> float:
 
 
 def _cluster_write(ctx: Context, client: Client, data: mmap.mmap, replication: int) -> float:
-    path = f"/bench/write-rf{replication}"
+    path = f"{BENCH_ROOT}/write-rf{replication}"
     with memoryview(data) as view, ctx.step(f"cluster write RF={replication}", ctx.size) as tick:
         start = perf_counter()
         client.put(path, view[: ctx.size], replication=replication)
         seconds = perf_counter() - start
         tick(ctx.size)
-    client.rm(path)  # a live copy would let the next trial skip every chunk (dedup)
+    client.rm(BENCH_ROOT, recursive=True)  # a live copy would let the next trial dedup it all
     return seconds
 
 
@@ -178,13 +182,13 @@ def cluster_read(ctx: Context) -> list[Result]:
     plain_path = ctx.scratch / "plain.bin"
     plain_path.write_bytes(memoryview(data)[: ctx.size])
     with connect(url) as client, memoryview(buffer) as view:
-        client.put("/bench/read", memoryview(data)[: ctx.size], replication=1)
+        client.put(f"{BENCH_ROOT}/read", memoryview(data)[: ctx.size], replication=1)
         for _ in range(2):  # the second pass is the warm one
-            with client.open("/bench/read") as f, ctx.step("cluster read", ctx.size) as tick:
+            with client.open(f"{BENCH_ROOT}/read") as f, ctx.step("cluster read", ctx.size) as tick:
                 start = perf_counter()
                 drain(f.readinto, view, tick)
                 graben = perf_counter() - start
-        client.rm("/bench/read")
+        client.rm(BENCH_ROOT, recursive=True)
         with open(plain_path, "rb", buffering=0) as f:
             start = perf_counter()
             drain(f.readinto, view, lambda _n: None)
@@ -324,14 +328,14 @@ async def _small_graben(urls: list[str], payloads: list[bytes], ctx: Context) ->
         async def worker(client: AsyncClient) -> None:
             while queue:
                 i, data = queue.pop()
-                await client.put(f"/bench/small/{i}", data, replication=1)
+                await client.put(f"{BENCH_ROOT}/small/{i}", data, replication=1)
 
         with ctx.step(f"cluster small files, {CLIENTS} clients", len(payloads)) as tick:
             start = perf_counter()
             await asyncio.gather(*(worker(clients[i % len(clients)]) for i in range(CLIENTS)))
             seconds = perf_counter() - start
             tick(len(payloads))
-        await clients[0].rm("/bench/small", recursive=True)
+        await clients[0].rm(BENCH_ROOT, recursive=True)
     finally:
         for client in clients:
             await client.close()
@@ -383,18 +387,18 @@ def cluster_meta_ops(ctx: Context) -> list[Result]:
 async def _stats(urls: list[str], calls: int) -> float:
     clients = [AsyncClient(url) for url in urls]
     try:
-        await clients[0].put("/bench/stat-me", b"x")
+        await clients[0].put(f"{BENCH_ROOT}/stat-me", b"x")
         left = [calls]
 
         async def worker(client: AsyncClient) -> None:
             while left[0] > 0:
                 left[0] -= 1
-                await client.stat("/bench/stat-me")
+                await client.stat(f"{BENCH_ROOT}/stat-me")
 
         start = perf_counter()
         await asyncio.gather(*(worker(clients[i % len(clients)]) for i in range(CLIENTS)))
         seconds = perf_counter() - start
-        await clients[0].rm("/bench/stat-me")
+        await clients[0].rm(BENCH_ROOT, recursive=True)
     finally:
         for client in clients:
             await client.close()

@@ -100,6 +100,7 @@ def test_the_first_workloads_are_registered_in_run_order() -> None:
         (["read-*"], ["read-warm", "read-cold"]),
         (["read-cold", "write"], ["write", "read-cold"]),
         (["*-warm"], ["read-warm"]),
+        (["read-warm"], ["read-warm"]),  # a whole name is that workload alone
     ],
 )
 def test_select_by_name_glob_or_family_in_run_order(
@@ -107,6 +108,14 @@ def test_select_by_name_glob_or_family_in_run_order(
 ) -> None:
     available = [w for w in discover() if w.name in SEQUENTIAL]
     assert [w.name for w in select(available, patterns)] == expected
+
+
+def test_a_whole_name_is_not_a_family_too() -> None:
+    """``graben bench mount-read`` ran mount-read-warm as well."""
+    names = {w.name for w in discover()}
+    assert {"mount-read", "mount-read-warm"} <= names
+    assert [w.name for w in select(discover(), ["mount-read"])] == ["mount-read"]
+    assert {"mount-read", "mount-read-warm"} <= {w.name for w in select(discover(), ["mount"])}
 
 
 def test_select_names_the_patterns_that_match_nothing() -> None:
@@ -474,6 +483,8 @@ def test_a_target_cluster_runs_the_cluster_workloads_on_it(
     the bench's own is started (its TLS cluster and PostgreSQL clusters are left out)."""
     capture = io.StringIO()
     out = tmp_path / "r.json"
+    with connect(cluster_url) as client:
+        before = [e.name for e in client.ls("/")]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("sys.stdout", capture)
         args = ["bench", "cluster-read", "cluster-tls-read", "meta-latency"]
@@ -485,7 +496,7 @@ def test_a_target_cluster_runs_the_cluster_workloads_on_it(
     for skipped in ("cluster-tls-read", "meta-latency"):
         assert f"skipped {skipped}: --target: no cluster of the bench's own" in capture.getvalue()
     with connect(cluster_url) as client:
-        assert not client.exists("/bench/read")  # what it wrote is gone
+        assert [e.name for e in client.ls("/")] == before  # what it wrote is gone, dir too
 
 
 def test_a_target_that_is_neither_a_store_nor_a_directory_is_an_error(
