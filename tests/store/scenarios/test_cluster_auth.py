@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 import subprocess
@@ -15,10 +14,10 @@ import pytest
 
 from graben.store import Client, PermissionDenied, Unavailable, connect
 from graben.store._hashing import chunk_ref
-from graben.store._types import Capability, ChunkCall, ChunkRef, NodeQuery, Op, WireError
+from graben.store._types import Capability, ChunkCall, ChunkRef, NodeQuery, WireError
 from graben.store.cli._local import local_cluster
 from graben.store.client import _loop
-from graben.store.transport._remote import REFRESH_BEFORE_S, Grants, RemoteChunks
+from graben.store.transport._remote import RemoteChunks
 from graben.store.transport._requests import GetLayout, Grant, Prepare
 from graben.store.wire._auth import client_token, grant, load_secret
 from graben.store.wire._frames import NIL, decode, encode
@@ -168,34 +167,6 @@ def test_clients_are_granted_deletes_of_orphans_only(authorised: Client) -> None
         _loop.run(ask(Grant((live,), "delete")))
     (cap,) = _loop.run(ask(Grant(("b" * 64,), "delete")))
     assert (cap.chunk, cap.op) == ("b" * 64, "delete")
-
-
-def test_grants_are_fetched_when_missing_or_about_to_expire() -> None:
-    asked: list[tuple[tuple[str, ...], Op]] = []
-
-    async def fetch(chunks: tuple[str, ...], op: Op) -> list[Capability]:
-        asked.append((chunks, op))
-        return [Capability(c, op, time.time() + 600, "mac") for c in chunks]
-
-    async def scenario() -> None:
-        grants = Grants(fetch)
-        fresh = Capability("c1", "read", time.time() + 600, "m")
-        grants.add([fresh, Capability("c2", "read", time.time() + REFRESH_BEFORE_S / 2, "m")])
-        assert await grants.get("c1", "read") is fresh
-        assert asked == []
-        assert (await grants.get("c2", "read")).mac == "mac"  # stale: fetched anew
-        assert (await grants.get("c1", "write")).op == "write"  # never held
-        assert asked == [(("c2",), "read"), (("c1",), "write")]
-
-    asyncio.run(scenario())
-
-
-def test_a_grant_that_never_comes_is_a_permission_error() -> None:
-    async def fetch(chunks: tuple[str, ...], op: Op) -> list[Capability]:
-        return []
-
-    with pytest.raises(PermissionDenied, match="granted no read"):
-        asyncio.run(Grants(fetch).get("c", "read"))
 
 
 def _graben(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
