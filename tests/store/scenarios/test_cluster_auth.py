@@ -7,10 +7,12 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
+from cluster_kit import three_nodes
 
 from graben.store import Client, PermissionDenied, Unavailable, connect
 from graben.store._hashing import chunk_ref
@@ -28,6 +30,13 @@ OTHER_SECRET = b"not-the-cluster-secret-at-all"
 
 def _secret() -> bytes:
     return load_secret(os.environ["GRABEN_SECRET_FILE"])
+
+
+@pytest.fixture(scope="module")
+def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A cluster of this module's own: its tests fsck the whole cluster (see tests/conftest.py)."""
+    with three_nodes(tmp_path_factory) as url:
+        yield url
 
 
 @pytest.fixture
