@@ -3,16 +3,20 @@ and what tests ask of any cluster: copies of a file's chunks, live nodes, metric
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
+
 from graben.store import TLS, Client
-from graben.store.cli._local import _spawn, _stop, _wait_for_nodes
+from graben.store.cli._local import _spawn, _stop, _wait_for_nodes, local_cluster
 from graben.store.client import _loop
 from graben.store.transport._requests import GetLayout, ListNodes
 
@@ -140,6 +144,14 @@ class LocalCluster:
 
     def close(self) -> None:
         _stop([*self.metas, *self.nodes])
+
+
+@contextlib.contextmanager
+def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``graben cluster up`` with 3 data nodes on loopback, on the session's secret; its URL."""
+    secret = Path(os.environ["GRABEN_SECRET_FILE"])
+    with local_cluster(tmp_path_factory.mktemp("cluster"), nodes=3, secret_file=secret) as url:
+        yield url
 
 
 def copies(client: Client, path: str) -> list[int]:

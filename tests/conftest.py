@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster_kit import three_nodes
 from store_kit import SMALL_CHUNK
 
 from graben.store import Client, clear_shared_clients, connect
-from graben.store.cli._local import local_cluster, make_secret_file
+from graben.store.cli._local import make_secret_file
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,9 +46,12 @@ def store_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real 3-node cluster on loopback (separate processes), for the whole session."""
-    secret = Path(os.environ["GRABEN_SECRET_FILE"])
-    with local_cluster(tmp_path_factory.mktemp("cluster"), nodes=3, secret_file=secret) as url:
+    """A real 3-node cluster on loopback (separate processes), for the whole session.
+
+    A module whose tests fsck the whole cluster overrides it with a cluster of its
+    own (``cluster_kit.three_nodes``): fsck re-reads every chunk, and this one holds
+    what every other module wrote until the collection grace passes."""
+    with three_nodes(tmp_path_factory) as url:
         yield url
 
 

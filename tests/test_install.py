@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import resource
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 HELP_BUDGET_S = 0.5
-"""``graben --help``'s budget (issue 18): best of three runs, on a busy machine."""
+"""``graben --help``'s budget (issue 18): the CPU time of the best of three runs (its
+wall time, while the suite's other worker runs, says more of the machine than of it)."""
 HEAVY = ("torch", "pyarrow", "pyfuse3", "trio", "numpy", "matplotlib", "moto", "pandas")
 """Modules that cost a second or more to import, or that a plain install lacks."""
 DOORS = {
@@ -75,6 +76,12 @@ def _run(bin_dir: Path, *args: str, home: Path | None = None) -> subprocess.Comp
     )
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds (user and system) of this process's finished children so far."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 slow = pytest.mark.slow  # building the wheel and installing it takes ~5 s
 
 
@@ -88,9 +95,9 @@ def test_the_plain_install_lacks_every_extra(plain: Path) -> None:
 def test_help_is_quick_and_quiet(plain: Path) -> None:
     timings = []
     for _ in range(3):
-        started = time.perf_counter()
+        started = _children_cpu_s()
         done = _run(plain, "graben", "--help")
-        timings.append(time.perf_counter() - started)
+        timings.append(_children_cpu_s() - started)
         assert done.returncode == 0, done.stderr
         assert done.stderr == ""  # no "command unavailable" warning
     assert min(timings) < HELP_BUDGET_S, timings

@@ -4,15 +4,23 @@ no node write, read back checked, grown into chunks and shrunk back, off when as
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from cluster_kit import three_nodes
 
 from graben.store import Client, IntegrityError, connect
 from graben.store._types import FileLayout
 from graben.store.client import _loop, _parts
 from graben.store.transport import GetLayout
+
+
+@pytest.fixture(scope="module")
+def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A cluster of this module's own: its tests fsck the whole cluster (see tests/conftest.py)."""
+    with three_nodes(tmp_path_factory) as url:
+        yield url
 
 
 def layout(client: Client, path: str) -> FileLayout:

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
+from cluster_kit import three_nodes
 
 from graben.store import Client, PermissionDenied, Unavailable, connect
 from graben.store._hashing import chunk_ref
-from graben.store._types import Capability, ChunkRef, Op
+from graben.store._types import Capability, ChunkRef
 from graben.store.cli._local import local_cluster
 from graben.store.client import _loop
 from graben.store.transport import ChunkCall, NodeQuery
-from graben.store.transport._remote import REFRESH_BEFORE_S, Grants, RemoteChunks
+from graben.store.transport._remote import RemoteChunks
 from graben.store.transport._requests import GetLayout, Grant, Prepare
 from graben.store.wire import WireError
 from graben.store.wire._auth import client_token, grant, load_secret
@@ -31,6 +32,13 @@ OTHER_SECRET = b"not-the-cluster-secret-at-all"
 
 def _secret() -> bytes:
     return load_secret(os.environ["GRABEN_SECRET_FILE"])
+
+
+@pytest.fixture(scope="module")
+def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A cluster of this module's own: its tests fsck the whole cluster (see tests/conftest.py)."""
+    with three_nodes(tmp_path_factory) as url:
+        yield url
 
 
 @pytest.fixture
@@ -170,34 +178,6 @@ def test_clients_are_granted_deletes_of_orphans_only(authorised: Client) -> None
         _loop.run(ask(Grant((live,), "delete")))
     (cap,) = _loop.run(ask(Grant(("b" * 64,), "delete")))
     assert (cap.chunk, cap.op) == ("b" * 64, "delete")
-
-
-def test_grants_are_fetched_when_missing_or_about_to_expire() -> None:
-    asked: list[tuple[tuple[str, ...], Op]] = []
-
-    async def fetch(chunks: tuple[str, ...], op: Op) -> list[Capability]:
-        asked.append((chunks, op))
-        return [Capability(c, op, time.time() + 600, "mac") for c in chunks]
-
-    async def scenario() -> None:
-        grants = Grants(fetch)
-        fresh = Capability("c1", "read", time.time() + 600, "m")
-        grants.add([fresh, Capability("c2", "read", time.time() + REFRESH_BEFORE_S / 2, "m")])
-        assert await grants.get("c1", "read") is fresh
-        assert asked == []
-        assert (await grants.get("c2", "read")).mac == "mac"  # stale: fetched anew
-        assert (await grants.get("c1", "write")).op == "write"  # never held
-        assert asked == [(("c2",), "read"), (("c1",), "write")]
-
-    asyncio.run(scenario())
-
-
-def test_a_grant_that_never_comes_is_a_permission_error() -> None:
-    async def fetch(chunks: tuple[str, ...], op: Op) -> list[Capability]:
-        return []
-
-    with pytest.raises(PermissionDenied, match="granted no read"):
-        asyncio.run(Grants(fetch).get("c", "read"))
 
 
 def _graben(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
