@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_kit import quiet_run
 from rich.console import Console
 
 from graben.bench import Context, Rated, Result, Skip, Workload, _peers, discover, rate, select
@@ -20,7 +21,7 @@ from graben.bench._cli import wide_console
 from graben.bench._plot import BASELINE_COLOR, GRABEN_COLOR, PEER_COLOR, _color, plot
 from graben.bench._report import table
 from graben.bench._runner import Settings, combine, run
-from graben.store import InvalidArgument, connect
+from graben.store import InvalidArgument
 from graben.store.cli._main import build_parser, main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -315,20 +316,10 @@ def test_reads_write_their_own_file_when_write_did_not_run(tmp_path: Path) -> No
     }
 
 
-def _quiet_run(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
-    """``graben bench *args`` in ``tmp_path / "scratch"``, its table swallowed; its JSON rows."""
-    out = tmp_path / "r.json"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("sys.stdout", io.StringIO())
-        assert main(["bench", *args, "--dir", str(tmp_path / "scratch"), "--json", str(out)]) == 0
-    rows: list[dict[str, Any]] = json.loads(out.read_text())["results"]
-    return rows
-
-
 @pytest.mark.slow
 def test_fsspec_workloads_measure_the_client_and_s3fs_beside_graben(tmp_path: Path) -> None:
     """A tiny run of the fsspec workloads: real cluster, real moto server, every system reported."""
-    rows = _quiet_run(tmp_path, "fsspec-*", "--size-mib", "3")
+    rows = quiet_run(tmp_path, "fsspec-*", "--size-mib", "3")
     systems = {(r["workload"], r["system"]) for r in rows}
     for name in ("fsspec-pipe", "fsspec-cat"):
         assert {(name, "graben fsspec"), (name, "graben client"), (name, "s3fs -> moto")} <= systems
@@ -339,7 +330,7 @@ def test_fsspec_workloads_measure_the_client_and_s3fs_beside_graben(tmp_path: Pa
 @pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
 def test_fuse_workloads_measure_the_mount_beside_the_client(tmp_path: Path) -> None:
     """A tiny run of the FUSE workloads: real mounts, every system reported, none left."""
-    rows = _quiet_run(tmp_path, "fuse-*", "--size-mib", "8", "--quick")
+    rows = quiet_run(tmp_path, "fuse-*", "--size-mib", "8", "--quick")
     systems = {(r["workload"], r["system"]) for r in rows}
     for name in ("fuse-write", "fuse-read", "fuse-read-warm"):
         for block in (1, 4):
@@ -357,7 +348,7 @@ def test_mount_workloads_measure_graben_beside_juicefs_and_seaweedfs(tmp_path: P
     """A tiny run of the mount workloads on real JuiceFS and SeaweedFS mounts (one copy and
     three) beside graben's (embedded and cluster): every system in every table, durable
     twins for the peers, and nothing left mounted or running after."""
-    rows = _quiet_run(tmp_path, "mount-*", "--size-mib", "8", "--quick")
+    rows = quiet_run(tmp_path, "mount-*", "--size-mib", "8", "--quick")
     systems = {(r["workload"], r["system"]) for r in rows}
     peers = ("graben embedded", "graben cluster", "SeaweedFS", "SeaweedFS 002", "JuiceFS")
     for name in ("mount-create", "mount-stat", "mount-write", "mount-torch-save"):
@@ -403,7 +394,7 @@ def test_ckpt_workloads_measure_s3torchconnector_on_moto_beside_dcp(
     )
     monkeypatch.setattr(checkpoint, "_mounted", lambda ctx: [])  # the mount tests start those
     monkeypatch.setattr(checkpoint, "SETTLE_S", 0.0)
-    rows = _quiet_run(tmp_path, "ckpt-save", "ckpt-load", "--size-mib", "8", "--quick")
+    rows = quiet_run(tmp_path, "ckpt-save", "ckpt-load", "--size-mib", "8", "--quick")
     values = {(r["workload"], r["system"]): r["value"] for r in rows}
     for row in (
         ("ckpt-save", "DCP S3StorageWriter (s3torchconnector) -> moto"),
@@ -425,7 +416,7 @@ def test_the_dataset_workload_measures_cold_warm_and_the_loaders_beside_pyarrow(
     with pytest.MonkeyPatch.context() as mp:
         # A Python that fails: Mosaic and LitData are left out, the rest still measured.
         mp.setenv("GRABEN_PEERS_PYTHON", shutil.which("false") or "/bin/false")
-        rows = _quiet_run(tmp_path, "dataset-epoch", "--size-mib", "8", "--quick")
+        rows = quiet_run(tmp_path, "dataset-epoch", "--size-mib", "8", "--quick")
     systems = {(r["system"], r["unit"]) for r in rows}
     for system in (
         "pyarrow, local Parquet",
@@ -448,7 +439,7 @@ def test_the_dataset_workload_measures_cold_warm_and_the_loaders_beside_pyarrow(
 @pytest.mark.slow
 def test_the_tls_workloads_measure_tls_beside_plaintext(tmp_path: Path) -> None:
     """A tiny run of cluster-tls-*: a plaintext and a TLS cluster, both measured each trial."""
-    rows = _quiet_run(tmp_path, "cluster-tls", "--size-mib", "8", "--quick")
+    rows = quiet_run(tmp_path, "cluster-tls", "--size-mib", "8", "--quick")
     systems = {(r["workload"], r["system"]) for r in rows}
     for name in ("cluster-tls-write", "cluster-tls-read"):
         assert {
@@ -456,51 +447,3 @@ def test_the_tls_workloads_measure_tls_beside_plaintext(tmp_path: Path) -> None:
             (name, "graben cluster RF=1, TLS"),
         } == {s for s in systems if s[0] == name}
     assert all(r["value"] > 0 and r["baseline"] == "graben cluster RF=1, plaintext" for r in rows)
-
-
-@pytest.mark.slow
-def test_a_target_directory_runs_the_mount_workloads_there_and_leaves_nothing(
-    tmp_path: Path,
-) -> None:
-    """``--target DIR``: any mounted directory (here the test's own), nothing started; the
-    write rows have a durable twin, since whether its fsync syncs is not known."""
-    target = tmp_path / "target"
-    target.mkdir()
-    (target / "mine.txt").write_text("kept")
-    rows = _quiet_run(tmp_path, "--target", str(target), "--size-mib", "4")
-    name = f"target {target}"
-    assert {r["workload"] for r in rows} >= {"mount-create", "mount-stat", "mount-write"}
-    assert {r["system"] for r in rows} == {name, f"{name}, then sync"}
-    assert ("mount-create", f"{name}, then sync") in {(r["workload"], r["system"]) for r in rows}
-    assert [p.name for p in target.iterdir()] == ["mine.txt"]
-
-
-@pytest.mark.slow
-def test_a_target_cluster_runs_the_cluster_workloads_on_it(
-    cluster_url: str, tmp_path: Path
-) -> None:
-    """``--target graben://...``: the cluster workloads measure that cluster; nothing of
-    the bench's own is started (its TLS cluster and PostgreSQL clusters are left out)."""
-    capture = io.StringIO()
-    out = tmp_path / "r.json"
-    with connect(cluster_url) as client:
-        before = [e.name for e in client.ls("/")]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("sys.stdout", capture)
-        args = ["bench", "cluster-read", "cluster-tls-read", "meta-latency"]
-        args += ["--target", cluster_url]
-        args += ["--size-mib", "4", "--dir", str(tmp_path / "s"), "--json", str(out)]
-        assert main(args) == 0
-    rows = json.loads(out.read_text())["results"]
-    assert ("cluster-read", "graben cluster") in {(r["workload"], r["system"]) for r in rows}
-    for skipped in ("cluster-tls-read", "meta-latency"):
-        assert f"skipped {skipped}: --target: no cluster of the bench's own" in capture.getvalue()
-    with connect(cluster_url) as client:
-        assert [e.name for e in client.ls("/")] == before  # what it wrote is gone, dir too
-
-
-def test_a_target_that_is_neither_a_store_nor_a_directory_is_an_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main(["bench", "--target", str(tmp_path / "nowhere")]) == 1  # as an unknown name
-    assert "not a graben:// URL nor a directory" in capsys.readouterr().err
