@@ -49,6 +49,9 @@ from ._tls import HANDSHAKE_TIMEOUT_S, failure, lost
 
 log = logging.getLogger("graben.rpc")
 
+LISTEN_BACKLOG = 4096
+"""Connections a server's kernel queues before it accepts them (capped by somaxconn):
+a thousand ranks connect at once, and asyncio's default of 100 drops the rest."""
 DEFAULT_TIMEOUT = 60.0
 CONNECT_TIMEOUT = 10.0
 DEFAULT_BUDGET = 1 << 30
@@ -292,7 +295,12 @@ class Server:
         handshake = None if tls is None else HANDSHAKE_TIMEOUT_S
         try:
             server.server = await loop.create_server(
-                server._protocol, host, port, ssl=tls, ssl_handshake_timeout=handshake
+                server._protocol,
+                host,
+                port,
+                ssl=tls,
+                ssl_handshake_timeout=handshake,
+                backlog=LISTEN_BACKLOG,
             )
         except OSError as exc:
             raise Unavailable(f"cannot listen on {host}:{port}: {exc.strerror}") from None
