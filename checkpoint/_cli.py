@@ -58,7 +58,7 @@ def _ls(args: argparse.Namespace) -> int:
     # No torch here: listing reads names and sizes (a second or two less per call)
     from ._steps import listing
 
-    store, root = _split(args.root)
+    store, root = split_url(args.root)
     _require_root(args.root)
     with connect(store) as client:
         rows = [dataclasses.asdict(row) for row in listing(client, args.root, root)]
@@ -89,7 +89,7 @@ def _rm(args: argparse.Namespace) -> int:
     for url in args.urls:
         keep = "or keep the newest N: graben ckpt rm ROOT --keep-last N"
         _require_checkpoint(url, "remove", keep)
-        store, path = _split(url)
+        store, path = split_url(url)
         with connect(store) as client:
             client.rm(path, recursive=True)
         print(f"removed {url}")
@@ -152,17 +152,9 @@ def _write_state(state: dict[str, Any], suffix: str, sink: BinaryIO) -> None:
         torch.save(state, sink)
 
 
-def _split(url: str) -> tuple[str | None, str]:
-    """``(store, path)`` of a ``graben://`` URL (or a path in the default store)."""
-    scheme, sep, _ = url.partition("://")
-    if sep and scheme != "graben":
-        raise InvalidArgument(f"not a graben:// URL ({_URL_HELP})", url)
-    return split_url(url)
-
-
 def _require_root(url: str) -> None:
     """Refuse, in one line, a root that is missing or a file."""
-    store, path = _split(url)
+    store, path = split_url(url)
     with connect(store) as client:
         info = _stat(client, path, url, "no such checkpoint root")
     if not info.is_dir:
@@ -175,7 +167,7 @@ def _require_checkpoint(url: str, verb: str, hint: str) -> None:
     from ._steps import checkpoint_steps
     from ._storage import METADATA
 
-    store, path = _split(url)
+    store, path = split_url(url)
     with connect(store) as client:
         info = _stat(client, path, url, "no such checkpoint")
         if not info.is_dir:

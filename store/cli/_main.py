@@ -67,10 +67,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def _whole_flags_only(parser: argparse.ArgumentParser) -> None:
     """No abbreviated flags, in any subcommand: ``--node 3`` must not run as ``--nodes 3``."""
     parser.allow_abbrev = False
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                _whole_flags_only(sub)
+    for sub in _subcommands(parser).values():
+        _whole_flags_only(sub)
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """``parser``'s subcommand parsers by name (none for a leaf)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(subs[0].choices) if subs else {}
 
 
 def _not_installed(sub: Subparsers, name: str, missing: MissingExtra) -> None:
@@ -100,12 +104,10 @@ def config_arg(parser: argparse.ArgumentParser, section: str) -> None:
 def _leaf(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
     """The (sub)command parser ``argv`` selects, following its subcommand names."""
     for token in argv:
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        subs = _subcommands(parser)
         if not subs:
             break
-        chosen = subs[0].choices.get(token)
-        if chosen is not None:
-            parser = chosen
+        parser = subs.get(token, parser)
     return parser
 
 
