@@ -11,45 +11,103 @@ own doors: importing one without its extra raises ``MissingExtra`` (an
 at ``/metrics``, as the servers and the mount daemon do.
 """
 
-from ._config import TLS, Options, cache_home, parse_size, split_url
-from ._errors import (
-    AlreadyExists,
-    CannotPlace,
-    DirectoryNotEmpty,
-    GrabenError,
-    IntegrityError,
-    InvalidArgument,
-    InvalidPath,
-    IsADirectory,
-    MissingExtra,
-    NameTooLong,
-    NoSpace,
-    NotADirectory,
-    NotFound,
-    PermissionDenied,
-    ProtocolError,
-    Refused,
-    Timeout,
-    TLSError,
-    Unavailable,
-)
-from ._extras import optional_door
-from ._paths import normalize as normalize_path
-from ._types import Change, ChunkProblem, FileInfo, FsckReport
-from .client import (
-    AsyncClient,
-    AsyncReadFile,
-    AsyncWriteFile,
-    Client,
-    ReadFile,
-    Upload,
-    WriteFile,
-    clear_shared_clients,
-    connect,
-    shared_client,
-)
-from .fsspec import GrabenFileSystem
-from .wire import serve_metrics
+import importlib
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (and re)
+
+if TYPE_CHECKING:
+    from ._config import (
+        TLS,
+        Options,
+        cache_home,
+        parse_size,
+        split_url,
+    )
+    from ._errors import (
+        AlreadyExists,
+        CannotPlace,
+        DirectoryNotEmpty,
+        GrabenError,
+        IntegrityError,
+        InvalidArgument,
+        InvalidPath,
+        IsADirectory,
+        MissingExtra,
+        NameTooLong,
+        NoSpace,
+        NotADirectory,
+        NotFound,
+        PermissionDenied,
+        ProtocolError,
+        Refused,
+        Timeout,
+        TLSError,
+        Unavailable,
+    )
+    from ._extras import optional_door
+    from ._paths import normalize as normalize_path
+    from ._types import (
+        Change,
+        ChunkProblem,
+        FileInfo,
+        FsckReport,
+    )
+    from .client import (
+        AsyncClient,
+        AsyncReadFile,
+        AsyncWriteFile,
+        Client,
+        ReadFile,
+        Upload,
+        WriteFile,
+        clear_shared_clients,
+        connect,
+        shared_client,
+    )
+    from .fsspec import GrabenFileSystem
+    from .wire import serve_metrics
+
+# Where each name lives ("name=its name there" where they differ).
+_MODULES = {
+    "._config": "TLS Options cache_home parse_size split_url",
+    "._errors": (
+        "AlreadyExists CannotPlace DirectoryNotEmpty GrabenError IntegrityError"
+        " InvalidArgument InvalidPath IsADirectory MissingExtra NameTooLong NoSpace"
+        " NotADirectory NotFound PermissionDenied ProtocolError Refused Timeout"
+        " TLSError Unavailable"
+    ),
+    "._extras": "optional_door",
+    "._paths": "normalize_path=normalize",
+    "._types": "Change ChunkProblem FileInfo FsckReport",
+    ".client": (
+        "AsyncClient AsyncReadFile AsyncWriteFile Client ReadFile Upload WriteFile"
+        " clear_shared_clients connect shared_client"
+    ),
+    ".fsspec": "GrabenFileSystem",
+    ".wire": "serve_metrics",
+}
+_WHERE = {
+    name.partition("=")[0]: (module, name.partition("=")[2] or name)
+    for module, names in _MODULES.items()
+    for name in names.split()
+}
+
+
+def __getattr__(name: str) -> object:
+    """Import what a name needs on first use, so ``import graben.store`` is cheap
+    (the ``graben`` command handles Ctrl-C from its first line on)."""
+    try:
+        module, attr = _WHERE[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module, __name__), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "TLS",

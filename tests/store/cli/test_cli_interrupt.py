@@ -45,3 +45,26 @@ def test_an_interrupted_put_writes_nothing_and_says_so(store: Path, tmp_path: Pa
     assert len(lines) == 4  # checked, the count, how to collect, the verdict
     listed = run_script("fsck", "--verbose", "--store", str(store))
     assert listed.stdout.decode().count("orphan ") == left
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line(store: Path) -> None:
+    """Early: the store's modules still loading, the parser being built, the
+    store being opened. Each moment prints one line and exits 130. (The
+    interpreter's own first ~20 ms are before any of graben's code runs.)"""
+    run_script("mkdir", "--store", str(store), "/runs")
+    script = Path(sys.executable).parent / "graben"
+    for delay in (0.05, 0.08, 0.12, 0.18, 0.25, 0.4):
+        ls = subprocess.Popen(
+            [str(script), "ls", "--store", str(store), "/"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(delay)
+        ls.send_signal(signal.SIGINT)
+        out, err = ls.communicate(timeout=30)
+        message = err.decode()
+        if out == b"runs/\n" and not message:
+            continue  # done before the signal (or stopped by it while exiting)
+        assert ls.returncode == 130, (delay, message)
+        assert message.startswith("graben: interrupted"), (delay, message)
+        assert "Traceback" not in message and len(message.strip().splitlines()) == 1
