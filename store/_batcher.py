@@ -58,7 +58,9 @@ class Batcher(Generic[T, R]):
 
     async def _drain_queue(self) -> None:
         while self._queue:
-            await self._run_group(self._take())
+            group = self._take()
+            if group:
+                await self._run_group(group)
 
     async def _run_group(self, group: list[tuple[T, asyncio.Future[R]]]) -> None:
         """Run one group and hand each caller its result.
@@ -83,11 +85,18 @@ class Batcher(Generic[T, R]):
                 future.set_result(result)
 
     def _take(self) -> list[tuple[T, asyncio.Future[R]]]:
-        group = [self._queue.popleft()]
-        units = self._size(group[0][0])
-        while self._queue and units + self._size(self._queue[0][0]) <= self._max:
-            units += self._size(self._queue[0][0])
+        group: list[tuple[T, asyncio.Future[R]]] = []
+        units = 0
+        while self._queue:
+            item, future = self._queue[0]
+            if future.done():  # its caller gave up: the item (a buffer, say) is not ours now
+                self._queue.popleft()
+                continue
+            size = self._size(item)
+            if group and units + size > self._max:
+                break
             group.append(self._queue.popleft())
+            units += size
         return group
 
 

@@ -30,6 +30,7 @@ from ._errors import InvalidArgument
 
 MiB = 1 << 20
 DEFAULT_CHUNK_SIZE = 8 * MiB
+DEFAULT_REPLICA_DEADLINE = 3.0
 MAX_CHUNK_SIZE = 256 * MiB
 PAGE_ENTRIES = 128
 """Entries in one page of a list-shaped reply (fsck's chunk records, a node's inventory,
@@ -151,6 +152,11 @@ class Options:
     """Seconds a client that has never reached the cluster keeps trying (a refused or
     unanswered connection) before it says so: a dead endpoint costs this, not
     ``timeout``. Raise it to wait for a cluster that is starting (``--wait``)."""
+    replica_deadline: float = DEFAULT_REPLICA_DEADLINE
+    """Seconds a chunk write waits for a data node once another node has its copy. A
+    node past it (hung, or its disk dying) is passed over: the write goes on with
+    the copies it has if they are at least ``min_replicas``, repair adds the rest,
+    and the node is skipped by this client's writes and read last for 15 s."""
     max_inflight: int = 8
     """Chunks one writer hashes and uploads at once."""
     inline_max: int | None = None
@@ -186,7 +192,7 @@ class Options:
             raise InvalidArgument(f"replication must be at least 1, not {self.replication}")
         if self.min_replicas is not None and self.min_replicas < 1:
             raise InvalidArgument(f"min_replicas must be at least 1, not {self.min_replicas}")
-        for name in ("timeout", "wait"):
+        for name in ("timeout", "wait", "replica_deadline"):
             if not getattr(self, name) > 0:
                 raise InvalidArgument(
                     f"{name} must be a positive number of seconds, not {getattr(self, name)}"

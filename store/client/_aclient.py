@@ -42,6 +42,7 @@ from ._afiles import AsyncFileOpener
 from ._fsck import Fsck
 from ._parts import finished, stage_parts
 from ._reader import Reader, Report
+from ._slow import SlowNodes
 from ._upload import Upload
 
 Progress = Callable[[int], None]
@@ -102,6 +103,7 @@ class AsyncClient:
         self._hasher = ThreadPoolExecutor(options.hash_threads, thread_name_prefix="graben-hash")
         self.replication = options.replication or 0  # 0: the store's default
         self._settings: asyncio.Future[Settings] | None = None
+        self._slow = SlowNodes(options.replica_deadline)
         self._closed = False
 
     async def __aenter__(self) -> AsyncClient:
@@ -356,7 +358,9 @@ class AsyncClient:
     async def _open_reader(self, path: str) -> Reader:
         """A ``Reader`` of the file's current version (``NotFound``, ``IsADirectory``)."""
         layout = await _pages.layout(self.meta, _paths.normalize(path))
-        return Reader(self.chunks, self.pool, layout, self.options.read_ahead, self._report)
+        return Reader(
+            self.chunks, self.pool, layout, self.options.read_ahead, self._report, self._slow
+        )
 
     async def _open_upload(
         self,
@@ -394,6 +398,7 @@ class AsyncClient:
             permissions=permissions,
             attributes=attributes,
             inline_max=await self._inline_max(),
+            slow=self._slow,
         )
 
     async def _inline_max(self) -> int:

@@ -27,6 +27,7 @@ from .._errors import GrabenError, IntegrityError, NotFound, Timeout, Unavailabl
 from .._hashing import crc32c
 from .._types import ChunkRef, Extent, FileLayout
 from ..transport import ChunkTransport
+from ._slow import SlowNodes
 
 _RETRYABLE = (IntegrityError, NotFound, Unavailable, Timeout)
 Report = Callable[[str, str, str], Awaitable[None]]
@@ -49,8 +50,10 @@ class Reader:
         layout: FileLayout,
         read_ahead: int,
         report: Report | None = None,
+        slow: SlowNodes | None = None,
     ) -> None:
         self.layout = layout
+        self._slow = slow
         self._report = report
         self.size = layout.info.size
         self._chunks, self._pool = chunks, pool
@@ -156,7 +159,7 @@ class Reader:
         batches: dict[str, list[ChunkRef]] = {}
         for ahead in range(max(index, self._hinted + 1), stop):
             chunk = self.layout.extents[ahead].chunk
-            nodes = self.layout.replicas.get(chunk.id)
+            nodes = self._replicas(chunk.id)
             if nodes:
                 batches.setdefault(nodes[0], []).append(chunk)
             self._hinted = ahead
@@ -198,7 +201,7 @@ class Reader:
             return
         chunk = extent.chunk
         errors: list[GrabenError] = []
-        for node in self.layout.replicas.get(chunk.id, ()):
+        for node in self._replicas(chunk.id):
             try:
                 await self._chunks.read(node, chunk, into)
                 return
@@ -207,6 +210,12 @@ class Reader:
                 if self._report is not None and isinstance(exc, (IntegrityError, NotFound)):
                     self._tell(chunk.id, node, exc.message)
         raise self._failure(extent, errors)
+
+    def _replicas(self, chunk: str) -> list[str]:
+        """The nodes holding ``chunk``, in the order to ask them: one that fell
+        behind a write lately last."""
+        nodes = self.layout.replicas.get(chunk, ())
+        return list(nodes) if self._slow is None else self._slow.order(nodes)
 
     def _kept(self, chunk: ChunkRef, into: memoryview) -> bool:
         """Fill ``into`` with a chunk the metadata engine keeps, checked; whether it is one."""
@@ -256,7 +265,7 @@ class Reader:
         if offset == self._next_offset and self._hint_due(index + 1):
             self._loop.call_soon_threadsafe(self._hint, index + 1)
         errors: list[GrabenError] = []
-        for node in self.layout.replicas.get(extent.chunk.id, ()):
+        for node in self._replicas(extent.chunk.id):
             try:
                 read(node, extent.chunk, into[:n])
                 break

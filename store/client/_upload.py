@@ -20,10 +20,12 @@ from concurrent.futures import Executor
 import msgspec
 
 from .._buffers import BufferPool, in_thread
+from .._config import DEFAULT_REPLICA_DEADLINE
 from .._errors import CannotPlace, GrabenError, IntegrityError, NoSpace, Timeout, Unavailable
 from .._hashing import chunk_ref
 from .._types import Buffer, Change, ChunkRef, Extent, FileCommit, FileInfo, StoredChunk, WriteMode
 from ..transport import ChunkTransport, Commit, MetaTransport, Prepare
+from ._slow import SlowNodes
 
 Release = Callable[[], None]
 HASH_INLINE_MAX = 64 * 1024
@@ -51,8 +53,10 @@ class Upload:
         attributes: Change | None = None,
         min_replicas: int = 0,
         inline_max: int = 0,
+        slow: SlowNodes | None = None,
     ) -> None:
         self._meta, self._chunks, self._hasher = meta, chunks, hasher
+        self._slow = slow or SlowNodes(DEFAULT_REPLICA_DEADLINE)
         self._inline_max = inline_max
         self._held: tuple[ChunkRef, bytes] | None = None
         """A first chunk small enough for the engine to keep, until the file proves longer."""
@@ -137,7 +141,8 @@ class Upload:
     async def _replicate(
         self, ref: ChunkRef, data: memoryview, nodes: tuple[str, ...], minimum: int
     ) -> StoredChunk:
-        """Write to every node (fan-out); a node that fails is replaced by a new placement.
+        """Write to every node (fan-out); a node that fails, or falls behind the others
+        (``SlowNodes``), is replaced by a new placement.
 
         With no node left to replace it, the chunk goes on with the copies it
         has if they are at least ``minimum`` (a degraded write: the commit
@@ -147,19 +152,19 @@ class Upload:
         failed: dict[str, GrabenError] = {}
         refusal: GrabenError | None = None
         for _ in range(MAX_REPLACEMENTS + 1):
-            results = await asyncio.gather(
-                *(self._chunks.write(node, ref, data) for node in nodes), return_exceptions=True
-            )
-            for node, result in zip(nodes, results, strict=True):
+            trying = [n for n in nodes if not self._slow.slow(n)] or nodes  # none else: try
+            results = await self._slow.each({n: self._chunks.write(n, ref, data) for n in trying})
+            for node in nodes:
+                result = results.get(node, _passed_over(node))
                 if result is None:
                     stored.append(node)
                 elif isinstance(result, _REPLACEABLE):
                     failed[node] = result
                 else:
                     raise result
-            if all(r is None for r in results):
+            missing = len(nodes) - sum(results.get(n, False) is None for n in nodes)
+            if not missing:
                 return StoredChunk(ref, tuple(stored))
-            missing = sum(r is not None for r in results)
             try:
                 nodes = await self._replacements(
                     ref, missing, max(1, minimum - len(stored)), (*stored, *failed)
@@ -234,6 +239,10 @@ class Upload:
         self._held = None
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+
+
+def _passed_over(node: str) -> Unavailable:
+    return Unavailable(f"data node {node} fell behind a write lately: passed over")
 
 
 def _short(

@@ -145,6 +145,7 @@ def open_cluster(
         token=token,
         owns_checker=True,
         read_ahead=read_ahead,
+        timeout=timeout,
         tls=tls,
     )
     return meta, nodes
@@ -433,9 +434,11 @@ class RemoteChunks:
         token: str,
         owns_checker: bool = False,
         read_ahead: int = 0,
+        timeout: float = CALL_TIMEOUT,
         tls: ssl.SSLContext | None = None,
     ) -> None:
         self._window = read_ahead
+        self._timeout = min(timeout, CALL_TIMEOUT)  # a call to a node waits this at most
         self._grants, self._token = grants, token
         self._small_writes: Batchers[str, tuple[ChunkCall, memoryview], None] = Batchers(
             lambda node: Batcher(
@@ -484,7 +487,9 @@ class RemoteChunks:
             await self._small_writes[node].submit((ChunkCall(chunk, cap), data))
             return
         conn = await self._conn(node)
-        await conn.call("chunk.write", encode(ChunkCall(chunk, cap)), payload=data)
+        await conn.call(
+            "chunk.write", encode(ChunkCall(chunk, cap)), payload=data, timeout=self._timeout
+        )
 
     async def write_chain(self, nodes: Sequence[str], chunk: ChunkRef, data: memoryview) -> None:
         """Chain replication (measured against fan-out by ``graben bench``; fan-out
@@ -493,17 +498,21 @@ class RemoteChunks:
         cap = await self._grants.get(chunk.id, "write")
         forward = tuple([await self._address(n) for n in nodes[1:]])
         conn = await self._conn(nodes[0])
-        await conn.call("chunk.write", encode(ChunkCall(chunk, cap, forward)), payload=data)
+        body = encode(ChunkCall(chunk, cap, forward))
+        await conn.call("chunk.write", body, payload=data, timeout=self._timeout)
 
     async def _write_many(
         self, node: str, items: list[tuple[ChunkCall, memoryview]]
     ) -> list[GrabenError | None]:
         """Small chunks bound for one node in one call: one copy of a few KiB each
         buys one round trip and one disk sync for the lot."""
-        conn = await self._conn(node)
+        # Joined before any wait: a caller that gave up may reuse its buffer after.
         payload = b"".join(data for _, data in items)
         body = encode([call for call, _ in items])
-        reply, _ = await conn.call("chunk.write_many", body, payload=memoryview(payload))
+        conn = await self._conn(node)
+        reply, _ = await conn.call(
+            "chunk.write_many", body, payload=memoryview(payload), timeout=self._timeout
+        )
         errors = decode(reply, list[WireError | None])
         return [None if e is None else from_wire(e) for e in errors]
 
@@ -524,7 +533,8 @@ class RemoteChunks:
         conn = await self._conn(node)
         cap = await self._grants.get(chunk.id, "read")
         view = into[: chunk.length]
-        _, got = await conn.call("chunk.read", encode(ChunkCall(chunk, cap)), into=view)
+        body = encode(ChunkCall(chunk, cap))
+        _, got = await conn.call("chunk.read", body, into=view, timeout=self._timeout)
         if got != chunk.length:
             raise IntegrityError(
                 f"chunk {chunk.id} from {node} came with {got} bytes, not {chunk.length}"

@@ -95,6 +95,8 @@ class _Pending:
     into: memoryview | None
     replied: bool = False
     """The server answered: an error it sent is its answer, not a lost connection."""
+    landing: bool = False
+    """The reply's payload is arriving in ``into`` (given up now, the connection must go)."""
 
 
 class Connection:
@@ -181,9 +183,15 @@ class Connection:
             if isinstance(exc, TimeoutError):
                 if not sent:  # what is queued behind this frame would wait as long
                     self._protocol.fail(ConnectionResetError(f"{op} could not be sent"))
+                elif pending.landing:  # the rest must not land in a buffer given up
+                    self._protocol.fail(ConnectionResetError(f"{op} got no reply in time"))
                 raise Timeout(f"{op} to {self.where} took longer than {timeout} s") from None
             why = exc.message if isinstance(exc, GrabenError) else str(exc) or type(exc).__name__
             raise Unavailable(f"{op} to {self.where} failed: {why}") from None
+        except asyncio.CancelledError:  # the caller gave up: its buffer may be reused
+            if pending.landing and not future.done():
+                self._protocol.fail(ConnectionResetError(f"{op} was given up"))
+            raise
         finally:
             self._pending.pop(call_id, None)
             if future.done() and not future.cancelled():
@@ -207,6 +215,7 @@ class Connection:
             raise ProtocolError(
                 f"reply payload of {length} bytes for a {pending.into.nbytes}-byte buffer"
             )
+        pending.landing = True
         return pending.into[:length]
 
     def _on_frame(self, header: Header, payload: memoryview | None) -> None:

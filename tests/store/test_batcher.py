@@ -35,6 +35,24 @@ class Recorder:
         return [ValueError(i) if i in self.fail else i * 10 for i in items]
 
 
+def test_an_item_whose_caller_gave_up_before_its_group_ran_is_not_sent() -> None:
+    """A writer past its deadline reuses its buffer: a queued item must not go out."""
+
+    async def test() -> list[list[int]]:
+        run = Recorder(delay=0.1)
+        batcher: Batcher[int, int] = Batcher(run, concurrency=1)
+        first = asyncio.ensure_future(batcher.submit(1))
+        await asyncio.sleep(0.01)  # group [1] running; 2 and 3 wait behind it
+        waiting = asyncio.ensure_future(batcher.submit(2))
+        kept = asyncio.ensure_future(batcher.submit(3))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        assert await first == 10 and await kept == 30
+        return run.groups
+
+    assert asyncio.run(test()) == [[1], [3]]
+
+
 def test_items_arriving_together_share_a_group() -> None:
     run = Recorder()
 

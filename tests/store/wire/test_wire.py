@@ -117,6 +117,42 @@ def test_timeout_then_the_connection_still_works() -> None:
     with_server(test)
 
 
+def test_a_call_given_up_mid_payload_drops_its_connection_and_spares_its_buffer() -> None:
+    """A reply whose payload is half in when the caller gives up: the rest must not
+    land in a buffer the caller may already have reused (the read of another replica)."""
+
+    async def test() -> None:
+        half = asyncio.Event()
+        finish = asyncio.Event()
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(1 << 16)  # the call
+            writer.write(frame_prefix(Reply(1), 2000) + b"a" * 1000)
+            await writer.drain()
+            half.set()
+            await finish.wait()
+            writer.write(b"b" * 1000)  # the rest, late
+            await writer.drain()
+            await asyncio.sleep(0.2)
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        conn = await Connection.open("127.0.0.1", port)
+        buffer = bytearray(2000)
+        with pytest.raises(Timeout):
+            await conn.call("read", into=memoryview(buffer), timeout=0.3)
+        assert half.is_set() and conn.closed
+        buffer[:] = bytes(2000)  # reused by its owner
+        finish.set()
+        await asyncio.sleep(0.3)
+        assert buffer == bytes(2000)
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(test())
+
+
 @pytest.mark.parametrize(
     "garbage",
     [

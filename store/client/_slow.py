@@ -1,0 +1,79 @@
+"""Nodes that fell behind: a write goes on without them, reads ask them last.
+
+A hung data node (a stopped process, a dying disk, a half-dead host) answers
+nothing and refuses nothing. A replicated write waits for every copy, so one
+such node would hold every writer for the whole call timeout. Instead, once
+one copy of a chunk is written the others get ``deadline`` seconds more; a
+node past it is given up for that chunk (the write goes on degraded, the
+commit records the copies it has and repair adds the rest) and noted slow for
+``SLOW_FOR_S``, so later writes place around it at once and reads ask it last.
+The deadline starts from a peer's answer, not the call's start, so a cluster
+that is merely busy (every node slow alike) never counts as a straggler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Iterable
+
+from .._errors import Timeout
+
+SLOW_FOR_S = 15.0
+"""How long a node that missed a deadline is passed over: past the metadata
+service's heartbeat timeout (10 s), by when it no longer places chunks on a
+node that stopped answering."""
+
+
+class SlowNodes:
+    """The nodes one client saw fall behind, and the deadline that says so."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self._until: dict[str, float] = {}
+
+    def note(self, node: str) -> None:
+        self._until[node] = time.monotonic() + SLOW_FOR_S
+
+    def slow(self, node: str) -> bool:
+        """Whether ``node`` missed a deadline in the last ``SLOW_FOR_S`` (any thread may ask)."""
+        return self._until.get(node, 0.0) > time.monotonic()
+
+    def order(self, nodes: Iterable[str]) -> list[str]:
+        """``nodes`` with the slow ones last (a stable sort: the rest keep their order)."""
+        return sorted(nodes, key=self.slow)
+
+    async def each(self, calls: dict[str, Awaitable[None]]) -> dict[str, BaseException | None]:
+        """Run one call per node; each node's error, or ``None``.
+
+        Once a call succeeds, the rest have ``deadline`` seconds to; those still
+        running then are cancelled, noted slow and fail with ``Timeout``.
+        """
+        tasks = {asyncio.ensure_future(call): node for node, call in calls.items()}
+        results: dict[str, BaseException | None] = {}
+        pending = set(tasks)
+        cutoff: float | None = None
+        try:
+            while pending:
+                left = None if cutoff is None else max(0.0, cutoff - time.monotonic())
+                done, pending = await asyncio.wait(
+                    pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    break  # past the deadline
+                for task in done:
+                    results[tasks[task]] = task.exception()
+                if cutoff is None and any(results[tasks[t]] is None for t in done):
+                    cutoff = time.monotonic() + self.deadline
+        finally:
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        for task in pending:
+            node = tasks[task]
+            self.note(node)
+            results[node] = Timeout(
+                f"data node {node} wrote nothing within {self.deadline:g} s of another copy"
+            )
+        return results

@@ -1,0 +1,85 @@
+"""A hung data node (SIGSTOP: it answers nothing and refuses nothing) costs a writer
+the replica deadline once, not the call timeout, and nothing after; repair brings
+the files it missed back to full copies once it runs again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from cluster_kit import LocalCluster, copies, eventually
+
+from graben.store import Client, GrabenError, connect
+from graben.store.client import _loop
+from graben.store.transport._requests import GetLayout
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    # The metadata service's default heartbeat timeout (10 s): the client must
+    # not wait for the service to notice the node is gone.
+    cluster = LocalCluster(tmp_path, nodes=3, timeout=10.0, repair=0.5)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def _recorded(client: Client, path: str) -> list[int]:
+    """Copies each chunk of ``path`` has in its commit, alive or not."""
+    layout = _loop.run(client.aio.meta.request(GetLayout(path)))
+    return [len(layout.replicas[x.chunk.id]) for x in layout.extents]
+
+
+def _timed_put(client: Client, path: str, data: bytes) -> float:
+    started = time.monotonic()
+    client.put(path, data)
+    return time.monotonic() - started
+
+
+def test_a_stopped_node_costs_one_deadline_then_nothing_and_repair_catches_up(
+    cluster: LocalCluster,
+) -> None:
+    stopped = cluster.nodes[0]
+    with connect(cluster.url, timeout=20, chunk_size=MiB, replica_deadline=2.0) as client:
+        client.put("/warm", b"x" * MiB)  # connections open to every node
+        data = [os.urandom(4 * MiB) for _ in range(3)]
+        stopped.send_signal(signal.SIGSTOP)
+        try:
+            first = _timed_put(client, "/first", data[0])
+            after = _timed_put(client, "/second", data[1])
+            started = time.monotonic()
+            with pytest.raises(GrabenError):  # three copies asked: not while one node hangs
+                client.put("/all-three", data[2], min_replicas=3)
+            refused = time.monotonic() - started
+            assert not client.exists("/all-three")
+            assert client.get("/first") == data[0]
+            assert client.get("/second") == data[1]  # read from the two that answer
+            assert _recorded(client, "/first") == [2] * 4
+            assert _recorded(client, "/second") == [2] * 4
+        finally:
+            stopped.send_signal(signal.SIGCONT)
+        assert first < 2.0 + 2.0, first  # the deadline, plus the write itself on 2 cores
+        assert after < 1.0, after  # the node is passed over at once
+        assert refused < 5.0, refused
+        for path in ("/first", "/second"):
+            eventually(lambda p=path: copies(client, p) == [3] * 4, seconds=60)  # type: ignore[misc]
+        assert client.get("/first") == data[0]
+
+
+def test_a_busy_cluster_is_not_a_hung_node(cluster: LocalCluster) -> None:
+    """Every node slow alike (many writers on 2 cores) must not count as stragglers:
+    the deadline starts from a peer's answer, so full copies are written."""
+    with connect(cluster.url, chunk_size=MiB, replica_deadline=2.0) as client:
+        blobs = {f"/busy/{i}": os.urandom(2 * MiB) for i in range(24)}
+        with ThreadPoolExecutor(8) as writers:
+            list(writers.map(lambda item: client.put(*item), blobs.items()))
+        for path in blobs:
+            assert _recorded(client, path) == [3, 3]
