@@ -93,10 +93,8 @@ class _Pending:
 
     future: asyncio.Future[tuple[msgspec.Raw, int]]
     into: memoryview | None
-    replied: bool = False
-    """The server answered: an error it sent is its answer, not a lost connection."""
-    landing: bool = False
-    """The reply's payload is arriving in ``into`` (given up now, the connection must go)."""
+    replied: bool = False  # the server answered: an error it sent is its answer
+    landing: bool = False  # the reply's payload is arriving in ``into``
 
 
 class Connection:
@@ -181,14 +179,13 @@ class Connection:
             if pending.replied:
                 raise  # the server's own error reply, told as it was sent
             if isinstance(exc, TimeoutError):
-                if not sent:  # what is queued behind this frame would wait as long
-                    self._protocol.fail(ConnectionResetError(f"{op} could not be sent"))
-                elif pending.landing:  # the rest must not land in a buffer given up
-                    self._protocol.fail(ConnectionResetError(f"{op} got no reply in time"))
+                if not sent or pending.landing:  # frames queued behind would wait as
+                    # long; the rest of a payload would land in a buffer given up
+                    self._protocol.fail(ConnectionResetError(f"{op} timed out"))
                 raise Timeout(f"{op} to {self.where} took longer than {timeout} s") from None
             why = exc.message if isinstance(exc, GrabenError) else str(exc) or type(exc).__name__
             raise Unavailable(f"{op} to {self.where} failed: {why}") from None
-        except asyncio.CancelledError:  # the caller gave up: its buffer may be reused
+        except asyncio.CancelledError:  # given up, the buffer may be reused: cut the rest
             if pending.landing and not future.done():
                 self._protocol.fail(ConnectionResetError(f"{op} was given up"))
             raise
