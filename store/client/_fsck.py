@@ -8,7 +8,9 @@ refusals below and the deletions. Every list arrives in pages (no store is
 too large for a reply), and memory holds only the ids of the chunks the
 metadata names.
 
-Collection deletes nothing if the metadata contradicts itself or if far more
+Collection deletes nothing if the metadata contradicts itself, if a node's
+chunk files cannot be shown to be this metadata's (its ``store-id`` was
+missing and taken from the metadata over chunks already there), or if far more
 chunk files are orphans than a crashed writer leaves (more than
 ``REFUSE_SHARE`` of all copies, and more than ``REFUSE_FEW``): that is what a
 wrong, empty or restored-from-old metadata database looks like, and
@@ -98,8 +100,11 @@ class Fsck:
             await self._find_temporaries(node, time.time() - min(grace, QUIET_S))
         collected = 0
         if collect:
-            self._may_collect(inconsistent, cutoff, force)
+            adopted = [n for n in nodes if await self._chunks.adoption(n, self._store)]
+            self._may_collect(inconsistent, cutoff, force, adopted)
             collected = await self._collect(nodes, grace, cutoff)
+            for node in adopted:  # forced: whoever forced it vouched for them
+                await self._chunks.adoption(node, self._store, vouch=True)
         found = self._found
         return FsckReport(found.chunks, found.bytes, tuple(found.problems), collected)
 
@@ -209,10 +214,24 @@ class Fsck:
 
     # -- collection ---------------------------------------------------------------------
 
-    def _may_collect(self, inconsistent: list[ChunkProblem], cutoff: float, force: bool) -> None:
-        """Refuse to delete anything when the metadata cannot be trusted (unless ``force``)."""
+    def _may_collect(
+        self, inconsistent: list[ChunkProblem], cutoff: float, force: bool, adopted: list[str]
+    ) -> None:
+        """Refuse to delete anything when the metadata cannot be trusted, or cannot be
+        shown to be the chunks' own (unless ``force``)."""
         if force:
             return
+        unproven = [
+            (n, c) for n, c, mtime in self._found.orphans if n in adopted and mtime < cutoff
+        ]
+        if unproven:
+            raise IntegrityError(
+                f"refusing to collect: {len(unproven)} chunk file(s) that no metadata names "
+                "are where store-id was missing and was taken from this metadata over chunk "
+                f"files already there (first: {self._chunks.describe(*unproven[0])}): nothing "
+                "shows they belong to this database. If it is the store's own, --force "
+                "deletes them and vouches for the rest"
+            )
         if inconsistent:
             raise IntegrityError(
                 f"refusing to collect: the metadata is inconsistent ({len(inconsistent)} "

@@ -36,7 +36,7 @@ from .._errors import (
 )
 from .._types import ChunkRef, Health, NodeState
 from ..meta import LOCAL_NODE, Namespace, SQLiteRepository
-from ..node import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, read_id, write_private
+from ..node import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, adoption, keep_store_id, read_id
 from ..transport import (
     ChunkRefs,
     ChunkUsers,
@@ -78,7 +78,7 @@ def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
         raise
     try:
         namespace = Namespace(repo)
-        _check_identity(root, namespace)
+        _check_identity(root, namespace, chunks)
     except BaseException:
         repo.close()
         chunks.close()
@@ -99,12 +99,14 @@ def _open_engine(root: Path, chunks: LocalChunkStore) -> SQLiteRepository:
         ) from None
 
 
-def _check_identity(root: Path, namespace: Namespace) -> None:
-    """Keep the engine's store id beside the chunks; refuse another store's ``meta.db``."""
+def _check_identity(root: Path, namespace: Namespace, chunks: LocalChunkStore) -> None:
+    """Keep the engine's store id beside the chunks (marked adopted if chunk files are
+    already there: nothing shows they are this database's); refuse another store's
+    ``meta.db``."""
     path = root / "store-id"
     kept = read_id(path)
     if kept is None:
-        write_private(path, namespace.store_id + "\n")
+        keep_store_id(root, namespace.store_id, chunks)
     elif kept != namespace.store_id:
         raise IntegrityError(
             f"meta.db belongs to another store ({namespace.store_id}); the chunks here "
@@ -235,6 +237,11 @@ class LocalChunks:
     async def clean(self, node: str, store: str, older_than: float) -> tuple[int, int]:
         done: tuple[int, int] = await self._run(node, self.store.clean_temporaries, older_than)
         return done
+
+    async def adoption(self, node: str, store: str, *, vouch: bool = False) -> bool:
+        root = self.store.root.parent  # the store directory, where store-id is
+        taken: bool = await self._run(node, partial(adoption, root, vouch=vouch))
+        return taken
 
     async def delete(self, node: str, chunk_id: str, older_than: float) -> bool:
         gone: bool = await self._run(node, self.store.delete, chunk_id, older_than)

@@ -11,7 +11,8 @@ and the store's shared modules; never ``meta``, the ``client`` or anything
 above it.
 """
 
-from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, read_id, write_private
+from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, write_private
+from ._identity import adoption, keep_store_id, read_id
 from ._server import DataNode
 
 __all__ = [
@@ -19,6 +20,8 @@ __all__ = [
     "GROUP_SYNC_MAX",
     "DataNode",
     "LocalChunkStore",
+    "adoption",
+    "keep_store_id",
     "read_id",
     "write_private",
 ]

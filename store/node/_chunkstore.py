@@ -351,14 +351,6 @@ def write_private(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
-def read_id(path: Path) -> str | None:
-    """An id kept in a small file, or ``None`` if there is none yet."""
-    try:
-        return path.read_text().strip() or None
-    except FileNotFoundError:
-        return None
-
-
 def _subdirs(path: Path, start: str = "") -> Iterator[Path]:
     """Fan-out directories below ``path`` in name order, from the one named ``start`` on."""
     names = sorted(e.name for e in os.scandir(path) if len(e.name) == 2 and e.is_dir())

@@ -53,6 +53,7 @@ from ..transport import (
     Joined,
     NodeClean,
     NodeQuery,
+    NodeVouch,
     Pool,
     RemoteMeta,
     ReportBad,
@@ -78,7 +79,8 @@ from ..wire import (
 from ..wire import (
     tls as wire_tls,
 )
-from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, read_id, write_private
+from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, write_private
+from ._identity import adoption, keep_store_id, read_id
 
 log = logging.getLogger("graben.node")
 HEARTBEAT_S = 2.0
@@ -160,6 +162,7 @@ class DataNode:
             "chunk.delete": self._delete,
             "chunk.temporaries": self._temporaries,
             "chunk.clean": self._clean,
+            "chunk.adoption": self._adoption,
         }
         sinks: dict[str, PayloadSink] = {"chunk.write": self._sink, "chunk.write_many": self._sink}
         self.serve_metrics()
@@ -373,6 +376,12 @@ class DataNode:
         found = await self._run(self.store.temporaries, query.after, page_entries(query.limit))
         return Answer(encode(found))
 
+    async def _adoption(self, call: Call, payload: memoryview | None) -> Answer:
+        request = decode(call.body, NodeVouch)
+        self._check_store(call, request.store)
+        taken = await self._run(partial(adoption, self.root, vouch=request.vouch))
+        return Answer(encode(taken))
+
     async def _clean(self, call: Call, payload: memoryview | None) -> Answer:
         request = decode(call.body, NodeClean)
         self._check_store(call, request.store)
@@ -399,9 +408,16 @@ class DataNode:
             )
             return
         if self.store_id is None:
-            await self._run(write_private, self.root / "store-id", joined.store_id + "\n")
+            held = await self._run(keep_store_id, self.root, joined.store_id, self.store)
             self.store_id = joined.store_id
             log.info("data node %s joined store %s", self.id, self.store_id)
+            if held:
+                log.warning(
+                    "data node %s had chunk files before it joined store %s: collection "
+                    "keeps them until fsck --collect --force vouches for them",
+                    self.id,
+                    self.store_id,
+                )
         elif joined.store_id != self.store_id:  # a service that did not check: serve it nothing
             log.error(
                 "the metadata service at %s serves store %s; this node belongs to store %s "

@@ -15,7 +15,7 @@ implementations are the ``embedded`` layer's.
 May import: ``wire`` and the store's shared modules.
 """
 
-from ._chunk_calls import ChunkCall, NodeClean, NodeQuery
+from ._chunk_calls import ChunkCall, NodeClean, NodeQuery, NodeVouch
 from ._endpoints import Endpoints
 from ._protocols import ChunkTransport, MetaTransport
 from ._remote import Grants, Pool, RemoteChunks, RemoteMeta, open_cluster
@@ -97,6 +97,7 @@ __all__ = [
     "MetaTransport",
     "NodeClean",
     "NodeQuery",
+    "NodeVouch",
     "Placement",
     "Pool",
     "Prepare",

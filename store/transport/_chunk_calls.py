@@ -1,7 +1,8 @@
 """The bodies of a data node's calls, which ``RemoteChunks`` (``_remote``) sends
 and the data node (``node/_server.py``) answers: ``ChunkCall`` for one chunk's
 read, write or delete, ``NodeQuery`` for a page of its inventory or of its
-temporaries, ``NodeClean`` to remove writers' leftovers.
+temporaries, ``NodeClean`` to remove writers' leftovers, ``NodeVouch`` to ask
+whether its chunk files predate its store id (and to vouch for them).
 """
 
 from __future__ import annotations
@@ -41,3 +42,13 @@ class NodeClean(msgspec.Struct, frozen=True):
     """The store the caller means; a node of another store refuses."""
     older_than: float
     """Unix time: temporaries last written before it go."""
+
+
+class NodeVouch(msgspec.Struct, frozen=True):
+    """The body of a data node's ``chunk.adoption``: whether its chunk files were there
+    before it took its store id (collection must not delete them on the metadata's word)."""
+
+    store: str
+    """The store the caller means; a node of another store refuses."""
+    vouch: bool = False
+    """The caller vouches they are the store's (``fsck --collect --force``): drop the mark."""

@@ -79,6 +79,10 @@ class ChunkTransport(Protocol):
     async def clean(self, node: str, store: str, older_than: float) -> tuple[int, int]:
         """Remove ``node``'s temporaries last written before ``older_than``: (count, bytes)."""
 
+    async def adoption(self, node: str, store: str, *, vouch: bool = False) -> bool:
+        """Whether ``node``'s chunk files predate its store id (it took the id over chunks
+        already there: nothing shows they belong to this store); ``vouch`` drops that."""
+
     async def delete(self, node: str, chunk_id: str, older_than: float) -> bool:
         """Delete a copy not (re)written since ``older_than``; whether it went."""
 

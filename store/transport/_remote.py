@@ -51,7 +51,7 @@ from ..wire import (
     encode,
     from_wire,
 )
-from ._chunk_calls import ChunkCall, NodeClean, NodeQuery
+from ._chunk_calls import ChunkCall, NodeClean, NodeQuery, NodeVouch
 from ._endpoints import ANSWER_WITHIN_S, Endpoints, Retry, watched
 from ._replies import ChunkPage, Placement
 from ._requests import (
@@ -607,6 +607,13 @@ class RemoteChunks:
         )
         done: tuple[int, int] = decode(body, tuple[int, int])
         return done
+
+    async def adoption(self, node: str, store: str, *, vouch: bool = False) -> bool:
+        conn = await self._conn(node)
+        body = encode(NodeVouch(store, vouch))
+        reply, _ = await conn.call("chunk.adoption", body, token=self._token)
+        taken: bool = decode(reply, bool)
+        return taken
 
     async def delete(self, node: str, chunk_id: str, older_than: float) -> bool:
         conn = await self._conn(node)

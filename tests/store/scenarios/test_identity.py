@@ -270,3 +270,74 @@ def test_cluster_up_creates_its_store_once_and_restarts_on_it(tmp_path: Path) ->
     with pytest.raises(Unavailable), local_cluster(tmp_path, nodes=1, secret_file=secret):
         pass
     assert not (tmp_path / "meta.db").exists()
+
+
+def _age(paths: list[Path], seconds: float) -> None:
+    past = time.time() - seconds
+    for path in paths:
+        os.utime(path, (past, past))
+
+
+def test_another_stores_database_over_a_store_without_its_id_collects_nothing(
+    tmp_path: Path,
+) -> None:
+    """store-id gone, another store's meta.db restored over it: however few the chunk
+    files, nothing shows they are that database's, so collection keeps them."""
+    root, other = tmp_path / "s", tmp_path / "other"
+    with connect(root, chunk_size=SMALL_CHUNK, inline_max=0) as client:
+        for i in range(46):
+            client.put(f"/f{i}", os.urandom(SMALL_CHUNK))
+    with connect(other) as client:
+        client.put("/theirs", b"theirs")
+    (root / "store-id").unlink()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{root / 'meta.db'}{suffix}").unlink(missing_ok=True)
+    os.replace(other / "meta.db", root / "meta.db")
+    held = _chunk_files(root)
+    _age(held, 2 * 3600)  # older than the default grace
+    base = [*GRABEN, "fsck", "--collect", "--store", str(root)]
+    refused = subprocess.run(base, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 1, refused.stdout
+    assert "refusing to collect: 46 chunk file(s)" in refused.stderr
+    assert "store-id was missing" in refused.stderr and "--force" in refused.stderr
+    assert _chunk_files(root) == held
+    forced = subprocess.run(
+        [*base, "--force"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert _chunk_files(root) == []
+    assert (root / "store-id").read_text() == _store_id(root / "meta.db") + "\n"  # vouched
+
+
+def test_a_store_made_from_nothing_is_its_chunks_own(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    with connect(root, inline_max=0, gc_grace_s=0) as client:
+        client.put("/a", b"a" * 5000)
+        client.rm("/a")
+        assert client.fsck(collect=True).collected == 1  # its own leftovers go
+    assert (root / "store-id").read_text().split() == [_store_id(root / "meta.db")]
+
+
+def test_a_node_that_lost_its_store_id_keeps_its_chunks_from_collection(
+    cluster: LocalCluster,
+) -> None:
+    with connect(cluster.url, inline_max=0) as client:
+        client.put("/kept", b"kept" * 1000)
+    node = cluster.node_dir(0)
+    orphan = node / "chunks" / "ab" / "cd" / ("abcd" + "0" * 60)
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    orphan.write_bytes(b"a chunk from before")
+    _age([orphan], 2 * 3600)
+    cluster.kill(0)
+    (node / "store-id").unlink()
+    cluster.start_node(0)
+    _eventually((node / "store-id").exists)
+    assert (node / "store-id").read_text().split()[1:] == ["adopted"]
+    with connect(cluster.url) as client:
+        with pytest.raises(IntegrityError, match="store-id was missing"):
+            client.fsck(collect=True)
+        assert orphan.exists()
+        assert client.fsck(collect=True, force=True).collected == 1
+        assert not orphan.exists()
+        assert client.get("/kept") == b"kept" * 1000
+    assert (node / "store-id").read_text().split()[1:] == []
