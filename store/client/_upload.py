@@ -166,12 +166,15 @@ class Upload:
             if not missing:
                 return StoredChunk(ref, tuple(stored))
             try:
-                nodes = await self._replacements(
+                again = await self._replacements(
                     ref, missing, max(1, minimum - len(stored)), (*stored, *failed)
                 )
             except (CannotPlace, NoSpace) as exc:
                 refusal = exc  # nobody left to turn to
                 break
+            if again is None:  # another writer stored it with enough copies meanwhile
+                return StoredChunk(ref, tuple(stored))
+            nodes = again
             if set(nodes) & set(failed):  # no other node to turn to (embedded: never)
                 break
         if len(stored) >= minimum:
@@ -180,9 +183,9 @@ class Upload:
 
     async def _replacements(
         self, ref: ChunkRef, count: int, least: int, avoid: tuple[str, ...]
-    ) -> tuple[str, ...]:
+    ) -> tuple[str, ...] | None:
         [again] = await self._meta.request(Prepare((ref,), count, avoid, min_replicas=least))
-        return again.nodes
+        return again.nodes if again.upload else None  # None: stored enough meanwhile
 
     async def commit(self) -> FileInfo:
         """Wait for every chunk, then make the file visible atomically."""

@@ -70,7 +70,10 @@ class Commits:
         avoid: tuple[str, ...] = (),
         min_replicas: int = 0,
     ) -> list[Placement]:
-        """For each chunk: skip it if a live file already uses it, else where to send it.
+        """For each chunk: skip it if a live file already uses it with at least the
+        write's minimum of copies, else where to send it (for a chunk held with
+        fewer, the nodes that would add the rest: a caller's durability request
+        holds for bytes the store has already).
 
         With too few live nodes for every copy, a placement names as many as
         there are, down to the write's minimum (``Placement.minimum``).
@@ -79,12 +82,22 @@ class Commits:
         least = self._minimum(copies, min_replicas)
         with self.repo.read() as tx:
             held = tx.referenced(c.id for c in chunks)
-        return [
-            Placement(c, False, held[c.id], minimum=least)
-            if c.id in held
-            else Placement(c, True, self._place(c, copies, least, avoid), minimum=least)
-            for c in chunks
-        ]
+        return [self._placement(c, held.get(c.id), copies, least, avoid) for c in chunks]
+
+    def _placement(
+        self,
+        chunk: ChunkRef,
+        held: tuple[str, ...] | None,
+        copies: int,
+        least: int,
+        avoid: tuple[str, ...],
+    ) -> Placement:
+        if held is None:
+            return Placement(chunk, True, self._place(chunk, copies, least, avoid), minimum=least)
+        if not held or len(held) >= least:  # the engine keeps it, or enough nodes do
+            return Placement(chunk, False, held, minimum=least)
+        more, need = copies - len(held), least - len(held)
+        return Placement(chunk, True, self._place(chunk, more, need, (*avoid, *held)), minimum=need)
 
     def _minimum(self, copies: int, asked: int) -> int:
         """Copies a write of ``copies`` needs: asked, else the store's, else one fewer."""

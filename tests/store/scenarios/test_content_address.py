@@ -187,3 +187,22 @@ def test_the_scrubber_finds_a_forged_copy_and_repair_replaces_it(tmp_path: Path)
             assert not client.fsck().problems
     finally:
         cluster.close()
+
+
+def _copies(client: object, path: str) -> list[int]:
+    layout = _loop.run(client.aio.meta.request(GetLayout(path)))  # type: ignore[attr-defined]
+    return [len(layout.replicas[x.chunk.id]) for x in layout.extents]
+
+
+def test_min_replicas_holds_for_bytes_the_store_has_already(cluster: LocalCluster) -> None:
+    """Content held twice, written again asking for three copies: the third is made."""
+    data = os.urandom(3 * SMALL_CHUNK)
+    with connect(cluster.url, chunk_size=SMALL_CHUNK, inline_max=0) as client:
+        client.put("/twice", data, replication=2)
+        assert _copies(client, "/twice") == [2, 2, 2]
+        client.put("/thrice", data, replication=3, min_replicas=3)
+        assert _copies(client, "/thrice") == [3, 3, 3]
+        assert _copies(client, "/twice") == [3, 3, 3]  # the same chunks
+        client.put("/again", data, replication=3, min_replicas=2)  # enough: nothing sent
+        assert client.get("/again") == data
+    assert len(_chunk_files(cluster.root)) == 9
