@@ -8,11 +8,23 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from cli_kit import chunk_files, run_script
 
 from graben.store import connect
+
+
+@pytest.fixture(autouse=True)
+def at_a_terminal() -> Iterator[None]:
+    """Ctrl-C as a foreground command has it: a test run started in the background
+    (``make test &``) ignores SIGINT, and the commands it starts would inherit that
+    (a handler of Python's own is reset to the default in a child)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 def test_an_interrupted_put_writes_nothing_and_says_so(store: Path, tmp_path: Path) -> None:
@@ -58,7 +70,7 @@ def test_ctrl_c_while_the_command_starts_is_one_line(store: Path) -> None:
             [str(script), "ls", "--store", str(store), "/"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-        )
+            )
         time.sleep(delay)
         ls.send_signal(signal.SIGINT)
         out, err = ls.communicate(timeout=30)
