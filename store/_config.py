@@ -24,6 +24,7 @@ import ssl
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 from urllib.parse import unquote, urlsplit
 
 from ._errors import InvalidArgument
@@ -164,6 +165,11 @@ class Options:
     one round trip); ``None``: as large as the store keeps (``--inline-max``), 0: none."""
     read_ahead: int = 16
     """Chunks a sequential reader fetches ahead of the one it is on."""
+    read_check: Literal["blake3", "crc32c"] = "blake3"
+    """What a read from a data node checks: ``"blake3"``, that the bytes hash to the
+    chunk's id (a copy damaged or rewritten on a node's disk is refused, reported for
+    repair, and another read); ``"crc32c"``, only that they crossed the wire intact.
+    An embedded store's own directory is checked by crc32c (and fsck, by blake3)."""
     io_threads: int = 4
     """Threads doing disk I/O for an embedded store."""
     hash_threads: int = 2
@@ -200,6 +206,8 @@ class Options:
         for name in ("max_inflight", "io_threads", "hash_threads"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1")
+        if self.read_check not in ("blake3", "crc32c"):
+            raise InvalidArgument(f"read_check is blake3 or crc32c, not {self.read_check!r}")
         if self.read_ahead < 0:
             raise InvalidArgument("read_ahead must not be negative")
         if self.inline_max is not None and self.inline_max < 0:

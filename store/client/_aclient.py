@@ -67,6 +67,7 @@ class AsyncClient:
                 read_ahead=opts.remote_read_ahead,
                 timeout=opts.timeout,
                 wait=opts.wait,
+                check=opts.read_check,
                 tls=None if opts.tls is None else tls.client_context(opts.tls),
             )
             self._setup(remote, nodes, opts, cluster_url(target.addresses), report=True)

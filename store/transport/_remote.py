@@ -7,8 +7,9 @@ repeat after a lost reply is applied once.
 ``RemoteChunks`` keeps one multiplexed connection per data node (addresses
 from the metadata service's node list), sends chunk payloads from the
 caller's memory and receives reads straight into the reader's buffer, then
-checks the crc32c itself: the data node checked it too, but only the client
-knows the bytes arrived intact.
+checks that the bytes hash to the chunk's id (blake3; ``check="crc32c"``
+checks only the transfer): a copy rewritten on a node's disk, crc32c and all,
+is refused like a damaged one, and the reader reads another.
 
 Auth: every call to the metadata service carries the client's token; every
 chunk call carries a capability for that chunk and op. ``Grants`` holds the
@@ -39,7 +40,7 @@ from .._batcher import Batcher, Batchers
 from .._buffers import in_thread
 from .._config import page_entries
 from .._errors import GrabenError, IntegrityError, PermissionDenied, Timeout, Unavailable
-from .._hashing import crc32c
+from .._hashing import content_id, crc32c
 from .._types import Capability, ChunkRef, FileInfo, FileLayout, NodeState, Op
 from ..wire import (
     CLIENT_IDLE_S,
@@ -131,6 +132,7 @@ def open_cluster(
     read_ahead: int = 0,
     timeout: float = RETRY_FOR_S,
     wait: float = FIRST_CONTACT_S,
+    check: str = "blake3",
     tls: ssl.SSLContext | None = None,
 ) -> tuple[RemoteMeta, RemoteChunks]:
     """Transports to the cluster whose metadata services listen at ``endpoints``
@@ -146,6 +148,7 @@ def open_cluster(
         owns_checker=True,
         read_ahead=read_ahead,
         timeout=timeout,
+        check=check,
         tls=tls,
     )
     return meta, nodes
@@ -230,6 +233,10 @@ class Pool:
         for conn in self._connections.values():
             await conn.close()
         self._connections.clear()
+
+
+def _id_of(data: memoryview) -> str:
+    return content_id(data, all_cores=True)
 
 
 def _usable(conn: Connection) -> bool:
@@ -435,9 +442,11 @@ class RemoteChunks:
         owns_checker: bool = False,
         read_ahead: int = 0,
         timeout: float = CALL_TIMEOUT,
+        check: str = "blake3",
         tls: ssl.SSLContext | None = None,
     ) -> None:
         self._window = read_ahead
+        self._blake3 = check == "blake3"
         self._timeout = min(timeout, CALL_TIMEOUT)  # a call to a node waits this at most
         self._grants, self._token = grants, token
         self._small_writes: Batchers[str, tuple[ChunkCall, memoryview], None] = Batchers(
@@ -539,7 +548,15 @@ class RemoteChunks:
             raise IntegrityError(
                 f"chunk {chunk.id} from {node} came with {got} bytes, not {chunk.length}"
             )
-        actual = await in_thread(self._checker, crc32c, view)  # ``into`` is the caller's
+        if self._blake3:  # ``into`` is the caller's: hashed in a thread, GIL released
+            if await in_thread(self._checker, _id_of, view) != chunk.id:
+                raise IntegrityError(
+                    f"chunk {chunk.id} from {node} is corrupt: its bytes hash to another id "
+                    "(blake3)",
+                    self.describe(node, chunk.id),
+                )
+            return
+        actual = await in_thread(self._checker, crc32c, view)
         if actual != chunk.crc32c:
             raise IntegrityError(
                 f"chunk {chunk.id} from {node} is corrupt: crc32c {actual:08x}, "

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from cluster_kit import LocalCluster, eventually
+from fuse_kit import mounted
 from store_kit import SMALL_CHUNK
 
 from graben.store import IntegrityError, PermissionDenied, connect
@@ -206,3 +207,41 @@ def test_min_replicas_holds_for_bytes_the_store_has_already(cluster: LocalCluste
         client.put("/again", data, replication=3, min_replicas=2)  # enough: nothing sent
         assert client.get("/again") == data
     assert len(_chunk_files(cluster.root)) == 9
+
+
+def _first_copy(cluster: LocalCluster, client: object, path: str) -> tuple[Path, bytes]:
+    """The chunk file a reader of ``path`` (one chunk) asks for first, and its bytes."""
+    layout = _loop.run(client.aio.meta.request(GetLayout(path)))  # type: ignore[attr-defined]
+    chunk = layout.extents[0].chunk.id
+    first = layout.replicas[chunk][0]
+    for i in range(len(cluster.nodes)):
+        if (cluster.node_dir(i) / "node-id").read_text().strip() == first:
+            victim = cluster.node_dir(i) / "chunks" / chunk[:2] / chunk[2:4] / chunk
+            return victim, victim.read_bytes()
+    raise AssertionError(f"no node {first}")
+
+
+def test_a_copy_rewritten_with_its_crc32c_is_refused_on_read_and_repaired(
+    tmp_path: Path,
+) -> None:
+    """Readers check blake3, not just crc32c: the forged copy is reported, another is read,
+    and repair puts the right bytes back (through the API and the mount)."""
+    cluster = LocalCluster(tmp_path / "c", nodes=3, repair=0.5)
+    try:
+        data = os.urandom(SMALL_CHUNK)
+        with connect(cluster.url, inline_max=0) as client:
+            client.put("/f", data)
+            victim, good = _first_copy(cluster, client, "/f")
+        assert good == data
+        victim.write_bytes(forge(data))
+        with connect(cluster.url, read_check="crc32c") as trusting:
+            assert trusting.get("/f") != data  # what a crc32c-only reader is served
+        with connect(cluster.url) as client:
+            assert client.get("/f") == data
+        eventually(lambda: victim.exists() and victim.read_bytes() == data)  # reported, repaired
+        victim.write_bytes(forge(data))
+        with mounted(cluster.url, tmp_path / "m") as point:
+            assert (point / "f").read_bytes() == data
+        eventually(lambda: victim.exists() and victim.read_bytes() == data)
+    finally:
+        cluster.close()
