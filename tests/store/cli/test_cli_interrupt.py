@@ -70,7 +70,7 @@ def test_ctrl_c_while_the_command_starts_is_one_line(store: Path) -> None:
             [str(script), "ls", "--store", str(store), "/"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            )
+        )
         time.sleep(delay)
         ls.send_signal(signal.SIGINT)
         out, err = ls.communicate(timeout=30)
