@@ -36,18 +36,15 @@ def chunk_ref(data: Buffer) -> ChunkRef:
     return ChunkRef(blake3.blake3(view).hexdigest(), view.nbytes, crc32c(view))
 
 
-def content_id(data: memoryview, *, all_cores: bool = False) -> str:
+def content_id(data: memoryview) -> str:
     """The blake3 id of a chunk's bytes, on the calling thread (the GIL is released).
 
     One thread hashes ~9 GB/s here, blake3's own thread pool no faster (8.5):
     an 8 MiB chunk costs ~1 ms beside its ~20 ms of durable write, and the
     node's write throughput measured the same with and without the check.
-    A reader waits on the hash of each chunk before it asks for the next, so
-    ``all_cores`` spreads one hash over blake3's pool: the check then cost
-    1-1.5% of a warm cluster read (2.64 against 2.66 GB/s), one thread 33%.
+    Never blake3's pool (``max_threads``): it is Rayon's, and a process forked
+    after it started (a DataLoader worker) hangs on its first hash.
     """
-    if all_cores:
-        return str(blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest())
     return str(blake3.blake3(data).hexdigest())
 
 

@@ -59,6 +59,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         except MissingExtra as exc:  # a door installed without its extra
             _not_installed(sub, entry.name, exc)
         except Exception as exc:  # one broken plug-in must not take every command down
+            if isinstance(exc.__cause__, KeyboardInterrupt):  # Ctrl-C inside a class body
+                raise exc.__cause__ from None
             _err(f"warning: command {entry.name!r} is unavailable ({entry.value}): {exc}")
     _whole_flags_only(parser)
     return parser

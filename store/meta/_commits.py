@@ -17,7 +17,7 @@ from .._errors import AlreadyExists, GrabenError, IntegrityError, InvalidArgumen
 from .._hashing import content_id, crc32c
 from .._types import ChunkRef, Extent, FileCommit, FileInfo, StoredChunk
 from ..transport import Placement, Settings
-from ._once import record, recorded, replayed, write_once
+from ._once import bind, key_id, record, recorded, replayed_or_error, write_once
 from ._repo import Inode, NewFile, Repository, Tx
 from ._walk import Directories, ensure_dirs, info
 
@@ -114,7 +114,8 @@ class Commits:
     def commit(self, files: tuple[FileCommit, ...], *, key: str = "") -> list[FileInfo]:
         """Make each file visible; all of the batch or none of it."""
 
-        return write_once(self.repo, key, list[FileInfo], lambda tx: self.commit_in(tx, files))
+        bound = bind(key, files)
+        return write_once(self.repo, bound, list[FileInfo], lambda tx: self.commit_in(tx, files))
 
     def commit_in(self, tx: Tx, files: Sequence[FileCommit]) -> list[FileInfo]:
         """``commit``'s work inside a transaction of the caller's (a write that commits
@@ -135,14 +136,19 @@ class Commits:
         (one per batch, ``""`` for none) are recorded in the same transaction
         with each committed batch's reply; a batch whose key is recorded
         already gets that reply and is not committed again, and a key twice
-        in one group is applied once.
+        in one group is applied once. A key is bound to its batch: sent before
+        with another request, it fails that batch alone (``InvalidArgument``).
 
         Batches rarely fail, so all their files go together first, a
         statement per table for the whole group (``_commit_files``). If one
         fails, that transaction is rolled back whole and the group goes
         again, each batch in a savepoint of its own.
         """
-        keys = list(keys) or [""] * len(batches)
+        keys = (
+            [bind(k, b) for k, b in zip(keys, batches, strict=True)]
+            if keys
+            else [""] * len(batches)
+        )
         try:
             return self._commit_keyed(batches, keys, together=True)
         except _BatchFailed:
@@ -157,7 +163,7 @@ class Commits:
             first: dict[str, int] = {}  # a key twice in one group: applied once
             todo = []
             for i, key in enumerate(keys):
-                if key not in done and (not key or first.setdefault(key, i) == i):
+                if key_id(key) not in done and (not key or first.setdefault(key_id(key), i) == i):
                     todo.append(i)
             known: Directories = {}
             touched: Touched = {}
@@ -168,10 +174,14 @@ class Commits:
             outcome = dict(zip(todo, applied, strict=True))
             results: list[list[FileInfo] | GrabenError] = []
             for i, key in enumerate(keys):
-                if key in done:
-                    results.append(replayed(done[key], list[FileInfo], key))
+                if key_id(key) in done:
+                    results.append(replayed_or_error(done[key_id(key)], list[FileInfo], key))
+                elif i in outcome:
+                    results.append(outcome[i])
+                elif keys[first[key_id(key)]] == key:
+                    results.append(outcome[first[key_id(key)]])
                 else:
-                    results.append(outcome[i] if i in outcome else outcome[first[key]])
+                    results.append(_reused(key))
             _touch(tx, touched)
             fresh: list[tuple[str, object]] = [
                 (keys[i], r) for i, r in outcome.items() if keys[i] and isinstance(r, list)
@@ -339,6 +349,13 @@ def _check_commit(commit: FileCommit, size: int, path: str) -> None:
             raise InvalidArgument("a fifo, socket or device node holds no bytes", path)
     check_time(commit.mtime_ns, path)
     check_owner(commit.uid, commit.gid, path)
+
+
+def _reused(key: str) -> InvalidArgument:
+    return InvalidArgument(
+        f"idempotency key {key_id(key)} was sent with two requests at once; "
+        "a key names one request (make a new one for each)"
+    )
 
 
 def _check_inline(stored: StoredChunk, limit: int, path: str) -> None:

@@ -69,7 +69,7 @@ from ._commits import (
     check_owner,
     check_time,
 )
-from ._once import write_once
+from ._once import bind, write_once
 from ._placement import LOCAL_NODE
 from ._repo import Inode, Repository, Tx
 from ._walk import (
@@ -123,21 +123,21 @@ class Namespace(Commits, Bookkeeping):
             Stat: lambda r: self.stat(r.path),
             ListDir: lambda r: self.listdir(r.path, r.after, r.limit, r.directory),
             MakeDir: lambda r: self.mkdir(
-                r.path, r.parents, r.exist_ok, mode=r.mode, uid=r.uid, gid=r.gid, key=r.key
+                r.path, r.parents, r.exist_ok, mode=r.mode, uid=r.uid, gid=r.gid, key=bind(r.key, r)
             ),
-            Link: lambda r: self.link(r.src, r.dst, key=r.key),
-            Remove: lambda r: self.remove(r.path, r.recursive, key=r.key),
+            Link: lambda r: self.link(r.src, r.dst, key=bind(r.key, r)),
+            Remove: lambda r: self.remove(r.path, r.recursive, key=bind(r.key, r)),
             Rename: lambda r: self.rename(
-                r.src, r.dst, r.replace, r.replace_tree, key=r.key, files=r.files
+                r.src, r.dst, r.replace, r.replace_tree, key=bind(r.key, r), files=r.files
             ),
-            SetAttributes: lambda r: self.set_attributes(r.path, r.change, key=r.key),
+            SetAttributes: lambda r: self.set_attributes(r.path, r.change, key=bind(r.key, r)),
             GetLayout: lambda r: self.layout(r.path, r.start, r.limit, r.inode),
             Prepare: lambda r: self.prepare(r.chunks, r.replication, r.avoid, r.min_replicas),
             Commit: lambda r: self.commit(r.files, key=r.key),
             Usage: lambda r: self.usage(r.path),
             ChunkRefs: lambda r: self.chunk_refs(r.after, r.limit),
             ChunkUsers: lambda r: self.chunk_users(r.chunk, r.after, r.limit),
-            Collectable: lambda r: self.collectable(r.grace_s, r.limit, key=r.key),
+            Collectable: lambda r: self.collectable(r.grace_s, r.limit, key=bind(r.key, r)),
             CheckMetadata: lambda r: self.check_metadata(r.limit),
             GetStoreId: lambda r: self.store_id,
             GetSettings: lambda r: self.settings(),

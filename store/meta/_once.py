@@ -13,6 +13,11 @@ a repeat that races its first attempt through another service either finds
 the key or meets it as a duplicate when it records its own, and then runs
 again (the engine's ``transact``) and finds it.
 
+A key is bound to its request: recorded with a fingerprint of what it
+asked (``bind``: the request's kind and content, blake3 of its encoding), so
+a key sent again with another request is refused (``InvalidArgument``, for
+that request alone) rather than answered with the first one's reply.
+
 Lifetime: a key is kept ``KEY_LIFETIME_S`` (10 minutes); clients stop
 repeating a mutation well before (``RETRY_WITHIN_S``, half of it). Pruning
 rides on the writes that record keys: each one that records ``n`` keys also
@@ -28,9 +33,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+import blake3
 import msgspec
 
-from .._errors import IntegrityError
+from .._errors import GrabenError, IntegrityError, InvalidArgument
 from ..transport import KEY_LIFETIME_S
 from ._repo import Repository, Tx
 
@@ -39,13 +45,34 @@ PRUNE_EXTRA = 16
 """Old keys a recording write deletes beyond twice what it adds (catches up after a burst)."""
 
 
+BOUND = b"K1"
+"""How a recorded reply bound to its request starts: this, then the request's fingerprint."""
+PRINT = 16
+"""Bytes of a request's fingerprint."""
+MAX_KEY = 128
+"""Longest idempotency key a client may send."""
+
+
+def bind(key: str, *request: object) -> str:
+    """``key`` bound to ``request`` (its kind and content, the key left out): what
+    ``write_once`` and ``commit_group`` take. ``""`` stays ``""`` (no key, no record)."""
+    if not key:
+        return ""
+    if len(key) > MAX_KEY or not key.isprintable() or " " in key:
+        raise InvalidArgument(
+            f"an idempotency key is up to {MAX_KEY} printable characters, no spaces"
+        )
+    what = msgspec.msgpack.encode([type(r).__name__ for r in request] + list(request))
+    return f"{key} {blake3.blake3(what).hexdigest(length=PRINT)}"
+
+
 def write_once(repo: Repository, key: str, kind: Any, apply: Callable[[Tx], R]) -> R:
-    """``apply`` in one write transaction; with a ``key``, at most once for that key (a
-    repeat gets the first reply, decoded as ``kind``)."""
+    """``apply`` in one write transaction; with a ``key`` (from ``bind``), at most once
+    for that key (a repeat gets the first reply, decoded as ``kind``)."""
 
     def once(tx: Tx) -> R:
-        if key and (done := tx.outcomes((key,))):
-            replay: R = replayed(done[key], kind, key)
+        if key and (done := recorded(tx, (key,))):
+            replay: R = replayed(done[key_id(key)], kind, key)
             return replay
         result = apply(tx)
         if key:
@@ -56,23 +83,50 @@ def write_once(repo: Repository, key: str, kind: Any, apply: Callable[[Tx], R]) 
 
 
 def recorded(tx: Tx, keys: Iterable[str]) -> dict[str, bytes]:
-    """The recorded replies of those of ``keys`` that were applied (empty keys: none)."""
-    wanted = [key for key in keys if key]
+    """The recorded replies of those of ``keys`` (bound) that were applied, by key id."""
+    wanted = [key_id(key) for key in keys if key]
     return tx.outcomes(wanted) if wanted else {}
 
 
 def replayed(reply: bytes, kind: Any, key: str) -> Any:
-    """A recorded reply as the value it was."""
+    """A recorded reply as the value it was, if it was ``key``'s own request's."""
+    if reply.startswith(BOUND):  # older replies (before keys were bound) carry no print
+        asked, reply = reply[len(BOUND) : len(BOUND) + PRINT], reply[len(BOUND) + PRINT :]
+        if asked.hex() != key.partition(" ")[2]:
+            raise InvalidArgument(
+                f"idempotency key {key_id(key)} was first sent with another request; "
+                "a key names one request (make a new one for each)"
+            )
     try:
         return msgspec.msgpack.decode(reply, type=kind)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise IntegrityError(
-            f"metadata damaged: the recorded reply of request {key}: {exc}"
+            f"metadata damaged: the recorded reply of request {key_id(key)}: {exc}"
         ) from None
 
 
+def replayed_or_error(reply: bytes, kind: Any, key: str) -> Any:
+    """``replayed``, or the error that stands for it: one bad key must fail its own
+    request, never a group it shares a transaction with."""
+    try:
+        return replayed(reply, kind, key)
+    except GrabenError as exc:
+        return exc
+
+
 def record(tx: Tx, done: list[tuple[str, object]]) -> None:
-    """Record each key's reply in ``tx``; prune keys past their lifetime."""
+    """Record each (bound) key's reply in ``tx``; prune keys past their lifetime."""
     now = time.time_ns()
-    tx.record_outcomes(((key, msgspec.msgpack.encode(reply)) for key, reply in done), now)
+    tx.record_outcomes(((key_id(key), _stored(key, reply)) for key, reply in done), now)
     tx.forget_outcomes(now - int(KEY_LIFETIME_S * 1e9), 2 * len(done) + PRUNE_EXTRA)
+
+
+def _stored(key: str, reply: object) -> bytes:
+    encoded = msgspec.msgpack.encode(reply)
+    _, _, fingerprint = key.partition(" ")
+    return BOUND + bytes.fromhex(fingerprint) + encoded if fingerprint else encoded
+
+
+def key_id(key: str) -> str:
+    """The key a client sent, without the fingerprint ``bind`` added."""
+    return key.partition(" ")[0]

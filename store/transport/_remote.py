@@ -34,13 +34,14 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
 
+import blake3
 import msgspec
 
 from .._batcher import Batcher, Batchers
 from .._buffers import in_thread
 from .._config import page_entries
 from .._errors import GrabenError, IntegrityError, PermissionDenied, Timeout, Unavailable
-from .._hashing import content_id, crc32c
+from .._hashing import crc32c
 from .._types import Capability, ChunkRef, FileInfo, FileLayout, NodeState, Op
 from ..wire import (
     CLIENT_IDLE_S,
@@ -235,8 +236,32 @@ class Pool:
         self._connections.clear()
 
 
-def _id_of(data: memoryview) -> str:
-    return content_id(data, all_cores=True)
+class _PieceHash:
+    """blake3 of a payload fed a piece at a time as it lands, on a thread of its own
+    (the GIL released), so that the hash of a chunk is done soon after its last byte."""
+
+    STEP = 1 << 20
+    """Bytes landed before a piece goes to the hashing thread."""
+
+    def __init__(self, view: memoryview, thread: ThreadPoolExecutor) -> None:
+        self._view, self._thread = view, thread
+        self._hasher = blake3.blake3()
+        self._fed = 0
+
+    def landed(self, filled: int) -> None:
+        if filled - self._fed >= self.STEP:
+            self._feed(filled)
+
+    def _feed(self, upto: int) -> None:
+        self._thread.submit(self._hasher.update, self._view[self._fed : upto])
+        self._fed = upto
+
+    async def digest(self) -> str:
+        """The hex blake3 of the whole view (every byte has landed)."""
+        if self._fed < self._view.nbytes:
+            self._feed(self._view.nbytes)
+        done = await asyncio.wrap_future(self._thread.submit(self._hasher.hexdigest))
+        return str(done)
 
 
 def _usable(conn: Connection) -> bool:
@@ -447,6 +472,9 @@ class RemoteChunks:
     ) -> None:
         self._window = read_ahead
         self._blake3 = check == "blake3"
+        # Hashes pieces of reads as they land, in order (one thread: a hash's
+        # updates must not overlap): the check overlaps the receive.
+        self._hashing = ThreadPoolExecutor(1, thread_name_prefix="graben-read-hash")
         self._timeout = min(timeout, CALL_TIMEOUT)  # a call to a node waits this at most
         self._grants, self._token = grants, token
         self._small_writes: Batchers[str, tuple[ChunkCall, memoryview], None] = Batchers(
@@ -543,13 +571,20 @@ class RemoteChunks:
         cap = await self._grants.get(chunk.id, "read")
         view = into[: chunk.length]
         body = encode(ChunkCall(chunk, cap))
-        _, got = await conn.call("chunk.read", body, into=view, timeout=self._timeout)
+        hashing = _PieceHash(view, self._hashing) if self._blake3 else None
+        _, got = await conn.call(
+            "chunk.read",
+            body,
+            into=view,
+            timeout=self._timeout,
+            progress=None if hashing is None else hashing.landed,
+        )
         if got != chunk.length:
             raise IntegrityError(
                 f"chunk {chunk.id} from {node} came with {got} bytes, not {chunk.length}"
             )
-        if self._blake3:  # ``into`` is the caller's: hashed in a thread, GIL released
-            if await in_thread(self._checker, _id_of, view) != chunk.id:
+        if hashing is not None:
+            if await hashing.digest() != chunk.id:
                 raise IntegrityError(
                     f"chunk {chunk.id} from {node} is corrupt: its bytes hash to another id "
                     "(blake3)",
@@ -652,5 +687,6 @@ class RemoteChunks:
         await asyncio.gather(*self._ahead.values(), return_exceptions=True)
         self._ahead.clear()
         await self._pool.close()
+        self._hashing.shutdown(wait=True)
         if self._owns_checker:
             self._checker.shutdown(wait=True)

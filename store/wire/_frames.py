@@ -165,8 +165,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
         budget: MemoryBudget | None = None,
         on_refused: OnRefused | None = None,
         on_made: Callable[[], None] | None = None,
+        on_fill: Callable[[Header, int], None] | None = None,
     ) -> None:
         self._sink, self._on_frame, self._on_lost = sink, on_frame, on_lost
+        self._on_fill = on_fill  # told how much of a payload has landed in place, as it lands
         self._on_refused, self._on_made = on_refused, on_made
         self._max_payload = max_payload
         self._base, self._budget = inbox, budget
@@ -219,6 +221,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         try:
             if self._target is not None:
                 self._target_fill += nbytes
+                if self._on_fill is not None and self._pending is not None:
+                    self._on_fill(self._pending[0], self._target_fill)
                 if self._target_fill == self._target.nbytes:
                     self._finish_payload()
             else:

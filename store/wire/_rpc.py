@@ -13,6 +13,11 @@ Server: ``await Server.start(handlers, host, port)``. Each ``Call`` runs its
 handler in a task of its own; a ``GrabenError`` goes back as the same error,
 anything else as an internal error, and a frame that breaks the protocol
 drops that connection only. A server never dies of what a peer sends.
+
+Over 500 lines: the client's connection and the server are the two ends of
+one call protocol (ids, deadlines, payloads landing in place, refusals before
+a payload is read), and read best side by side; ``_tasks`` already holds the
+server's periodic work.
 """
 
 from __future__ import annotations
@@ -95,6 +100,7 @@ class _Pending:
     into: memoryview | None
     replied: bool = False  # the server answered: an error it sent is its answer
     landing: bool = False  # the reply's payload is arriving in ``into``
+    progress: Callable[[int], None] | None = None  # told the bytes landed so far
 
 
 class Connection:
@@ -104,7 +110,7 @@ class Connection:
         self.where = where
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
-        self._protocol = FrameProtocol(self._sink, self._on_frame, self._lost)
+        self._protocol = FrameProtocol(self._sink, self._on_frame, self._lost, on_fill=self._fill)
         self.last_used = time.monotonic()
         """When a call last went out (pools drop connections idle for long)."""
 
@@ -156,13 +162,15 @@ class Connection:
         into: memoryview | None = None,
         token: str = "",
         timeout: float | None = DEFAULT_TIMEOUT,
+        progress: Callable[[int], None] | None = None,
     ) -> tuple[msgspec.Raw, int]:
-        """Send a call; returns the reply body and how many payload bytes landed in ``into``."""
+        """Send a call; returns the reply body and how many payload bytes landed in ``into``
+        (``progress`` is told how many have, as they land: a checksum may follow them)."""
         if self.closed:
             raise Unavailable(f"connection to {self.where} is closed")
         call_id = next(self._ids)
         future: asyncio.Future[tuple[msgspec.Raw, int]] = asyncio.get_running_loop().create_future()
-        self._pending[call_id] = pending = _Pending(future, into)
+        self._pending[call_id] = pending = _Pending(future, into, progress=progress)
         self.last_used = time.monotonic()
         header = Call(call_id, op, body, token)
         if payload is None and len(body) > INLINE_BODY_MAX:
@@ -214,6 +222,11 @@ class Connection:
             )
         pending.landing = True
         return pending.into[:length]
+
+    def _fill(self, header: Header, filled: int) -> None:
+        pending = self._pending.get(header.id)
+        if pending is not None and pending.progress is not None:
+            pending.progress(filled)
 
     def _on_frame(self, header: Header, payload: memoryview | None) -> None:
         if not isinstance(header, Reply):

@@ -245,3 +245,28 @@ def test_a_copy_rewritten_with_its_crc32c_is_refused_on_read_and_repaired(
         eventually(lambda: victim.exists() and victim.read_bytes() == data)
     finally:
         cluster.close()
+
+
+def test_a_forked_worker_reads_what_its_parent_read(cluster: LocalCluster) -> None:
+    """DataLoader workers are forked from a process that has read (and hashed) already:
+    nothing in the read path may hang in the child (Rayon's pool did)."""
+    data = os.urandom(3 * SMALL_CHUNK)
+    with connect(cluster.url, chunk_size=SMALL_CHUNK) as client:
+        client.put("/shared", data)
+        assert client.get("/shared") == data
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh client, as a worker makes
+        code = 1
+        try:
+            with connect(cluster.url) as child:
+                code = 0 if child.get("/shared") == data else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked reader hung")
+        time.sleep(0.1)
+    assert os.waitstatus_to_exitcode(done[1]) == 0
