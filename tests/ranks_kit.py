@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
@@ -36,10 +37,22 @@ def run_ranks(
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            stacks = _stacks(proc.pid)
             proc.kill()
             out, _ = proc.communicate()
+            out += f"\n[killed after {timeout} s; its threads then]\n{stacks}"
         outcomes.append((proc.returncode, out))
     return outcomes
+
+
+def _stacks(pid: int) -> str:
+    """Every thread's stack in process ``pid`` (py-spy, if installed): what a hang was at."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        return "(py-spy not installed)"
+    dump = [spy, "dump", "--pid", str(pid)]
+    done = subprocess.run(dump, capture_output=True, text=True, check=False, timeout=60)
+    return done.stdout + done.stderr
 
 
 def assert_ok(outcomes: list[tuple[int, str]]) -> None:
