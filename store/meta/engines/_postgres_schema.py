@@ -31,6 +31,9 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 SCHEMA_LOCK = 0x67726162656E
 """The advisory lock a migration holds (``"graben"``): services starting together migrate once."""
 BUSY_S = 60.0
+IDLE_IN_TRANSACTION_S = 5.0
+"""Longest a service's transaction may sit silent (the service paused, hung or cut off)
+before PostgreSQL ends it and frees its locks: nobody else waits longer on it."""
 """How long a writer waits for a row another holds, by default (SQLite's busy timeout)."""
 CONNECT_TIMEOUT_S = 10
 
@@ -54,10 +57,17 @@ def connect_options(url: str) -> dict[str, Any]:
 
 
 def configure(db: Connection, busy_s: float = BUSY_S) -> None:
-    """Durable commits whatever the server's default; wait ``busy_s`` for a lock at most."""
-    row = db.execute("SELECT current_setting('synchronous_commit')").fetchone()
+    """Durable commits whatever the server's default; wait ``busy_s`` for a lock at most;
+    a transaction left idle ``IDLE_IN_TRANSACTION_S`` is ended by the server (unless the
+    engine URL's ``options`` set a bound of their own)."""
+    row = db.execute(
+        "SELECT current_setting('synchronous_commit'), "
+        "current_setting('idle_in_transaction_session_timeout')"
+    ).fetchone()
     if row is not None and row[0] in ("off", "local"):
         db.execute("SET synchronous_commit = on")
+    if row is not None and row[1] == "0":
+        db.execute(f"SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)}")
     db.execute(f"SET lock_timeout = {int(busy_s * 1000)}")
 
 

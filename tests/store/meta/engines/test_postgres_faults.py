@@ -37,7 +37,13 @@ from pg_kit import (  # noqa: F401  (fixtures)
 
 from graben.store import AlreadyExists, GrabenError, NotFound, PermissionDenied, Unavailable
 from graben.store.meta._namespace import Namespace
+from graben.store.meta._repo import ROOT_INODE
 from graben.store.meta.engines._postgres import PostgresRepository
+from graben.store.meta.engines._postgres_schema import (
+    IDLE_IN_TRANSACTION_S,
+    configure,
+    connect_options,
+)
 from graben.store.meta.engines._postgres_url import display_url
 
 WORKERS = 6
@@ -373,3 +379,26 @@ def test_a_writer_kept_waiting_too_long_is_told_the_engine_is_busy(pg_url: str) 
         assert names(ns, "/") == ["late"]
     finally:
         repo.close()
+
+
+def test_a_service_paused_mid_transaction_holds_nobody_up_for_long(engine: Engine) -> None:
+    """A service that stops talking inside a transaction (SIGSTOPped, its host cut off)
+    must not hold its locks for as long as it is away: the server ends the transaction
+    after ``IDLE_IN_TRANSACTION_S``, and the other services' writes go on."""
+    if engine.name != "postgresql":
+        pytest.skip("SQLite has one writer in one process: no other service to wait")
+    paused = psycopg.connect(engine.location, **connect_options(engine.location))
+    configure(paused)
+    other = Namespace(engine.open())
+    try:
+        paused.execute("BEGIN")
+        paused.execute("SELECT id FROM inodes WHERE id = %s FOR UPDATE", (ROOT_INODE,))
+        started = time.monotonic()
+        other.mkdir("/made-while-the-other-slept")  # needs the root's row
+        waited = time.monotonic() - started
+        assert IDLE_IN_TRANSACTION_S - 1 < waited < IDLE_IN_TRANSACTION_S + 3, waited
+        with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):  # its tx is gone
+            paused.execute("SELECT 1")
+    finally:
+        paused.close()
+        other.repo.close()
