@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import itertools
 import logging
 import ssl
@@ -34,7 +35,14 @@ from typing import NamedTuple
 
 import msgspec
 
-from .._errors import GrabenError, InvalidArgument, ProtocolError, Timeout, Unavailable
+from .._errors import (
+    GrabenError,
+    InvalidArgument,
+    ProtocolError,
+    Timeout,
+    TLSError,
+    Unavailable,
+)
 from ._budget import MemoryBudget
 from ._frames import (
     INLINE_BODY_MAX,
@@ -53,11 +61,15 @@ from ._tasks import every, stop
 from ._tls import HANDSHAKE_TIMEOUT_S, failure, lost
 
 log = logging.getLogger("graben.rpc")
+_WARNED: set[str] = set()  # hosts already warned about: once per process is enough
 
 LISTEN_BACKLOG = 4096
 """Connections a server's kernel queues before it accepts them (capped by somaxconn):
 a thousand ranks connect at once, and asyncio's default of 100 drops the rest."""
 DEFAULT_TIMEOUT = 60.0
+HELLO = "hello"
+"""The op every server answers, to anyone: a plaintext client sends it, with no token,
+before any call that carries one (a TLS port would take the token in the clear)."""
 CONNECT_TIMEOUT = 10.0
 DEFAULT_BUDGET = 1 << 30
 """Bytes of request payloads (and large headers) a server holds at once."""
@@ -90,6 +102,13 @@ Admit = Callable[[Call, int], None]
 """Checks a call whose payload of ``n`` bytes is about to arrive; raises to refuse."""
 Label = Callable[[Call], str]
 """A known op's name in the metrics (the metadata service adds its request's type)."""
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 @dataclass
@@ -139,7 +158,30 @@ class Connection:
             raise failure(exc, connection.where) from None
         except (OSError, TimeoutError) as exc:
             raise Unavailable(f"cannot connect to {connection.where}: {exc}") from None
+        if tls is None:
+            await connection._greet(host, timeout)
         return connection
+
+    async def _greet(self, host: str, timeout: float) -> None:
+        """Make sure the peer is a plaintext graben server before a token goes out."""
+        try:
+            await self.call(HELLO, timeout=timeout)
+        except (ProtocolError, Unavailable, Timeout) as exc:
+            await self.close()
+            kind = TLSError if isinstance(exc, ProtocolError) else Unavailable
+            raise kind(
+                f"{self.where} did not answer a plaintext hello ({exc.message}); nothing "
+                "secret was sent. If it is a TLS port, connect with TLS (tls=TLS(ca=...), "
+                "$GRABEN_TLS_CA, --tls-ca)",
+                self.where,
+            ) from None
+        if not _loopback(host) and host not in _WARNED:
+            _WARNED.add(host)
+            log.warning(
+                "talking to %s without TLS: tokens and data cross the network in the clear "
+                "(turn TLS on: docs/cluster.md#tls)",
+                self.where,
+            )
 
     @property
     def closed(self) -> bool:
@@ -387,6 +429,8 @@ class Server:
     async def _answer(self, call: Call, payload: memoryview | None) -> tuple[Reply, Answer]:
         handler = self.handlers.get(call.op)
         try:
+            if call.op == HELLO:  # anyone may ask: it proves a plaintext graben server
+                return Reply(call.id), Answer()
             if handler is None:
                 raise InvalidArgument(f"unknown operation {call.op!r}")
             answer = Answer(*await handler(call, payload))

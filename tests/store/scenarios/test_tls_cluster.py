@@ -5,11 +5,13 @@ rest are refused at once with the reason, and garbage never stops a server.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -334,3 +336,35 @@ def test_a_bad_tls_file_stops_the_metadata_service_before_it_makes_a_store(
     )
     assert done.returncode == 1 and "cannot load the TLS certificate" in done.stderr
     assert not engine.exists()
+
+
+def test_a_plaintext_client_sends_no_token_before_it_knows_the_server(
+    tmp_path: Path,
+) -> None:
+    """A TLS port would read a plaintext client's first frame in the clear: the client
+    says hello first, with nothing secret in it, and stops at TLS's answer."""
+    received = bytearray()
+    secret = "tok-" + os.urandom(8).hex()
+
+    def tls_port(server: socket.socket) -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(5)
+            with contextlib.suppress(OSError):
+                received.extend(conn.recv(65536))
+                conn.sendall(b"\x15\x03\x03\x00\x02\x02\x28")  # TLS: fatal handshake_failure
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        answering = threading.Thread(target=tls_port, args=(server,))
+        answering.start()
+        try:
+            with (
+                connect(f"graben://127.0.0.1:{port}", token=secret, tls=None) as client,
+                pytest.raises(TLSError, match="speaks TLS"),
+            ):
+                client.ls("/")
+        finally:
+            answering.join(10)
+    assert received  # the hello arrived
+    assert secret.encode() not in received

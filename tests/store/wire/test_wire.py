@@ -126,8 +126,10 @@ def test_a_call_given_up_mid_payload_drops_its_connection_and_spares_its_buffer(
         finish = asyncio.Event()
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(1 << 16)  # the client's hello
+            writer.write(frame_prefix(Reply(1), 0))
             await reader.read(1 << 16)  # the call
-            writer.write(frame_prefix(Reply(1), 2000) + b"a" * 1000)
+            writer.write(frame_prefix(Reply(2), 2000) + b"a" * 1000)
             await writer.drain()
             half.set()
             await finish.wait()
