@@ -372,13 +372,84 @@ def _close(*fds: int) -> None:
 
 
 def _open_root(root: Path) -> int:
-    """The cache's directory, made if missing, opened and checked."""
-    if root == default_dir():  # ``graben`` (under a shared $TMPDIR, too) must be ours alone
+    """The cache's directory, made if missing, opened and checked, every directory and
+    link on the way to it too (``_walk``)."""
+    root = Path(os.path.abspath(root))
+    if root == Path(os.path.abspath(default_dir())):  # ``graben`` must be ours alone too
         root.parent.parent.mkdir(parents=True, exist_ok=True)
-        os.close(_private_dir(root.parent, root.parent))
+        above = _walk(root.parent.parent)
+        try:
+            graben = _private_dir(root.parent.name, root.parent, at=above)
+        finally:
+            os.close(above)
     else:
         root.parent.mkdir(parents=True, exist_ok=True)
-    return _private_dir(root, root)
+        graben = _walk(root.parent)
+    try:
+        return _private_dir(root.name, root, at=graben)
+    finally:
+        os.close(graben)
+
+
+MAX_LINKS = 40
+"""Links followed on the way to the cache at most (as the kernel's ELOOP)."""
+
+
+def _walk(path: Path) -> int:
+    """``path`` (absolute) opened a component at a time from ``/``, never following a
+    link blindly: every directory passed must be its user's or root's and, if others
+    may write in it, sticky (else they could swap the next name); a link is followed
+    only if it is its user's or root's (it sits in such a directory, so nobody else
+    planted it). Whoever controls a step could otherwise point the cache anywhere."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    parts, links = list(path.parts[1:]), 0
+    here = Path("/")
+    try:
+        _trusted_step(os.fstat(fd), here)
+        while parts:
+            name = parts.pop(0)
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                if links > MAX_LINKS or st.st_uid not in (0, os.geteuid()):
+                    raise PermissionDenied(
+                        f"the way to the dataset cache goes through a link of uid {st.st_uid} "
+                        "(who can change it can point the cache elsewhere): give a path "
+                        "without it",
+                        str(here / name),
+                    )
+                target = Path(os.readlink(name, dir_fd=fd))
+                parts = list(target.parts[1:] if target.is_absolute() else target.parts) + parts
+                if target.is_absolute():
+                    os.close(fd)
+                    fd, here = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), Path("/")
+                continue
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            step = os.open(name, flags, dir_fd=fd)
+            os.close(fd)
+            fd, here = step, Path(os.path.normpath(here / name))
+            _trusted_step(os.fstat(fd), here)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _trusted_step(st: os.stat_result, where: Path) -> None:
+    """Refuse a directory on the way to the cache that someone else could rearrange."""
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (0, os.geteuid()):
+        raise PermissionDenied(
+            f"the way to the dataset cache goes through a directory of uid {st.st_uid}: "
+            "its owner could swap what is below it; use a path of your own",
+            str(where),
+        )
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+        raise PermissionDenied(
+            f"the way to the dataset cache goes through a directory others may write to "
+            f"(mode {mode:o}, not sticky): they could swap what is below it",
+            str(where),
+        )
 
 
 def _private_dir(path: str | Path, shown: Path, at: int | None = None) -> int:

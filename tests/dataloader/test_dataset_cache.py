@@ -254,3 +254,49 @@ def test_a_shard_too_big_or_damaged_is_told_in_the_stores_errors(tmp_path: Path)
     with pytest.raises(IntegrityError, match="does not match its manifest") as damaged:
         NodeCache(tmp_path / "c").open("ds", shard, lambda s, e: bytes(e - s))
     assert damaged.value.filename == "s"
+
+
+@as_root
+def test_a_link_of_another_user_on_the_way_to_the_cache_is_refused(
+    dataset: tuple[str, Manifest], tmp_path: Path
+) -> None:
+    """Only the last part used to be opened without following links: a link further up,
+    planted by someone else, pointed the cache into their directory."""
+    url, _ = dataset
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    middle = tmp_path / "middle"
+    middle.symlink_to(theirs)
+    os.chown(middle, NOBODY, NOBODY, follow_symlinks=False)
+    with pytest.raises(PermissionDenied, match=f"link of uid {NOBODY}") as refused:
+        list(CachedDataset(url, cache_dir=middle / "cache"))
+    assert str(middle) in str(refused.value)
+    assert not (theirs / "cache").exists() or not any((theirs / "cache").iterdir())
+
+
+@as_root
+def test_a_directory_of_another_user_on_the_way_is_refused(
+    dataset: tuple[str, Manifest], tmp_path: Path
+) -> None:
+    url, _ = dataset
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, NOBODY, NOBODY)
+    (theirs / "mine").mkdir()  # root's, but inside a directory they may rearrange
+    with pytest.raises(PermissionDenied, match=f"directory of uid {NOBODY}"):
+        list(CachedDataset(url, cache_dir=theirs / "mine" / "cache"))
+
+
+def test_my_own_links_on_the_way_are_followed(
+    dataset: tuple[str, Manifest], tmp_path: Path
+) -> None:
+    """A home or scratch path reached through a link of one's own works as before."""
+    url, _ = dataset
+    (tmp_path / "real").mkdir()
+    (tmp_path / "via").symlink_to(tmp_path / "real")
+    (tmp_path / "rel").symlink_to("real")
+    for link in ("via", "rel"):
+        ds = CachedDataset(url, cache_dir=tmp_path / link / f"cache-{link}", shuffle=False)
+        assert list(ds) == SAMPLES
+        assert (tmp_path / "real" / f"cache-{link}").is_dir()
