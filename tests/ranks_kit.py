@@ -50,7 +50,7 @@ def _stacks(pid: int) -> str:
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if spy is None:
         return "(py-spy not installed)"
-    dump = [spy, "dump", "--pid", str(pid)]
+    dump = [spy, "dump", "--native", "--pid", str(pid)]
     done = subprocess.run(dump, capture_output=True, text=True, check=False, timeout=60)
     return done.stdout + done.stderr
 

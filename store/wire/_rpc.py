@@ -166,6 +166,8 @@ class Connection:
         """Make sure the peer is a plaintext graben server before a token goes out."""
         try:
             await self.call(HELLO, timeout=timeout)
+        except InvalidArgument:  # an older server: "unknown operation" is a graben answer
+            pass
         except (ProtocolError, Unavailable, Timeout) as exc:
             await self.close()
             kind = TLSError if isinstance(exc, ProtocolError) else Unavailable

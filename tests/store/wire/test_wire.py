@@ -26,6 +26,7 @@ from graben.store.wire._frames import (
     decode,
     encode,
     frame_prefix,
+    to_wire,
 )
 from graben.store.wire._rpc import Answer, Connection, Server
 
@@ -115,6 +116,37 @@ def test_timeout_then_the_connection_still_works() -> None:
         await conn.close()
 
     with_server(test)
+
+
+def test_a_server_that_does_not_know_hello_still_takes_the_connection() -> None:
+    """A server from before the hello answers it "unknown operation": an answer in
+    plaintext graben all the same, so the client goes on (a rolling upgrade)."""
+
+    async def test() -> None:
+        served = asyncio.Event()
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(1 << 16)  # the hello
+            unknown = to_wire(InvalidArgument("unknown operation 'hello'"))
+            writer.write(frame_prefix(Reply(1, error=unknown), 0))
+            await reader.read(1 << 16)  # the call
+            writer.write(frame_prefix(Reply(2, body=encode("ok")), 0))
+            await reader.read(1 << 16)  # until the client closes
+            writer.close()
+            await writer.wait_closed()
+            served.set()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        conn = await Connection.open("127.0.0.1", port)
+        body, _ = await conn.call("echo", token="t")
+        assert decode(body, str) == "ok"
+        await conn.close()
+        await served.wait()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(test())
 
 
 def test_a_call_given_up_mid_payload_drops_its_connection_and_spares_its_buffer() -> None:
