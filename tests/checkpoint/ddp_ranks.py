@@ -56,6 +56,7 @@ def main(url: str, rank: int, world: int, port: int) -> None:
         steps = [c.step for c in manager.list()]
         print(json.dumps({"steps": steps, "latest": latest, "same": same}))
         manager.close()
+        dist.barrier()  # torch's advice: every rank reaches the teardown before any leaves
     finally:
         dist.destroy_process_group()
 
