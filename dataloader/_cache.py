@@ -401,9 +401,8 @@ def _walk(path: Path) -> int:
     may write in it, sticky (else they could swap the next name); a link is followed
     only if it is its user's or root's (it sits in such a directory, so nobody else
     planted it). Whoever controls a step could otherwise point the cache anywhere."""
-    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd, here = _open_top()
     parts, links = list(path.parts[1:]), 0
-    here = Path("/")
     try:
         _trusted_step(os.fstat(fd), here)
         while parts:
@@ -422,7 +421,7 @@ def _walk(path: Path) -> int:
                 parts = list(target.parts[1:] if target.is_absolute() else target.parts) + parts
                 if target.is_absolute():
                     os.close(fd)
-                    fd, here = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), Path("/")
+                    fd, here = _open_top()
                 continue
             flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
             step = os.open(name, flags, dir_fd=fd)
@@ -433,6 +432,10 @@ def _walk(path: Path) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _open_top() -> tuple[int, Path]:
+    return os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), Path("/")
 
 
 def _trusted_step(st: os.stat_result, where: Path) -> None:

@@ -160,10 +160,11 @@ class Commits:
 
         def apply(tx: Tx) -> list[list[FileInfo] | GrabenError]:
             done = recorded(tx, keys)
+            ids = [key_id(key) for key in keys]  # the keys as sent, without their prints
             first: dict[str, int] = {}  # a key twice in one group: applied once
             todo = []
             for i, key in enumerate(keys):
-                if key_id(key) not in done and (not key or first.setdefault(key_id(key), i) == i):
+                if ids[i] not in done and (not key or first.setdefault(ids[i], i) == i):
                     todo.append(i)
             known: Directories = {}
             touched: Touched = {}
@@ -174,12 +175,12 @@ class Commits:
             outcome = dict(zip(todo, applied, strict=True))
             results: list[list[FileInfo] | GrabenError] = []
             for i, key in enumerate(keys):
-                if key_id(key) in done:
-                    results.append(replayed_or_error(done[key_id(key)], list[FileInfo], key))
+                if ids[i] in done:
+                    results.append(replayed_or_error(done[ids[i]], list[FileInfo], key))
                 elif i in outcome:
                     results.append(outcome[i])
-                elif keys[first[key_id(key)]] == key:
-                    results.append(outcome[first[key_id(key)]])
+                elif keys[first[ids[i]]] == key:
+                    results.append(outcome[first[ids[i]]])
                 else:
                     results.append(_reused(key))
             _touch(tx, touched)
