@@ -214,7 +214,8 @@ def _progress(shards: int, size: int) -> Iterator[Callable[[int], None]]:
 
 
 def _cache(args: argparse.Namespace) -> int:
-    from ._cache import NodeCache, default_dir, default_limit
+    from ._cache import NodeCache, default_limit
+    from ._cache_dir import default_dir
 
     root = args.cache_dir or default_dir()
     cache = NodeCache(root, args.cache_limit or default_limit(root))

@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 
 from graben.store import IntegrityError, parse_size
 
-from ._cache import CacheStats, Fetch, NodeCache, default_dir, default_limit
+from ._cache import CacheStats, Fetch, NodeCache, default_limit
+from ._cache_dir import default_dir
 from ._manifest import RECORD_LENGTH, Manifest, Shard
 from ._writer import read_manifest
 
