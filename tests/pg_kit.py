@@ -27,8 +27,9 @@ from cluster_kit import LocalCluster
 from graben.bench._postgres import NoPostgres, PgServer, start
 from graben.store._types import ChunkRef, Extent, FileCommit, StoredChunk
 from graben.store.meta._namespace import Namespace
+from graben.store.meta.engines._sums import FUNCTION, SUMMED, row_sum
 
-MIGRATIONS = 7
+MIGRATIONS = 8
 """The schema version graben writes today."""
 
 
@@ -114,6 +115,7 @@ class Engine:
             import sqlite3
 
             conn = sqlite3.connect(self.location)
+            conn.create_function(FUNCTION, -1, row_sum, deterministic=True)  # as graben does
             try:
                 rows = conn.execute(statement.replace("%s", "?"), params).fetchall()
                 conn.commit()
@@ -125,6 +127,18 @@ class Engine:
         with psycopg.connect(self.location, autocommit=True) as pg:
             cur = pg.execute(statement, params or None)
             return cur.fetchall() if cur.description else []
+
+    def drop_sums(self) -> None:
+        """Take back schema 8's row checksums (a store as an older graben left it)."""
+        for table in SUMMED:
+            self.sql(f"ALTER TABLE {table} DROP COLUMN sum")
+
+    def set_version(self, version: int) -> None:
+        """Record ``version`` as the store's schema version."""
+        if self.name == "sqlite":
+            self.sql(f"PRAGMA user_version = {version}")
+        else:
+            self.sql("UPDATE schema_version SET version = %s", version)
 
     def version(self) -> int:
         """The schema version the store records."""

@@ -22,7 +22,7 @@ from ..._errors import IntegrityError
 from ..._types import ChunkProblem, Extent, StoredChunk
 from .._repo import NEW_INODE_COLUMNS, ROOT_INODE, Conflict, Inode, Lease, NewFile, new_values
 from ._postgres_schema import Connection, inconsistencies
-from ._rows import checked_inode
+from ._rows import check_entry, checked_inode, entry_of
 from ._sql_tx import JOINED_INODE, LOCK_TRIES, SqlTx
 
 TREE_LOCK = 0x67726162656F
@@ -126,17 +126,19 @@ class PostgresTx(SqlTx):
         if len(parts) < 2:
             return super().walk(parts)
         rows = self._rows(
-            "WITH RECURSIVE down (depth, id, kind) AS ("
-            f"SELECT 0, {ROOT_INODE}::bigint, 'directory'::text UNION ALL "
-            "SELECT d.depth + 1, e.inode, i.kind FROM down d "
+            "WITH RECURSIVE down (depth, id, kind, parent, name, sum) AS ("
+            f"SELECT 0, {ROOT_INODE}::bigint, 'directory'::text, 0::bigint, "
+            "''::text COLLATE \"C\", 0::bigint UNION ALL "
+            "SELECT d.depth + 1, e.inode, i.kind, e.parent, e.name, e.sum FROM down d "
             "JOIN entries e ON e.parent = d.id AND e.name = (%(parts)s::text[])[d.depth + 1] "
             "JOIN inodes i ON i.id = e.inode "
             "WHERE d.kind = 'directory' AND d.depth < %(depth)s) "
-            f"SELECT {JOINED_INODE} FROM down d JOIN inodes i ON i.id = d.id "
+            f"SELECT d.parent, d.name, d.sum, {JOINED_INODE} FROM down d "
+            "JOIN inodes i ON i.id = d.id "
             "WHERE d.depth > 0 ORDER BY d.depth",
             {"parts": list(parts), "depth": len(parts)},
         )
-        return [checked_inode(row) for row in rows]
+        return [entry_of(row[0], row[1], row[2:], self.path_of) for row in rows]
 
     def _new_ids(self, count: int) -> list[int]:
         rows = self._rows(
@@ -160,13 +162,15 @@ class PostgresTx(SqlTx):
                 wanted,
             )
             named = self._rows(
-                "SELECT w.parent, w.name, e.inode FROM "
+                "SELECT w.parent, w.name, e.inode, e.sum FROM "
                 "unnest(%s::bigint[], %s::text[]) AS w (parent, name) "
                 "JOIN entries e ON e.parent = w.parent AND e.name = w.name",
                 wanted,
             )
-            locked = {(row[0], row[1]): checked_inode(row[2:]) for row in rows}
-            if {(p, n): i for p, n, i in named} == {k: v.id for k, v in locked.items()}:
+            locked = {(row[0], row[1]): checked_inode(row[2:], self.path_of) for row in rows}
+            for parent, name, inode, total in named:
+                check_entry(parent, name, inode, total, self.path_of)
+            if {(p, n): i for p, n, i, _ in named} == {k: v.id for k, v in locked.items()}:
                 return locked
         raise Conflict("the names a commit replaces kept changing")
 

@@ -8,44 +8,81 @@ engine apply to the rows they read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..._errors import IntegrityError
 from ..._types import ChunkRef, Extent
-from .._repo import Inode, tiling_problem
+from .._repo import INODE_COLUMNS, Inode, tiling_problem
+from ._sums import row_sum
 
+INODE_ROW = INODE_COLUMNS + ", sum"
+"""An inode's columns as read: its values, then its checksum (``_sums.py``)."""
+CHANGED = "a value changed since graben wrote it"
+PathOf = Callable[[int], "str | None"]
 PAGE_ROWS_MAX = 100_000
 """Rows one paged query returns at most, whatever it is asked (the wire's pages are far smaller)."""
 
 
-def inode_of(row: tuple[object, ...] | None) -> Inode | None:
-    """A row of ``inodes`` as a value; ``IntegrityError`` if it does not decode."""
+def inode_of(row: tuple[object, ...] | None, path_of: PathOf | None = None) -> Inode | None:
+    """A row of ``inodes`` (``INODE_ROW``: its values, then its sum) as a value;
+    ``IntegrityError`` (naming its path, given ``path_of``) if it does not decode or its
+    sum differs."""
     if row is None:
         return None
-    number, kind, *numbers = row
+    *values, total = row
+    number, kind, *numbers = values
     if (
         type(number) is not int
         or kind not in ("file", "directory")
         or any(type(n) is not int for n in numbers)
     ):
         raise IntegrityError(f"metadata damaged: inode row {row!r} does not decode")
+    if row_sum(*values) != total:
+        raise IntegrityError(
+            f"metadata damaged: the row of inode {number} does not match its checksum ({CHANGED})",
+            (path_of and path_of(number)) or None,
+        )
     return Inode(number, kind, *numbers)  # type: ignore[arg-type]
 
 
-def checked_inode(row: tuple[object, ...]) -> Inode:
-    found = inode_of(row)
+def checked_inode(row: tuple[object, ...], path_of: PathOf | None = None) -> Inode:
+    found = inode_of(row, path_of)
     assert found is not None
     return found
 
 
-def chunk_ref(chunk: object, length: object, crc: object) -> ChunkRef | None:
-    """A chunk row as a value, or ``None`` if it does not decode."""
+def entry_of(
+    parent: object, name: object, row: tuple[object, ...], path_of: PathOf | None = None
+) -> Inode:
+    """A name's inode from ``e.sum, JOINED_INODE``, the entry's sum checked too."""
+    node = checked_inode(row[1:], path_of)
+    check_entry(parent, name, node.id, row[0], path_of)
+    return node
+
+
+def check_entry(
+    parent: object, name: object, inode: object, total: object, path_of: PathOf | None = None
+) -> None:
+    """``IntegrityError`` unless an ``entries`` row's values match its sum."""
+    if row_sum(parent, name, inode) != total:
+        above = path_of(parent) if path_of and type(parent) is int else None
+        raise IntegrityError(
+            f"metadata damaged: the entry {name!r} of directory {parent} does not match "
+            f"its checksum ({CHANGED})",
+            f"{above.rstrip('/')}/{name}" if above else None,
+        )
+
+
+def chunk_ref(chunk: object, length: object, crc: object, total: object) -> ChunkRef | None:
+    """A chunk row (``id, length, crc32c, sum``) as a value, or ``None`` if it does not
+    decode or its sum differs."""
     ok = (
         isinstance(chunk, str)
         and len(chunk) == 64
         and type(length) is int
         and length >= 0
         and type(crc) is int
+        and row_sum(chunk, length, crc) == total
     )
     return ChunkRef(chunk, length, crc) if ok else None  # type: ignore[arg-type]
 
@@ -64,14 +101,16 @@ class CheckedRows:
     def _extent(
         self, inode: int, offset: object, length: object, chunk: object, *rest: object
     ) -> Extent:
-        """One ``extents`` row (joined with its chunk row) as a value, or ``IntegrityError``."""
-        if not isinstance(chunk, str) or rest[0] is None:
+        """One ``extents`` row joined with its chunk row (``EXTENT_ROWS``: the chunk's
+        length and crc32c, the extent's chunk offset, the two rows' sums) as a value, or
+        ``IntegrityError``."""
+        chunk_length, crc, chunk_offset, total, chunk_total = rest
+        if not isinstance(chunk, str) or chunk_length is None:
             raise self._damaged(
                 inode,
                 f"the extent at offset {offset} names chunk {chunk!r}, which has no chunk row",
             )
-        ref = chunk_ref(chunk, *rest[:2])
-        chunk_offset = rest[2]
+        ref = chunk_ref(chunk, chunk_length, crc, chunk_total)
         if (
             ref is None
             or type(offset) is not int
@@ -79,6 +118,8 @@ class CheckedRows:
             or type(chunk_offset) is not int
         ):
             raise self._damaged(inode, f"the extent at offset {offset!r} does not decode")
+        if row_sum(inode, offset, length, chunk, chunk_offset) != total:
+            raise self._damaged(inode, f"the extent at offset {offset} does not match its checksum")
         return Extent(offset, length, ref, chunk_offset)
 
     def _tiled(

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Mapping
 
 from .._repo import ROOT_INODE
+from ._sums import POSTGRES_FUNCTION, SUMMED, expression
 
 SQLITE = {
     "id": "INTEGER PRIMARY KEY",
@@ -150,7 +151,88 @@ MIGRATIONS = (
         data {blob} NOT NULL
     );
     """,
+    # 8: a checksum on every row that says what a file is (see ``_sums.py``).
+    "{sums}",
 )
+
+
+_SQLITE_SUMMED = {
+    "inodes": """
+        id INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL CHECK (kind IN ('file', 'directory')),
+        size INTEGER NOT NULL,
+        mode INTEGER NOT NULL,
+        mtime_ns INTEGER NOT NULL,
+        generation INTEGER NOT NULL,
+        replication INTEGER NOT NULL,
+        uid INTEGER NOT NULL DEFAULT -1,
+        gid INTEGER NOT NULL DEFAULT -1,
+        ctime_ns INTEGER NOT NULL DEFAULT 0,
+        atime_ns INTEGER NOT NULL DEFAULT 0,
+        nlink INTEGER NOT NULL DEFAULT 1,
+        rdev INTEGER NOT NULL DEFAULT 0,
+        sum INTEGER GENERATED ALWAYS AS ({sum}) STORED
+    )""",
+    "entries": """
+        parent INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        inode INTEGER NOT NULL,
+        sum INTEGER GENERATED ALWAYS AS ({sum}) STORED,
+        PRIMARY KEY (parent, name)
+    ) WITHOUT ROWID""",
+    "extents": """
+        inode INTEGER NOT NULL,
+        "offset" INTEGER NOT NULL,
+        length INTEGER NOT NULL,
+        chunk TEXT NOT NULL,
+        chunk_offset INTEGER NOT NULL,
+        sum INTEGER GENERATED ALWAYS AS ({sum}) STORED,
+        PRIMARY KEY (inode, "offset")
+    ) WITHOUT ROWID""",
+    "chunks": """
+        id TEXT PRIMARY KEY,
+        length INTEGER NOT NULL,
+        crc32c INTEGER NOT NULL,
+        refs INTEGER NOT NULL DEFAULT 0,
+        zero_since_ns INTEGER NOT NULL,
+        sum INTEGER GENERATED ALWAYS AS ({sum}) STORED
+    ) WITHOUT ROWID""",
+}
+"""The summed tables as SQLite makes them again (it cannot add a stored column)."""
+_INDEXES = """
+    CREATE INDEX entries_by_inode ON entries (inode);
+    CREATE INDEX extents_by_chunk ON extents (chunk);
+    CREATE INDEX chunks_unreferenced ON chunks (zero_since_ns) WHERE refs = 0;
+"""
+
+
+def _sqlite_sums() -> str:
+    """Migration 8 on SQLite: each summed table made again with its ``sum``, rows copied
+    (a chunk's reference count and age are not summed, but copied too)."""
+    steps = []
+    for table, summed in SUMMED.items():
+        listed = ", ".join(summed + (["refs", "zero_since_ns"] if table == "chunks" else []))
+        definition = _SQLITE_SUMMED[table].format(sum=expression(table))
+        steps += [
+            f"CREATE TABLE {table}_summed ({definition}",
+            f"INSERT INTO {table}_summed ({listed}) SELECT {listed} FROM {table}",
+            f"DROP TABLE {table}",
+            f"ALTER TABLE {table}_summed RENAME TO {table}",
+        ]
+    return ";\n".join(steps) + ";\n" + _INDEXES
+
+
+def _postgres_sums() -> str:
+    """Migration 8 on PostgreSQL: ``graben_sum``, and a stored ``sum`` on each summed table."""
+    added = [
+        f"ALTER TABLE {t} ADD COLUMN sum BIGINT GENERATED ALWAYS AS ({expression(t)}) STORED"
+        for t in SUMMED
+    ]
+    return ";\n".join([POSTGRES_FUNCTION, *added]) + ";"
+
+
+SQLITE["sums"] = _sqlite_sums()
+POSTGRES["sums"] = _postgres_sums()
 
 
 def scripts(words: Mapping[str, str], after: int) -> list[tuple[int, list[str]]]:

@@ -23,9 +23,8 @@ from dataclasses import replace
 from typing import Any
 
 from ..._errors import IntegrityError
-from ..._types import ChunkProblem, ChunkRef, Extent, StoredChunk
+from ..._types import ChunkProblem, Extent, StoredChunk
 from .._repo import (
-    INODE_COLUMNS,
     NEW_INODE_COLUMNS,
     ROOT_INODE,
     ChunkRecord,
@@ -35,16 +34,24 @@ from .._repo import (
     NewFile,
     new_values,
 )
-from ._rows import PAGE_ROWS_MAX, CheckedRows, checked_inode, chunk_ref, inode_of
+from ._rows import (
+    INODE_ROW,
+    PAGE_ROWS_MAX,
+    CheckedRows,
+    check_entry,
+    chunk_ref,
+    entry_of,
+    inode_of,
+)
 from ._sql_records import SqlRecords
 
 MAX_DEPTH = 4096
 """Directories ``path_of`` climbs at most (a path is at most 4096 bytes)."""
 LOCK_TRIES = 64
 """Times ``locked_entry`` reads a name again that other writers keep changing."""
-JOINED_INODE = ", ".join("i." + c for c in INODE_COLUMNS.split(", "))
+JOINED_INODE = ", ".join("i." + c for c in INODE_ROW.split(", "))
 EXTENT_ROWS = (
-    'SELECT x."offset", x.length, x.chunk, c.length, c.crc32c, x.chunk_offset '
+    'SELECT x."offset", x.length, x.chunk, c.length, c.crc32c, x.chunk_offset, x.sum, c.sum '
     "FROM extents x LEFT JOIN chunks c ON c.id = x.chunk "
 )
 
@@ -75,13 +82,12 @@ class SqlTx(SqlRecords, CheckedRows):
     # -- names and files -------------------------------------------------------
 
     def lookup(self, parent: int, name: str) -> Inode | None:
-        return inode_of(
-            self._one(
-                f"SELECT {JOINED_INODE} FROM entries e JOIN inodes i ON i.id = e.inode "
-                "WHERE e.parent = %s AND e.name = %s",
-                (parent, name),
-            )
+        row = self._one(
+            f"SELECT e.sum, {JOINED_INODE} FROM entries e JOIN inodes i ON i.id = e.inode "
+            "WHERE e.parent = %s AND e.name = %s",
+            (parent, name),
         )
+        return None if row is None else entry_of(parent, name, row, self.path_of)
 
     def walk(self, parts: Sequence[str]) -> list[Inode]:
         found: list[Inode] = []
@@ -97,26 +103,31 @@ class SqlTx(SqlRecords, CheckedRows):
         return found
 
     def get(self, inode: int) -> Inode | None:
-        return inode_of(self._one(f"SELECT {INODE_COLUMNS} FROM inodes WHERE id = %s", (inode,)))
+        row = self._one(f"SELECT {INODE_ROW} FROM inodes WHERE id = %s", (inode,))
+        return inode_of(row, self.path_of)
 
     def locked(self, inode: int) -> Inode | None:
         return inode_of(
-            self._one(f"SELECT {INODE_COLUMNS} FROM inodes WHERE id = %s FOR UPDATE", (inode,))
+            self._one(f"SELECT {INODE_ROW} FROM inodes WHERE id = %s FOR UPDATE", (inode,)),
+            self.path_of,
         )
 
     def locked_entry(self, parent: int, name: str) -> Inode | None:
         entry = (parent, name)
         for _ in range(LOCK_TRIES):
             row = self._one(
-                f"SELECT {INODE_COLUMNS} FROM inodes WHERE id = "
+                f"SELECT {INODE_ROW} FROM inodes WHERE id = "
                 "(SELECT inode FROM entries WHERE parent = %s AND name = %s) FOR UPDATE",
                 entry,
             )
             # Read again once locked: it may have moved, or gone and been replaced, meanwhile.
-            named = self._one("SELECT inode FROM entries WHERE parent = %s AND name = %s", entry)
+            named = self._one(
+                "SELECT inode, sum FROM entries WHERE parent = %s AND name = %s", entry
+            )
             if named is None:
                 return None
-            node = inode_of(row)
+            check_entry(parent, name, named[0], named[1], self.path_of)
+            node = inode_of(row, self.path_of)
             if node is not None and node.id == named[0]:
                 return node
         raise Conflict(f"the entry {name!r} of directory {parent} kept changing")
@@ -134,19 +145,19 @@ class SqlTx(SqlRecords, CheckedRows):
 
     def children(self, parent: int) -> list[tuple[str, Inode]]:
         rows = self._rows(
-            f"SELECT e.name, {JOINED_INODE} FROM entries e JOIN inodes i ON i.id = e.inode "
+            f"SELECT e.name, e.sum, {JOINED_INODE} FROM entries e JOIN inodes i ON i.id = e.inode "
             "WHERE e.parent = %s ORDER BY e.name",
             (parent,),
         )
-        return [(row[0], checked_inode(row[1:])) for row in rows]
+        return [(row[0], entry_of(parent, row[0], row[1:], self.path_of)) for row in rows]
 
     def children_page(self, parent: int, after: str, limit: int) -> list[tuple[str, Inode]]:
         rows = self._rows(
-            f"SELECT e.name, {JOINED_INODE} FROM entries e JOIN inodes i ON i.id = e.inode "
+            f"SELECT e.name, e.sum, {JOINED_INODE} FROM entries e JOIN inodes i ON i.id = e.inode "
             "WHERE e.parent = %s AND e.name > %s ORDER BY e.name LIMIT %s",
             (parent, after, min(limit, PAGE_ROWS_MAX)),
         )
-        return [(row[0], checked_inode(row[1:])) for row in rows]
+        return [(row[0], entry_of(parent, row[0], row[1:], self.path_of)) for row in rows]
 
     def has_children(self, parent: int) -> bool:
         return self._one("SELECT 1 FROM entries WHERE parent = %s LIMIT 1", (parent,)) is not None
@@ -342,7 +353,7 @@ class SqlTx(SqlRecords, CheckedRows):
     def chunk_page(self, after: str, limit: int) -> tuple[list[ChunkRecord], str]:
         limit = min(limit, PAGE_ROWS_MAX)
         rows = self._rows(
-            "SELECT id, length, crc32c FROM chunks WHERE id > %s ORDER BY id LIMIT %s",
+            "SELECT id, length, crc32c, sum FROM chunks WHERE id > %s ORDER BY id LIMIT %s",
             (after, limit),
         )
         refs = [ref for ref in (chunk_ref(*row) for row in rows) if ref is not None]
@@ -371,7 +382,7 @@ class SqlTx(SqlRecords, CheckedRows):
     def forget_unreferenced(self, older_than_ns: int, limit: int) -> list[ChunkRecord]:
         # An extent naming the chunk means its refs count is wrong, not that it is free.
         rows = self._rows(
-            "SELECT id, length, crc32c FROM chunks c WHERE refs = 0 AND zero_since_ns < %s "
+            "SELECT id, length, crc32c, sum FROM chunks c WHERE refs = 0 AND zero_since_ns < %s "
             "AND NOT EXISTS (SELECT 1 FROM extents x WHERE x.chunk = c.id) ORDER BY id LIMIT %s",
             (older_than_ns, min(limit, PAGE_ROWS_MAX)),
         )
@@ -413,7 +424,7 @@ class SqlTx(SqlRecords, CheckedRows):
             "JOIN inodes i ON i.id = x.inode GROUP BY x.chunk), "
             "have AS (SELECT r.chunk, COUNT(*) AS copies FROM replicas r "
             "WHERE r.node = ANY(%s) GROUP BY r.chunk) "
-            "SELECT c.id, c.length, c.crc32c, w.copies FROM chunks c "
+            "SELECT c.id, c.length, c.crc32c, c.sum, w.copies FROM chunks c "
             "JOIN want w ON w.chunk = c.id LEFT JOIN have h ON h.chunk = c.id "
             "WHERE c.refs > 0 AND COALESCE(h.copies, 0) < w.copies "
             "AND (NOT EXISTS (SELECT 1 FROM chunk_bytes b WHERE b.id = c.id) "
@@ -423,13 +434,12 @@ class SqlTx(SqlRecords, CheckedRows):
         )
         live = set(alive)
         held = self.replicas(chunk for chunk, *_ in rows)
+        # A row that fails its checksum is left to fsck: a copy made from it could be wrong.
+        found = [(chunk_ref(*row[:4]), row[4]) for row in rows]
         return [
-            Degraded(
-                ChunkRef(chunk, length, crc),
-                tuple(n for n in held.get(chunk, ()) if n in live),
-                want,
-            )
-            for chunk, length, crc, want in rows
+            Degraded(ref, tuple(n for n in held.get(ref.id, ()) if n in live), want)
+            for ref, want in found
+            if ref is not None
         ]
 
 

@@ -29,6 +29,7 @@ from ..._errors import GrabenError, IntegrityError, NoSpace, NotFound, Unavailab
 from .._repo import Conflict, R, Tx
 from ._schema import MIGRATIONS, SQLITE, scripts
 from ._sqlite_tx import SQLiteTx
+from ._sums import FUNCTION, row_sum
 
 BUSY_TIMEOUT_S = 60.0
 FILE_MODE = 0o600
@@ -96,6 +97,8 @@ class SQLiteRepository:
                 )
                 _set_wal(db)
                 db.execute("PRAGMA synchronous = FULL")
+                # The summed tables' ``sum`` columns are computed with it (``_sums.py``).
+                db.create_function(FUNCTION, -1, row_sum, deterministic=True)
             except sqlite3.DatabaseError as exc:
                 raise _translate(exc, self.path) from exc
             self._local.db = db
@@ -223,6 +226,8 @@ def _translate(exc: sqlite3.Error, path: str) -> GrabenError:
         return NoSpace("metadata disk is full; the change was rolled back", path)
     if "locked" in text or "busy" in text:
         return Unavailable(f"metadata database is busy: {text}", path)
+    if "Could not decode to UTF-8" in text:  # a flipped bit in a name or a chunk id
+        return IntegrityError(f"metadata damaged: a row does not decode: {text}", path)
     if "not a database" in text or "malformed" in text:
         return IntegrityError(f"metadata database is damaged or not a graben store: {text}", path)
     if isinstance(exc, sqlite3.OperationalError) and "unable to open" in text:

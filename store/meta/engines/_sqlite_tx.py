@@ -20,7 +20,7 @@ from typing import Any
 
 from ..._types import ChunkProblem
 from .._repo import Inode
-from ._rows import checked_inode
+from ._rows import entry_of
 from ._sql_tx import JOINED_INODE, SqlTx
 from ._sqlite_checks import inconsistencies
 
@@ -82,12 +82,12 @@ class SQLiteTx(SqlTx):
     def locked_entries(self, names: Sequence[tuple[int, str]]) -> dict[tuple[int, str], Inode]:
         # One query for them all (nothing moves them meanwhile: one writer at a time).
         rows = self._db.execute(
-            f"SELECT e.parent, e.name, {JOINED_INODE} FROM json_each(?) AS w "
+            f"SELECT e.parent, e.name, e.sum, {JOINED_INODE} FROM json_each(?) AS w "
             "JOIN entries e ON e.parent = json_extract(w.value, '$[0]') "
             "AND e.name = json_extract(w.value, '$[1]') JOIN inodes i ON i.id = e.inode",
             (json.dumps(names),),
         ).fetchall()
-        return {(row[0], row[1]): checked_inode(row[2:]) for row in rows}
+        return {(row[0], row[1]): entry_of(row[0], row[1], row[2:], self.path_of) for row in rows}
 
     def inconsistencies(self, limit: int) -> list[ChunkProblem]:
         return inconsistencies(self._db, self.path_of, limit)
