@@ -17,6 +17,7 @@ import glob
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -53,6 +54,8 @@ class PgServer:
         self.data = self.root / "data"
         self.password = secrets.token_hex(16)
         self.port = 0
+        self.settings: dict[str, str] = {}
+        """More ``-c`` settings it starts with (``synchronous_standby_names``, say)."""
         self._as: tuple[str, ...] = ()
         if os.geteuid() == 0:  # postgres will not run as root: hand it the directory
             self._as = ("runuser", "-u", "postgres", "--")
@@ -95,6 +98,7 @@ class PgServer:
                 f"-p {self.port} -c listen_addresses='{self.listen}' "
                 f"-c unix_socket_directories={self.root} -c fsync=on -c synchronous_commit=on "
                 "-c shared_buffers=32MB -c max_connections=200"
+                + "".join(f" -c {name}='{value}'" for name, value in self.settings.items())
             )
             try:
                 self._pg_ctl("start", "-o", options)
@@ -110,6 +114,47 @@ class PgServer:
             *(action, "-D", str(self.data), "-l", str(log), "-w", "-t", str(START_TIMEOUT_S)),
             *args,
         )
+
+    def standby(self, settings: dict[str, str] | None = None) -> PgServer:
+        """A streaming standby of this server (``pg_basebackup -R``), started with
+        ``settings``: it replays the primary's WAL, takes reads, and becomes a primary
+        when ``promote``d. With ``synchronous_standby_names`` set on the primary, a commit
+        waits for it."""
+        other = PgServer(self.bindir, listen=self.listen)
+        other.password = self.password  # the same cluster: the same superuser
+        other.settings = dict(settings or {})
+        try:
+            self._run(
+                *("env", f"PGPASSWORD={self.password}", str(self.bindir / "pg_basebackup")),
+                *("-h", "127.0.0.1", "-p", str(self.port), "-U", USER, "-D", str(other.data)),
+                *("-R", "-X", "stream", "-c", "fast"),
+            )
+            other.start()
+        except BaseException:
+            other.close()
+            raise
+        return other
+
+    def promote(self) -> None:
+        """``pg_ctl promote``: a standby becomes a primary (it waits until it takes writes)."""
+        self._pg_ctl("promote")
+
+    def processes(self) -> dict[int, str]:
+        """The server's processes: the postmaster's pid and each child's, with its title
+        (``postgres: walreceiver``, say)."""
+        pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        found = {pid: "postmaster"}
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit() and _parent(proc) == pid:
+                with contextlib.suppress(OSError):
+                    found[int(proc.name)] = (proc / "cmdline").read_bytes().strip(b"\0").decode()
+        return found
+
+    def kill(self) -> None:
+        """SIGKILL the server and all its processes at once, as a host that dies."""
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def restart(self) -> None:
         """``pg_ctl restart -m fast``: every connection is cut, the server is back at once."""
@@ -161,6 +206,14 @@ class PgServer:
         with psycopg.connect(self.url(database), autocommit=True) as conn:
             cur = conn.execute(statement, params or None)
             return cur.fetchall() if cur.description else []
+
+
+def _parent(proc: Path) -> int:
+    """The parent pid of the process ``/proc/<pid>``, or 0 if it is gone."""
+    try:
+        return int((proc / "stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 class NoPostgres(Exception):

@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool.base import AttemptWithBackoff
 
 from ..._errors import (
     GrabenError,
@@ -81,6 +82,15 @@ CONFLICT_RETRIES = 12
 
 
 # -- the repository ---------------------------------------------------------------------
+
+
+RECONNECT_S = 30.0
+"""How long the pool tries again to replace a lost connection before it starts afresh."""
+# The pool tries again after 1 s, then twice as long each time (1, 2, 4 ... 128 s): after a
+# standby is promoted, a service could go on waiting for a minute. Sooner, gentler: 0.2 s,
+# then half as long again each time (under 10 s apart within ``RECONNECT_S``).
+AttemptWithBackoff.INITIAL_DELAY = 0.2
+AttemptWithBackoff.DELAY_BACKOFF = 1.5
 
 
 class PostgresRepository:
@@ -125,6 +135,7 @@ class PostgresRepository:
             timeout=wait_s,
             configure=partial(configure, busy_s=busy_s),
             name="graben-meta",
+            reconnect_timeout=RECONNECT_S,
             open=False,
         )
         try:

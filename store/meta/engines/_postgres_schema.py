@@ -53,6 +53,10 @@ def connect_options(url: str) -> dict[str, Any]:
     options: dict[str, Any] = {"autocommit": True, "fallback_application_name": "graben-meta"}
     if "connect_timeout" not in given:
         options["connect_timeout"] = CONNECT_TIMEOUT_S
+    if "," in str(given.get("host", "")) and "target_session_attrs" not in given:
+        # Several hosts: a primary and its standbys. Only the primary takes writes; after a
+        # failover, the one promoted.
+        options["target_session_attrs"] = "read-write"
     return options
 
 

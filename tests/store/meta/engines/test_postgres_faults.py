@@ -355,6 +355,16 @@ def test_urls_in_messages_lose_their_passwords() -> None:
     assert display_url(url) == "postgresql://meta@db.example:5433/graben?sslmode=require"
 
 
+def test_a_url_of_several_hosts_connects_only_to_the_one_that_takes_writes() -> None:
+    one = "postgresql://meta@db1:5432/graben"
+    assert "target_session_attrs" not in connect_options(one)
+    several = "postgresql://meta:s3cret@db1:5432,db2:5432/graben"
+    assert connect_options(several)["target_session_attrs"] == "read-write"
+    assert display_url(several) == "postgresql://meta@db1:5432,db2:5432/graben"
+    chosen = f"{several}?target_session_attrs=primary"  # the URL's own choice stands
+    assert "target_session_attrs" not in connect_options(chosen)
+
+
 def test_amcheck_runs_with_fsck_where_installed(
     pg_server: PgServer, pg_database: str, pg_services: list[Namespace]
 ) -> None:
