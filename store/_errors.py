@@ -86,7 +86,7 @@ class InvalidPath(Refused, ValueError):
 
 
 class NameTooLong(InvalidPath):
-    """A name in the path is over 255 bytes, or the whole path over 4096."""
+    """A name in the path is over 255 bytes, or the whole path over 64 KiB."""
 
     code = "name_too_long"
     errno_value = errno = _errno.ENAMETOOLONG

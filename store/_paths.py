@@ -10,7 +10,11 @@ from __future__ import annotations
 from ._errors import InvalidPath, NameTooLong
 
 MAX_NAME_BYTES = 255
-MAX_PATH_BYTES = 4096
+MAX_PATH_BYTES = 65_536
+"""A whole path's bytes at most. Not the kernel's PATH_MAX (4,096): that bounds a path
+given to one system call, not how deep a tree grows (a process that ``chdir``s down can
+make paths of any length), and a mount of a sub-directory adds its own prefix. A bound all
+the same, for what a request may carry."""
 ROOT = "/"
 
 

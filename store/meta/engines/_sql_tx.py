@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..._errors import IntegrityError
+from ..._paths import MAX_PATH_BYTES
 from ..._types import ChunkProblem, Extent, StoredChunk
 from .._repo import (
     NEW_INODE_COLUMNS,
@@ -45,8 +46,8 @@ from ._rows import (
 )
 from ._sql_records import SqlRecords
 
-MAX_DEPTH = 4096
-"""Directories ``path_of`` climbs at most (a path is at most 4096 bytes)."""
+MAX_DEPTH = MAX_PATH_BYTES // 2
+"""Directories ``path_of`` climbs at most (a path of one-letter names is that deep)."""
 LOCK_TRIES = 64
 """Times ``locked_entry`` reads a name again that other writers keep changing."""
 JOINED_INODE = ", ".join("i." + c for c in INODE_ROW.split(", "))
