@@ -23,6 +23,10 @@ The workloads:
 - ``mount-read`` / ``mount-read-warm``: that file read back in 1 MiB calls,
   with the system's data files evicted from the page cache (cold) or cached
   (warm); the file's own pages on the mount are evicted both times.
+- ``mount-reread``: that file read once, closed, then read again in a new
+  open: whether the kernel kept the pages of an unchanged file across opens.
+  Its baseline is a plain file on the scratch disk re-read from the page
+  cache the same way.
 - ``mount-memory``: the resident memory of each system's daemons after the
   workloads above (MiB).
 
@@ -55,6 +59,8 @@ SMALL = 4096
 BLOCK = 1 * MiB
 EMBEDDED, CLUSTER = "graben embedded", "graben cluster"
 BASELINE = EMBEDDED
+PLAIN_REREAD = "plain file, page cache"
+"""``mount-reread``'s baseline: a file on the scratch disk read again from the page cache."""
 SYNCED = ", then sync"
 """Suffix of a non-durable system's durable twin."""
 
@@ -298,6 +304,39 @@ def mount_read(ctx: Context) -> list[Result]:
 def mount_read_warm(ctx: Context) -> list[Result]:
     """GB/s with the system's data files cached (the mount's own pages evicted)."""
     return _read(ctx, "mount-read-warm", cold=False)
+
+
+@workload("mount-reread", "re-read, the kernel's pages kept across opens: vs a plain file")
+def mount_reread(ctx: Context) -> list[Result]:
+    """GB/s reading ``mount-write``'s file again in a new open after one whole read."""
+    results = []
+    plain = ctx.scratch / "reread.bin"
+    need_space(ctx.scratch, ctx.size)
+    with _buffer() as buffer, memoryview(buffer) as view:
+        with open(plain, "wb") as f:
+            for _ in range(0, ctx.size, BLOCK):
+                f.write(os.urandom(BLOCK))
+        files = [(PLAIN_REREAD, plain)]
+        for mount in mounts(ctx):
+            path = _where(ctx, mount, "seq") / "file.bin"
+            if not path.exists():
+                raise Skip("mount-reread reads the file mount-write makes: run both")
+            files.append((mount.name, path))
+        try:
+            for system, path in files:
+                warm_cache([path], buffer)  # the first read: its pages are in the cache now
+                with ctx.step(f"mount-reread: {system}", ctx.size) as advance:
+                    start = perf_counter()
+                    with open(path, "rb", buffering=0) as f:
+                        total = drain(f.readinto, view[:BLOCK], advance)
+                    seconds = perf_counter() - start
+                if total != path.stat().st_size:
+                    raise RuntimeError(f"{system} read {total} bytes, not {path.stat().st_size}")
+                rate = gbps(total, seconds)
+                results.append(Result("mount-reread", system, rate, "GB/s", PLAIN_REREAD))
+        finally:
+            plain.unlink()
+    return results
 
 
 def _read(ctx: Context, name: str, *, cold: bool) -> list[Result]:
