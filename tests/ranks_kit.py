@@ -37,15 +37,15 @@ def run_ranks(
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            stacks = _stacks(proc.pid)
+            threads = stacks(proc.pid)
             proc.kill()
             out, _ = proc.communicate()
-            out += f"\n[killed after {timeout} s; its threads then]\n{stacks}"
+            out += f"\n[killed after {timeout} s; its threads then]\n{threads}"
         outcomes.append((proc.returncode, out))
     return outcomes
 
 
-def _stacks(pid: int) -> str:
+def stacks(pid: int) -> str:
     """Every thread's stack in process ``pid`` (py-spy, if installed): what a hang was at."""
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if spy is None:

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from cluster_kit import alive, copies, eventually
 from netns_kit import Hosts, needs_netns
+from ranks_kit import stacks
 
 from graben.bench._postgres import NoPostgres, PgServer
 from graben.bench._postgres import start as start_postgres
@@ -36,6 +37,8 @@ MiB = 1 << 20
 NODES = (2, 3, 4, 5)
 """The hosts with a data node; hosts 0 and 1 run the metadata services."""
 HEARTBEAT_TIMEOUT = 4.0
+STOP_S = 30.0
+"""How long a server may take to stop once asked (SIGTERM), on a loaded machine."""
 
 
 def _content(i: int) -> bytes:
@@ -73,11 +76,22 @@ class Cluster:
         )
 
     def close(self) -> None:
-        """Stop every server (before the database they use goes)."""
-        for proc in [*self.meta_procs.values(), *self.node_procs.values()]:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(10)
+        """Stop every server (before the database they use goes); one that does not stop
+        within ``STOP_S`` of SIGTERM is killed and named, with where its threads were."""
+        running = [
+            p for p in [*self.meta_procs.values(), *self.node_procs.values()] if p.poll() is None
+        ]
+        for proc in running:
+            proc.terminate()
+        stuck = []
+        for proc in running:
+            try:
+                proc.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                stuck.append(f"{proc.args[4:7]}:\n{stacks(proc.pid)}")
+                proc.kill()
+                proc.wait()
+        assert not stuck, f"did not stop within {STOP_S} s of SIGTERM: {stuck}"
 
     def kill(self, proc: subprocess.Popen[str]) -> None:
         proc.send_signal(signal.SIGKILL)
