@@ -33,7 +33,7 @@ MIGRATIONS = 8
 """The schema version graben writes today."""
 
 
-def _start() -> PgServer:
+def start_or_skip() -> PgServer:
     """A running server, or ``pytest.skip`` saying why there cannot be one."""
     try:
         return start()
@@ -44,7 +44,7 @@ def _start() -> PgServer:
 @pytest.fixture(scope="session", name="pg_server")
 def pg_server_fixture() -> Iterator[PgServer]:
     """A PostgreSQL server for the session, stopped and removed after it."""
-    server = _start()
+    server = start_or_skip()
     try:
         yield server
     finally:

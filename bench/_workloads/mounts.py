@@ -314,8 +314,8 @@ def mount_reread(ctx: Context) -> list[Result]:
     need_space(ctx.scratch, ctx.size)
     with _buffer() as buffer, memoryview(buffer) as view:
         with open(plain, "wb") as f:
-            for _ in range(0, ctx.size, BLOCK):
-                f.write(os.urandom(BLOCK))
+            for at in range(0, ctx.size, BLOCK):
+                f.write(os.urandom(min(BLOCK, ctx.size - at)))
         files = [(PLAIN_REREAD, plain)]
         for mount in mounts(ctx):
             path = _where(ctx, mount, "seq") / "file.bin"
@@ -325,14 +325,7 @@ def mount_reread(ctx: Context) -> list[Result]:
         try:
             for system, path in files:
                 warm_cache([path], buffer)  # the first read: its pages are in the cache now
-                with ctx.step(f"mount-reread: {system}", ctx.size) as advance:
-                    start = perf_counter()
-                    with open(path, "rb", buffering=0) as f:
-                        total = drain(f.readinto, view[:BLOCK], advance)
-                    seconds = perf_counter() - start
-                if total != path.stat().st_size:
-                    raise RuntimeError(f"{system} read {total} bytes, not {path.stat().st_size}")
-                rate = gbps(total, seconds)
+                rate = _timed_read(ctx, "mount-reread", system, path, view)
                 results.append(Result("mount-reread", system, rate, "GB/s", PLAIN_REREAD))
         finally:
             plain.unlink()
@@ -347,15 +340,21 @@ def _read(ctx: Context, name: str, *, cold: bool) -> list[Result]:
             if not path.exists():
                 raise Skip(f"{name} reads the file mount-write makes: run both")
             _evict(mount, path, buffer, cold=cold)
-            with ctx.step(f"{name}: {mount.name}", ctx.size) as advance:
-                start = perf_counter()
-                with open(path, "rb", buffering=0) as f:
-                    total = drain(f.readinto, view[:BLOCK], advance)
-                seconds = perf_counter() - start
-            if total != ctx.size:
-                raise RuntimeError(f"{mount.name} read {total} bytes, not {ctx.size}")
-            results.append(Result(name, mount.name, gbps(total, seconds), "GB/s", BASELINE))
+            rate = _timed_read(ctx, name, mount.name, path, view)
+            results.append(Result(name, mount.name, rate, "GB/s", BASELINE))
     return results
+
+
+def _timed_read(ctx: Context, name: str, system: str, path: Path, view: memoryview) -> float:
+    """GB/s of one read of the whole ``ctx.size`` file in ``BLOCK`` calls."""
+    with ctx.step(f"{name}: {system}", ctx.size) as advance:
+        start = perf_counter()
+        with open(path, "rb", buffering=0) as f:
+            total = drain(f.readinto, view[:BLOCK], advance)
+        seconds = perf_counter() - start
+    if total != ctx.size:
+        raise RuntimeError(f"{system} read {total} bytes, not {ctx.size}")
+    return gbps(total, seconds)
 
 
 def _evict(mount: Mount, path: Path, buffer: mmap.mmap, *, cold: bool) -> None:

@@ -17,7 +17,7 @@ from .._errors import AlreadyExists, GrabenError, IntegrityError, InvalidArgumen
 from .._hashing import content_id, crc32c
 from .._types import ChunkRef, Extent, FileCommit, FileInfo, StoredChunk
 from ..transport import Placement, Settings
-from ._once import bind, key_id, record, recorded, replayed_or_error, write_once
+from ._once import bind, key_id, misused, record, recorded, replayed_or_error, write_once
 from ._repo import Inode, NewFile, Repository, Tx
 from ._walk import Directories, ensure_dirs, info
 
@@ -182,7 +182,7 @@ class Commits:
                 elif keys[first[ids[i]]] == key:
                     results.append(outcome[first[ids[i]]])
                 else:
-                    results.append(_reused(key))
+                    results.append(misused(key, "sent with two requests at once"))
             _touch(tx, touched)
             fresh: list[tuple[str, object]] = [
                 (keys[i], r) for i, r in outcome.items() if keys[i] and isinstance(r, list)
@@ -350,13 +350,6 @@ def _check_commit(commit: FileCommit, size: int, path: str) -> None:
             raise InvalidArgument("a fifo, socket or device node holds no bytes", path)
     check_time(commit.mtime_ns, path)
     check_owner(commit.uid, commit.gid, path)
-
-
-def _reused(key: str) -> InvalidArgument:
-    return InvalidArgument(
-        f"idempotency key {key_id(key)} was sent with two requests at once; "
-        "a key names one request (make a new one for each)"
-    )
 
 
 def _check_inline(stored: StoredChunk, limit: int, path: str) -> None:

@@ -93,10 +93,7 @@ def replayed(reply: bytes, kind: Any, key: str) -> Any:
     if reply.startswith(BOUND):  # older replies (before keys were bound) carry no print
         asked, reply = reply[len(BOUND) : len(BOUND) + PRINT], reply[len(BOUND) + PRINT :]
         if asked.hex() != key.partition(" ")[2]:
-            raise InvalidArgument(
-                f"idempotency key {key_id(key)} was first sent with another request; "
-                "a key names one request (make a new one for each)"
-            )
+            raise misused(key, "first sent with another request")
     try:
         return msgspec.msgpack.decode(reply, type=kind)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -125,6 +122,14 @@ def _stored(key: str, reply: object) -> bytes:
     encoded = msgspec.msgpack.encode(reply)
     _, _, fingerprint = key.partition(" ")
     return BOUND + bytes.fromhex(fingerprint) + encoded if fingerprint else encoded
+
+
+def misused(key: str, how: str) -> InvalidArgument:
+    """The error for a key sent with more than one request (``how``: when)."""
+    return InvalidArgument(
+        f"idempotency key {key_id(key)} was {how}; a key names one request "
+        "(make a new one for each)"
+    )
 
 
 def key_id(key: str) -> str:

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 from cluster_kit import LocalCluster, eventually
-from pg_kit import PgServer
+from pg_kit import PgServer, start_or_skip
 
-from graben.bench._postgres import USER, NoPostgres, start
+from graben.bench._postgres import USER
 from graben.store import GrabenError, connect
 
 RESUME_S = 10.0
@@ -48,10 +48,7 @@ class Pair:
 
 
 def _pair() -> Pair:
-    try:
-        primary = start()
-    except NoPostgres as exc:
-        pytest.skip(str(exc))
+    primary = start_or_skip()
     try:
         primary.settings["synchronous_standby_names"] = "*"  # every commit waits for it
         primary.stop()
