@@ -24,10 +24,21 @@ if TYPE_CHECKING:
     from ._context import Context
 
 WORKLOAD_MODULES = (
-    *("store", "cluster", "latency", "tls", "fsspec", "checkpoint", "fuse", "mounts", "dataset"),
+    *(
+        "store",
+        "cluster",
+        "latency",
+        "tls",
+        "faults",
+        "fsspec",
+        "checkpoint",
+        "fuse",
+        "mounts",
+        "dataset",
+    ),
 )
 """The modules of ``graben.bench._workloads``, in run order: the store core, the
-cluster (plaintext, its metadata engine at a distance, then TLS), then each door
+cluster (plaintext, its metadata engine at a distance, TLS, then its faults), then each door
 (the doors' workloads reuse the cluster's and S3's helpers)."""
 
 
