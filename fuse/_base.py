@@ -24,9 +24,11 @@ from typing import Any, ParamSpec, TypeVar
 import pyfuse3
 import trio
 
-from graben.store import AsyncClient, Client, FileInfo, ReadFile
+from graben.store import AsyncClient, ChangeFeed, Client, FileInfo, NotFound, ReadFile
 
 from ._blocks import Blocks, ReadAheadCounts
+from ._follow import PAGE as FEED_PAGE
+from ._follow import Known
 from ._inodes import InodeTable, is_unlinked
 from ._openers import Opener
 from ._releases import Releases
@@ -128,6 +130,9 @@ class Base(pyfuse3.Operations):
         self._listings: dict[int, list[tuple[str, str, FileInfo | None]]] = {}
         self._next_fh = 1
         self._versions: dict[int, tuple[int, int]] = {}
+        self.known: Known = {}
+        """What the kernel was last told of each inode: a file's attributes are answered
+        from here until the change feed says another client changed it (``_follow``)."""
         self._uid, self._gid = os.getuid(), os.getgid()
         self.local = client.local
         """The store runs in this process (embedded)."""
@@ -173,6 +178,18 @@ class Base(pyfuse3.Operations):
             raise
         return future.result()
 
+    async def changes(self, after: int, missing: tuple[int, ...]) -> ChangeFeed:
+        """The store's change feed past ``after`` (``_follow``)."""
+        return await self._ask(lambda aio: aio.changes(after, missing, FEED_PAGE))
+
+    async def current(self, path: str) -> tuple[int, int]:
+        """The store inode and ctime at ``path`` now; (0, 0) if nothing is there."""
+        try:
+            info = await self._stat_path(path)
+        except NotFound:
+            return 0, 0
+        return info.inode, info.ctime_ns
+
     def _path(self, inode: int) -> str:
         try:
             path = self.inodes.path(inode)
@@ -191,9 +208,15 @@ class Base(pyfuse3.Operations):
         if self.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
 
+    def told(self, inode: int, info: FileInfo) -> None:
+        """The kernel learns ``info`` of ``inode`` (a change with these is no news)."""
+        self.known[inode] = info
+
     def _attrs(
         self, inode: int, info: FileInfo | None, file: OpenFile | None
     ) -> pyfuse3.EntryAttributes:
+        if info is not None:
+            self.told(inode, info)
         attrs = pyfuse3.EntryAttributes()
         attrs.st_ino = inode
         attrs.entry_timeout = attrs.attr_timeout = self.timeout
@@ -229,7 +252,10 @@ class Base(pyfuse3.Operations):
         file = self._open.get(inode)
         if file is not None and (file.created or file.unlinked):
             return self._attrs(inode, file.info, file)
-        return self._attrs(inode, await self._stat_path(path), file)
+        info = self.known.get(inode)
+        if info is None or info.is_dir:  # a directory changes with every name in it
+            info = await self._stat_path(path)
+        return self._attrs(inode, info, file)
 
     async def _stat_path(self, path: str) -> FileInfo:
         """What the store says of ``path``.

@@ -56,12 +56,29 @@ class FileHandles(Base):
                 # is overwritten or unlinked before it reads.
                 handle.reader = await self._call(self.client.open, path, "rb")
                 file.info = handle.reader.info
+                self._opened(inode, file.info)
         except BaseException:
             await self._closed(inode, file)
             raise
         fh = self._new_fh()
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, keep_cache=self._keep_cache(inode, handle))
+
+    def _opened(self, inode: int, info: FileInfo) -> None:
+        """Close-to-open: an open sees the version committed last, wherever it was
+        written. If the kernel holds another version's attributes (a write elsewhere the
+        change feed has not brought yet), it forgets them: its reads ask for the size."""
+        was = self.known.get(inode)
+        self.told(inode, info)
+        if was is not None and (was.inode, was.ctime_ns, was.size) != (
+            info.inode,
+            info.ctime_ns,
+            info.size,
+        ):
+            try:
+                pyfuse3.invalidate_inode(inode, attr_only=True)
+            except OSError as exc:  # the kernel forgot it meanwhile
+                log.debug("could not invalidate inode %d: %s", inode, exc)
 
     def _keep_cache(self, inode: int, handle: Handle) -> bool:
         """Whether the kernel may keep the pages it cached for the inode at its last open."""
@@ -228,11 +245,13 @@ class FileHandles(Base):
             stream, file.stream = file.stream, None
             change = Change(file.permissions, file.mtime_set, None, file.uid, file.gid)
             try:
-                if stream is None or not await stream.finish(spool):
+                done = None if stream is None else await stream.finish(spool)
+                if done is None:
                     with spool.mapped() as view:
-                        await self._ask(lambda aio: aio.put(path, view, attributes=change))
+                        done = await self._ask(lambda aio: aio.put(path, view, attributes=change))
                 elif change != Change():  # a stream commits what a plain open would
-                    await self._ask(lambda aio: set_attributes(aio, path, change))
+                    done = await self._ask(lambda aio: set_attributes(aio, path, change))
+                self.told(inode, done)
                 file.permissions = file.uid = file.gid = file.mtime_set = None
             except BaseException:
                 spool.dirty = True

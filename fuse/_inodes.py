@@ -45,6 +45,13 @@ class InodeTable:
     def __len__(self) -> int:
         return len(self._by_inode)
 
+    def __contains__(self, inode: int) -> bool:
+        return inode in self._by_inode
+
+    def known(self) -> list[tuple[str, int]]:
+        """Every path the table has, with its inode."""
+        return list(self._by_path.items())
+
     def path(self, inode: int) -> str:
         """The path an inode names; ``KeyError`` if the kernel forgot it."""
         return self._by_inode[inode].path

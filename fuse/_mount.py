@@ -27,6 +27,7 @@ import trio
 
 from graben.store import GrabenError, connect, serve_metrics
 
+from ._follow import follow
 from ._metrics import MountMetrics
 from ._openers import mount_device
 from ._ops import Operations
@@ -304,6 +305,7 @@ async def _main(ops: Operations) -> None:
         ops.nursery = nursery
         nursery.start_soon(_stop_on_signal)
         nursery.start_soon(_widen_read_ahead, ops.device)
+        nursery.start_soon(follow, ops.changes, ops.current, ops.inodes, ops.known)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
 

@@ -59,6 +59,8 @@ class Operations(FileHandles):
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for inode, count in inode_list:
             self.inodes.forget(inode, count)
+            if inode not in self.inodes:
+                self.known.pop(inode, None)
 
     @answers_errno
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -107,7 +109,7 @@ class Operations(FileHandles):
         if file is not None and file.created:
             return
         path = self._path(inode)
-        await self._ask(lambda aio: set_attributes(aio, path, change))
+        self.told(inode, await self._ask(lambda aio: set_attributes(aio, path, change)))
 
     @answers_errno
     async def mkdir(
@@ -190,6 +192,7 @@ class Operations(FileHandles):
         path = self._child(parent_inode, name)
         await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.peek(path)
+        self.known.pop(inode or 0, None)  # one name fewer
         file = self._open.get(inode) if inode is not None else None
         if file is not None and file.created:
             file.unlinked = True
@@ -221,6 +224,8 @@ class Operations(FileHandles):
         replace = not flags & pyfuse3.RENAME_NOREPLACE
         await self._ask(lambda aio: aio.rename(old, new, replace=replace))
         replaced = self.inodes.peek(new)
+        for changed in (self.inodes.peek(old), replaced):  # a new ctime; one name fewer
+            self.known.pop(changed or 0, None)
         self.inodes.moved(old, new)
         if replaced is not None and replaced in self._open and not self.inodes.names(replaced):
             self._open[replaced].unlinked = True  # its handles keep what they had

@@ -25,8 +25,9 @@ class MountOptions:
     only this user may write in (made 0700 if missing; default ``$TMPDIR/graben-<uid>/spool``)."""
     spool_limit: int = 16 << 30
     """Bytes the spool may hold; a write past it fails with ``ENOSPC``."""
-    timeout: float = 1.0
-    """Seconds the kernel may cache attributes and names."""
+    timeout: float = 30.0
+    """Seconds the kernel may cache attributes and names: the mount follows the store's
+    changes and makes it forget others' at once (``_follow``)."""
     wait: float = 1.0
     """Seconds to keep trying to reach a cluster that is starting before the mount fails."""
     log_file: Path | None = None

@@ -16,7 +16,7 @@ import mmap
 
 import trio
 
-from graben.store import Client, WriteFile
+from graben.store import Client, FileInfo, WriteFile
 
 from ._spool import SpoolFile
 
@@ -44,19 +44,19 @@ class Stream:
             self._idle = trio.Event()
             nursery.start_soon(self._feed, spool, upto)
 
-    async def finish(self, spool: SpoolFile) -> bool:
-        """Send the rest and commit; ``False`` if the stream failed or never started (a file
-        under one chunk: one ``put`` of the spool costs fewer round trips)."""
+    async def finish(self, spool: SpoolFile) -> FileInfo | None:
+        """Send the rest and commit; what was committed, or ``None`` if the stream failed or
+        never started (a file under one chunk: one ``put`` of the spool costs fewer round
+        trips)."""
         await self._idle.wait()
         if self.failed is None and self._file is not None:
             try:
                 await trio.to_thread.run_sync(self._send, spool, spool.size)
-                await trio.to_thread.run_sync(self._file.close)
-                return True
+                return await trio.to_thread.run_sync(self._file.commit)
             except Exception as exc:
                 self.failed = exc
         await self.abandon()
-        return False
+        return None
 
     async def abandon(self) -> None:
         """Drop the upload: nothing of it becomes visible."""

@@ -48,9 +48,11 @@ if TYPE_CHECKING:
     from ._paths import normalize as normalize_path
     from ._types import (
         Change,
+        ChangeFeed,
         ChunkProblem,
         FileInfo,
         FsckReport,
+        PathChange,
     )
     from .client import (
         AsyncClient,
@@ -78,7 +80,7 @@ _MODULES = {
     ),
     "._extras": "optional_door",
     "._paths": "normalize_path=normalize",
-    "._types": "Change ChunkProblem FileInfo FsckReport",
+    "._types": "Change ChangeFeed ChunkProblem FileInfo FsckReport PathChange",
     ".client": (
         "AsyncClient AsyncReadFile AsyncWriteFile Client ReadFile Upload WriteFile"
         " clear_shared_clients connect shared_client"
@@ -117,6 +119,7 @@ __all__ = [
     "AsyncWriteFile",
     "CannotPlace",
     "Change",
+    "ChangeFeed",
     "ChunkProblem",
     "Client",
     "DirectoryNotEmpty",
@@ -134,6 +137,7 @@ __all__ = [
     "NotADirectory",
     "NotFound",
     "Options",
+    "PathChange",
     "PermissionDenied",
     "ProtocolError",
     "ReadFile",

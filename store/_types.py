@@ -1,7 +1,8 @@
 """The store's public values: what ``graben.store`` exports and what its client
 API returns, with the values inside them.
 
-``FileInfo`` and ``Change``; ``FsckReport`` and its ``ChunkProblem`` findings;
+``FileInfo`` and ``Change``; the change feed's ``ChangeFeed`` of ``PathChange``
+rows (``AsyncClient.changes``); ``FsckReport`` and its ``ChunkProblem`` findings;
 ``Health`` with its ``NodeState`` and ``ServiceState`` rows; ``FileLayout``
 (``Client.layout``) with its ``Extent``, ``ChunkRef`` and ``Capability``
 values; the ``FileCommit`` an ``Upload`` finishes as, with its
@@ -290,3 +291,26 @@ class Health(msgspec.Struct, frozen=True):
     """The lease's fencing number: it grows each time another service takes the lease."""
     engine: str = ""
     """The engine: ``sqlite:///path`` or ``postgresql://user@host:port/db`` (no password)."""
+
+
+class PathChange(msgspec.Struct, frozen=True, array_like=True):
+    """One path a write changed, in the change feed (``meta/_changes.py``)."""
+
+    seq: int
+    """Its number: the feed's order."""
+    path: str
+    inode: int
+    """The store inode at the path after the change (0: no name there now)."""
+    ctime_ns: int
+    """That inode's change time after it (0 with no inode)."""
+
+
+class ChangeFeed(msgspec.Struct, frozen=True):
+    """A page of the change feed (``Changes``)."""
+
+    changes: tuple[PathChange, ...]
+    """Changes numbered after the one asked for, and the missing ones asked for, by number."""
+    newest: int
+    """The feed's last number when asked (0: none yet)."""
+    oldest: int
+    """Its first number still kept: a reader behind it has missed changes."""

@@ -29,7 +29,7 @@ from graben.store._types import ChunkRef, Extent, FileCommit, StoredChunk
 from graben.store.meta._namespace import Namespace
 from graben.store.meta.engines._sums import FUNCTION, SUMMED, row_sum
 
-MIGRATIONS = 8
+MIGRATIONS = 9
 """The schema version graben writes today."""
 
 
@@ -128,10 +128,12 @@ class Engine:
             cur = pg.execute(statement, params or None)
             return cur.fetchall() if cur.description else []
 
-    def drop_sums(self) -> None:
-        """Take back schema 8's row checksums (a store as an older graben left it)."""
+    def back_to_7(self) -> None:
+        """Take back schemas 8 and 9, row checksums and the change feed (a store as an
+        older graben left it)."""
         for table in SUMMED:
             self.sql(f"ALTER TABLE {table} DROP COLUMN sum")
+        self.sql("DROP TABLE changes")
 
     def set_version(self, version: int) -> None:
         """Record ``version`` as the store's schema version."""

@@ -17,9 +17,20 @@ from .. import _paths
 from .._buffers import BufferPool
 from .._config import Options, cluster_url, resolve
 from .._errors import AlreadyExists, InvalidArgument, IsADirectory, NotFound
-from .._types import Buffer, Change, FileCommit, FileInfo, FileLayout, FsckReport, Health, WriteMode
+from .._types import (
+    Buffer,
+    Change,
+    ChangeFeed,
+    FileCommit,
+    FileInfo,
+    FileLayout,
+    FsckReport,
+    Health,
+    WriteMode,
+)
 from ..embedded import open_store
 from ..transport import (
+    Changes,
     ChunkTransport,
     Commit,
     GetHealth,
@@ -216,6 +227,15 @@ class AsyncClient:
     async def health(self) -> Health:
         """Data nodes, and chunks short of copies (what ``graben status`` shows)."""
         return await self.meta.request(GetHealth())
+
+    async def changes(
+        self, after: int = -1, missing: tuple[int, ...] = (), limit: int = 0
+    ) -> ChangeFeed:
+        """The store's change feed: each path a write changed, numbered past ``after``
+        (-1: none, only where the feed is now), with the numbers in ``missing`` that have
+        come since (a writer that took its number first may commit last). What a mount
+        follows to keep its caches true; ``PathChange.inode`` is 0 where no name is left."""
+        return await self.meta.request(Changes(after, missing, limit))
 
     async def du(self, path: str = "/") -> tuple[int, int]:
         """(files, bytes) at or below ``path``."""

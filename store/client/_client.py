@@ -194,6 +194,7 @@ class Client:
     publish = Mirror(AsyncClient.publish)
     health = Mirror(AsyncClient.health)
     du = Mirror(AsyncClient.du)
+    changes = Mirror(AsyncClient.changes)
     put = Mirror(AsyncClient.put)
     put_parts = Mirror(AsyncClient.put_parts)
     put_parts_checked = Mirror(AsyncClient.put_parts_checked)

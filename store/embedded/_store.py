@@ -38,6 +38,7 @@ from .._types import ChunkRef, Health, NodeState
 from ..meta import LOCAL_NODE, Namespace, SQLiteRepository
 from ..node import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, adoption, keep_store_id, read_id
 from ..transport import (
+    Changes,
     ChunkRefs,
     ChunkUsers,
     Commit,
@@ -56,7 +57,10 @@ R = TypeVar("R")
 HINT_THREADS = 4
 READERS = 2
 """Threads answering reads (stat, listings, layouts) beside the one writer."""
-READS = (Stat, ListDir, GetLayout, Prepare, Usage, ChunkRefs, ChunkUsers, GetStoreId, GetSettings)
+READS = (
+    *(Stat, ListDir, GetLayout, Prepare, Usage, ChunkRefs, ChunkUsers, GetStoreId, GetSettings),
+    Changes,
+)
 """Requests that only read the namespace."""
 
 

@@ -35,6 +35,7 @@ from ..transport import (
     LAYOUT_PAGE,
     LIST_PAGE,
     MAX_PAGE,
+    Changes,
     CheckMetadata,
     ChunkRefs,
     ChunkUsers,
@@ -60,6 +61,7 @@ from ..transport import (
     Usage,
 )
 from ._bookkeeping import Bookkeeping
+from ._changes import changed, feed
 from ._commits import (
     INLINE_LIMIT,
     INLINE_MAX,
@@ -145,6 +147,7 @@ class Namespace(Commits, Bookkeeping):
             ReportBad: lambda r: self.report_bad(r.chunk, r.node, r.reason),
             GetHealth: lambda r: self.health(),
             ListNodes: lambda r: self.nodes(),
+            Changes: lambda r: feed(self.repo, r.after, r.missing, r.limit),
         }
 
     def execute(self, request: Request[R]) -> R:
@@ -263,7 +266,9 @@ class Namespace(Commits, Bookkeeping):
                 if exist_ok and found.kind == "directory":
                     return info(clean, found)
                 raise AlreadyExists("already exists", clean)
-            return info(clean, new_directory(tx, parent.id, parts[-1], bits, uid, gid))
+            made = new_directory(tx, parent.id, parts[-1], bits, uid, gid)
+            changed(tx, (clean, made))
+            return info(clean, made)
 
         return write_once(self.repo, key, FileInfo, make)
 
@@ -283,6 +288,7 @@ class Namespace(Commits, Bookkeeping):
         if node.kind == "directory" and not recursive and tx.has_children(node.id):
             raise DirectoryNotEmpty("directory not empty (use recursive)", clean)
         self._unname(tx, parent.id, parts[-1], node)
+        changed(tx, (clean, None))
         return self._drop(tx, node)
 
     @staticmethod
@@ -328,9 +334,9 @@ class Namespace(Commits, Bookkeeping):
             tx.link(parent.id, dparts[-1], node.id)
             tx.touch(parent.id, now)
             links = tx.touch(node.id, now, links=1, modified=False)
-            return info(
-                clean_dst, dataclasses.replace(node, nlink=links, ctime_ns=max(now, node.ctime_ns))
-            )
+            linked = dataclasses.replace(node, nlink=links, ctime_ns=max(now, node.ctime_ns))
+            changed(tx, (clean_src, linked), (clean_dst, linked))
+            return info(clean_dst, linked)
 
         return write_once(self.repo, key, FileInfo, add)
 
@@ -406,7 +412,9 @@ class Namespace(Commits, Bookkeeping):
         tx.link(dparent.id, dparts[-1], node.id)
         tx.touch(dparent.id, now, links=1 if node.kind == "directory" else 0)
         tx.touch(node.id, now, modified=False)
-        return info(clean_dst, dataclasses.replace(node, ctime_ns=max(now, node.ctime_ns)))
+        moved = dataclasses.replace(node, ctime_ns=max(now, node.ctime_ns))
+        changed(tx, (clean_src, None), (clean_dst, moved))
+        return info(clean_dst, moved)
 
     def _check_replace(
         self, tx: Tx, node: Inode, target: Inode, replace: bool, replace_tree: bool, dst: str
@@ -432,9 +440,10 @@ class Namespace(Commits, Bookkeeping):
 
         def apply(tx: Tx) -> FileInfo:
             node = lock(tx, resolve(tx, parts, clean))
-            changed = changed_inode(node, change, time.time_ns())
-            tx.update(changed)
-            return info(clean, changed)
+            after = changed_inode(node, change, time.time_ns())
+            tx.update(after)
+            changed(tx, (clean, after))
+            return info(clean, after)
 
         return write_once(self.repo, key, FileInfo, apply)
 

@@ -28,7 +28,16 @@ from typing import Protocol, TypeVar
 
 import msgspec
 
-from .._types import ChunkProblem, ChunkRef, Extent, Kind, NodeState, ServiceState, StoredChunk
+from .._types import (
+    ChunkProblem,
+    ChunkRef,
+    Extent,
+    Kind,
+    NodeState,
+    PathChange,
+    ServiceState,
+    StoredChunk,
+)
 
 ROOT_INODE = 1
 R = TypeVar("R")
@@ -282,6 +291,18 @@ class Tx(Protocol):
     def forget_outcomes(self, older_than_ns: int, limit: int) -> int:
         """Delete up to ``limit`` recorded replies made before ``older_than_ns``, oldest
         first; how many went."""
+
+    def record_changes(self, changes: Sequence[tuple[str, int, int]], made_ns: int) -> None:
+        """Add (path, inode, ctime_ns) rows to the change feed, numbered in order."""
+
+    def forget_changes(self, older_than_ns: int, limit: int) -> int:
+        """Delete up to ``limit`` feed rows made before ``older_than_ns``; how many went."""
+
+    def changes_after(self, after: int, missing: Sequence[int], limit: int) -> list[PathChange]:
+        """Feed rows numbered past ``after`` or in ``missing``, by number, at most ``limit``."""
+
+    def change_bounds(self) -> tuple[int, int]:
+        """The feed's first and last numbers kept (0, 0 when empty)."""
 
     def upsert_node(self, node: NodeState) -> None:
         """Register a data node or refresh what is known of it."""

@@ -15,6 +15,7 @@ implementations are the ``embedded`` layer's.
 May import: ``wire`` and the store's shared modules.
 """
 
+from .._types import ChangeFeed, PathChange
 from ._chunk_calls import ChunkCall, NodeClean, NodeQuery, NodeVouch
 from ._endpoints import Endpoints
 from ._protocols import ChunkTransport, MetaTransport
@@ -34,6 +35,7 @@ from ._requests import (
     KEY_LIFETIME_S,
     KEYED,
     RETRY_WITHIN_S,
+    Changes,
     CheckMetadata,
     ChunkRefs,
     ChunkUsers,
@@ -70,6 +72,8 @@ __all__ = [
     "LIST_PAGE",
     "MAX_PAGE",
     "RETRY_WITHIN_S",
+    "ChangeFeed",
+    "Changes",
     "CheckMetadata",
     "ChunkCall",
     "ChunkPage",
@@ -98,6 +102,7 @@ __all__ = [
     "NodeClean",
     "NodeQuery",
     "NodeVouch",
+    "PathChange",
     "Placement",
     "Pool",
     "Prepare",

@@ -59,6 +59,7 @@ from ._replies import ChunkPage, Placement
 from ._requests import (
     KEYED,
     RETRY_WITHIN_S,
+    Changes,
     CheckMetadata,
     ChunkRefs,
     ChunkUsers,
@@ -106,6 +107,7 @@ RETRYABLE = frozenset(
         Heartbeat,
         ReportBad,
         Grant,
+        Changes,
     }
 )
 """Requests that may be repeated as they are: reads, and writes whose repeat changes

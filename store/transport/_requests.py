@@ -24,6 +24,7 @@ import msgspec
 from .._types import (
     Capability,
     Change,
+    ChangeFeed,
     ChunkProblem,
     ChunkRef,
     FileCommit,
@@ -212,6 +213,19 @@ class CheckMetadata(Request[list[ChunkProblem]], frozen=True):
 
     response = list[ChunkProblem]
     limit: int = 0
+
+
+class Changes(Request[ChangeFeed], frozen=True):
+    """The change feed after ``after``: what a mount follows to keep its caches true."""
+
+    response = ChangeFeed
+    after: int = -1
+    """The last number the reader has (-1: none; the reply only says where the feed is)."""
+    missing: tuple[int, ...] = ()
+    """Numbers before ``after`` the reader has not seen yet (a transaction that took its
+    number earlier may commit later: PostgreSQL numbers rows as they are written)."""
+    limit: int = 0
+    """At most this many changes (0: the service's page size)."""
 
 
 class GetStoreId(Request[str], frozen=True):

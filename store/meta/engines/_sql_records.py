@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..._errors import IntegrityError
-from ..._types import NodeState, ServiceState
+from ..._types import NodeState, PathChange, ServiceState
 from .._repo import Lease
 from ._rows import PAGE_ROWS_MAX
 
@@ -50,12 +50,40 @@ class SqlRecords:
         )
 
     def forget_outcomes(self, older_than_ns: int, limit: int) -> int:
+        return self._forget_oldest("outcomes", "key", older_than_ns, limit)
+
+    def _forget_oldest(self, table: str, key: str, older_than_ns: int, limit: int) -> int:
+        """Delete up to ``limit`` rows of ``table`` made before ``older_than_ns``, oldest
+        first; how many went."""
         cur = self._execute(
-            "DELETE FROM outcomes WHERE key IN (SELECT key FROM outcomes "
+            f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} "
             "WHERE made_ns < %s ORDER BY made_ns LIMIT %s)",
             (older_than_ns, limit),
         )
         return int(cur.rowcount)
+
+    # -- the change feed ---------------------------------------------------------
+
+    def record_changes(self, changes: Sequence[tuple[str, int, int]], made_ns: int) -> None:
+        self._many(
+            "INSERT INTO changes (made_ns, path, inode, ctime_ns) VALUES (%s, %s, %s, %s)",
+            [(made_ns, path, inode, ctime) for path, inode, ctime in changes],
+        )
+
+    def forget_changes(self, older_than_ns: int, limit: int) -> int:
+        return self._forget_oldest("changes", "seq", older_than_ns, limit)
+
+    def changes_after(self, after: int, missing: Sequence[int], limit: int) -> list[PathChange]:
+        rows = self._rows(
+            "SELECT seq, path, inode, ctime_ns FROM changes WHERE seq > %s OR seq = ANY(%s) "
+            "ORDER BY seq LIMIT %s",
+            (after, list(missing), min(limit, PAGE_ROWS_MAX)),
+        )
+        return [PathChange(*row) for row in rows]
+
+    def change_bounds(self) -> tuple[int, int]:
+        row = self._one("SELECT MIN(seq), MAX(seq) FROM changes")
+        return (int(row[0] or 0), int(row[1] or 0)) if row else (0, 0)
 
     # -- nodes --------------------------------------------------------------
 
