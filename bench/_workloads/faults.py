@@ -29,11 +29,13 @@ PUTS = 3
 HEALTHY = "graben, all nodes up"
 
 
-@workload("cluster-hung-node", "4 MiB puts at RF=3: all nodes up vs one node SIGSTOPped")
+@workload("cluster-hung-node", "4 MiB puts and gets, RF=3: all nodes up vs one SIGSTOPped")
 def cluster_hung_node(ctx: Context) -> list[Result]:
     """A node that answers nothing and refuses nothing (SIGSTOP: a hung disk, a host
     half dead) costs a writer one replica deadline (``Options.replica_deadline``, 3 s),
-    then nothing: the node is passed over and the put writes two copies."""
+    then nothing: the node is passed over and the put writes two copies. A reader
+    whose first copy is on it asks the next one after the deadline, and then passes
+    it over (a new client, as a new process would be)."""
     if ctx.target is not None:
         raise Skip("--target: the bench stops no node of a deployed cluster")
     root = ctx.scratch / "hung"
@@ -44,21 +46,48 @@ def cluster_hung_node(ctx: Context) -> list[Result]:
         local_cluster(root, 3, secret) as url,
         connect(url, timeout=20, chunk_size=MiB) as client,
     ):
-        node = _server_pid(root / "node0")
         client.put("/warm", os.urandom(MiB))  # connections open to every node
         healthy = statistics.median(_put(client, f"/up{i}") for i in range(PUTS))
+        client.put("/before", os.urandom(PUT))
+        read = statistics.median(_get(client, "/before") for _ in range(PUTS))
+        node = _server_pid(_first_copy(client, root, "/before"))  # readers ask it first
         os.kill(node, signal.SIGSTOP)
         try:
             first = _put(client, "/first")
             after = statistics.median(_put(client, f"/after{i}") for i in range(PUTS))
+            with connect(url, timeout=20, chunk_size=MiB) as fresh:  # knows nothing slow
+                first_read = _get(fresh, "/before")
+                later = statistics.median(_get(fresh, "/before") for _ in range(PUTS))
         finally:
             os.kill(node, signal.SIGCONT)
-    name, unit = "cluster-hung-node", "s"
+    name, unit, stopped = "cluster-hung-node", "s", "graben, one node SIGSTOPped"
     return [
         Result(name, HEALTHY, healthy, unit, HEALTHY),
-        Result(name, "graben, one node SIGSTOPped: the first put", first, unit, HEALTHY),
-        Result(name, "graben, one node SIGSTOPped: the puts after", after, unit, HEALTHY),
+        Result(name, f"{stopped}: the first put", first, unit, HEALTHY),
+        Result(name, f"{stopped}: the puts after", after, unit, HEALTHY),
+        Result(name, READ, read, unit, READ),
+        Result(name, f"{stopped}, read first: a new client's get", first_read, unit, READ),
+        Result(name, f"{stopped}, read first: the gets after", later, unit, READ),
     ]
+
+
+READ = "graben, all nodes up: get"
+
+
+def _get(client: Client, path: str) -> float:
+    start = perf_counter()
+    client.get(path)
+    return perf_counter() - start
+
+
+def _first_copy(client: Client, root: Path, path: str) -> Path:
+    """The data directory of the node a reader of ``path``'s first chunk asks first."""
+    layout = client.layout(path)
+    first = layout.replicas[layout.extents[0].chunk.id][0]
+    for data in root.glob("node*"):
+        if (data / "node-id").exists() and (data / "node-id").read_text().strip() == first:
+            return data
+    raise LookupError(f"no data node here has id {first}")
 
 
 def _put(client: Client, path: str) -> float:

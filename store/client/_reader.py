@@ -201,9 +201,14 @@ class Reader:
             return
         chunk = extent.chunk
         errors: list[GrabenError] = []
-        for node in self._replicas(chunk.id):
+        nodes = self._replicas(chunk.id)
+        for i, node in enumerate(nodes):
+            read = self._chunks.read(node, chunk, into)
             try:
-                await self._chunks.read(node, chunk, into)
+                if self._slow is not None and i < len(nodes) - 1:  # another copy to ask
+                    await self._slow.bounded(node, read, chunk.length)
+                else:
+                    await read
                 return
             except _RETRYABLE as exc:
                 errors.append(exc)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Literal, Protocol
 
 from .._config import RESERVE
@@ -172,3 +172,14 @@ def _explain(reasons: Counter[Reason | None], length: int) -> str:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def live_first(
+    replicas: dict[str, tuple[str, ...]], nodes: Iterable[Candidate]
+) -> dict[str, tuple[str, ...]]:
+    """Each chunk's copies with those on nodes that stopped heartbeating last (a reader
+    asks them in order); the rest keep their order."""
+    dead = {n.id for n in nodes if not n.alive}
+    if not dead:
+        return replicas
+    return {c: tuple(sorted(r, key=dead.__contains__)) for c, r in replicas.items()}

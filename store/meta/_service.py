@@ -72,7 +72,7 @@ from ..wire import (
 from ._commits import INLINE_MAX
 from ._leader import BEAT_S, LEASE_S, Deposed, Leadership
 from ._namespace import Namespace
-from ._placement import place
+from ._placement import live_first, place
 from ._repo import Degraded, Repository
 
 log = logging.getLogger("graben.meta")
@@ -407,6 +407,9 @@ class MetaService:
             )
             return Answer(encode([_committed(o) for o in outcomes]))
         result = await self._run(self.namespace.execute, request)
+        if isinstance(result, FileLayout):  # copies on nodes gone silent: asked last
+            replicas = live_first(result.replicas, await self._run(self._fresh_nodes))
+            result = replace(result, replicas=replicas)
         return Answer(encode(self._with_grants(request, result)))
 
     async def _ping(self, call: Call, payload: memoryview | None) -> Answer:
@@ -456,12 +459,16 @@ class MetaService:
     def _place(
         self, chunk: ChunkRef, replication: int, minimum: int, avoid: tuple[str, ...]
     ) -> tuple[str, ...]:
-        # Runs on an engine thread; a list of nodes a second old is good enough.
+        nodes = self._fresh_nodes()
+        return place(nodes, replication, chunk.id, chunk.length, exclude=avoid, minimum=minimum)
+
+    def _fresh_nodes(self) -> list[NodeState]:
+        """The data nodes, alive or not (on an engine thread; a second old is good enough)."""
         stamp, nodes = self._nodes
         if time.monotonic() - stamp > NODES_TTL_S:
             nodes = self.namespace.nodes()
             self._nodes = (time.monotonic(), nodes)
-        return place(nodes, replication, chunk.id, chunk.length, exclude=avoid, minimum=minimum)
+        return nodes
 
 
 def _committed(outcome: list[FileInfo] | BaseException) -> Committed:

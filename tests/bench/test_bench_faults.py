@@ -26,6 +26,10 @@ def test_the_fault_workloads_measure_graben_beside_its_healthy_twin(tmp_path: Pa
     assert healthy["value"] > 0 and after["value"] > 0
     # The first put waits out the replica deadline (3 s), never the call timeout (20 s).
     assert 0 < first["value"] < 20
+    read = got[hung, "graben, all nodes up: get"]
+    first_get = got[hung, "graben, one node SIGSTOPped, read first: a new client's get"]
+    assert read["ratio"] == 1.0 and first_get["baseline"] == read["system"]
+    assert 0 < first_get["value"] < 20  # the deadline, never a connect timeout per chunk
     failover = "meta-failover"
     engine = got[failover, "PostgreSQL client alone (psycopg, the same URL)"]
     graben = got[failover, "graben cluster, 2 services"]

@@ -83,3 +83,36 @@ def test_a_busy_cluster_is_not_a_hung_node(cluster: LocalCluster) -> None:
             list(writers.map(lambda item: client.put(*item), blobs.items()))
         for path in blobs:
             assert _recorded(client, path) == [3, 3]
+
+
+def test_a_stopped_node_costs_a_reader_one_deadline_then_nothing(cluster: LocalCluster) -> None:
+    """Every chunk's copy on the stopped node is the one readers would ask first: a
+    reader asks the next copy after the deadline, and then passes the node over; a new
+    client pays the deadline once too, never a connect timeout per chunk."""
+    data = os.urandom(8 * MiB)
+    with connect(cluster.url, timeout=20, chunk_size=MiB, replica_deadline=2.0) as client:
+        client.put("/read-me", data)
+        layout = _loop.run(client.aio.meta.request(GetLayout("/read-me")))
+        first = {layout.replicas[x.chunk.id][0] for x in layout.extents}
+        addresses = {n.id: n.address for n in client.health().nodes}
+        assert len(first) == 1  # replicas are listed in one order for every chunk
+        address = addresses[first.pop()]
+        (victim,) = [i for i, a in enumerate(cluster.addresses) if a == address]
+        stopped = cluster.nodes[victim]
+        stopped.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            assert client.get("/read-me") == data
+            warm = time.monotonic() - started
+            with connect(cluster.url, timeout=20, replica_deadline=2.0) as fresh:
+                started = time.monotonic()
+                assert fresh.get("/read-me") == data
+                cold = time.monotonic() - started
+                started = time.monotonic()
+                assert fresh.get("/read-me") == data
+                again = time.monotonic() - started
+        finally:
+            stopped.send_signal(signal.SIGCONT)
+    assert warm < 2.0 + 2.0, warm  # one deadline, then the node is passed over
+    assert cold < 2.0 + 3.0, cold
+    assert again < 1.0, again
