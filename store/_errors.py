@@ -29,6 +29,10 @@ class GrabenError(Exception):
         self.message = message
         self.path = path
 
+    def __str__(self) -> str:
+        # Not OSError's "[Errno 110] ...": the errno is for FUSE and errno-minded callers.
+        return self.message if self.path is None else f"{self.message}: {self.path!r}"
+
     def __reduce__(self) -> tuple[type[GrabenError], tuple[str, str | None]]:
         # OSError pickles its errno triple; keep our (message, path) signature
         # so errors survive multiprocessing and the wire alike.

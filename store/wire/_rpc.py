@@ -168,14 +168,19 @@ class Connection:
             await self.call(HELLO, timeout=timeout)
         except InvalidArgument:  # an older server: "unknown operation" is a graben answer
             pass
-        except (ProtocolError, Unavailable, Timeout) as exc:
+        except Timeout:
+            await self.close()
+            raise Unavailable(
+                f"{self.where} accepted the connection but did not answer within "
+                f"{timeout:.1f} s (a hung or overloaded server?); nothing secret was sent"
+            ) from None
+        except (ProtocolError, Unavailable) as exc:
             await self.close()
             kind = TLSError if isinstance(exc, ProtocolError) else Unavailable
             raise kind(
                 f"{self.where} did not answer a plaintext hello ({exc.message}); nothing "
                 "secret was sent. If it is a TLS port, connect with TLS (tls=TLS(ca=...), "
-                "$GRABEN_TLS_CA, --tls-ca)",
-                self.where,
+                "$GRABEN_TLS_CA, --tls-ca)"
             ) from None
         if not _loopback(host) and host not in _WARNED:
             _WARNED.add(host)
@@ -234,7 +239,7 @@ class Connection:
                 if not sent or pending.landing:  # frames queued behind would wait as
                     # long; the rest of a payload would land in a buffer given up
                     self._protocol.fail(ConnectionResetError(f"{op} timed out"))
-                raise Timeout(f"{op} to {self.where} took longer than {timeout} s") from None
+                raise Timeout(f"{op} to {self.where} took longer than {timeout:.3g} s") from None
             why = exc.message if isinstance(exc, GrabenError) else str(exc) or type(exc).__name__
             raise Unavailable(f"{op} to {self.where} failed: {why}") from None
         except asyncio.CancelledError:  # given up, the buffer may be reused: cut the rest

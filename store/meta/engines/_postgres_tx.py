@@ -22,7 +22,7 @@ from ..._errors import IntegrityError
 from ..._types import ChunkProblem, Extent, StoredChunk
 from .._repo import NEW_INODE_COLUMNS, ROOT_INODE, Conflict, Inode, Lease, NewFile, new_values
 from ._postgres_schema import Connection, inconsistencies
-from ._rows import check_entry, checked_inode, entry_of
+from ._rows import check_entry, checked_inode, named_entry
 from ._sql_tx import JOINED_INODE, LOCK_TRIES, SqlTx
 
 TREE_LOCK = 0x67726162656F
@@ -131,14 +131,14 @@ class PostgresTx(SqlTx):
             "''::text COLLATE \"C\", 0::bigint UNION ALL "
             "SELECT d.depth + 1, e.inode, i.kind, e.parent, e.name, e.sum FROM down d "
             "JOIN entries e ON e.parent = d.id AND e.name = (%(parts)s::text[])[d.depth + 1] "
-            "JOIN inodes i ON i.id = e.inode "
+            "LEFT JOIN inodes i ON i.id = e.inode "
             "WHERE d.kind = 'directory' AND d.depth < %(depth)s) "
-            f"SELECT d.parent, d.name, d.sum, {JOINED_INODE} FROM down d "
-            "JOIN inodes i ON i.id = d.id "
+            f"SELECT d.parent, d.name, d.sum, d.id, {JOINED_INODE} FROM down d "
+            "LEFT JOIN inodes i ON i.id = d.id "
             "WHERE d.depth > 0 ORDER BY d.depth",
             {"parts": list(parts), "depth": len(parts)},
         )
-        return [entry_of(row[0], row[1], row[2:], self.path_of) for row in rows]
+        return [named_entry(row[0], row[1], row[2:], self.path_of) for row in rows]
 
     def _new_ids(self, count: int) -> list[int]:
         rows = self._rows(

@@ -60,6 +60,22 @@ def entry_of(
     return node
 
 
+def named_entry(
+    parent: object, name: object, row: tuple[object, ...], path_of: PathOf | None = None
+) -> Inode:
+    """A name's inode from ``e.sum, e.inode, JOINED_INODE`` of a LEFT JOIN: an entry that
+    names an inode with no row is damage, never a name left out."""
+    if row[2] is None:
+        check_entry(parent, name, row[1], row[0], path_of)
+        above = path_of(parent) if path_of and type(parent) is int else None
+        raise IntegrityError(
+            f"metadata damaged: the entry {name!r} of directory {parent} names inode "
+            f"{row[1]}, which does not exist (run fsck)",
+            f"{above.rstrip('/')}/{name}" if above else None,
+        )
+    return entry_of(parent, name, (row[0], *row[2:]), path_of)
+
+
 def check_entry(
     parent: object, name: object, inode: object, total: object, path_of: PathOf | None = None
 ) -> None:

@@ -41,8 +41,8 @@ from ._rows import (
     CheckedRows,
     check_entry,
     chunk_ref,
-    entry_of,
     inode_of,
+    named_entry,
 )
 from ._sql_records import SqlRecords
 
@@ -51,6 +51,8 @@ MAX_DEPTH = MAX_PATH_BYTES // 2
 LOCK_TRIES = 64
 """Times ``locked_entry`` reads a name again that other writers keep changing."""
 JOINED_INODE = ", ".join("i." + c for c in INODE_ROW.split(", "))
+NAMED = "entries e LEFT JOIN inodes i ON i.id = e.inode"
+"""Entries with their inodes, an entry whose inode is missing too (``named_entry``)."""
 EXTENT_ROWS = (
     'SELECT x."offset", x.length, x.chunk, c.length, c.crc32c, x.chunk_offset, x.sum, c.sum '
     "FROM extents x LEFT JOIN chunks c ON c.id = x.chunk "
@@ -84,11 +86,11 @@ class SqlTx(SqlRecords, CheckedRows):
 
     def lookup(self, parent: int, name: str) -> Inode | None:
         row = self._one(
-            f"SELECT e.sum, {JOINED_INODE} FROM entries e JOIN inodes i ON i.id = e.inode "
+            f"SELECT e.sum, e.inode, {JOINED_INODE} FROM {NAMED} "
             "WHERE e.parent = %s AND e.name = %s",
             (parent, name),
         )
-        return None if row is None else entry_of(parent, name, row, self.path_of)
+        return None if row is None else named_entry(parent, name, row, self.path_of)
 
     def walk(self, parts: Sequence[str]) -> list[Inode]:
         found: list[Inode] = []
@@ -146,19 +148,19 @@ class SqlTx(SqlRecords, CheckedRows):
 
     def children(self, parent: int) -> list[tuple[str, Inode]]:
         rows = self._rows(
-            f"SELECT e.name, e.sum, {JOINED_INODE} FROM entries e JOIN inodes i ON i.id = e.inode "
+            f"SELECT e.name, e.sum, e.inode, {JOINED_INODE} FROM {NAMED} "
             "WHERE e.parent = %s ORDER BY e.name",
             (parent,),
         )
-        return [(row[0], entry_of(parent, row[0], row[1:], self.path_of)) for row in rows]
+        return [(row[0], named_entry(parent, row[0], row[1:], self.path_of)) for row in rows]
 
     def children_page(self, parent: int, after: str, limit: int) -> list[tuple[str, Inode]]:
         rows = self._rows(
-            f"SELECT e.name, e.sum, {JOINED_INODE} FROM entries e JOIN inodes i ON i.id = e.inode "
+            f"SELECT e.name, e.sum, e.inode, {JOINED_INODE} FROM {NAMED} "
             "WHERE e.parent = %s AND e.name > %s ORDER BY e.name LIMIT %s",
             (parent, after, min(limit, PAGE_ROWS_MAX)),
         )
-        return [(row[0], entry_of(parent, row[0], row[1:], self.path_of)) for row in rows]
+        return [(row[0], named_entry(parent, row[0], row[1:], self.path_of)) for row in rows]
 
     def has_children(self, parent: int) -> bool:
         return self._one("SELECT 1 FROM entries WHERE parent = %s LIMIT 1", (parent,)) is not None

@@ -154,16 +154,18 @@ def test_a_row_that_does_not_decode_is_an_integrity_error(tmp_path: Path) -> Non
     _collect_refuses(root)
 
 
-def test_an_entry_naming_a_missing_inode_is_found_by_fsck(tmp_path: Path) -> None:
+def test_an_entry_naming_a_missing_inode_is_refused_and_found_by_fsck(tmp_path: Path) -> None:
     root = tmp_path / "s"
     _store(root)
     # entries rows are (parent, name, inode): the inode follows the name.
     _flip(root / "meta.db", "entries", b"file-2", len(b"file-2"), 0x40)
     with connect(root) as client:
-        names = [i.name for i in client.ls("/d")]
-    assert "file-2" not in names  # what ls cannot tell ...
+        for look in (lambda: client.ls("/d"), lambda: client.stat("/d/file-2")):
+            with pytest.raises(IntegrityError, match="metadata damaged") as refused:
+                look()  # never a listing that leaves the name out, nor "no such file"
+            assert refused.value.path == "/d/file-2"
     details = " / ".join(_metadata_problems(root))
-    assert "/d/file-2" in details  # ... fsck can: the entry without its inode
+    assert "/d/file-2" in details  # fsck names it: the entry without its inode
     assert "no entry" in details  # and the inode nobody names
     _collect_refuses(root)
 

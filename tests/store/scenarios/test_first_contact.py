@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import threading
 import time
@@ -29,6 +30,20 @@ def test_a_refused_endpoint_fails_within_two_seconds(capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert err.count("cannot reach the metadata service") == 2
     assert "Traceback" not in err and "retrying" not in err
+
+
+def test_a_hung_service_is_told_as_hung_not_as_tls(capsys: pytest.CaptureFixture[str]) -> None:
+    """A port that accepts and never answers (a SIGSTOPped service: the kernel still
+    completes the handshake): one line saying so, no TLS advice, no errno, no long float."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        url = f"graben://127.0.0.1:{silent.getsockname()[1]}"
+        start = time.monotonic()
+        assert main(["ls", f"{url}/"]) == 1
+        assert time.monotonic() - start < 4.0
+    err = capsys.readouterr().err.strip()
+    assert "did not answer within" in err and "hung" in err, err
+    assert "TLS" not in err and "[Errno" not in err and err.count("\n") == 0, err
+    assert not re.search(r"\d\.\d{4,}", err), err  # no 0.9945427429993288 s
 
 
 @contextlib.contextmanager

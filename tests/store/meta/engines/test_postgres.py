@@ -309,10 +309,12 @@ def test_a_changed_file_size_is_found(engine: Engine, damaged: Namespace) -> Non
 
 
 def test_an_entry_naming_a_missing_inode_is_found(engine: Engine, damaged: Namespace) -> None:
-    engine.sql("UPDATE entries SET inode = 999999 WHERE name = 'file-2'")
-    assert "file-2" not in names(damaged, "/d")  # what ls cannot tell ...
+    engine.sql("UPDATE entries SET inode = 999999 WHERE name = 'file-2'")  # sum made anew
+    for look in (lambda: names(damaged, "/d"), lambda: damaged.stat("/d/file-2")):
+        with pytest.raises(IntegrityError, match="names inode 999999, which does not exist"):
+            look()  # never a listing that leaves it out, nor "no such file"
     details = _details(damaged)
-    assert "/d/file-2" in details  # ... fsck can
+    assert "/d/file-2" in details  # fsck names it
     assert "no entry" in details  # and the inode nobody names
 
 
