@@ -30,6 +30,7 @@ from ._blocks import Blocks, ReadAheadCounts
 from ._follow import PAGE as FEED_PAGE
 from ._follow import Known
 from ._inodes import InodeTable, is_unlinked
+from ._names import WholeDirs
 from ._openers import Opener
 from ._releases import Releases
 from ._spool import Spool, SpoolFile
@@ -130,6 +131,8 @@ class Base(pyfuse3.Operations):
         self._listings: dict[int, list[tuple[str, str, FileInfo | None]]] = {}
         self._next_fh = 1
         self._versions: dict[int, tuple[int, int]] = {}
+        self.whole = WholeDirs()
+        """Directories whose every name the daemon knows (``_names``)."""
         self.known: Known = {}
         """What the kernel was last told of each inode: a file's attributes are answered
         from here until the change feed says another client changed it (``_follow``)."""

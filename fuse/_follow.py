@@ -31,6 +31,7 @@ import trio
 from graben.store import ChangeFeed, FileInfo, GrabenError, PathChange
 
 from ._inodes import ROOT, InodeTable
+from ._names import WholeDirs
 
 log = logging.getLogger("graben.fuse")
 FOLLOW_S = 0.2
@@ -92,10 +93,15 @@ Current = Callable[[str], Awaitable[tuple[int, int]]]
 
 
 async def follow(
-    ask: Ask, current: Current, inodes: InodeTable, known: Known, every: float = FOLLOW_S
+    ask: Ask,
+    current: Current,
+    inodes: InodeTable,
+    known: Known,
+    whole: WholeDirs,
+    every: float = FOLLOW_S,
 ) -> None:
-    """Ask for changes every ``every`` seconds, for ever; drop what the kernel holds of
-    each path another client changed."""
+    """Ask for changes every ``every`` seconds, for ever; drop what the kernel and the
+    daemon hold of each path another client changed."""
     cursor, failing = Cursor(), False
     while True:
         more = False
@@ -104,15 +110,17 @@ async def follow(
             changes, lost = cursor.advance(feed, time.monotonic())
             if lost:
                 log.warning("changes were missed (away too long): the kernel forgets all")
+                whole.clear()
                 await trio.to_thread.run_sync(_forget_all, inodes)
             elif changes:
-                work = await _invalidations(changes, current, inodes, known)
+                work = await _invalidations(changes, current, inodes, known, whole)
                 if work:
                     await trio.to_thread.run_sync(_invalidate, work)
             more = len(feed.changes) >= PAGE
         except (GrabenError, OSError) as exc:
             if not failing:
                 log.warning("cannot follow the store's changes (%s); trying again", exc)
+                whole.clear()  # what changed meanwhile cannot be told
             failing = True
         else:
             if failing:
@@ -128,7 +136,11 @@ entry of that name in it is dropped instead."""
 
 
 async def _invalidations(
-    changes: Sequence[PathChange], current: Current, inodes: InodeTable, known: Known
+    changes: Sequence[PathChange],
+    current: Current,
+    inodes: InodeTable,
+    known: Known,
+    whole: WholeDirs,
 ) -> list[Invalidation]:
     """What the kernel must forget for ``changes``: nothing where it holds what the path
     is now (the mount's own writes, a path changed again since, one looked up since)."""
@@ -139,6 +151,7 @@ async def _invalidations(
         parent_path, name = posixpath.split(path)
         parent = inodes.peek(parent_path)
         if inode is None:  # the kernel holds no inode of this path from us
+            whole.elsewhere(path, there=now[0] != 0)
             if parent is not None:
                 work.append((parent, None))  # but its directory's mtime and links moved
             continue
@@ -146,6 +159,7 @@ async def _invalidations(
         told = None if was is None else (was.inode, was.ctime_ns)
         if told == now or told == (now := await current(path)):
             continue
+        whole.elsewhere(path, there=now[0] != 0)
         known.pop(inode, None)
         work.append((inode, None))
         if parent is not None:

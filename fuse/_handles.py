@@ -119,6 +119,7 @@ class FileHandles(Base):
         path = self._child(parent_inode, name)
         await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.lookup(path)
+        self.whole.added(path)
         file = self._open.setdefault(inode, OpenFile())
         file.handles += 1
         file.created = file.spool is None

@@ -49,6 +49,8 @@ class Operations(FileHandles):
         path = self._child(parent_inode, name)
         await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.peek(path)
+        if inode is None and self.whole.lacks(path):
+            raise pyfuse3.FUSEError(errno.ENOENT)  # its directory is held whole, without it
         attrs = await self._stat(inode, path) if inode is not None else None
         if attrs is None:
             info = await self._stat_path(path)
@@ -118,7 +120,10 @@ class Operations(FileHandles):
         self._writable()
         path = self._child(parent_inode, name)
         bits, uid, gid = mode & 0o7777, ctx.uid, ctx.gid
+        since = self.whole.mark()
         info = await self._ask(lambda aio: aio.mkdir(path, mode=bits, uid=uid, gid=gid))
+        self.whole.added(path)
+        self.whole.hold(path, (), since)  # new: empty
         return self._attrs(self.inodes.lookup(path), info, None)
 
     @answers_errno
@@ -131,6 +136,7 @@ class Operations(FileHandles):
         info = await self._ask(
             lambda aio: aio.put(path, target, exclusive=True, permissions=SYMLINK, attributes=owner)
         )
+        self.whole.added(path)
         return self._attrs(self.inodes.lookup(path), info, None)
 
     @answers_errno
@@ -150,6 +156,7 @@ class Operations(FileHandles):
         else:
             uid, gid = ctx.uid, ctx.gid
             info = await self._ask(lambda aio: aio.mknod(path, mode, rdev=rdev, uid=uid, gid=gid))
+        self.whole.added(path)
         return self._attrs(self.inodes.lookup(path), info, None)
 
     @answers_errno
@@ -165,6 +172,7 @@ class Operations(FileHandles):
             await self._commit(inode, file)  # the store links what it holds
         old = self._path(inode)
         info = await self._ask(lambda aio: aio.link(old, new))
+        self.whole.added(new)
         self.inodes.alias(new, inode)
         self.inodes.lookup(new, info.inode)
         return self._attrs(inode, info, file)
@@ -184,6 +192,7 @@ class Operations(FileHandles):
         if not (await self._stat_path(path)).is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         await self._ask(lambda aio: aio.rm(path))
+        self.whole.removed(path)
         self.inodes.removed(path)
 
     @answers_errno
@@ -200,6 +209,7 @@ class Operations(FileHandles):
             if (await self._stat_path(path)).is_dir:
                 raise pyfuse3.FUSEError(errno.EISDIR)
             await self._ask(lambda aio: aio.rm(path))
+        self.whole.removed(path)
         self.inodes.removed(path)
         if file is not None and inode is not None and not self.inodes.names(inode):
             file.unlinked = True  # its handles read the version they opened
@@ -223,6 +233,7 @@ class Operations(FileHandles):
         await self._commit_below(old)
         replace = not flags & pyfuse3.RENAME_NOREPLACE
         await self._ask(lambda aio: aio.rename(old, new, replace=replace))
+        self.whole.moved(old, new)
         replaced = self.inodes.peek(new)
         for changed in (self.inodes.peek(old), replaced):  # a new ctime; one name fewer
             self.known.pop(changed or 0, None)
@@ -246,6 +257,7 @@ class Operations(FileHandles):
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         await self._releases.all_settled()
         path = self._path(inode)
+        since = self.whole.mark()
         entries: list[tuple[str, str, FileInfo | None]] = [
             (info.name, info.path, info) for info in await self._ask(lambda aio: aio.ls(path))
         ]
@@ -256,6 +268,7 @@ class Operations(FileHandles):
             here = (directory or "/") == path
             if file.created and not file.unlinked and here and name not in listed:
                 entries.append((name, pending, None))
+        self.whole.hold(path, (name for name, _, _ in entries), since)
         parent = posixpath.dirname(path)  # the root's parent is the root
         dots: list[tuple[str, str, FileInfo | None]] = [(".", path, None), ("..", parent, None)]
         fh = self._new_fh()

@@ -88,6 +88,26 @@ def test_a_change_through_the_api_shows_on_a_mount(
         _within(lambda: not (one / name).exists(), "a removal through the API")
 
 
+def test_a_directory_the_mount_holds_whole_learns_names_made_elsewhere(
+    two: tuple[Path, Path], cluster_url: str
+) -> None:
+    """A directory the mount listed or made is held whole (a new name's lookup is
+    answered without the store): names made elsewhere in it, or on the way to a file
+    written below it, show within the second all the same."""
+    one, _ = two
+    top = f"w-{os.urandom(4).hex()}"
+    (one / top).mkdir()  # made here: held, empty
+    (one / top / "mine").write_bytes(b"x")
+    assert os.listdir(one / top) == ["mine"]  # listed: held
+    assert not (one / top / "theirs").exists()
+    with connect(cluster_url) as client:
+        client.put(f"/{top}/theirs", b"from the API")
+        _within(lambda: _is(one / top / "theirs", b"from the API"), "a name made elsewhere")
+        client.put(f"/{top}/deep/er/f", b"below")  # makes deep/ and deep/er/ on the way
+        _within(lambda: _is(one / top / "deep" / "er" / "f", b"below"), "directories on the way")
+    assert sorted(os.listdir(one / top)) == ["deep", "mine", "theirs"]
+
+
 def test_a_change_by_another_process_shows_on_an_embedded_mount(
     tmp_path: Path,
 ) -> None:
