@@ -13,6 +13,7 @@ rename or an unlink before it).
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -140,3 +141,44 @@ def test_a_change_by_another_process_shows_on_an_embedded_mount(
         took.append(_within(lambda: not (point / "g").exists(), "a removal elsewhere"))
         assert os.listdir(point) == []
         print("seen after", ", ".join(f"{t:.2f} s" for t in took))
+
+
+def test_a_mount_that_missed_changes_forgets_everything_it_held(tmp_path: Path) -> None:
+    """Rows it never saw were pruned (a mount away longer than the feed keeps them): the
+    kernel is made to forget every name and attribute, so nothing stale stays 30 s."""
+    import sqlite3
+
+    store = tmp_path / "store"
+    with connect(str(store)) as client:
+        client.put("/f", b"old")
+        client.put("/gone", b"soon")
+    with mounted(str(store), tmp_path / "m") as point, connect(str(store)) as client:
+        assert (point / "f").stat().st_size == 3 and (point / "gone").exists()
+        time.sleep(0.5)  # the mount's place in the feed: after these
+        (daemon,) = [int(p) for p in _pids_of(point)]
+        os.kill(daemon, signal.SIGSTOP)  # away: it sees none of what follows as it happens
+        try:
+            client.put("/f", b"newer and longer")
+            client.rm("/gone")
+            with sqlite3.connect(store / "meta.db") as db:  # pruned before it looked
+                db.execute("DELETE FROM changes")
+            client.put("/marker", b"m")  # a row past the gap: the mount sees it lost some
+        finally:
+            os.kill(daemon, signal.SIGCONT)
+        _within(lambda: (point / "f").stat().st_size == len(b"newer and longer"), "a lost write")
+        assert not (point / "gone").exists()
+        assert (point / "f").read_bytes() == b"newer and longer"
+
+
+def _pids_of(point: Path) -> list[str]:
+    """The mount daemon serving ``point`` (its command line names it)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"graben.fuse" in b" ".join(argv) and os.fsencode(point) in argv:
+                found.append(proc.name)
+    return found
