@@ -89,6 +89,9 @@ def test_ctrl_c_while_the_command_starts_is_one_line(store: Path) -> None:
 
 def _in_the_script_alone(message: str, script: Path) -> bool:
     """Whether ``message`` is a traceback whose frames are all the console script's own
-    (the interrupt came while the interpreter ran its first import: no graben code yet)."""
+    or the import system's (the interrupt came while the interpreter ran its first
+    import, finding graben's files: no graben code yet)."""
     frames = [line for line in message.splitlines() if line.strip().startswith('File "')]
-    return bool(frames) and all(f'File "{script}"' in line for line in frames)
+    return bool(frames) and all(
+        f'File "{script}"' in line or 'File "<frozen importlib' in line for line in frames
+    )
