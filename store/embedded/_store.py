@@ -68,7 +68,7 @@ def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
     """Open (creating if needed) the embedded store at ``root``."""
     try:
         root.mkdir(DIR_MODE, parents=True, exist_ok=True)
-        chunks = LocalChunkStore(root / "chunks")
+        chunks = LocalChunkStore(root / "chunks", hashed_here=True)  # its writers are here
     except (FileExistsError, NotADirectoryError):
         raise NotADirectory(
             "an embedded store must be a directory; this is a file", str(root)
