@@ -8,8 +8,9 @@ on every read. Chunks are content-addressed: a write whose bytes do not hash
 (blake3) to the chunk's id is refused, so a chunk file, once there, can only
 ever be replaced by the same bytes. (An embedded store's writers are in its
 process and hashed the bytes they send: there crc32c alone guards them since,
-and a second blake3 pass, ~40% of a large write's time here, is skipped.) Files are the owner's alone (0600, 0700
-directories). All methods block: callers run them in worker threads.
+and a second blake3 pass, ~40% of a large write's time here, is skipped.)
+Files are the owner's alone (0600, 0700 directories). All methods block:
+callers run them in worker threads.
 
 ``write_group`` stores many small chunks with one ``syncfs`` instead of two
 fsyncs each (group commit for the disk; Ceph's FileStore did the same): on
