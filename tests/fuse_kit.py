@@ -19,12 +19,19 @@ needs_fuse = pytest.mark.skipif(NO_FUSE, reason="needs /dev/fuse and fusermount3
 @contextlib.contextmanager
 def mounted(url: str, where: Path, **options: object) -> Iterator[Path]:
     """``url`` mounted at ``where/mnt`` (spool and log under ``where``) for the block."""
+    with mounted_daemon(url, where, **options) as (point, _):
+        yield point
+
+
+@contextlib.contextmanager
+def mounted_daemon(url: str, where: Path, **options: object) -> Iterator[tuple[Path, int]]:
+    """``mounted``, with the daemon's pid (to stop or signal it)."""
     point, spool = where / "mnt", where / "spool"
     point.mkdir(parents=True, exist_ok=True)
     pid = mount(url, point, MountOptions(spool_dir=spool, **options))  # type: ignore[arg-type]
     assert pid is not None
     try:
-        yield point
+        yield point, pid
     finally:
         unmount_and_wait(point, pid)
 

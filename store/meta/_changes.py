@@ -36,10 +36,10 @@ PRUNE_ROWS = 256
 def changed(tx: Tx, *paths: tuple[str, Inode | None]) -> None:
     """Record each (path, what is there now) in ``tx``'s transaction."""
     rows = [(p, 0, 0) if n is None else (p, n.id, n.ctime_ns) for p, n in paths]
-    record(tx, rows)
+    changed_rows(tx, rows)
 
 
-def record(tx: Tx, rows: Sequence[tuple[str, int, int]]) -> None:
+def changed_rows(tx: Tx, rows: Sequence[tuple[str, int, int]]) -> None:
     """Record (path, inode, ctime_ns) rows; now and then, forget the oldest."""
     now = time.time_ns()
     tx.record_changes(rows, now)

@@ -17,9 +17,8 @@ from .._errors import AlreadyExists, GrabenError, IntegrityError, InvalidArgumen
 from .._hashing import content_id, crc32c
 from .._types import ChunkRef, Extent, FileCommit, FileInfo, StoredChunk
 from ..transport import Placement, Settings
-from ._changes import record
-from ._once import bind, key_id, misused, recorded, replayed_or_error, write_once
-from ._once import record as record_outcomes
+from ._changes import changed_rows
+from ._once import bind, key_id, misused, record, recorded, replayed_or_error, write_once
 from ._repo import Inode, NewFile, Repository, Tx
 from ._walk import Directories, ensure_dirs, info
 
@@ -190,7 +189,7 @@ class Commits:
                 (keys[i], r) for i, r in outcome.items() if keys[i] and isinstance(r, list)
             ]
             if fresh:
-                record_outcomes(tx, fresh)
+                record(tx, fresh)
             return results
 
         return self.repo.transact(apply)
@@ -261,7 +260,9 @@ class Commits:
                 if old.nlink > 1:
                     tx.relink(old.id, node.id)  # its other names see the new version too
                 tx.delete(old.id)
-        record(tx, [(c, n.id, n.ctime_ns) for (_, c, _), n in zip(checked, nodes, strict=True)])
+        changed_rows(
+            tx, [(c, n.id, n.ctime_ns) for (_, c, _), n in zip(checked, nodes, strict=True)]
+        )
         return [info(clean, node) for (_, clean, _), node in zip(checked, nodes, strict=True)]
 
     def _checked(self, commit: FileCommit) -> tuple[tuple[str, ...], str, int]:

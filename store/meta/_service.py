@@ -406,11 +406,15 @@ class MetaService:
                 return_exceptions=True,
             )
             return Answer(encode([_committed(o) for o in outcomes]))
-        result = await self._run(self.namespace.execute, request)
-        if isinstance(result, FileLayout):  # copies on nodes gone silent: asked last
-            replicas = live_first(result.replicas, await self._run(self._fresh_nodes))
-            result = replace(result, replicas=replicas)
+        result = await self._run(self._execute, request)
         return Answer(encode(self._with_grants(request, result)))
+
+    def _execute(self, request: Request[Any]) -> Any:
+        """A request on an engine thread; a layout lists copies on nodes gone silent last."""
+        result = self.namespace.execute(request)
+        if isinstance(result, FileLayout):
+            result = replace(result, replicas=live_first(result.replicas, self._fresh_nodes()))
+        return result
 
     async def _ping(self, call: Call, payload: memoryview | None) -> Answer:
         """Answered on the event loop, never queued behind the engine: a client waiting

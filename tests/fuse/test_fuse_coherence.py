@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from fuse_kit import mounted
+from fuse_kit import mounted, mounted_daemon
 
 from graben.store import connect
 
@@ -152,10 +152,12 @@ def test_a_mount_that_missed_changes_forgets_everything_it_held(tmp_path: Path) 
     with connect(str(store)) as client:
         client.put("/f", b"old")
         client.put("/gone", b"soon")
-    with mounted(str(store), tmp_path / "m") as point, connect(str(store)) as client:
+    with (
+        mounted_daemon(str(store), tmp_path / "m") as (point, daemon),
+        connect(str(store)) as client,
+    ):
         assert (point / "f").stat().st_size == 3 and (point / "gone").exists()
         time.sleep(0.5)  # the mount's place in the feed: after these
-        (daemon,) = [int(p) for p in _pids_of(point)]
         os.kill(daemon, signal.SIGSTOP)  # away: it sees none of what follows as it happens
         try:
             client.put("/f", b"newer and longer")
@@ -168,17 +170,3 @@ def test_a_mount_that_missed_changes_forgets_everything_it_held(tmp_path: Path) 
         _within(lambda: (point / "f").stat().st_size == len(b"newer and longer"), "a lost write")
         assert not (point / "gone").exists()
         assert (point / "f").read_bytes() == b"newer and longer"
-
-
-def _pids_of(point: Path) -> list[str]:
-    """The mount daemon serving ``point`` (its command line names it)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"graben.fuse" in b" ".join(argv) and os.fsencode(point) in argv:
-                found.append(proc.name)
-    return found
