@@ -434,8 +434,6 @@ class Namespace(Commits, Bookkeeping):
         """Change mode bits, times or owner in place; the ctime moves to now."""
         parts = _paths.split(path)
         clean = _paths.join_parts(parts)
-        if not parts:
-            raise InvalidArgument("the root's attributes cannot change", clean)
         _check_change(change, clean)
 
         def apply(tx: Tx) -> FileInfo:

@@ -401,6 +401,36 @@ def test_tools_copy_a_tree_onto_the_mount_as_onto_local_disk(
         assert os.readlink(mounted_copy / "c" / "sym") == "../a/f1"
 
 
+def test_a_tree_copied_onto_the_mounts_root_gives_it_its_owner_mode_and_times(
+    tmp_path: Path,
+) -> None:
+    # rsync -a src/ mnt/ and tar x of a "./" entry set the root itself (EINVAL before)
+    source = tmp_path / "source"
+    (source / "d").mkdir(parents=True)
+    (source / "d" / "f").write_bytes(b"x")
+    os.chown(source, USER, GROUP)
+    source.chmod(0o750)
+    os.utime(source, ns=(PAST, PAST))
+    archive = tmp_path / "tree.tar"
+    subprocess.run(["tar", "--format=posix", "-C", source, "-cf", archive, "."], check=True)
+    with mounted(str(tmp_path / "store"), tmp_path / "a") as point:
+        line = f"tar -C {point} -xpf {archive}"
+        done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        assert (point / "d" / "f").read_bytes() == b"x"
+        seen = os.stat(point)
+        assert (seen.st_uid, seen.st_gid, stat.S_IMODE(seen.st_mode)) == (USER, GROUP, 0o750)
+        assert seen.st_mtime_ns == PAST
+        os.chown(point, 0, 0)
+        point.chmod(0o755)
+        if shutil.which("rsync") is not None:
+            _copy(TOOLS["rsync -aH"], source, point)
+            assert stat.S_IMODE(os.stat(point).st_mode) == 0o750
+    with mounted(str(tmp_path / "store"), tmp_path / "b") as point:  # kept by the store
+        seen = os.stat(point)
+        assert (seen.st_uid, stat.S_IMODE(seen.st_mode), seen.st_mtime_ns) == (USER, 0o750, PAST)
+
+
 def _copy(command: object, source: Path, destination: Path) -> Path:
     line = command(source, destination)  # type: ignore[operator]
     done = subprocess.run(

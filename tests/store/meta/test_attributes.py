@@ -155,3 +155,13 @@ def test_stores_made_before_get_link_counts_and_change_times(engine: Engine) -> 
     assert migrated.stat("/a/b").nlink == 2
     f = migrated.stat("/a/b/f")
     assert (f.nlink, f.uid, f.ctime_ns, f.atime_ns) == (1, -1, f.mtime_ns, f.mtime_ns)
+
+
+def test_the_roots_mode_owner_and_times_change_like_any_directorys(ns: Namespace) -> None:
+    # rsync -a src/ mnt/ and tar's "./" entry set the mount's root (was InvalidArgument)
+    before = ns.stat("/")
+    after = ns.set_attributes("/", Change(mode=0o1777, uid=1000, gid=100, mtime_ns=5))
+    assert after.kind == "directory" and stat.S_IMODE(after.mode) == 0o1777
+    assert (after.uid, after.gid, after.mtime_ns) == (1000, 100, 5)
+    assert after.ctime_ns >= before.ctime_ns
+    assert ns.stat("/") == after
