@@ -405,7 +405,9 @@ def test_set_attributes_changes_mode_and_mtime_in_place(client: Client) -> None:
     with pytest.raises(NotFound):
         client.set_attributes("/attr/missing", mode=0o600)
     with pytest.raises(InvalidArgument):
-        client.set_attributes("/", mode=0o700)
+        client.set_attributes("/attr/d", mode=0o17777)
+    assert client.set_attributes("/", mode=0o1777).mode == 0o1777  # the root too (rsync -a)
+    assert client.set_attributes("/", mode=0o755).mode == 0o755
 
 
 def test_owners_links_and_special_files_through_the_client(client: Client) -> None:
