@@ -110,17 +110,29 @@ def test_collection_waits_for_the_grace_period(store_dir: Path, chunk_files: Chu
         assert len(chunk_files()) == 1
 
 
-def test_writer_rejects_bytes_that_do_not_match_their_crc(store_dir: Path) -> None:
+@pytest.mark.parametrize("hashed_here", [False, True], ids=["node", "embedded"])
+def test_writer_rejects_bytes_that_do_not_match_their_crc(
+    store_dir: Path, hashed_here: bool
+) -> None:
+    """Also where the writers hashed the bytes in this process (an embedded store, which
+    skips blake3): bytes changed since (a buffer written to while it was stored) fail
+    their crc32c and are not stored."""
     from graben.store._hashing import chunk_ref
     from graben.store.node._chunkstore import LocalChunkStore
 
-    store = LocalChunkStore(store_dir / "chunks")
-    data = bytearray(os.urandom(1000))
-    ref = chunk_ref(data)
-    data[0] ^= 1
-    with pytest.raises(IntegrityError, match="not stored"):
+    store = LocalChunkStore(store_dir / "chunks", hashed_here=hashed_here)
+    try:
+        data = bytearray(os.urandom(100_000))
+        ref = chunk_ref(data)
+        data[50_000] ^= 1
+        with pytest.raises(IntegrityError, match="crc32c; not stored"):
+            store.write(ref, memoryview(data))
+        assert not store.path(ref.id).exists()
+        data[50_000] ^= 1
         store.write(ref, memoryview(data))
-    assert not store.path(ref.id).exists()
+        assert store.path(ref.id).read_bytes() == data
+    finally:
+        store.close()
 
 
 def test_opening_a_store_sweeps_temporaries_of_dead_writers(store_dir: Path) -> None:

@@ -89,24 +89,6 @@ def test_the_chunk_store_refuses_bytes_that_do_not_hash_to_the_id(tmp_path: Path
         store.close()
 
 
-def test_an_embedded_chunk_store_checks_the_bytes_its_writer_hashed(tmp_path: Path) -> None:
-    """Its writers hashed the bytes in this process: bytes changed since (a buffer
-    written to while it was stored) fail their crc32c and are not stored."""
-    store = LocalChunkStore(tmp_path / "chunks", hashed_here=True)
-    try:
-        real = bytearray(os.urandom(100_000))
-        ref = chunk_ref(real)
-        real[50_000] ^= 1
-        with pytest.raises(IntegrityError, match="crc32c"):
-            store.write(ref, memoryview(real))
-        assert not store.path(ref.id).exists()
-        real[50_000] ^= 1
-        store.write(ref, memoryview(real))
-        assert store.path(ref.id).read_bytes() == real
-    finally:
-        store.close()
-
-
 def _only(errors: list[IntegrityError | None]) -> None:
     if errors[0] is not None:
         raise errors[0]
