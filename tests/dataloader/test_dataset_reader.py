@@ -169,6 +169,26 @@ def test_a_reader_holds_one_group_not_its_shards(tmp_path: Path) -> None:
     assert python_peak < 2 * PIECE + (4 << 20)  # 2 fills' pieces (prefetch=2) and a group's rows
 
 
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_each_sample_comes_whole_however_much_of_its_group_a_rank_reads(
+    tmp_path: Path, world: int
+) -> None:
+    """A rank reads all of a group, half of it or a few rows: each sample is its own row."""
+    rows = 240
+    payload = [os.urandom(64) for _ in range(rows)]
+    table = pa.table({"id": list(range(rows)), "label": ["cat", "dog"] * 120, "data": payload})
+    url = str(tmp_path / "ds")
+    write_dataset(url, table, rows_per_shard=120, rows_per_group=24)
+    seen = []
+    for rank in range(world):
+        ds = CachedDataset(url, cache_dir=tmp_path / "c", rank=rank, world_size=world, seed=3)
+        seen += list(ds)
+    assert {s["id"] for s in seen} == set(range(rows))
+    for sample in seen:
+        i = sample["id"]
+        assert sample == {"id": i, "label": ["cat", "dog"][i % 2], "data": payload[i]}
+
+
 def test_bytes_samples_are_read_by_groups_of_records(tmp_path: Path) -> None:
     samples = [os.urandom(i) for i in range(50)]
     manifest = write_dataset(str(tmp_path / "blobs"), samples, rows_per_shard=16, rows_per_group=5)

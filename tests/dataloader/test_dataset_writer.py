@@ -47,6 +47,25 @@ def test_a_table_becomes_parquet_shards_in_row_groups(where: tuple[str, Any]) ->
     assert back.equals(table)
 
 
+def test_payload_columns_are_stored_plain_and_labels_by_dictionary(tmp_path: Any) -> None:
+    """Binary payloads, nearly all distinct, are not dictionary-encoded (a dictionary of
+    them made reads three times slower); a column of labels still is."""
+    table = pa.table(
+        {
+            "id": list(range(300)),
+            "label": ["cat", "dog", "eel"] * 100,
+            "data": [i.to_bytes(4, "big") * 256 for i in range(300)],
+        }
+    )
+    manifest = write_dataset(str(tmp_path / "ds"), table, rows_per_shard=300, compression=None)
+    (data,) = _check_shards(str(tmp_path / "ds"), None, manifest)
+    group = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0)
+    encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(3)}
+    assert "RLE_DICTIONARY" not in encodings["data"]
+    assert "RLE_DICTIONARY" in encodings["label"]
+    assert pq.read_table(io.BytesIO(data)).equals(table)
+
+
 def test_dict_rows_and_bytes_samples(tmp_path: Any) -> None:
     rows = [{"x": i, "y": float(i) / 2} for i in range(25)]
     manifest = write_dataset(str(tmp_path / "rows"), iter(rows), rows_per_shard=10)
