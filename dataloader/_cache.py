@@ -62,7 +62,7 @@ READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 PIECE = 8 << 20
 """Bytes a fill fetches at a time: one request's worth, the memory a fill holds."""
 
-Fetch = Callable[[int, int], bytes]
+Fetch = Callable[[int, int], bytes | memoryview]
 """``fetch(start, end)``: that range of a shard, from its source."""
 
 

@@ -25,6 +25,7 @@ from graben.store import IntegrityError, parse_size
 from ._cache import CacheStats, Fetch, NodeCache, default_limit
 from ._cache_dir import default_dir
 from ._manifest import RECORD_LENGTH, Manifest, Shard
+from ._s3 import RangeFetch, native_fetch
 from ._writer import read_manifest
 
 Sample = dict[str, Any] | bytes
@@ -56,6 +57,7 @@ class ShardSource:
         )
         self._cache: NodeCache | None = None
         self._source: tuple[Any, str] | None = None
+        self._native: tuple[int, tuple[RangeFetch, str] | None] | None = None
 
     def warm(self, progress: Callable[[int], None] | None = None) -> None:
         """Fill the node cache with every shard (as far as the limit allows).
@@ -83,6 +85,13 @@ class ShardSource:
         return self._source
 
     def _fetch(self, shard: Shard) -> Fetch:
+        if self._native is None or self._native[0] != os.getpid():  # once per process
+            self._native = (os.getpid(), native_fetch(self.url, self.storage_options))
+        native = self._native[1]
+        if native is not None:
+            get, prefix = native
+            key = f"{prefix}/{shard.name}" if prefix else shard.name
+            return lambda start, end: get(key, start, end)
         fs, root = self._fetch_source()
 
         def fetch(start: int, end: int) -> bytes:
@@ -105,6 +114,7 @@ class ShardSource:
         state = self.__dict__.copy()
         state["_cache"] = None  # each worker opens its own (the directory is shared)
         state["_source"] = None
+        state["_native"] = None
         return state
 
 

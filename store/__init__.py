@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ._config import (
         TLS,
         Options,
+        aws_environment,
         cache_home,
         parse_size,
         split_url,
@@ -71,7 +72,7 @@ if TYPE_CHECKING:
 
 # Where each name lives ("name=its name there" where they differ).
 _MODULES = {
-    "._config": "TLS Options cache_home parse_size split_url",
+    "._config": "TLS Options aws_environment cache_home parse_size split_url",
     "._errors": (
         "AlreadyExists CannotPlace DirectoryNotEmpty GrabenError IntegrityError"
         " InvalidArgument InvalidPath IsADirectory MissingExtra NameTooLong NoSpace"
@@ -147,6 +148,7 @@ __all__ = [
     "Unavailable",
     "Upload",
     "WriteFile",
+    "aws_environment",
     "cache_home",
     "clear_shared_clients",
     "connect",

@@ -10,7 +10,8 @@ below. Servers read ``GRABEN_PAGE_ENTRIES`` (``page_entries``) on every page
 they serve.
 
 Besides ``Options`` and ``TLS``: where a store is (``resolve``: its URL or
-the default home; ``split_url``), where caches go (``cache_home``), sizes as
+the default home; ``split_url``), where caches go (``cache_home``), the AWS
+settings of the dataset door's S3 fetches (``aws_environment``), sizes as
 people write them (``parse_size``), and the constants that clients and
 servers, or a data node and the metadata service's placement, agree on
 (chunk sizes, ``PAGE_ENTRIES``, ``RESERVE``).
@@ -212,6 +213,25 @@ class Options:
             raise InvalidArgument("read_ahead must not be negative")
         if self.inline_max is not None and self.inline_max < 0:
             raise InvalidArgument(f"inline_max must not be negative, not {self.inline_max}")
+
+
+AWS_VARIABLES = {
+    "key": "AWS_ACCESS_KEY_ID",
+    "secret": "AWS_SECRET_ACCESS_KEY",
+    "token": "AWS_SESSION_TOKEN",
+    "region": "AWS_REGION",
+    "endpoint": "AWS_ENDPOINT_URL",
+    "profile": "AWS_PROFILE",
+}
+
+
+def aws_environment() -> dict[str, str]:
+    """The AWS settings an S3 client takes from the environment (``AWS_REGION``, else
+    ``AWS_DEFAULT_REGION``): the dataset door's own S3 client uses them only where
+    s3fs would use the same (see ``graben.dataloader``'s ``_s3``)."""
+    found = {name: os.environ.get(variable, "") for name, variable in AWS_VARIABLES.items()}
+    found["region"] = found["region"] or os.environ.get("AWS_DEFAULT_REGION", "")
+    return {name: value for name, value in found.items() if value}
 
 
 def cache_home() -> Path:

@@ -252,10 +252,12 @@ PROCESS_RECORDS = {
     "fuse/_mount.py:_daemons",
     "store/fsspec/_exit.py:_filesystems",
     "store/fsspec/_exit.py:_files",
+    "dataloader/_s3.py:_started_in",
 }
 """Module state kept on purpose, of the process itself: the daemons it started are its
 children (as ``subprocess`` keeps its own), which ``unmount`` waits for; the exit hook
-that outwaits pyarrow's threads holds weak references to what they may hold."""
+that outwaits pyarrow's threads holds weak references to what they may hold; obstore's
+threads run in the process that first fetched, so a fork of it must not use them."""
 MUTABLE = {"dict", "list", "set", "defaultdict", "OrderedDict", "WeakSet", "WeakValueDictionary"}
 
 
