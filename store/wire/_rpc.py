@@ -27,6 +27,7 @@ import contextlib
 import ipaddress
 import itertools
 import logging
+import os
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -122,6 +123,16 @@ class _Pending:
     progress: Callable[[int], None] | None = None  # told the bytes landed so far
 
 
+def _why(exc: OSError, timeout: float) -> str:
+    """Why a connect failed, in the system's words ("Connection refused"), not
+    asyncio's ("[Errno 111] Connect call failed ('127.0.0.1', 1)")."""
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout:g} s"
+    if exc.errno:
+        return os.strerror(exc.errno).lower()
+    return str(exc)
+
+
 class Connection:
     """One client connection to a server (see the module docstring)."""
 
@@ -157,7 +168,7 @@ class Connection:
         except ssl.SSLError as exc:  # before OSError, which it is too
             raise failure(exc, connection.where) from None
         except (OSError, TimeoutError) as exc:
-            raise Unavailable(f"cannot connect to {connection.where}: {exc}") from None
+            raise Unavailable(f"cannot connect to {connection.where}: {_why(exc, timeout)}") from None
         if tls is None:
             await connection._greet(host, timeout)
         return connection

@@ -30,6 +30,8 @@ def test_a_refused_endpoint_fails_within_two_seconds(capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert err.count("cannot reach the metadata service") == 2
     assert "Traceback" not in err and "retrying" not in err
+    # the system's words, not asyncio's "[Errno 111] Connect call failed ('127.0.0.1', N)"
+    assert err.count("connection refused") == 2 and "[Errno" not in err, err
 
 
 def test_a_hung_service_is_told_as_hung_not_as_tls(capsys: pytest.CaptureFixture[str]) -> None:
