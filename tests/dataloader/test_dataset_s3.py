@@ -40,31 +40,36 @@ def _moto_rows_written_with_options(monkeypatch: pytest.MonkeyPatch, s3_options:
     monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
-def _read_with_s3fs_refused(
-    url: str, options: dict[str, Any], cache: str, workers: int
-) -> list[int]:
-    """Every sample, with s3fs made to refuse shard reads once the manifest is read
-    (forked workers inherit the refusal): only obstore can have fetched them."""
+def _read_with_s3fs_refused(url: str, options: dict[str, Any], cache: str) -> list[list[int]]:
+    """Every sample, by 2 forked workers and then by this process, with s3fs made to
+    refuse shard reads once the manifest is read (forked workers inherit the refusal):
+    only obstore can have fetched them. Workers first: they are forked from a process
+    whose obstore has not fetched yet."""
     import s3fs
-
-    ds = CachedDataset(url, cache_dir=cache, storage_options=options, seed=1)
 
     def refuse(*_args: Any, **_kwargs: Any) -> bytes:
         raise AssertionError("a shard was fetched through s3fs")
 
+    datasets = [
+        CachedDataset(url, cache_dir=f"{cache}{workers}", storage_options=options, seed=1)
+        for workers in (2, 0)
+    ]  # their manifests read through s3fs
     s3fs.S3FileSystem.cat_file = refuse
-    ids = _ids(ds, workers)
-    assert ds.stats["cache_fills"] == 11  # every shard fetched, by this process or its workers
-    return ids
+    read = []
+    for workers, ds in zip((2, 0), datasets, strict=True):
+        read.append(_ids(ds, workers))
+        assert ds.stats["cache_fills"] == 11  # every shard, by this process or its workers
+    return read
 
 
 def test_shards_come_through_obstore_with_s3fs_options(
     s3_rows: str, s3_options: dict[str, Any], tmp_path: Path
 ) -> None:
-    for workers in (0, 2):  # forked workers make obstore clients of their own
-        cache = str(tmp_path / f"c{workers}")
-        ids = _in_fresh_process(_read_with_s3fs_refused, s3_rows, s3_options, cache, workers)
-        assert sorted(ids) == list(range(N))
+    # a fresh process: s3fs is patched there only, and its obstore has not fetched yet
+    by_workers, by_the_loop = _in_fresh_process(
+        _read_with_s3fs_refused, s3_rows, s3_options, str(tmp_path / "c")
+    )
+    assert sorted(by_workers) == sorted(by_the_loop) == list(range(N))
 
 
 def _in_fresh_process(fn: Any, *args: Any) -> Any:
