@@ -168,7 +168,9 @@ class Connection:
         except ssl.SSLError as exc:  # before OSError, which it is too
             raise failure(exc, connection.where) from None
         except (OSError, TimeoutError) as exc:
-            raise Unavailable(f"cannot connect to {connection.where}: {_why(exc, timeout)}") from None
+            raise Unavailable(
+                f"cannot connect to {connection.where}: {_why(exc, timeout)}"
+            ) from None
         if tls is None:
             await connection._greet(host, timeout)
         return connection
