@@ -22,7 +22,7 @@ from typing import Any
 from graben.store import NotFound, aws_environment
 
 RangeFetch = Callable[[str, int, int], memoryview]
-"""``fetch(key, start, end)``: bytes ``[start, end)`` of the object ``key`` in the bucket."""
+"""``fetch(name, start, end)``: bytes ``[start, end)`` of the dataset's file ``name``."""
 IGNORED = frozenset({"skip_instance_cache", "use_listings_cache", "listings_expiry_time"})
 """s3fs options about its own caches: nothing for the fetches."""
 
@@ -32,9 +32,9 @@ _started_in: list[int] = []
 there only; a fork inherits this, not them)."""
 
 
-def native_fetch(url: str, options: dict[str, Any]) -> tuple[RangeFetch, str] | None:
-    """A fetch through obstore for the dataset at ``url`` and the key prefix of its
-    shards, or ``None`` where s3fs must do it (decide again after a fork)."""
+def native_fetch(url: str, options: dict[str, Any]) -> RangeFetch | None:
+    """A fetch through obstore for the dataset at ``url``, or ``None`` where s3fs must
+    do it (decide again after a fork)."""
     if not url.startswith("s3://") or _started_in[:1] not in ([], [os.getpid()]):
         return None
     try:
@@ -45,7 +45,7 @@ def native_fetch(url: str, options: dict[str, Any]) -> tuple[RangeFetch, str] | 
     if config is None:
         return None
     bucket, _, prefix = url[len("s3://") :].partition("/")
-    return _Fetch(bucket, config), prefix.strip("/")
+    return _Fetch(bucket, prefix.strip("/"), config)
 
 
 def _config(options: dict[str, Any]) -> dict[str, Any] | None:
@@ -84,18 +84,20 @@ def _config(options: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class _Fetch:
-    """Ranges of one bucket's objects, through a store made once per process."""
+    """Ranges of the files under one prefix of a bucket, through one obstore store."""
 
-    def __init__(self, bucket: str, config: dict[str, Any]) -> None:
-        self.bucket, self.config = bucket, config
-        self._store: Any = None
+    def __init__(self, bucket: str, prefix: str, config: dict[str, Any]) -> None:
+        from obstore.store import S3Store
 
-    def __call__(self, key: str, start: int, end: int) -> memoryview:
+        self.bucket, self.prefix = bucket, prefix
+        self.store = S3Store(bucket, **config)
+
+    def __call__(self, name: str, start: int, end: int) -> memoryview:
         import obstore
 
         if not _started_in:
             _started_in.append(os.getpid())
-        store = self._made()
+        store, key = self.store, f"{self.prefix}/{name}" if self.prefix else name
         try:
             return memoryview(obstore.get_range(store, key, start=start, end=end))
         except (FileNotFoundError, obstore.exceptions.NotFoundError):
@@ -109,13 +111,3 @@ class _Fetch:
             if size <= start:
                 return memoryview(b"")
             return memoryview(obstore.get_range(store, key, start=start, end=size))
-
-    def _made(self) -> Any:
-        if self._store is None:
-            from obstore.store import S3Store
-
-            self._store = S3Store(self.bucket, **self.config)
-        return self._store
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"bucket": self.bucket, "config": self.config, "_store": None}

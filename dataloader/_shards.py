@@ -57,7 +57,7 @@ class ShardSource:
         )
         self._cache: NodeCache | None = None
         self._source: tuple[Any, str] | None = None
-        self._native: tuple[int, tuple[RangeFetch, str] | None] | None = None
+        self._native: tuple[int, RangeFetch | None] | None = None
 
     def warm(self, progress: Callable[[int], None] | None = None) -> None:
         """Fill the node cache with every shard (as far as the limit allows).
@@ -89,9 +89,7 @@ class ShardSource:
             self._native = (os.getpid(), native_fetch(self.url, self.storage_options))
         native = self._native[1]
         if native is not None:
-            get, prefix = native
-            key = f"{prefix}/{shard.name}" if prefix else shard.name
-            return lambda start, end: get(key, start, end)
+            return lambda start, end: native(shard.name, start, end)
         fs, root = self._fetch_source()
 
         def fetch(start: int, end: int) -> bytes:

@@ -7,7 +7,7 @@ Systems: DCP's ``FileSystemWriter`` on the local disk (the baseline), its
 s3torchconnector's ``S3StorageWriter``/``Reader`` (AWS's S3 connector for
 PyTorch, with its defaults: one writer thread per rank) to the same moto,
 and ``GrabenWriter`` on an embedded store and on the 3-node cluster (one copy,
-and three: ``RF3``); and
+and three); and
 DCP's ``FileSystemWriter``/``Reader`` on each mount of the run (graben's,
 JuiceFS's, and SeaweedFS's at one copy and at three; started by
 ``mounts``). Every save to a file fsyncs (one to S3 is done when its PUTs
@@ -65,9 +65,6 @@ GBPS = "GB/s"
 WORLD = 2
 RF1 = {"replication": 1}
 """One copy, as on the local disk (RF=3 writes three to this VM's one disk)."""
-RF3 = {"replication": 3}
-"""Three copies on three nodes: on this VM's one disk, three times the bytes of the local
-disk's save (its target: 1.0x a third of the baseline's figure)."""
 JOB = (sys.executable, "-m", "graben.bench._dcp_job")
 BASELINE = "DCP FileSystemWriter (local disk)"
 READ_BASELINE = "DCP FileSystemReader (local disk)"
@@ -115,7 +112,7 @@ def _systems(ctx: Context, url: str, s3: Any) -> list[System]:
             "GrabenWriter embedded", "graben", "graben:///bench-ckpt/{}", env={"GRABEN_HOME": home}
         ),
         _graben_cluster(url),
-        System("GrabenWriter cluster RF=3", "graben", f"{url}/bench-ckpt/graben3-{{}}", RF3),
+        _graben_cluster(url, copies=3),
         *(
             System(
                 f"DCP FileSystemWriter -> {mount.name} mount",
@@ -128,9 +125,12 @@ def _systems(ctx: Context, url: str, s3: Any) -> list[System]:
     ]
 
 
-def _graben_cluster(url: str) -> System:
-    """GrabenWriter on the run's cluster, one copy (also ckpt-incremental's and ckpt-async's)."""
-    return System("GrabenWriter cluster RF=1", "graben", f"{url}/bench-ckpt/graben-{{}}", RF1)
+def _graben_cluster(url: str, copies: int = 1) -> System:
+    """GrabenWriter on the run's cluster, one copy (also ckpt-incremental's and ckpt-async's)
+    or three on three nodes: on this VM's one disk, three times the bytes of the local
+    disk's save (its target: 1.0x a third of the baseline's figure)."""
+    name, root = f"GrabenWriter cluster RF={copies}", f"{url}/bench-ckpt/graben{copies}-{{}}"
+    return System(name, "graben", root, {"replication": copies})
 
 
 def _mounted(ctx: Context) -> list[Mount]:
