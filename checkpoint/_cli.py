@@ -17,13 +17,16 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from graben.store import (
+    AgentClient,
     Client,
     FileInfo,
     GrabenError,
+    Held,
     InvalidArgument,
     IsADirectory,
     NotADirectory,
     NotFound,
+    Unavailable,
     connect,
     split_url,
 )
@@ -39,6 +42,13 @@ def add_ckpt(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ls = commands.add_parser("ls", help="the checkpoints under a root, oldest first")
     ls.add_argument("root", help=f"the CheckpointManager root ({_URL_HELP})")
     ls.add_argument("--json", action="store_true", help="print JSON (and nothing else)")
+    ls.add_argument(
+        "--agent",
+        default=None,
+        metavar="HOST:PORT",
+        help="the memory agent to ask which steps it holds (default: $GRABEN_AGENT, else "
+        "127.0.0.1:7300 if one answers there)",
+    )
     ls.set_defaults(run=_ls)
 
     rm = commands.add_parser("rm", help="remove checkpoints, or apply a retention rule")
@@ -56,23 +66,43 @@ def add_ckpt(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _ls(args: argparse.Namespace) -> int:
     # No torch here: listing reads names and sizes (a second or two less per call)
-    from ._steps import listing
+    from ._steps import listing, with_memory
 
     store, root = split_url(args.root)
     _require_root(args.root)
     with connect(store) as client:
-        rows = [dataclasses.asdict(row) for row in listing(client, args.root, root)]
+        listed = listing(client, args.root, root)
+    held = _held(args.agent, args.root.rstrip("/"))
+    if held is not None:
+        listed = with_memory(listed, held, args.root)
+    rows = [dataclasses.asdict(row) for row in listed]
     if args.json:
         print(json.dumps(rows))
         return 0
     if not rows:
         print(f"no checkpoints in {args.root}", file=sys.stderr)
     for row in rows:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["published"]))
+        published = row["published"]
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(published)) if published else "-"
         mark = "  <- latest" if row["latest"] else ""
         step = "-" if row["step"] is None else row["step"]
-        print(f"{step:>12}  {when}  {row['bytes']:>14}  {row['url']}{mark}")
+        tiers = f"  [{row['tiers']}]" if held is not None else ""
+        print(f"{step:>12}  {when:>19}  {row['bytes']:>14}  {row['url']}{mark}{tiers}")
     return 0
+
+
+def _held(agent: str | None, job: str) -> list[Held] | None:
+    """What the memory agent holds of ``job``; ``None`` if there is none to ask (an
+    agent named by ``--agent`` that does not answer is an error)."""
+    client = AgentClient(agent)
+    try:
+        return client.listing(job)
+    except Unavailable:
+        if agent is not None:
+            raise
+        return None
+    finally:
+        client.close()
 
 
 def _rm(args: argparse.Namespace) -> int:

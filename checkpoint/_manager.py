@@ -6,26 +6,35 @@ appears only once it is complete (``GrabenWriter`` publishes it with one
 rename); ``latest`` moves only after that, and old steps are removed only
 after ``latest`` names the new one, so a crash at any point leaves a
 loadable ``latest``.
+
+With the memory tier (``tiers=("memory", "store")``), each save is first
+copied into this node's memory agent (``_memory``), and every
+``store_every``-th one is then written to the store from that copy, in the
+background; ``load_latest`` takes the newest step complete in either.
 """
 
 from __future__ import annotations
 
 import builtins
+import dataclasses
+import logging
 import posixpath
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.planner import LoadPlanner, SavePlanner
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save, save
 
-from graben.store import Client, FileInfo, NotFound, shared_client, split_url
+from graben.store import Client, FileInfo, InvalidArgument, NotFound, shared_client, split_url
 
+from ._memory import MemoryTier
 from ._planner import GrabenLoadPlanner, GrabenSavePlanner
 from ._reader import GrabenReader
 from ._steps import LATEST, CheckpointInfo, step_name, step_of
@@ -33,6 +42,8 @@ from ._writer import GrabenWriter
 
 STALE_STAGING_S = 3600.0
 """Staging directories of saves that died are removed once this old."""
+TIERS = frozenset({"memory", "store"})
+log = logging.getLogger("graben.checkpoint")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +86,14 @@ class CheckpointManager:
     manager's own, made at the first one (every rank's main thread makes it,
     as every rank calls ``save``), or on ``process_group`` if given: then
     nothing else may use that group while a save is in flight.
+
+    ``tiers=("memory", "store")`` saves into this node's memory agent first
+    (``agent="HOST:PORT"``, default ``$GRABEN_AGENT``, else
+    ``127.0.0.1:7300``): ``save`` blocks only while the state is copied into
+    shared memory, and returns; every ``store_every``-th save (the first
+    included) then goes on to the store in the background, from that copy. A
+    save the agent has no room for goes to the store and says so. The memory
+    tier and its collectives use a gloo group of the manager's own.
     """
 
     def __init__(
@@ -88,7 +107,15 @@ class CheckpointManager:
         replication: int | None = None,
         compression: int | None = None,
         process_group: dist.ProcessGroup | None = None,
+        tiers: tuple[str, ...] = ("store",),
+        agent: str | None = None,
+        store_every: int = 1,
     ) -> None:
+        if not set(tiers) <= TIERS or "store" not in tiers or store_every < 1:
+            raise InvalidArgument(
+                f"tiers are ('store',) or ('memory', 'store'), not {tiers!r}; "
+                f"store_every is at least 1, not {store_every}"
+            )
         store, root = split_url(root_url)
         self.root_url, self.root = root_url.rstrip("/"), root.rstrip("/") or "/"
         self.retention = Retention(keep_last, keep_every, ttl)
@@ -99,6 +126,11 @@ class CheckpointManager:
         self._planner = GrabenSavePlanner()  # one for every save: its plan cache
         self._writer: GrabenWriter | None = None
         self._group, self._background = process_group, process_group
+        self._tiered, self._agent, self.store_every = "memory" in tiers, agent, store_every
+        self._memory: MemoryTier | None = None
+        self._tier_group: dist.ProcessGroup | None = None
+        self._saves = 0
+        self._flusher: ThreadPoolExecutor | None = None
 
     @property
     def client(self) -> Client:
@@ -121,7 +153,23 @@ class CheckpointManager:
         same buffers every step) and upload in the background: the returned
         future completes when the checkpoint is published. A previous
         asynchronous save is waited for first.
+
+        With the memory tier, the copy into memory is all a save waits for;
+        its future completes at once for a save that stays in memory, else
+        once the store holds it.
         """
+        if self._tiered:
+            return self._save_tiered(step, state_dict, async_=async_, planner=planner)
+        return self._save_store(step, state_dict, async_=async_, planner=planner)
+
+    def _save_store(
+        self,
+        step: int,
+        state_dict: dict[str, Any],
+        *,
+        async_: bool,
+        planner: SavePlanner | None,
+    ) -> Future[CheckpointInfo] | CheckpointInfo:
         self.wait()
         writer = self._writer_for(step)
         if not async_:
@@ -145,6 +193,63 @@ class CheckpointManager:
         upload.add_done_callback(_then(done, lambda: self._published(step)))
         self._pending = done
         return done
+
+    def _save_tiered(
+        self,
+        step: int,
+        state_dict: dict[str, Any],
+        *,
+        async_: bool,
+        planner: SavePlanner | None,
+    ) -> Future[CheckpointInfo] | CheckpointInfo:
+        memory = self._memory_tier()
+        to_store = self._saves % self.store_every == 0
+        self._saves += 1
+        if to_store:
+            self.wait()  # its segment is one of those the agent must keep meanwhile
+        why = memory.stage(step, state_dict)
+        if why is not None:
+            log.warning("step %d goes to the store only: %s", step, why)
+        if not self._everyone(why is None):
+            return self._save_store(step, state_dict, async_=async_, planner=planner)
+        memory.done(step)
+        if not to_store:
+            info = CheckpointInfo(step, self.url_of(step), time.time(), ("memory",))
+            return _done(info) if async_ else info
+        views = memory.views(step)
+        if self._flusher is None:
+            self._flusher = ThreadPoolExecutor(1, thread_name_prefix="graben-ckpt-store")
+        writer, group = self._writer_for(step), self._background_group()
+
+        def flush() -> CheckpointInfo:
+            save(
+                views, storage_writer=writer, planner=planner or self._planner, process_group=group
+            )
+            return dataclasses.replace(self._published(step), tiers=("memory", "store"))
+
+        self._pending = self._flusher.submit(flush)
+        return self._pending if async_ else self._pending.result()
+
+    def _memory_tier(self) -> MemoryTier:
+        if self._memory is None:
+            rank, world = _rank_world(self._group)
+            self._memory = MemoryTier(self.root_url, self._agent, rank, world)
+        return self._memory
+
+    def _everyone(self, yes: bool) -> bool:
+        """Whether ``yes`` holds on every rank (a collective on the memory tier's group)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return yes
+        flag = torch.tensor([int(yes)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._tiers_group())
+        return bool(flag.item())
+
+    def _tiers_group(self) -> dist.ProcessGroup:
+        """The memory tier's gloo group (made by every rank at its first use, as all
+        ranks save and load together)."""
+        if self._tier_group is None:
+            self._tier_group = dist.new_group(backend="gloo")
+        return self._tier_group
 
     def _writer_for(self, step: int) -> GrabenWriter:
         """One writer for every save: it keeps the last one's metadata to reuse."""
@@ -181,6 +286,8 @@ class CheckpointManager:
         if _is_coordinator(self._group):
             self._client.put(posixpath.join(self.root, LATEST), step_name(step).encode())
             self.apply_retention()
+        if self._memory is not None:
+            self._memory.stored(step)
         return info
 
     def apply_retention(self) -> list[int]:
@@ -212,8 +319,17 @@ class CheckpointManager:
     def load_latest(
         self, state_dict: dict[str, Any], *, planner: LoadPlanner | None = None
     ) -> int | None:
-        """Load the latest checkpoint into ``state_dict`` in place; its step, or ``None``."""
+        """Load the latest checkpoint into ``state_dict`` in place; its step, or ``None``.
+
+        With the memory tier: the newest step complete in memory on every rank
+        (at this node's agent or its peer), unless the store holds a newer one.
+        """
         latest = self.latest()
+        if self._tiered:
+            step = self._memory_step()
+            if step is not None and (latest is None or step >= latest.step):
+                self._memory_tier().load(step, state_dict)
+                return step
         if latest is None:
             return None
         self.load(latest.step, state_dict, planner=planner)
@@ -226,6 +342,16 @@ class CheckpointManager:
         reader = GrabenReader(self.url_of(step), client=self._client)
         planner = planner or GrabenLoadPlanner()
         dcp_load(state_dict, storage_reader=reader, planner=planner, process_group=self._group)
+
+    def _memory_step(self) -> int | None:
+        """The newest step every rank can load from memory (a collective), or ``None``."""
+        mine = set(self._memory_tier().steps())
+        if dist.is_available() and dist.is_initialized():
+            everyone: builtins.list[set[int] | None] = [None] * dist.get_world_size(self._group)
+            dist.all_gather_object(everyone, mine, group=self._tiers_group())
+            for theirs in everyone:
+                mine &= theirs or set()
+        return max(mine, default=None)
 
     def list(self) -> list[CheckpointInfo]:
         """Complete checkpoints, oldest first."""
@@ -248,6 +374,11 @@ class CheckpointManager:
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None
+            if self._flusher is not None:
+                self._flusher.shutdown()
+                self._flusher = None
+            if self._memory is not None:
+                self._memory.close()
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -274,6 +405,18 @@ class CheckpointManager:
 def _is_coordinator(group: dist.ProcessGroup | None) -> bool:
     """Whether this process is rank 0 of ``group`` (DCP's coordinator), or alone."""
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank(group) == 0
+
+
+def _rank_world(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group), dist.get_world_size(group)
+    return 0, 1
+
+
+def _done(info: CheckpointInfo) -> Future[CheckpointInfo]:
+    done: Future[CheckpointInfo] = Future()
+    done.set_result(info)
+    return done
 
 
 def _then(done: Future[Any], publish: Callable[[], Any]) -> Callable[[Future[Any]], None]:

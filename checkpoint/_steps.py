@@ -6,9 +6,9 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from graben.store import Client, FileInfo, InvalidArgument, NotFound
+from graben.store import Client, FileInfo, Held, InvalidArgument, NotFound
 
 from ._storage import METADATA
 
@@ -27,6 +27,8 @@ class CheckpointInfo:
     """Its URL (what ``GrabenReader`` or ``dcp.load`` takes)."""
     mtime: float
     """When it was published, seconds since the epoch."""
+    tiers: tuple[str, ...] = ("store",)
+    """Where it is: ``"store"``, ``"memory"`` (this node's agent), or both."""
 
 
 def step_name(step: int) -> str:
@@ -61,6 +63,9 @@ class Listed:
     """Bytes of its files."""
     latest: bool
     """Whether the root's ``latest`` names it."""
+    tiers: str = "store"
+    """Where it is: ``store``, ``memory`` (this node's agent holds every rank's segment),
+    ``memory+store``, or ``store, memory 1/2 ranks here`` (a job across hosts)."""
 
 
 def listing(client: Client, root_url: str, root: str) -> list[Listed]:
@@ -91,3 +96,28 @@ def listing(client: Client, root_url: str, root: str) -> list[Listed]:
         )
         for e in steps + stock
     ]
+
+
+def with_memory(rows: list[Listed], held: list[Held], root_url: str) -> list[Listed]:
+    """``rows`` with what a memory agent ``held`` of their job: each step's tiers, and the
+    steps held only in memory, in step order."""
+    ranks: dict[tuple[int, int], set[int]] = {}
+    sizes: dict[int, int] = {}
+    for h in held:
+        if h.complete:
+            ranks.setdefault((h.key.step, h.key.world), set()).add(h.key.rank)
+            sizes[h.key.step] = sizes.get(h.key.step, 0) + h.size
+    memory: dict[int, str] = {}
+    for (step, world), present in sorted(ranks.items()):
+        whole = len(present) == world
+        if whole or step not in memory:
+            memory[step] = "memory" if whole else f"memory {len(present)}/{world} ranks here"
+    out = []
+    for row in rows:
+        tier = memory.pop(row.step, None) if row.step is not None else None
+        joined = "memory+store" if tier == "memory" else f"store, {tier}" if tier else "store"
+        out.append(replace(row, tiers=joined))
+    base = root_url.rstrip("/")
+    for step, tier in memory.items():
+        out.append(Listed(f"{base}/{step_name(step)}", step, 0.0, sizes[step], False, tier))
+    return sorted(out, key=lambda r: (r.step is not None, r.step or 0))

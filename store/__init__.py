@@ -8,7 +8,8 @@ reads a size as people write it (``"50G"``). Every error is a ``GrabenError``
 that also subclasses the builtin it means. ``optional_door`` is for graben's
 own doors: importing one without its extra raises ``MissingExtra`` (an
 ``ImportError``) naming it; ``serve_metrics`` serves a Prometheus registry
-at ``/metrics``, as the servers and the mount daemon do.
+at ``/metrics``, as the servers and the mount daemon do; ``AgentClient``
+(with ``SegmentKey`` and ``Held``) talks to a node's memory agent.
 """
 
 import importlib
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
         PathChange,
     )
     from .client import (
+        AgentClient,
         AsyncClient,
         AsyncReadFile,
         AsyncWriteFile,
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
         shared_client,
     )
     from .fsspec import GrabenFileSystem
+    from .transport import Held, SegmentKey
     from .wire import serve_metrics
 
 # Where each name lives ("name=its name there" where they differ).
@@ -83,10 +86,11 @@ _MODULES = {
     "._paths": "normalize_path=normalize",
     "._types": "Change ChangeFeed ChunkProblem FileInfo FsckReport PathChange",
     ".client": (
-        "AsyncClient AsyncReadFile AsyncWriteFile Client ReadFile Upload WriteFile"
+        "AgentClient AsyncClient AsyncReadFile AsyncWriteFile Client ReadFile Upload WriteFile"
         " clear_shared_clients connect shared_client"
     ),
     ".fsspec": "GrabenFileSystem",
+    ".transport": "Held SegmentKey",
     ".wire": "serve_metrics",
 }
 _WHERE = {
@@ -114,6 +118,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "TLS",
+    "AgentClient",
     "AlreadyExists",
     "AsyncClient",
     "AsyncReadFile",
@@ -128,6 +133,7 @@ __all__ = [
     "FsckReport",
     "GrabenError",
     "GrabenFileSystem",
+    "Held",
     "IntegrityError",
     "InvalidArgument",
     "InvalidPath",
@@ -143,6 +149,7 @@ __all__ = [
     "ProtocolError",
     "ReadFile",
     "Refused",
+    "SegmentKey",
     "TLSError",
     "Timeout",
     "Unavailable",

@@ -11,7 +11,8 @@ they serve.
 
 Besides ``Options`` and ``TLS``: where a store is (``resolve``: its URL or
 the default home; ``split_url``), where caches go (``cache_home``), the AWS
-settings of the dataset door's S3 fetches (``aws_environment``), sizes as
+settings of the dataset door's S3 fetches (``aws_environment``), the node's
+memory agent (``agent_address``: ``GRABEN_AGENT``), sizes as
 people write them (``parse_size``), and the constants that clients and
 servers, or a data node and the metadata service's placement, agree on
 (chunk sizes, ``PAGE_ENTRIES``, ``RESERVE``).
@@ -49,6 +50,16 @@ ENV_SECRET_FILE = "GRABEN_SECRET_FILE"
 """A file holding the cluster secret."""
 ENV_TOKEN = "GRABEN_TOKEN"
 """A cluster client's token."""
+ENV_AGENT = "GRABEN_AGENT"
+"""``HOST:PORT`` of this node's memory agent (``graben agent serve``)."""
+AGENT_PORT = 7300
+"""Where a memory agent listens unless told otherwise."""
+
+
+def agent_address(given: str | None = None) -> str:
+    """The memory agent a rank uses: ``given``, else ``$GRABEN_AGENT``, else this host's
+    default (``127.0.0.1:7300``)."""
+    return given or env(ENV_AGENT) or f"127.0.0.1:{AGENT_PORT}"
 
 
 def env(name: str) -> str | None:

@@ -6,7 +6,8 @@ Owns ``AsyncClient`` (``_aclient``) and its sync facade ``Client``
 placement, upload, commit), the read path (``_reader``: verified reads,
 read-ahead), one client per store per process for every door
 (``_shared``), paged listings and layouts (``_pages``) and the client's side
-of fsck (``_fsck``).
+of fsck (``_fsck``), and ``AgentClient`` (``_agent``): a rank's calls to its
+node's memory agent.
 
 May import: ``embedded`` (to open a local store), ``transport``, ``wire``
 and the store's shared modules; never ``meta`` or ``node`` directly, nor
@@ -15,12 +16,14 @@ and the store's shared modules; never ``meta`` or ``node`` directly, nor
 
 from ._aclient import AsyncClient
 from ._afiles import AsyncReadFile, AsyncWriteFile
+from ._agent import AgentClient
 from ._client import Client, connect
 from ._files import ReadFile, WriteFile
 from ._shared import clear_shared_clients, shared_client
 from ._upload import Staging, Upload
 
 __all__ = [
+    "AgentClient",
     "AsyncClient",
     "AsyncReadFile",
     "AsyncWriteFile",

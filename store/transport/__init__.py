@@ -3,19 +3,20 @@
 Owns the metadata requests (``_requests``: each names its response type;
 mutations carry idempotency keys), the replies that are not public values
 (``_replies``: pages, placements, a node's welcome), the bodies of a data
-node's calls (``_chunk_calls``), the two protocols every client feature
-is written against (``_protocols``: ``MetaTransport`` for the metadata
-service, ``ChunkTransport`` for the data nodes) and their implementations
-over the wire (``_remote``: ``RemoteMeta``, ``RemoteChunks``, the
-capabilities at hand, a connection pool; ``_endpoints``: the metadata
-services a client may use, and which one it is using). The servers
-use the remote transports too, to reach each other; the in-process
-implementations are the ``embedded`` layer's.
+node's calls (``_chunk_calls``) and of a memory agent's (``_agent_calls``),
+the two protocols every client feature is written against (``_protocols``:
+``MetaTransport`` for the metadata service, ``ChunkTransport`` for the data
+nodes) and their implementations over the wire (``_remote``: ``RemoteMeta``,
+``RemoteChunks``, the capabilities at hand, a connection pool;
+``_endpoints``: the metadata services a client may use, and which one it is
+using). The servers use the remote transports too, to reach each other; the
+in-process implementations are the ``embedded`` layer's.
 
 May import: ``wire`` and the store's shared modules.
 """
 
 from .._types import ChangeFeed, PathChange
+from ._agent_calls import Held, JobRank, Piece, Reserve, SegmentKey, Status, Stored
 from ._chunk_calls import ChunkCall, NodeClean, NodeQuery, NodeVouch
 from ._endpoints import Endpoints
 from ._protocols import ChunkTransport, MetaTransport
@@ -92,6 +93,8 @@ __all__ = [
     "Grant",
     "Grants",
     "Heartbeat",
+    "Held",
+    "JobRank",
     "Joined",
     "Link",
     "ListDir",
@@ -103,6 +106,7 @@ __all__ = [
     "NodeQuery",
     "NodeVouch",
     "PathChange",
+    "Piece",
     "Placement",
     "Pool",
     "Prepare",
@@ -112,9 +116,13 @@ __all__ = [
     "Rename",
     "ReportBad",
     "Request",
+    "Reserve",
+    "SegmentKey",
     "SetAttributes",
     "Settings",
     "Stat",
+    "Status",
+    "Stored",
     "Usage",
     "new_key",
     "open_cluster",

@@ -1,0 +1,342 @@
+"""The agent's server: ranks reserve, finish, find and read back segments; peers copy them.
+
+Ops (every one needs the cluster token): ``agent.reserve`` (a file to write a
+segment into, room made under the limit, else ``NoSpace``), ``agent.done``
+(the segment is complete; a copy goes to the first peer that takes it, in the
+background), ``agent.stored`` (the store holds a step: older segments may go),
+``agent.steps`` (complete steps of a rank, here or at a peer), ``agent.locate``
+(the file of a complete segment, pulled from a peer first if only a peer has
+it), ``agent.list`` and ``agent.status``; between agents ``agent.has``,
+``agent.put`` (a piece of a copy, received in place) and ``agent.get`` (a piece
+sent from the file by ``sendfile``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from .._errors import GrabenError, InvalidArgument, NoSpace, NotFound, ProtocolError
+from ..transport import Held, JobRank, Piece, Reserve, SegmentKey, Status, Stored
+from ..wire import (
+    Answer,
+    Call,
+    Connection,
+    FileSpan,
+    Handler,
+    Metrics,
+    Server,
+    auth,
+    decode,
+    encode,
+)
+from ._segments import Segments
+from ._shelf import room, surplus
+
+log = logging.getLogger("graben.agent")
+
+PIECE = 16 << 20
+"""Bytes of a segment per call between peers."""
+PEER_TIMEOUT_S = 5.0
+"""Seconds a peer has to answer a question (a copy's pieces get the wire's default)."""
+
+
+class Agent:
+    """A node's memory tier (see the package docstring): ``await Agent(...).start(host, port)``."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        limit: int,
+        secret: bytes,
+        keep: int = 2,
+        peers: tuple[str, ...] = (),
+        metrics_at: tuple[str, int] | None = None,
+    ) -> None:
+        self.segments = Segments(root)
+        self.limit, self.keep, self.peers = limit, keep, peers
+        self._secret = secret
+        self._stored: dict[str, int] = {}
+        self._conns: dict[str, Connection] = {}
+        self._pushes: asyncio.Queue[SegmentKey] | None = None
+        self._pusher: asyncio.Task[None] | None = None
+        self.server: Server | None = None
+        self.metrics = Metrics() if metrics_at is not None else None
+        self._metrics_at = metrics_at
+        self._counts: dict[str, Any] = {}
+        self._sending: set[SegmentKey] = set()
+        """Own segments being copied to a peer: never dropped nor reused meanwhile."""
+        if self.segments.used > limit:
+            log.warning("found %d bytes of segments, over the limit %d", self.segments.used, limit)
+
+    async def start(self, host: str, port: int) -> Server:
+        handlers = {
+            name.replace("_", "."): self._checked(getattr(self, name))
+            for name in [
+                "agent_reserve",
+                "agent_done",
+                "agent_stored",
+                "agent_steps",
+                "agent_locate",
+                "agent_list",
+                "agent_status",
+                "agent_has",
+                "agent_put",
+                "agent_get",
+            ]
+        }
+        self._serve_metrics()
+        self.server = await Server.start(
+            handlers,
+            host,
+            port,
+            {"agent.put": self._sink},
+            admit=self._admit,
+            metrics=self.metrics,
+        )
+        self._pushes = asyncio.Queue()
+        self._pusher = asyncio.create_task(self._push_all())
+        return self.server
+
+    async def close(self) -> None:
+        if self._pusher is not None:
+            self._pusher.cancel()
+        if self.server is not None:
+            await self.server.close()
+        for conn in self._conns.values():
+            await conn.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+    # -- ranks --------------------------------------------------------------------
+
+    async def agent_reserve(self, call: Call, payload: memoryview | None) -> Answer:
+        request: Reserve = decode(call.body, Reserve)
+        path = self._make_room(request.key.check(), request.size, peer=False)
+        return Answer(encode(str(path)))
+
+    async def agent_done(self, call: Call, payload: memoryview | None) -> Answer:
+        key: SegmentKey = decode(call.body, SegmentKey)
+        if self.segments.complete(key, peer=False) is None:
+            raise NotFound(f"no segment reserved for {_named(key)}")
+        if self.peers and self._pushes is not None:
+            self._pushes.put_nowait(key)
+        self._tidy()
+        return Answer()
+
+    async def agent_stored(self, call: Call, payload: memoryview | None) -> Answer:
+        stored: Stored = decode(call.body, Stored)
+        self._stored[stored.job] = max(stored.step, self._stored.get(stored.job, -1))
+        self._count("stored", "Steps ranks reported the store holds")
+        self._tidy()
+        return Answer()
+
+    async def agent_steps(self, call: Call, payload: memoryview | None) -> Answer:
+        which: JobRank = decode(call.body, JobRank)
+        steps = self.segments.steps(which.job, which.rank, which.world)
+        for peer in self.peers:
+            try:
+                steps |= set(await self._ask(peer, "agent.has", which, list[int]))
+            except GrabenError as exc:
+                log.info("peer %s did not say what it holds: %s", peer, exc.message)
+        return Answer(encode(sorted(steps)))
+
+    async def agent_locate(self, call: Call, payload: memoryview | None) -> Answer:
+        key: SegmentKey = decode(call.body, SegmentKey).check()
+        held = self.segments.find(key) or await self._pull(key)
+        return Answer(encode(str(self.segments.path(key, held.peer, True))))
+
+    async def agent_list(self, call: Call, payload: memoryview | None) -> Answer:
+        job: str = decode(call.body, str)
+        return Answer(encode([h for h in self.segments.held.values() if h.key.job == job]))
+
+    async def agent_status(self, call: Call, payload: memoryview | None) -> Answer:
+        held = self.segments.held
+        return Answer(encode(Status(self.segments.used, self.limit, len(held), list(self.peers))))
+
+    # -- peers --------------------------------------------------------------------
+
+    async def agent_has(self, call: Call, payload: memoryview | None) -> Answer:
+        which: JobRank = decode(call.body, JobRank)
+        return Answer(encode(sorted(self.segments.steps(which.job, which.rank, which.world))))
+
+    async def agent_put(self, call: Call, payload: memoryview | None) -> Answer:
+        piece: Piece = decode(call.body, Piece)
+        key = piece.key.check()
+        if piece.offset == 0:
+            self._make_room(key, piece.size, peer=True)
+        held = self.segments.held.get((key, True))
+        if held is None or held.complete or held.size != piece.size:
+            raise InvalidArgument(f"no copy of {_named(key)} under way at offset {piece.offset}")
+        path = self.segments.path(key, True, False)
+        assert payload is not None
+        await asyncio.to_thread(_write_at, path, payload, piece.offset)
+        if piece.offset + piece.length == piece.size:
+            self.segments.complete(key, peer=True)
+            self._tidy()
+        return Answer()
+
+    async def agent_get(self, call: Call, payload: memoryview | None) -> Answer:
+        piece: Piece = decode(call.body, Piece)
+        held = self.segments.find(piece.key)
+        if held is None or not 0 <= piece.offset <= piece.offset + piece.length <= held.size:
+            raise NotFound(f"no segment {_named(piece.key)} holding those bytes")
+        fd = os.open(self.segments.path(held.key, held.peer, True), os.O_RDONLY)
+        return Answer(file=FileSpan(fd, piece.offset, piece.length), release=lambda: os.close(fd))
+
+    def _checked(self, handler: Handler) -> Handler:
+        """``handler`` behind the cluster token (a payload's call is checked earlier too)."""
+
+        async def checked(call: Call, payload: memoryview | None) -> Answer:
+            auth.check_token(self._secret, call.token)
+            return await handler(call, payload)
+
+        return checked
+
+    def _admit(self, call: Call, length: int) -> None:
+        auth.check_token(self._secret, call.token)
+        if call.op == "agent.put":
+            piece: Piece = decode(call.body, Piece)
+            if piece.length != length or not 0 < length <= PIECE:
+                raise ProtocolError(f"agent.put: {length} bytes for a piece of {piece.length}")
+
+    def _sink(self, call: Call, length: int) -> memoryview:
+        return memoryview(bytearray(length))
+
+    # -- helpers ------------------------------------------------------------------
+
+    def _make_room(self, key: SegmentKey, size: int, *, peer: bool) -> Path:
+        if not 0 <= size <= self.limit:
+            self._count("refused", "Segments refused for want of memory")
+            raise NoSpace(f"a segment of {size} bytes is over the agent's limit of {self.limit}")
+        self.segments.forget(key, peer)
+        everything = self.segments.held.values()
+        fit = room(everything, size, self.limit, self._stored, self.keep, self._sending)
+        if fit is None:
+            self._count("refused", "Segments refused for want of memory")
+            raise NoSpace(
+                f"the memory agent holds {self.segments.used} of {self.limit} bytes in "
+                f"segments it must keep; no room for {size} more ({_named(key)})"
+            )
+        for held in fit.drop:
+            self.segments.drop(held)
+        return self.segments.create(key, size, peer, fit.reuse)
+
+    def _tidy(self) -> None:
+        everything = self.segments.held.values()
+        for held in surplus(everything, self._stored, self.keep, self._sending):
+            self.segments.drop(held)
+
+    async def _push_all(self) -> None:
+        assert self._pushes is not None
+        while True:
+            key = await self._pushes.get()
+            self._sending.add(key)
+            try:
+                for peer in self.peers:
+                    try:
+                        await self._push(peer, key)
+                        break
+                    except GrabenError as exc:
+                        log.warning("could not copy %s to %s: %s", _named(key), peer, exc.message)
+            finally:
+                self._sending.discard(key)
+
+    async def _push(self, peer: str, key: SegmentKey) -> None:
+        held = self.segments.find(key)
+        if held is None or held.peer:
+            return  # dropped meanwhile, or a copy already
+        path = self.segments.path(key, False, True)
+        conn = await self._conn(peer)
+        with open(path, "rb") as f:
+            for offset in range(0, max(held.size, 1), PIECE):
+                data = await asyncio.to_thread(os.pread, f.fileno(), PIECE, offset)
+                if len(data) != min(PIECE, held.size - offset):
+                    raise NotFound(f"segment {_named(key)} was dropped while being copied")
+                body = encode(Piece(key, held.size, offset, len(data)))
+                await conn.call("agent.put", body, payload=memoryview(data), token=self._token)
+        self._count("pushed_bytes", "Bytes of segments copied to peers", held.size)
+
+    async def _pull(self, key: SegmentKey) -> Held:
+        """Copy ``key``'s segment from the first peer holding it; ``NotFound`` if none does."""
+        which = JobRank(key.job, key.rank, key.world)
+        for peer in self.peers:
+            try:
+                if key.step not in await self._ask(peer, "agent.has", which, list[int]):
+                    continue
+                return await self._pull_from(peer, key)
+            except GrabenError as exc:
+                log.warning("could not fetch %s from peer %s: %s", _named(key), peer, exc.message)
+        raise NotFound(f"no complete segment {_named(key)} here or at a peer")
+
+    async def _pull_from(self, peer: str, key: SegmentKey) -> Held:
+        listed = await self._ask(peer, "agent.list", key.job, list[Held])
+        size = next(h.size for h in listed if h.key == key and h.complete)
+        path = self._make_room(key, size, peer=False)
+        conn = await self._conn(peer)
+        buffer = bytearray(min(PIECE, size))
+        for offset in range(0, size, PIECE):
+            n = min(PIECE, size - offset)
+            body = encode(Piece(key, size, offset, n))
+            into = memoryview(buffer)[:n]
+            await conn.call("agent.get", body, into=into, token=self._token)
+            await asyncio.to_thread(_write_at, path, into, offset)
+        held = self.segments.complete(key, peer=False)
+        assert held is not None
+        self._count("pulled_bytes", "Bytes of segments fetched from peers", size)
+        return held
+
+    async def _ask(self, peer: str, op: str, body: object, kind: Any) -> Any:
+        conn = await self._conn(peer)
+        reply, _ = await conn.call(op, encode(body), token=self._token, timeout=PEER_TIMEOUT_S)
+        return decode(reply, kind)
+
+    async def _conn(self, peer: str) -> Connection:
+        conn = self._conns.get(peer)
+        if conn is None or conn.closed:
+            host, _, port = peer.rpartition(":")
+            conn = self._conns[peer] = await Connection.open(
+                host, int(port), timeout=PEER_TIMEOUT_S
+            )
+        return conn
+
+    @property
+    def _token(self) -> str:
+        return auth.client_token(self._secret)
+
+    def _serve_metrics(self) -> None:
+        if self.metrics is None or self._metrics_at is None:
+            return
+        metrics = self.metrics
+        for name, doc, value in (
+            ("graben_agent_held_bytes", "Bytes of segments held", lambda: self.segments.used),
+            ("graben_agent_limit_bytes", "The agent's memory limit", lambda: self.limit),
+            ("graben_agent_segments", "Segments held", lambda: len(self.segments.held)),
+        ):
+            metrics.gauge(name, doc).set_function(value)
+        metrics.serve(*self._metrics_at)
+
+    def _count(self, name: str, doc: str, n: int = 1) -> None:
+        if self.metrics is None:
+            return
+        if name not in self._counts:
+            self._counts[name] = self.metrics.counter(f"graben_agent_{name}", doc)
+        self._counts[name].inc(n)
+
+
+def _named(key: SegmentKey) -> str:
+    return f"step {key.step} rank {key.rank}/{key.world} of {key.job}"
+
+
+def _write_at(path: Path, data: memoryview, offset: int) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        while data.nbytes:
+            written = os.pwrite(fd, data, offset)
+            data, offset = data[written:], offset + written
+    finally:
+        os.close(fd)

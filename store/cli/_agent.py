@@ -1,0 +1,116 @@
+"""``graben agent serve`` (a node's memory agent for checkpoints) and ``graben agent status``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeAlias
+
+from .._config import AGENT_PORT, parse_size
+from ..wire import auth
+from ._cluster import _serve
+from ._listen import endpoint, metrics_arg
+from ._logs import log_arg
+from ._main import config_arg
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+DEFAULT_DIR = Path("/dev/shm/graben-agent")
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _peers(text: str) -> tuple[str, ...]:
+    peers = tuple(p.strip() for p in text.split(",") if p.strip())
+    for peer in peers:
+        host, _, port = peer.rpartition(":")
+        if not host or not port.isdigit():
+            raise argparse.ArgumentTypeError(f"{peer!r} is not HOST:PORT")
+    return peers
+
+
+def add_agent(sub: Subparsers) -> None:
+    """``graben agent serve`` / ``graben agent status``."""
+    agent = sub.add_parser("agent", help="A node's memory tier for checkpoints.")
+    actions = agent.add_subparsers(metavar="ACTION", required=True)
+    serve = actions.add_parser(
+        "serve", help="Hold checkpoints in this node's shared memory; copy them to a peer."
+    )
+    serve.add_argument(
+        "--dir", type=Path, default=DEFAULT_DIR, help=f"shared-memory directory ({DEFAULT_DIR})"
+    )
+    serve.add_argument(
+        "--memory-limit", type=_size, required=True, help="most bytes of segments held (8G)"
+    )
+    serve.add_argument("--keep", type=int, default=2, help="newest steps kept per rank (2)")
+    serve.add_argument(
+        "--listen",
+        type=endpoint,
+        default=f"127.0.0.1:{AGENT_PORT}",
+        help=f"HOST[:PORT] to bind (default 127.0.0.1:{AGENT_PORT}; ranks find it "
+        "through $GRABEN_AGENT)",
+    )
+    serve.add_argument(
+        "--peer",
+        type=_peers,
+        default=(),
+        help="HOST:PORT[,...] of agents on other hosts: each finished segment is copied "
+        "to the first that takes it",
+    )
+    metrics_arg(serve)
+    serve.add_argument(
+        "--secret-file",
+        type=Path,
+        default=None,
+        help="file holding the cluster secret, mode 0600 (default: $GRABEN_SECRET_FILE)",
+    )
+    log_arg(serve)
+    config_arg(serve, "agent")
+    serve.set_defaults(run=_agent_serve)
+    status = actions.add_parser("status", help="What the agent holds, against its limit.")
+    status.add_argument("--agent", default=None, help="HOST:PORT (default: $GRABEN_AGENT)")
+    status.set_defaults(run=_agent_status)
+
+
+def _agent_serve(args: argparse.Namespace) -> int:
+    from ..agent import Agent
+
+    if args.keep < 1:
+        raise argparse.ArgumentTypeError("--keep is at least 1")
+    secret = auth.load_secret(args.secret_file)
+    host, port = args.listen
+
+    async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
+        agent = Agent(
+            args.dir,
+            limit=args.memory_limit,
+            secret=secret,
+            keep=args.keep,
+            peers=args.peer,
+            metrics_at=args.metrics,
+        )
+        server = await agent.start(host, AGENT_PORT if port is None else port)
+        return f"{host}:{server.port}", agent.close
+
+    return _serve(start)
+
+
+def _agent_status(args: argparse.Namespace) -> int:
+    from ..client import AgentClient
+
+    client = AgentClient(args.agent)
+    try:
+        status = client.status()
+    finally:
+        client.close()
+    peers = ", ".join(status.peers) or "none"
+    print(
+        f"{client.address}: {status.segments} segments, {status.held_bytes} of "
+        f"{status.limit_bytes} bytes; peers: {peers}"
+    )
+    return 0

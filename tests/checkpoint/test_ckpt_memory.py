@@ -1,0 +1,139 @@
+"""The memory tier with real ranks, agents and a real cluster: what survives which failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from agent_kit import Agents
+from ranks_kit import free_port, stacks
+
+from graben.store import connect
+
+RANKS = Path(__file__).with_name("memory_ranks.py")
+KILLED = -9
+
+
+@pytest.fixture
+def agents() -> Iterator[Agents]:
+    with Agents() as made:
+        yield made
+
+
+def launch(
+    action: str,
+    url: str,
+    agents: list[str],
+    *,
+    steps: int = 0,
+    every: int = 100,
+    die_at: int = -1,
+    width: int = 64,
+) -> list[tuple[int, list[dict[str, object]], str]]:
+    """Run one rank per agent address; each rank's exit code, JSON lines and output."""
+    port = free_port()
+    procs = []
+    for rank, agent in enumerate(agents):
+        argv = [str(RANKS), action, url, str(rank), str(len(agents)), str(port)]
+        argv += [str(steps), str(every), str(die_at), str(width)]
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *argv],
+                env={**os.environ, "GRABEN_AGENT": agent},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outcomes = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            threads = stacks(proc.pid)
+            proc.kill()
+            out = proc.communicate()[0] + f"\n[killed after 120 s]\n{threads}"
+        said = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        outcomes.append((proc.returncode, said, out))
+    return outcomes
+
+
+def resumed(outcomes: list[tuple[int, list[dict[str, object]], str]]) -> list[dict[str, object]]:
+    for code, _, out in outcomes:
+        assert code == 0, out[-4000:]
+    return [said[-1] for _, said, _ in outcomes]
+
+
+def digest_at(outcomes: list[tuple[int, list[dict[str, object]], str]], step: int) -> str:
+    digests = {s["digest"] for _, said, _ in outcomes for s in said if s.get("saved") == step}
+    assert len(digests) == 1, digests  # DDP keeps the ranks' models equal
+    return str(digests.pop())
+
+
+def store_latest(url: str) -> str:
+    store, _, root = url.partition("//")[2].partition("/")
+    with connect(f"graben://{store}") as client:
+        return client.get(f"/{root}/latest").decode()
+
+
+@pytest.fixture
+def url(cluster_url: str) -> str:
+    return f"{cluster_url}/memory-{uuid.uuid4().hex[:8]}"
+
+
+def test_a_job_killed_mid_training_resumes_from_memory_then_the_store(
+    agents: Agents, url: str
+) -> None:
+    agent = agents.start("a")
+    trained = launch("train", url, [agent, agent], steps=5, every=3, die_at=5)
+    assert [code for code, _, _ in trained] == [KILLED, KILLED]
+    stored = int(store_latest(url).removeprefix("step-"))
+    assert stored in (1, 4)  # saves 1 and 4 went on to the store; 4 may not have got there
+    back = resumed(launch("resume", url, [agent, agent]))
+    assert [(r["step"], r["saved_step"]) for r in back] == [(5, 5), (5, 5)]
+    assert {r["digest"] for r in back} == {digest_at(trained, 5)}
+    agents.kill("a")
+    agents.wipe("a")  # the node rebooted: its memory is gone
+    agents.start("a")
+    back = resumed(launch("resume", url, [agent, agent]))
+    assert [r["step"] for r in back] == [stored, stored]
+    assert {r["digest"] for r in back} == {digest_at(trained, stored)}
+
+
+def test_a_kill_during_a_save_never_yields_a_torn_step(agents: Agents, url: str) -> None:
+    agent = agents.start("a")
+    trained = launch("torn", url, [agent, agent], steps=4, die_at=3)
+    assert trained[1][0] == KILLED and trained[0][0] != 0
+    back = resumed(launch("resume", url, [agent, agent]))
+    assert [r["step"] for r in back] == [2, 2]  # rank 0 copied step 3; rank 1 never did
+    assert {r["digest"] for r in back} == {digest_at(trained, 2)}
+
+
+def test_another_world_size_loads_from_the_store(agents: Agents, url: str) -> None:
+    agent = agents.start("a")
+    trained = launch("train", url, [agent, agent], steps=4, every=2)
+    assert [code for code, _, _ in trained] == [0, 0], trained[0][2][-3000:]
+    back = resumed(launch("resume", url, [agent]))  # step 4 is in memory, for two ranks
+    assert back[0]["step"] == 3 and back[0]["digest"] == digest_at(trained, 3)
+    back = resumed(launch("resume", url, [agent, agent, agent]))
+    assert [r["step"] for r in back] == [3, 3, 3]
+    back = resumed(launch("resume", url, [agent, agent]))
+    assert [r["step"] for r in back] == [4, 4]
+
+
+def test_a_save_the_agent_has_no_room_for_goes_to_the_store_and_says_so(
+    agents: Agents, url: str
+) -> None:
+    agent = agents.start("a", "1M")
+    trained = launch("train", url, [agent, agent], steps=2, width=4096)  # ~0.6 MiB a rank
+    assert [code for code, _, _ in trained] == [0, 0], trained[0][2][-3000:]
+    assert "step 2 goes to the store only" in trained[0][2] + trained[1][2]
+    assert store_latest(url) == "step-000000000002"
+    back = resumed(launch("resume", url, [agent, agent], width=4096))
+    assert back[0]["step"] == 2 and back[0]["digest"] == digest_at(trained, 2)

@@ -1,0 +1,137 @@
+"""Real memory agents on loopback: segments reserved, written, found, copied to a peer,
+pulled back by a replacement host, kept within the limit, adopted after a restart."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from agent_kit import Agents
+
+from graben.store import (
+    AgentClient,
+    InvalidArgument,
+    NoSpace,
+    NotFound,
+    PermissionDenied,
+    SegmentKey,
+    Unavailable,
+)
+
+MB = 1 << 20
+JOB = "graben://127.0.0.1:7100/runs/a"
+
+
+@pytest.fixture
+def agents() -> Iterator[Agents]:
+    with Agents() as made:
+        yield made
+
+
+def put(client: AgentClient, key: SegmentKey, data: bytes, *, done: bool = True) -> None:
+    path = client.reserve(key, len(data))
+    with open(path, "r+b") as f:
+        f.write(data)
+    if done:
+        client.done(key)
+
+
+def read(path: str) -> bytes:
+    return Path(path).read_bytes()
+
+
+def wait_for(check: object, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "gave up waiting"
+        time.sleep(0.05)
+
+
+def test_a_segment_is_complete_only_once_done(agents: Agents) -> None:
+    client = AgentClient(agents.start("a"))
+    key = SegmentKey(JOB, 7, 1, 2)
+    data = os.urandom(3 * MB)
+    put(client, key, data, done=False)
+    assert client.steps(JOB, 1, 2) == []
+    with pytest.raises(NotFound):
+        client.locate(key)
+    client.done(key)
+    assert client.steps(JOB, 1, 2) == [7]
+    assert client.steps(JOB, 0, 2) == [] and client.steps(JOB, 1, 4) == []
+    assert read(client.locate(key)) == data
+    assert client.status().held_bytes == 3 * MB
+
+
+def test_the_limit_holds_and_segments_go_only_once_stored(agents: Agents) -> None:
+    client = AgentClient(agents.start("a", "100M", keep=1))
+    one, two, three = (SegmentKey(JOB, s, 0, 1) for s in (1, 2, 3))
+    put(client, one, b"1" * 40 * MB)
+    put(client, two, b"2" * 40 * MB)
+    with pytest.raises(NoSpace, match="must keep"):
+        client.reserve(three, 40 * MB)  # step 1 is the store's only chance: nothing stored
+    client.stored(JOB, 1)
+    first = client.locate(one)
+    put(client, three, b"3" * 40 * MB)  # takes over step 1's pages
+    assert not Path(first).exists()
+    assert client.steps(JOB, 0, 1) == [2, 3]
+    assert client.status().held_bytes <= 100 * MB
+    with pytest.raises(NoSpace, match="over the agent's limit"):
+        client.reserve(SegmentKey(JOB, 4, 0, 1), 101 * MB)
+
+
+def test_a_peer_copy_survives_the_host_and_a_replacement_pulls_it(agents: Agents) -> None:
+    agents.start("b")
+    a = AgentClient(agents.start("a", peers=("b",)))
+    key = SegmentKey(JOB, 5, 0, 2)
+    data = os.urandom(40 * MB + 3)  # more than two pieces, not a multiple of one
+    put(a, key, data)
+    b = AgentClient(agents.address("b"))
+    wait_for(lambda: [(h.peer, h.complete) for h in b.listing(JOB)] == [(True, True)])
+    agents.kill("a")
+    agents.wipe("a")  # the host is gone, and its memory with it
+    c = AgentClient(agents.start("c", peers=("b",)))
+    assert c.steps(JOB, 0, 2) == [5]
+    path = c.locate(key)
+    assert path.startswith(str(agents.dir("c"))) and read(path) == data
+
+
+def test_a_restarted_agent_adopts_what_its_memory_still_holds(agents: Agents) -> None:
+    client = AgentClient(agents.start("a"))
+    put(client, SegmentKey(JOB, 1, 0, 1), b"x" * MB)
+    put(client, SegmentKey(JOB, 2, 0, 1), b"y" * MB, done=False)  # its writer dies
+    agents.kill("a")
+    client.close()
+    agents.start("a")
+    assert client.steps(JOB, 0, 1) == [1]
+    assert not list(agents.dir("a").rglob("*.part"))
+    agents.kill("a")
+    agents.wipe("a")  # the host rebooted: nothing left in memory
+    agents.start("a")
+    client.close()
+    assert client.steps(JOB, 0, 1) == []
+
+
+def test_bad_calls_are_refused_and_the_agent_stays_up(agents: Agents) -> None:
+    address = agents.start("a")
+    client = AgentClient(address)
+    for key in (
+        SegmentKey(JOB, -1, 0, 1),
+        SegmentKey(JOB, 1, 2, 2),
+        SegmentKey("", 1, 0, 1),
+        SegmentKey("j" * 5000, 1, 0, 1),
+    ):
+        with pytest.raises(InvalidArgument):
+            client.reserve(key, 10)
+    with pytest.raises(PermissionDenied):
+        AgentClient(address, token="not-the-token").steps(JOB, 0, 1)
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port))) as raw:
+        raw.sendall(os.urandom(4096))
+    with pytest.raises(Unavailable):
+        AgentClient("127.0.0.1:1").steps(JOB, 0, 1)
+    put(client, SegmentKey(JOB, 1, 0, 1), b"still here")
+    assert client.steps(JOB, 0, 1) == [1]
