@@ -25,6 +25,12 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _keep(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--keep is at least 1, not {text!r}")
+    return int(text)
+
+
 def _peers(text: str) -> tuple[str, ...]:
     peers = tuple(p.strip() for p in text.split(",") if p.strip())
     for peer in peers:
@@ -47,7 +53,7 @@ def add_agent(sub: Subparsers) -> None:
     serve.add_argument(
         "--memory-limit", type=_size, required=True, help="most bytes of segments held (8G)"
     )
-    serve.add_argument("--keep", type=int, default=2, help="newest steps kept per rank (2)")
+    serve.add_argument("--keep", type=_keep, default=2, help="newest steps kept per rank (2)")
     serve.add_argument(
         "--listen",
         type=endpoint,
@@ -80,8 +86,6 @@ def add_agent(sub: Subparsers) -> None:
 def _agent_serve(args: argparse.Namespace) -> int:
     from ..agent import Agent
 
-    if args.keep < 1:
-        raise argparse.ArgumentTypeError("--keep is at least 1")
     secret = auth.load_secret(args.secret_file)
     host, port = args.listen
 

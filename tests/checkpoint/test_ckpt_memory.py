@@ -6,15 +6,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from agent_kit import Agents
+from netns_kit import Hosts, needs_netns
 from ranks_kit import free_port, stacks
 
-from graben.store import connect
+from graben.store import AgentClient, connect
 
 RANKS = Path(__file__).with_name("memory_ranks.py")
 KILLED = -9
@@ -82,6 +84,13 @@ def store_latest(url: str) -> str:
         return client.get(f"/{root}/latest").decode()
 
 
+def ckpt_ls(url: str, agent: str) -> list[dict[str, object]]:
+    argv = [sys.executable, "-m", "graben.store.cli", "ckpt", "ls", url, "--agent", agent]
+    done = subprocess.run([*argv, "--json"], capture_output=True, text=True, check=True)
+    rows: list[dict[str, object]] = json.loads(done.stdout)
+    return rows
+
+
 @pytest.fixture
 def url(cluster_url: str) -> str:
     return f"{cluster_url}/memory-{uuid.uuid4().hex[:8]}"
@@ -95,6 +104,8 @@ def test_a_job_killed_mid_training_resumes_from_memory_then_the_store(
     assert [code for code, _, _ in trained] == [KILLED, KILLED]
     stored = int(store_latest(url).removeprefix("step-"))
     assert stored in (1, 4)  # saves 1 and 4 went on to the store; 4 may not have got there
+    tiers = {row["step"]: row["tiers"] for row in ckpt_ls(url, agent)}
+    assert tiers[5] == "memory" and "store" in tiers[stored], tiers  # 1's pages took step 4
     back = resumed(launch("resume", url, [agent, agent]))
     assert [(r["step"], r["saved_step"]) for r in back] == [(5, 5), (5, 5)]
     assert {r["digest"] for r in back} == {digest_at(trained, 5)}
@@ -137,3 +148,39 @@ def test_a_save_the_agent_has_no_room_for_goes_to_the_store_and_says_so(
     assert store_latest(url) == "step-000000000002"
     back = resumed(launch("resume", url, [agent, agent], width=4096))
     assert back[0]["step"] == 2 and back[0]["digest"] == digest_at(trained, 2)
+
+
+@needs_netns
+def test_a_lost_host_resumes_elsewhere_from_its_peers_copy(url: str) -> None:
+    hosts = Hosts(3)  # hosts 0 and 1 run the job's agents; host 2 replaces host 0
+    try:
+        with Agents(hosts) as agents:
+            agents.address("b", host=1)  # named before "a" starts, to be its peer
+            first = agents.start("a", host=0, peers=("b",))
+            second = agents.start("b", host=1, peers=("a",))
+            trained = launch("train", url, [first, second], steps=3, every=100, die_at=3)
+            assert [code for code, _, _ in trained] == [KILLED, KILLED]
+            peer = AgentClient(second)
+            job = url.rstrip("/")
+            wait_for(lambda: (0, 3) in _peer_copies(peer, job))
+            agents.kill("a")
+            agents.wipe("a")
+            hosts.cut(0)  # host 0 is gone, with its memory
+            spare = agents.start("c", host=2, peers=("b",))
+            back = resumed(launch("resume", url, [spare, second]))
+            assert [r["step"] for r in back] == [3, 3]  # the store holds only step 1
+            assert {r["digest"] for r in back} == {digest_at(trained, 3)}
+            peer.close()
+    finally:
+        hosts.close()
+
+
+def _peer_copies(agent: AgentClient, job: str) -> list[tuple[int, int]]:
+    return [(h.key.rank, h.key.step) for h in agent.listing(job) if h.peer and h.complete]
+
+
+def wait_for(check: Callable[[], bool], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "gave up waiting"
+        time.sleep(0.05)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from agent_kit import Agents
+from ranks_kit import free_port
 
 from graben.store import (
     AgentClient,
@@ -135,3 +139,40 @@ def test_bad_calls_are_refused_and_the_agent_stays_up(agents: Agents) -> None:
         AgentClient("127.0.0.1:1").steps(JOB, 0, 1)
     put(client, SegmentKey(JOB, 1, 0, 1), b"still here")
     assert client.steps(JOB, 0, 1) == [1]
+
+
+def test_the_agent_s_metrics_and_status(agents: Agents) -> None:
+    port = free_port()
+    client = AgentClient(agents.start("a", "64M", extra=("--metrics", f"127.0.0.1:{port}")))
+    put(client, SegmentKey(JOB, 1, 0, 1), b"m" * MB)
+    with pytest.raises(NoSpace):
+        client.reserve(SegmentKey(JOB, 2, 0, 1), 65 * MB)
+    client.stored(JOB, 1)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line[:1] != "#")
+    assert float(values["graben_agent_held_bytes"]) == MB
+    assert float(values["graben_agent_limit_bytes"]) == 64 * MB
+    assert float(values["graben_agent_refused_total"]) == 1
+    assert float(values["graben_agent_stored_total"]) == 1
+    said = subprocess.run(
+        [sys.executable, "-m", "graben.store.cli", "agent", "status", "--agent", client.address],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"1 segments, {MB} of {64 * MB} bytes" in said
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--memory-limit", "banana"], "--memory-limit"),
+        (["--memory-limit", "1G", "--peer", "nohost"], "is not HOST:PORT"),
+        (["--memory-limit", "1G", "--keep", "0"], "--keep is at least 1"),
+        ([], "--memory-limit"),
+    ],
+)
+def test_wrong_flags_get_one_clear_line(args: list[str], says: str) -> None:
+    argv = [sys.executable, "-m", "graben.store.cli", "agent", "serve", *args]
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and says in done.stderr, done.stderr

@@ -1,0 +1,93 @@
+"""A state dict written as one memory-tier segment and read back (a file, no agent)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from graben.checkpoint._segment import holdable, layout, load, views, write
+from graben.store import InvalidArgument
+
+
+class Counter:
+    """A ``Stateful``: held as its state dict, loaded back through ``load_state_dict``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "seen": torch.full((4,), self.n)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.n = state["n"]
+        assert torch.equal(state["seen"], torch.full((4,), self.n))
+
+
+def state(seed: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    wide = torch.randn(64, 32, generator=g)
+    return {
+        "model": {"w": torch.randn(128, 64, generator=g), "b": torch.zeros(0)},
+        "optim": {"state": {0: {"momentum": torch.randn(7, generator=g)}}, "lr": 0.1 * seed},
+        "half": torch.randn(5, 3, generator=g).to(torch.bfloat16),
+        "strided": wide.t(),  # not contiguous: written as its values
+        "pair": (torch.tensor([seed]), "text"),
+        "counter": Counter(seed),
+        "step": seed,
+    }
+
+
+def written(tmp_path: Path, value: dict[str, Any]) -> str:
+    lay = layout(value)
+    path = tmp_path / "segment"
+    path.write_bytes(b"")
+    with open(path, "r+b") as f:
+        f.truncate(lay.size)
+    write(str(path), lay)
+    return str(path)
+
+
+def test_a_state_dict_comes_back_in_place(tmp_path: Path) -> None:
+    saved = state(3)
+    path = written(tmp_path, saved)
+    target = state(5)
+    w = target["model"]["w"]
+    load(path, target)
+    assert target["model"]["w"] is w and torch.equal(w, saved["model"]["w"])  # in place
+    assert torch.equal(
+        target["optim"]["state"][0]["momentum"], saved["optim"]["state"][0]["momentum"]
+    )
+    assert target["optim"]["lr"] == 0.1 * 3 and target["step"] == 3
+    assert torch.equal(target["half"], saved["half"]) and target["half"].dtype == torch.bfloat16
+    assert torch.equal(target["strided"], saved["strided"])
+    assert torch.equal(target["pair"][0], torch.tensor([3])) and target["pair"][1] == "text"
+    assert target["counter"].n == 3
+
+
+def test_views_are_the_segment_s_own_memory(tmp_path: Path) -> None:
+    saved = state(2)
+    seen = views(written(tmp_path, saved))
+    assert torch.equal(seen["model"]["w"], saved["model"]["w"])
+    assert torch.equal(seen["counter"]["seen"], torch.full((4,), 2)) and seen["step"] == 2
+    w = seen["model"]["w"]
+    assert w.untyped_storage().nbytes() == w.nbytes and w.storage_offset() == 0  # uploaded as is
+
+
+def test_a_state_dict_of_another_shape_is_refused(tmp_path: Path) -> None:
+    path = written(tmp_path, {"w": torch.zeros(4, 4)})
+    with pytest.raises(InvalidArgument, match=r"shape \[4, 4\]"):
+        load(path, {"w": torch.zeros(4, 5)})
+    with pytest.raises(InvalidArgument, match="lacks"):
+        load(path, {"w": torch.zeros(4, 4), "extra": torch.zeros(1)})
+
+
+class Sharded(torch.Tensor):
+    """Stands in for DTensor: a tensor subclass, whose memory is not all of it."""
+
+
+def test_tensor_subclasses_are_not_held() -> None:
+    assert holdable(state(1)) and holdable({"p": torch.nn.Parameter(torch.zeros(2))})
+    assert not holdable({"deep": [{"w": torch.zeros(2).as_subclass(Sharded)}]})
