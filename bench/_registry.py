@@ -32,6 +32,7 @@ WORKLOAD_MODULES = (
         "faults",
         "fsspec",
         "checkpoint",
+        "memory",
         "fuse",
         "mounts",
         "dataset",

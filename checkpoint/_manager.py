@@ -130,6 +130,7 @@ class CheckpointManager:
         self._memory: MemoryTier | None = None
         self._tier_group: dist.ProcessGroup | None = None
         self._saves = 0
+        self._last_step: int | None = None
         self._flusher: ThreadPoolExecutor | None = None
 
     @property
@@ -207,12 +208,14 @@ class CheckpointManager:
         self._saves += 1
         if to_store:
             self.wait()  # its segment is one of those the agent must keep meanwhile
-        why = memory.stage(step, state_dict)
+        why = memory.stage(step, state_dict, to_store)
         if why is not None:
             log.warning("step %d goes to the store only: %s", step, why)
         if not self._everyone(why is None):
             return self._save_store(step, state_dict, async_=async_, planner=planner)
-        memory.done(step)
+        gap = 1 if self._last_step is None else step - self._last_step
+        memory.done(step, gap, self._saves % self.store_every == 0)
+        self._last_step = step
         if not to_store:
             info = CheckpointInfo(step, self.url_of(step), time.time(), ("memory",))
             return _done(info) if async_ else info

@@ -12,6 +12,9 @@ itself: the manager runs the collectives.
 from __future__ import annotations
 
 import logging
+import mmap
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 from graben.store import AgentClient, GrabenError, NoSpace, SegmentKey
@@ -27,27 +30,56 @@ class MemoryTier:
     def __init__(self, job: str, agent: str | None, rank: int, world: int) -> None:
         self.job, self.rank, self.world = job, rank, world
         self.client = AgentClient(agent)
+        self._maps = _segment.Mappings()
+        self._last: tuple[int, mmap.mmap] | None = None
+        """The step this rank last wrote, and its mapping."""
+        self._ahead: _Ahead | None = None
+        """The segment asked for, while the loop trains, for the save expected next."""
+        self._size = 0
 
     def key(self, step: int) -> SegmentKey:
         return SegmentKey(self.job, step, self.rank, self.world)
 
-    def stage(self, step: int, state_dict: dict[str, Any]) -> str | None:
-        """Copy ``state_dict`` into a segment for ``step``; ``None`` if held, else why not."""
+    def stage(self, step: int, state_dict: dict[str, Any], to_store: bool) -> str | None:
+        """Copy ``state_dict`` into a segment for ``step``; ``None`` if held, else why not
+        (``to_store``: the step goes on to the store, and is kept until it is there)."""
         if not _segment.holdable(state_dict):
             return "it holds tensor subclasses (DTensor); the memory tier holds plain tensors"
         layout = _segment.layout(state_dict)
+        self._size = layout.size
         try:
-            path = self.client.reserve(self.key(step), layout.size)
+            path = self._reserved(_Ahead(self.key(step), layout.size, to_store))
         except NoSpace as exc:
             return exc.message
         except GrabenError as exc:
             return f"the memory agent at {self.client.address} did not take it: {exc.message}"
-        _segment.write(path, layout)
+        memory = self._maps.of(path, layout.size)
+        _segment.write_into(memory, layout)
+        self._last = (step, memory)
         return None
 
-    def done(self, step: int) -> None:
-        """Every rank holds ``step``: this rank's segment is complete."""
-        self.client.done(self.key(step))
+    def _reserved(self, want: _Ahead) -> str:
+        """The segment ``want`` names: the one asked for ahead if it is that one."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            try:
+                path = ahead.path.result()
+            except GrabenError:
+                path = None
+            if path is not None and ahead.same(want):
+                return path
+            if path is not None:
+                self.client.forget(ahead.key)
+        return self.client.reserve(want.key, want.size, to_store=want.to_store)
+
+    def done(self, step: int, gap: int, next_to_store: bool) -> None:
+        """Every rank holds ``step``: this rank's segment is complete (the agent's reply
+        is waited for at the next call, not here: the loop goes on meanwhile). The
+        segment for the save expected ``gap`` steps on is asked for now, as it trains."""
+        self.client.done(self.key(step), wait=False)
+        key = self.key(step + max(gap, 1))
+        path = self.client.reserve_ahead(key, self._size, to_store=next_to_store)
+        self._ahead = _Ahead(key, self._size, next_to_store, path)
 
     def stored(self, step: int) -> None:
         """The store holds ``step``: the agent may let older segments go."""
@@ -57,8 +89,12 @@ class MemoryTier:
             log.warning("could not tell the memory agent step %d is stored: %s", step, exc)
 
     def views(self, step: int) -> Any:
-        """``step``'s segment as a state dict of views of its memory (for the store's copy)."""
-        return _segment.views(self.client.locate(self.key(step)))
+        """``step``'s segment, just written, as a state dict of views of its memory (what
+        the store's copy is made from)."""
+        assert self._last is not None, "stage comes first"
+        written, memory = self._last
+        assert written == step, f"step {step} was not the last one staged ({written})"
+        return _segment.views_of(memory)
 
     def steps(self) -> list[int]:
         """Steps whose segment of this rank this node's agent (or its peer) holds complete."""
@@ -75,4 +111,27 @@ class MemoryTier:
         _segment.load(self.client.locate(self.key(step)), state_dict)
 
     def close(self) -> None:
-        self.client.close()
+        ahead, self._ahead = self._ahead, None
+        try:
+            if ahead is not None and ahead.path.exception() is None:
+                self.client.forget(ahead.key)
+        finally:
+            self.client.close()
+            self._maps.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Ahead:
+    """A segment reserved for a save: asked for now, or ahead of the save."""
+
+    key: SegmentKey
+    """Whose state, at which step."""
+    size: int
+    """Its bytes."""
+    to_store: bool
+    """Whether the step goes on to the store."""
+    path: Future[str] = field(default_factory=Future, compare=False)
+    """Its file, once the agent answers (ahead of the save only)."""
+
+    def same(self, other: _Ahead) -> bool:
+        return (self.key, self.size, self.to_store) == (other.key, other.size, other.to_store)

@@ -3,9 +3,10 @@
 Layout: 8 bytes giving the header's length, the header (the state dict's
 skeleton, pickled: every tensor replaced by a ``_Slot`` naming its offset,
 type and shape; every other value as it is), then each tensor's raw bytes at
-its slot's offset (64-byte aligned). Writing is one ``pwrite`` per tensor from
-its own memory (the only copy a save makes); reading is one ``preadv``
-straight into each target tensor. Read as views (``views``), a segment is a
+its slot's offset (64-byte aligned). Writing is one ``copy_`` per tensor into
+the mapped file (the only copy a save makes; ``Mappings`` keeps files mapped,
+so a reused one costs no page faults); reading is ``preadv`` straight into each
+target tensor, by a few threads. Read as views (``views``), a segment is a
 state dict whose tensors are its own memory: the background save to the
 store reads them there.
 
@@ -22,8 +23,10 @@ import mmap
 import os
 import pickle
 import struct
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -33,6 +36,10 @@ from graben.store import InvalidArgument
 from ._format import tensor_bytes
 
 ALIGN = 64
+READERS = 4
+"""Threads reading one segment back (``preadv`` lets go of the GIL)."""
+READ_PIECE = 8 << 20
+"""Bytes of one read."""
 _LENGTH = struct.Struct("<Q")
 
 
@@ -97,27 +104,97 @@ def layout(state_dict: Any) -> Layout:
 
 def write(path: str, layout: Layout) -> None:
     """Write ``layout`` into the segment file at ``path`` (already of its size)."""
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        _write_at(fd, memoryview(layout.header), 0)
-        for tensor, offset in layout.tensors:
-            _write_at(fd, tensor_bytes(tensor), offset)
-    finally:
+    with Mappings() as maps:
+        write_into(maps.of(path, layout.size), layout)
+
+
+def write_into(memory: mmap.mmap, layout: Layout) -> None:
+    """Copy ``layout`` into a mapped segment: each tensor by ``copy_``, as a stager would."""
+    memory[: len(layout.header)] = layout.header
+    for tensor, offset in layout.tensors:
+        if tensor.nbytes:
+            into = torch.frombuffer(memory, dtype=torch.uint8, count=tensor.nbytes, offset=offset)
+            into.copy_(tensor.reshape(-1).view(torch.uint8))
+
+
+class Mappings:
+    """The segment files a rank has mapped, by inode, kept mapped.
+
+    The agent hands a rank's next save the file of a step it dropped (its
+    pages are already there); mapped already, the copy into it touches no
+    page the kernel must find or map first: it runs at ``copy_``'s speed.
+    A mapping whose file the agent removed is let go at the next ``of``
+    (until then it holds that file's memory).
+    """
+
+    def __init__(self) -> None:
+        self._maps: dict[tuple[int, int], tuple[int, mmap.mmap]] = {}
+
+    def of(self, path: str, size: int) -> mmap.mmap:
+        """``path`` mapped (``size`` bytes), reusing this rank's mapping of the same file."""
+        self._release_removed()
+        fd = os.open(path, os.O_RDWR)
+        stat = os.fstat(fd)
+        key = (stat.st_dev, stat.st_ino)
+        known = self._maps.get(key)
+        if known is not None and len(known[1]) == size:
+            os.close(fd)
+            return known[1]
+        if known is not None:
+            self._close(key)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        memory = mmap.mmap(fd, size, flags=flags) if size else mmap.mmap(-1, 1)
+        self._maps[key] = (fd, memory)
+        return memory
+
+    def _release_removed(self) -> None:
+        for key, (fd, _) in list(self._maps.items()):
+            if os.fstat(fd).st_nlink == 0:
+                self._close(key)
+
+    def _close(self, key: tuple[int, int]) -> None:
+        fd, memory = self._maps[key]
+        try:
+            memory.close()
+        except BufferError:  # views of it still in use (a save to the store): next time
+            return
         os.close(fd)
+        del self._maps[key]
+
+    def close(self) -> None:
+        for key in list(self._maps):
+            self._close(key)
+
+    def __enter__(self) -> Mappings:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def load(path: str, state_dict: dict[str, Any]) -> None:
     """Load the segment at ``path`` into ``state_dict`` in place (as ``dcp.load`` does)."""
-    with open(path, "rb") as f:
+    with open(path, "rb") as f, ThreadPoolExecutor(READERS, "graben-segment") as pool:
         skeleton, start = _skeleton(f.fileno())
-        _restore(_Reader(f.fileno(), start), skeleton, state_dict, "")
+        segment = _Reader(f.fileno(), start, pool)
+        _restore(segment, skeleton, state_dict, "")
+        for read in segment.reads:
+            read.result()
+        for then in segment.after:
+            then()
 
 
 def views(path: str) -> Any:
     """The segment at ``path`` as a state dict whose tensors are views of its memory."""
     with open(path, "r+b") as f:
-        memory = mmap.mmap(f.fileno(), 0)
-        skeleton, start = _skeleton(f.fileno())
+        return views_of(mmap.mmap(f.fileno(), os.fstat(f.fileno()).st_size))
+
+
+def views_of(memory: mmap.mmap) -> Any:
+    """A mapped segment as a state dict whose tensors are views of its memory."""
+    (length,) = _LENGTH.unpack(memory[: _LENGTH.size])
+    skeleton = pickle.loads(memory[_LENGTH.size : _LENGTH.size + length])
+    start = _aligned(_LENGTH.size + length)
 
     def view(slot: _Slot) -> torch.Tensor:
         dtype = _dtype(slot.dtype)
@@ -173,12 +250,17 @@ def _map_slots(value: Any, make: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Reader:
-    """An open segment and where its data starts."""
+    """An open segment being read into a state dict: where its data starts, the reads
+    under way, and what waits for them (copies into tensors of another type, and each
+    ``Stateful``'s ``load_state_dict``)."""
 
     fd: int
     start: int
+    pool: ThreadPoolExecutor
+    reads: list[Future[None]] = field(default_factory=list)
+    after: list[Callable[[], object]] = field(default_factory=list)
 
 
 def _restore(segment: _Reader, saved: Any, target: Any, where: str) -> Any:
@@ -191,8 +273,8 @@ def _restore(segment: _Reader, saved: Any, target: Any, where: str) -> Any:
     if isinstance(saved, _Stateful):
         if not _is_stateful(target):
             raise InvalidArgument(f"the memory tier holds a Stateful's state at {where}")
-        state = target.state_dict()
-        target.load_state_dict(_restore(segment, saved.state, state, where))
+        restored = _restore(segment, saved.state, target.state_dict(), where)
+        segment.after.append(partial(target.load_state_dict, restored))
         return target
     if isinstance(saved, dict) and isinstance(target, dict):
         missing = set(target) - set(saved)
@@ -223,14 +305,21 @@ def _read_tensor(segment: _Reader, slot: _Slot, target: torch.Tensor, where: str
     direct = target.device.type == "cpu" and target.is_contiguous() and target.dtype == dtype
     into = target.detach() if direct else torch.empty(slot.shape, dtype=dtype)
     view = tensor_bytes(into)
+    for at in range(0, view.nbytes, READ_PIECE):  # read by several threads: one is ~half
+        piece = view[at : at + READ_PIECE]  # the speed of memory here
+        where_at = segment.start + slot.offset + at
+        segment.reads.append(segment.pool.submit(_read_into, segment.fd, piece, where_at, where))
+    if not direct:
+        segment.after.append(partial(target.detach().copy_, into))
+
+
+def _read_into(fd: int, view: memoryview, offset: int, where: str) -> None:
     done = 0
     while done < view.nbytes:
-        n = os.preadv(segment.fd, [view[done:]], segment.start + slot.offset + done)
+        n = os.preadv(fd, [view[done:]], offset + done)
         if n <= 0:
             raise InvalidArgument(f"the memory tier's segment ends early at {where}")
         done += n
-    if not direct:
-        target.detach().copy_(into)
 
 
 def _skeleton(fd: int) -> tuple[Any, int]:
@@ -243,12 +332,6 @@ def _is_stateful(value: Any) -> bool:
     return callable(getattr(value, "state_dict", None)) and callable(
         getattr(value, "load_state_dict", None)
     )
-
-
-def _write_at(fd: int, data: memoryview, offset: int) -> None:
-    while data.nbytes:
-        written = os.pwrite(fd, data, offset)
-        data, offset = data[written:], offset + written
 
 
 def _aligned(n: int) -> int:

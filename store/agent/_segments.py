@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
+
 from .._errors import from_os_error
 from ..transport import Held, SegmentKey
 
@@ -32,6 +34,7 @@ class Segments:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.held: dict[tuple[SegmentKey, bool], Held] = {}
+        self._order = 0
         for peer in (False, True):
             (root / _kind(peer)).mkdir(parents=True, exist_ok=True, mode=0o700)
             for held in self._scan(peer):
@@ -46,7 +49,9 @@ class Segments:
         name = f"{key.step:012d}-{key.rank}-of-{key.world}{'' if complete else PART}"
         return self._job_dir(key.job, peer) / name
 
-    def create(self, key: SegmentKey, size: int, peer: bool, reuse: Held | None) -> Path:
+    def create(
+        self, key: SegmentKey, size: int, peer: bool, reuse: Held | None, to_store: bool = False
+    ) -> Path:
         """A file of ``size`` bytes to write ``key`` into, taking over ``reuse``'s pages."""
         target = self.path(key, peer, complete=False)
         self.forget(key, peer)
@@ -61,7 +66,8 @@ class Segments:
                 os.ftruncate(f.fileno(), size)
         except OSError as exc:
             raise from_os_error(exc, str(target)) from None
-        self.held[(key, peer)] = Held(key, size, False, peer)
+        self._order += 1
+        self.held[(key, peer)] = Held(key, size, False, peer, to_store, self._order)
         return target
 
     def complete(self, key: SegmentKey, peer: bool) -> Held | None:
@@ -70,8 +76,12 @@ class Segments:
         if held is None:
             return None
         if not held.complete:
-            os.rename(self.path(key, peer, False), self.path(key, peer, True))
-            held = self.held[(key, peer)] = Held(key, held.size, True, peer)
+            try:
+                os.rename(self.path(key, peer, False), self.path(key, peer, True))
+            except FileNotFoundError:
+                del self.held[(key, peer)]
+                return None
+            held = self.held[(key, peer)] = msgspec.structs.replace(held, complete=True)
         return held
 
     def drop(self, held: Held) -> None:
@@ -118,7 +128,7 @@ class Segments:
                     file.unlink(missing_ok=True)
                     continue
                 key = SegmentKey(job, int(match[1]), int(match[2]), int(match[3]))
-                yield Held(key, file.stat().st_size, True, peer)
+                yield Held(key, file.stat().st_size, True, peer, to_store=True)
 
 
 def _kind(peer: bool) -> str:

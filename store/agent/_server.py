@@ -1,7 +1,9 @@
 """The agent's server: ranks reserve, finish, find and read back segments; peers copy them.
 
 Ops (every one needs the cluster token): ``agent.reserve`` (a file to write a
-segment into, room made under the limit, else ``NoSpace``), ``agent.done``
+segment into, room made under the limit, else ``NoSpace``), ``agent.forget``
+(a reserved segment never written, given back), ``agent.drop`` (every
+segment of a job), ``agent.done``
 (the segment is complete; a copy goes to the first peer that takes it, in the
 background), ``agent.stored`` (the store holds a step: older segments may go),
 ``agent.steps`` (complete steps of a rank, here or at a peer), ``agent.locate``
@@ -79,6 +81,8 @@ class Agent:
             for name in [
                 "agent_reserve",
                 "agent_done",
+                "agent_forget",
+                "agent_drop",
                 "agent_stored",
                 "agent_steps",
                 "agent_locate",
@@ -116,7 +120,7 @@ class Agent:
 
     async def agent_reserve(self, call: Call, payload: memoryview | None) -> Answer:
         request: Reserve = decode(call.body, Reserve)
-        path = self._make_room(request.key.check(), request.size, peer=False)
+        path = self._make_room(request.key.check(), request.size, False, request.to_store)
         return Answer(encode(str(path)))
 
     async def agent_done(self, call: Call, payload: memoryview | None) -> Answer:
@@ -127,6 +131,20 @@ class Agent:
             self._pushes.put_nowait(key)
         self._tidy()
         return Answer()
+
+    async def agent_forget(self, call: Call, payload: memoryview | None) -> Answer:
+        key: SegmentKey = decode(call.body, SegmentKey)
+        held = self.segments.held.get((key, False))
+        if held is not None and not held.complete:
+            self.segments.drop(held)
+        return Answer()
+
+    async def agent_drop(self, call: Call, payload: memoryview | None) -> Answer:
+        job: str = decode(call.body, str)
+        gone = [h for h in self.segments.held.values() if h.key.job == job]
+        for held in gone:
+            self.segments.drop(held)
+        return Answer(encode(len(gone)))
 
     async def agent_stored(self, call: Call, payload: memoryview | None) -> Answer:
         stored: Stored = decode(call.body, Stored)
@@ -168,7 +186,7 @@ class Agent:
         piece: Piece = decode(call.body, Piece)
         key = piece.key.check()
         if piece.offset == 0:
-            self._make_room(key, piece.size, peer=True)
+            self._make_room(key, piece.size, True)
         held = self.segments.held.get((key, True))
         if held is None or held.complete or held.size != piece.size:
             raise InvalidArgument(f"no copy of {_named(key)} under way at offset {piece.offset}")
@@ -209,13 +227,13 @@ class Agent:
 
     # -- helpers ------------------------------------------------------------------
 
-    def _make_room(self, key: SegmentKey, size: int, *, peer: bool) -> Path:
+    def _make_room(self, key: SegmentKey, size: int, peer: bool, to_store: bool = True) -> Path:
         if not 0 <= size <= self.limit:
             self._count("refused", "Segments refused for want of memory")
             raise NoSpace(f"a segment of {size} bytes is over the agent's limit of {self.limit}")
         self.segments.forget(key, peer)
         everything = self.segments.held.values()
-        fit = room(everything, size, self.limit, self._stored, self.keep, self._sending)
+        fit = room(key, everything, size, self.limit, self._stored, self.keep, self._sending)
         if fit is None:
             self._count("refused", "Segments refused for want of memory")
             raise NoSpace(
@@ -224,7 +242,7 @@ class Agent:
             )
         for held in fit.drop:
             self.segments.drop(held)
-        return self.segments.create(key, size, peer, fit.reuse)
+        return self.segments.create(key, size, peer, fit.reuse, to_store)
 
     def _tidy(self) -> None:
         everything = self.segments.held.values()
@@ -276,7 +294,7 @@ class Agent:
     async def _pull_from(self, peer: str, key: SegmentKey) -> Held:
         listed = await self._ask(peer, "agent.list", key.job, list[Held])
         size = next(h.size for h in listed if h.key == key and h.complete)
-        path = self._make_room(key, size, peer=False)
+        path = self._make_room(key, size, False)
         conn = await self._conn(peer)
         buffer = bytearray(min(PIECE, size))
         for offset in range(0, size, PIECE):

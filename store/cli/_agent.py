@@ -1,4 +1,5 @@
-"""``graben agent serve`` (a node's memory agent for checkpoints) and ``graben agent status``."""
+"""``graben agent serve`` (a node's memory agent for checkpoints), ``graben agent status``
+and ``graben agent drop JOB``."""
 
 from __future__ import annotations
 
@@ -81,6 +82,10 @@ def add_agent(sub: Subparsers) -> None:
     status = actions.add_parser("status", help="What the agent holds, against its limit.")
     status.add_argument("--agent", default=None, help="HOST:PORT (default: $GRABEN_AGENT)")
     status.set_defaults(run=_agent_status)
+    drop = actions.add_parser("drop", help="Drop every step a job holds in the agent's memory.")
+    drop.add_argument("job", help="the job's checkpoint root URL, as its CheckpointManager has it")
+    drop.add_argument("--agent", default=None, help="HOST:PORT (default: $GRABEN_AGENT)")
+    drop.set_defaults(run=_agent_drop)
 
 
 def _agent_serve(args: argparse.Namespace) -> int:
@@ -117,4 +122,16 @@ def _agent_status(args: argparse.Namespace) -> int:
         f"{client.address}: {status.segments} segments, {status.held_bytes} of "
         f"{status.limit_bytes} bytes; peers: {peers}"
     )
+    return 0
+
+
+def _agent_drop(args: argparse.Namespace) -> int:
+    from ..client import AgentClient
+
+    client = AgentClient(args.agent)
+    try:
+        dropped = client.drop(args.job.rstrip("/"))
+    finally:
+        client.close()
+    print(f"dropped {dropped} segments of {args.job}")
     return 0

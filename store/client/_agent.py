@@ -8,12 +8,13 @@ fetched from a peer agent first if only a peer holds it), read it.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 from .._config import agent_address
 from ..transport import Held, JobRank, Reserve, SegmentKey, Status, Stored
 from ..wire import Connection, auth, decode, encode
-from ._loop import run
+from ._loop import run, submit
 
 AGENT_TIMEOUT_S = 120.0
 """Seconds a call may take: ``locate`` may copy gigabytes from a peer first."""
@@ -26,15 +27,39 @@ class AgentClient:
         self.address = agent_address(address)
         self._token = auth.cluster_token(token)
         self._conn: Connection | None = None
+        self._sent: Future[Any] | None = None
 
-    def reserve(self, key: SegmentKey, size: int) -> str:
-        """A file of ``size`` bytes to write ``key``'s segment into (``NoSpace``: no room)."""
-        path: str = self._call("agent.reserve", Reserve(key, size), str)
+    def reserve(self, key: SegmentKey, size: int, *, to_store: bool = False) -> str:
+        """A file of ``size`` bytes to write ``key``'s segment into (``NoSpace``: no room);
+        ``to_store``: its step goes on to the store, so the agent keeps it until told it
+        is ``stored``, else a newer step may supersede it."""
+        path: str = self._call("agent.reserve", Reserve(key, size, to_store), str)
         return path
 
-    def done(self, key: SegmentKey) -> None:
-        """``key``'s segment is written: complete, and copied to a peer."""
-        self._call("agent.done", key, None)
+    def reserve_ahead(self, key: SegmentKey, size: int, *, to_store: bool = False) -> Future[str]:
+        """``reserve``, sent now and answered later: the future holds the path (or the
+        error). A rank asks for its next save's segment while it trains."""
+        self._settle()
+        ahead: Future[str] = submit(self._acall("agent.reserve", Reserve(key, size, to_store), str))
+        return ahead
+
+    def forget(self, key: SegmentKey) -> None:
+        """Give back a reserved segment that was never written (a save that did not come)."""
+        self._call("agent.forget", key, None)
+
+    def drop(self, job: str) -> int:
+        """Drop every segment of ``job`` (its own and peers' copies); how many there were."""
+        dropped: int = self._call("agent.drop", job, int)
+        return dropped
+
+    def done(self, key: SegmentKey, *, wait: bool = True) -> None:
+        """``key``'s segment is written: complete, and copied to a peer. ``wait=False``
+        returns at once: the next call waits for the reply first (and raises its error)."""
+        if wait:
+            self._call("agent.done", key, None)
+        else:
+            self._settle()
+            self._sent = submit(self._acall("agent.done", key, None))
 
     def stored(self, job: str, step: int) -> None:
         """The store holds ``step`` of ``job``: older segments may be dropped."""
@@ -61,12 +86,25 @@ class AgentClient:
         return status
 
     def close(self) -> None:
+        try:
+            self._settle()
+        finally:
+            self._close()
+
+    def _close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             run(conn.close())
 
     def _call(self, op: str, body: object, kind: Any) -> Any:
+        self._settle()
         return run(self._acall(op, body, kind))
+
+    def _settle(self) -> None:
+        """Wait for a call sent without waiting; raise its error."""
+        sent, self._sent = self._sent, None
+        if sent is not None:
+            sent.result()
 
     async def _acall(self, op: str, body: object, kind: Any) -> Any:
         if self._conn is None or self._conn.closed:

@@ -47,13 +47,18 @@ class Held(msgspec.Struct, frozen=True, array_like=True):
     """Whether its writer finished it (an incomplete one is never read)."""
     peer: bool
     """Whether it is a copy kept for another host's agent."""
+    to_store: bool = False
+    """Whether its step is headed for the store: kept until the store holds it."""
+    order: int = 0
+    """When it was reserved, in the agent's count (a later one supersedes a partial one)."""
 
 
 class Reserve(msgspec.Struct, frozen=True, array_like=True):
-    """A rank asks for a segment file of ``size`` bytes to write."""
+    """A rank asks for a segment file of ``size`` bytes to write (``to_store``: see ``Held``)."""
 
     key: SegmentKey
     size: int
+    to_store: bool = False
 
 
 class JobRank(msgspec.Struct, frozen=True, array_like=True):

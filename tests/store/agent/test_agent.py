@@ -36,8 +36,10 @@ def agents() -> Iterator[Agents]:
         yield made
 
 
-def put(client: AgentClient, key: SegmentKey, data: bytes, *, done: bool = True) -> None:
-    path = client.reserve(key, len(data))
+def put(
+    client: AgentClient, key: SegmentKey, data: bytes, *, done: bool = True, to_store: bool = True
+) -> None:
+    path = client.reserve(key, len(data), to_store=to_store)
     with open(path, "r+b") as f:
         f.write(data)
     if done:
@@ -83,6 +85,11 @@ def test_the_limit_holds_and_segments_go_only_once_stored(agents: Agents) -> Non
     assert not Path(first).exists()
     assert client.steps(JOB, 0, 1) == [2, 3]
     assert client.status().held_bytes <= 100 * MB
+    client.stored(JOB, 3)
+    put(client, SegmentKey(JOB, 4, 0, 1), b"4" * 40 * MB, to_store=False)
+    put(client, SegmentKey(JOB, 5, 0, 1), b"5" * 40 * MB, to_store=False)
+    put(client, SegmentKey(JOB, 6, 0, 1), b"6" * 40 * MB, to_store=False)  # 4 is superseded
+    assert client.steps(JOB, 0, 1) == [5, 6]
     with pytest.raises(NoSpace, match="over the agent's limit"):
         client.reserve(SegmentKey(JOB, 4, 0, 1), 101 * MB)
 
@@ -139,6 +146,8 @@ def test_bad_calls_are_refused_and_the_agent_stays_up(agents: Agents) -> None:
         AgentClient("127.0.0.1:1").steps(JOB, 0, 1)
     put(client, SegmentKey(JOB, 1, 0, 1), b"still here")
     assert client.steps(JOB, 0, 1) == [1]
+    assert client.drop("another job") == 0
+    assert client.drop(JOB) == 1 and client.steps(JOB, 0, 1) == []
 
 
 def test_the_agent_s_metrics_and_status(agents: Agents) -> None:
