@@ -124,7 +124,7 @@ class Mappings:
     pages are already there); mapped already, the copy into it touches no
     page the kernel must find or map first: it runs at ``copy_``'s speed.
     A mapping whose file the agent removed is let go at the next ``of``
-    (until then it holds that file's memory).
+    (until then, and while a view of it lives, it holds that file's memory).
     """
 
     def __init__(self) -> None:
@@ -153,13 +153,11 @@ class Mappings:
                 self._close(key)
 
     def _close(self, key: tuple[int, int]) -> None:
-        fd, memory = self._maps[key]
-        try:
-            memory.close()
-        except BufferError:  # views of it still in use (a save to the store): next time
-            return
+        # Never ``mmap.close()``: torch's views of a mapping keep the object alive but not
+        # a buffer export, so closing would unmap memory tensors still point into. Once
+        # forgotten here, it is unmapped when the last view goes.
+        fd, _ = self._maps.pop(key)
         os.close(fd)
-        del self._maps[key]
 
     def close(self) -> None:
         for key in list(self._maps):

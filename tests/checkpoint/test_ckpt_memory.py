@@ -12,12 +12,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from agent_kit import Agents
 from netns_kit import Hosts, needs_netns
 from ranks_kit import free_port, stacks
 
+from graben.checkpoint import CheckpointManager
 from graben.store import AgentClient, connect
 
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 RANKS = Path(__file__).with_name("memory_ranks.py")
 KILLED = -9
 
@@ -184,3 +187,29 @@ def wait_for(check: Callable[[], bool], seconds: float = 20.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "gave up waiting"
         time.sleep(0.05)
+
+
+def test_saves_at_any_steps_keep_memory_bounded_and_load_the_newest(
+    agents: Agents, url: str
+) -> None:
+    """One process, steps at uneven gaps: the segment reserved ahead of each save is the
+    wrong one as often as not; none is left behind, and the newest step loads."""
+    agent = agents.start("a", "64M", keep=2)
+    state = {"w": torch.zeros(1024, 256), "step": 0}
+    with CheckpointManager(url, tiers=("memory", "store"), agent=agent, store_every=3) as m:
+        for step in (1, 2, 5, 6, 10, 11, 30, 31, 32):
+            state["w"].fill_(step)
+            state["step"] = step
+            m.save(step, state, async_=True)
+        m.wait()
+    memory = AgentClient(agent)
+    held = memory.listing(url)
+    assert all(h.complete for h in held), held  # no reservation left behind
+    assert sorted(h.key.step for h in held)[-2:] == [31, 32]
+    assert memory.status().held_bytes <= 64 << 20
+    memory.close()
+    fresh = {"w": torch.empty(1024, 256), "step": -1}
+    with CheckpointManager(url, tiers=("memory", "store"), agent=agent) as m:
+        assert m.load_latest(fresh) == 32 and fresh["step"] == 32
+        assert m.latest() is not None and m.latest().step == 30  # saves 1, 6, 30 stored
+    assert torch.equal(fresh["w"], torch.full((1024, 256), 32.0))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from graben.checkpoint._segment import holdable, layout, load, views, write
+from graben.checkpoint._segment import Mappings, holdable, layout, load, views, views_of, write
 from graben.store import InvalidArgument
 
 
@@ -91,3 +91,13 @@ class Sharded(torch.Tensor):
 def test_tensor_subclasses_are_not_held() -> None:
     assert holdable(state(1)) and holdable({"p": torch.nn.Parameter(torch.zeros(2))})
     assert not holdable({"deep": [{"w": torch.zeros(2).as_subclass(Sharded)}]})
+
+
+def test_views_outlive_the_mappings_that_made_them(tmp_path: Path) -> None:
+    saved = state(4)
+    path = written(tmp_path, saved)
+    maps = Mappings()
+    seen = views_of(maps.of(path, Path(path).stat().st_size))
+    maps.close()  # the rank closes its tier; a save to the store may still hold views
+    Path(path).unlink()  # and the agent may drop the file meanwhile
+    assert torch.equal(seen["model"]["w"], saved["model"]["w"])  # no unmapped memory read
