@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import logging
 import mmap
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from graben.store import AgentClient, GrabenError, NoSpace, SegmentKey
+from graben.store import AgentClient, GrabenError, NoSpace, SegmentKey, Timeout, Unavailable
 
 from . import _segment
 
 log = logging.getLogger("graben.checkpoint")
+RETRY_S = 30.0
+"""Seconds the memory tier is left alone after its agent failed to answer: saves go to
+the store meanwhile, without waiting on it again each time."""
 
 
 class MemoryTier:
@@ -36,6 +40,8 @@ class MemoryTier:
         self._ahead: _Ahead | None = None
         """The segment asked for, while the loop trains, for the save expected next."""
         self._size = 0
+        self._down_until = 0.0
+        """Until when the agent is taken to be down (``time.monotonic()``)."""
 
     def key(self, step: int) -> SegmentKey:
         return SegmentKey(self.job, step, self.rank, self.world)
@@ -45,6 +51,8 @@ class MemoryTier:
         (``to_store``: the step goes on to the store, and is kept until it is there)."""
         if not _segment.holdable(state_dict):
             return "it holds tensor subclasses (DTensor); the memory tier holds plain tensors"
+        if time.monotonic() < self._down_until:
+            return f"the memory agent at {self.client.address} failed a moment ago"
         layout = _segment.layout(state_dict)
         self._size = layout.size
         try:
@@ -52,7 +60,7 @@ class MemoryTier:
         except NoSpace as exc:
             return exc.message
         except GrabenError as exc:
-            return f"the memory agent at {self.client.address} did not take it: {exc.message}"
+            return self._failed(exc)
         memory = self._maps.of(path, layout.size)
         _segment.write_into(memory, layout)
         self._last = (step, memory)
@@ -76,17 +84,35 @@ class MemoryTier:
         """Every rank holds ``step``: this rank's segment is complete (the agent's reply
         is waited for at the next call, not here: the loop goes on meanwhile). The
         segment for the save expected ``gap`` steps on is asked for now, as it trains."""
-        self.client.done(self.key(step), wait=False)
         key = self.key(step + max(gap, 1))
-        path = self.client.reserve_ahead(key, self._size, to_store=next_to_store)
+        try:
+            self.client.done(self.key(step), wait=False)
+            path = self.client.reserve_ahead(key, self._size, to_store=next_to_store)
+        except GrabenError as exc:  # this rank's copy stays incomplete: the step does too
+            log.warning("step %d is not complete in memory: %s", step, self._failed(exc))
+            return
         self._ahead = _Ahead(key, self._size, next_to_store, path)
+
+    def _failed(self, exc: GrabenError) -> str:
+        """Why the agent did not take a save, and the tier left alone for a while."""
+        if isinstance(exc, Unavailable | Timeout):
+            self._down_until = time.monotonic() + RETRY_S
+            self._ahead = None
+            return (
+                f"the memory agent at {self.client.address} did not answer ({exc.message}); "
+                f"saves go to the store for {RETRY_S:.0f} s"
+            )
+        return f"the memory agent at {self.client.address} did not take it: {exc.message}"
 
     def stored(self, step: int) -> None:
         """The store holds ``step``: the agent may let older segments go."""
+        if time.monotonic() < self._down_until:
+            return  # the agent keeps what it must until a later step is stored
         try:
             self.client.stored(self.job, step)
         except GrabenError as exc:  # the store holds it; memory only stays fuller
-            log.warning("could not tell the memory agent step %d is stored: %s", step, exc)
+            why = self._failed(exc)
+            log.warning("could not tell the memory agent step %d is stored: %s", step, why)
 
     def views(self, step: int) -> Any:
         """``step``'s segment, just written, as a state dict of views of its memory (what
@@ -111,12 +137,15 @@ class MemoryTier:
         _segment.load(self.client.locate(self.key(step)), state_dict)
 
     def close(self) -> None:
+        """Give back the segment reserved ahead, and let go of the agent and the mappings."""
         ahead, self._ahead = self._ahead, None
         try:
             if ahead is not None and ahead.path.exception() is None:
                 self.client.forget(ahead.key)
-        finally:
             self.client.close()
+        except GrabenError as exc:  # the agent went away: it reclaims what it held itself
+            log.warning("the memory agent at %s: %s", self.client.address, exc.message)
+        finally:
             self._maps.close()
 
 

@@ -12,12 +12,15 @@ from concurrent.futures import Future
 from typing import Any
 
 from .._config import agent_address
+from .._errors import InvalidArgument
 from ..transport import Held, JobRank, Reserve, SegmentKey, Status, Stored
 from ..wire import Connection, auth, decode, encode
 from ._loop import run, submit
 
-AGENT_TIMEOUT_S = 120.0
-"""Seconds a call may take: ``locate`` may copy gigabytes from a peer first."""
+AGENT_TIMEOUT_S = 5.0
+"""Seconds a call may take: a hung agent must not stall a training loop for long."""
+LOCATE_TIMEOUT_S = 600.0
+"""Seconds ``locate`` may take: it may copy gigabytes from a peer first."""
 
 
 class AgentClient:
@@ -25,6 +28,9 @@ class AgentClient:
 
     def __init__(self, address: str | None = None, *, token: str | None = None) -> None:
         self.address = agent_address(address)
+        host, _, port = self.address.rpartition(":")
+        if not host or not port.isdigit():
+            raise InvalidArgument(f"a memory agent's address is HOST:PORT, not {self.address!r}")
         self._token = auth.cluster_token(token)
         self._conn: Connection | None = None
         self._sent: Future[Any] | None = None
@@ -72,7 +78,7 @@ class AgentClient:
 
     def locate(self, key: SegmentKey) -> str:
         """The local file holding ``key``'s complete segment (``NotFound``: none)."""
-        path: str = self._call("agent.locate", key, str)
+        path: str = self._call("agent.locate", key, str, LOCATE_TIMEOUT_S)
         return path
 
     def listing(self, job: str) -> list[Held]:
@@ -96,9 +102,9 @@ class AgentClient:
         if conn is not None:
             run(conn.close())
 
-    def _call(self, op: str, body: object, kind: Any) -> Any:
+    def _call(self, op: str, body: object, kind: Any, timeout: float = AGENT_TIMEOUT_S) -> Any:
         self._settle()
-        return run(self._acall(op, body, kind))
+        return run(self._acall(op, body, kind, timeout))
 
     def _settle(self) -> None:
         """Wait for a call sent without waiting; raise its error."""
@@ -106,11 +112,11 @@ class AgentClient:
         if sent is not None:
             sent.result()
 
-    async def _acall(self, op: str, body: object, kind: Any) -> Any:
+    async def _acall(
+        self, op: str, body: object, kind: Any, timeout: float = AGENT_TIMEOUT_S
+    ) -> Any:
         if self._conn is None or self._conn.closed:
             host, _, port = self.address.rpartition(":")
-            self._conn = await Connection.open(host, int(port))
-        reply, _ = await self._conn.call(
-            op, encode(body), token=self._token, timeout=AGENT_TIMEOUT_S
-        )
+            self._conn = await Connection.open(host, int(port), timeout=AGENT_TIMEOUT_S)
+        reply, _ = await self._conn.call(op, encode(body), token=self._token, timeout=timeout)
         return None if kind is None else decode(reply, kind)

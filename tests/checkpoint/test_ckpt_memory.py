@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -213,3 +214,30 @@ def test_saves_at_any_steps_keep_memory_bounded_and_load_the_newest(
         assert m.load_latest(fresh) == 32 and fresh["step"] == 32
         assert m.latest() is not None and m.latest().step == 30  # saves 1, 6, 30 stored
     assert torch.equal(fresh["w"], torch.full((1024, 256), 32.0))
+
+
+def test_a_hung_agent_stalls_one_save_then_the_store_takes_them(
+    agents: Agents, url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("graben.checkpoint._memory.RETRY_S", 3.0)
+    agent = agents.start("a")
+    state = {"w": torch.zeros(256, 256)}
+    with CheckpointManager(url, tiers=("memory", "store"), agent=agent, store_every=100) as m:
+        m.save(1, state)
+        m.save(2, state)
+        agents.procs["a"].send_signal(signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            assert m.save(3, state).tiers == ("store",)
+            stalled = time.monotonic() - began
+            began = time.monotonic()
+            assert m.save(4, state).tiers == ("store",)  # the agent is left alone a while
+            assert time.monotonic() - began < 2.0 < stalled < 15.0
+        finally:
+            agents.procs["a"].send_signal(signal.SIGCONT)
+        time.sleep(3.0)
+        assert m.save(5, state).tiers == ("memory",)  # tried again, and it answers
+    assert "did not answer" in caplog.text and "step 3 goes to the store only" in caplog.text
+    fresh = {"w": torch.ones(256, 256)}
+    with CheckpointManager(url, tiers=("memory", "store"), agent=agent) as m:
+        assert m.load_latest(fresh) == 5
