@@ -58,6 +58,8 @@ def memory_agent(ctx: Context) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
         shutil.rmtree(shm, ignore_errors=True)
 
 
