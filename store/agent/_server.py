@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._errors import GrabenError, InvalidArgument, NoSpace, NotFound, ProtocolError
+from .._errors import GrabenError, InvalidArgument, NoSpace, NotFound, ProtocolError, Timeout
 from ..transport import Held, JobRank, Piece, Reserve, SegmentKey, Status, Stored
 from ..wire import (
     Answer,
@@ -42,8 +42,10 @@ log = logging.getLogger("graben.agent")
 
 PIECE = 16 << 20
 """Bytes of a segment per call between peers."""
-PEER_TIMEOUT_S = 5.0
-"""Seconds a peer has to answer a question (a copy's pieces get the wire's default)."""
+PEER_TIMEOUT_S = 2.0
+"""Seconds a peer has to answer a question, connecting included (a copy's pieces get the
+wire's default): under a rank's own deadline, so a hung peer never costs a rank the
+answer about its own memory."""
 
 
 class Agent:
@@ -156,11 +158,14 @@ class Agent:
     async def agent_steps(self, call: Call, payload: memoryview | None) -> Answer:
         which: JobRank = decode(call.body, JobRank)
         steps = self.segments.steps(which.job, which.rank, which.world)
-        for peer in self.peers:
-            try:
-                steps |= set(await self._ask(peer, "agent.has", which, list[int]))
-            except GrabenError as exc:
-                log.info("peer %s did not say what it holds: %s", peer, exc.message)
+        asked = [self._ask(peer, "agent.has", which, list[int]) for peer in self.peers]
+        for peer, said in zip(
+            self.peers, await asyncio.gather(*asked, return_exceptions=True), strict=True
+        ):
+            if isinstance(said, BaseException):
+                log.info("peer %s did not say what it holds: %s", peer, said)
+            else:
+                steps |= set(said)
         return Answer(encode(sorted(steps)))
 
     async def agent_locate(self, call: Call, payload: memoryview | None) -> Answer:
@@ -190,8 +195,9 @@ class Agent:
         held = self.segments.held.get((key, True))
         if held is None or held.complete or held.size != piece.size:
             raise InvalidArgument(f"no copy of {_named(key)} under way at offset {piece.offset}")
+        if payload is None or payload.nbytes != piece.length:
+            raise ProtocolError(f"agent.put: a piece of {piece.length} bytes came without them")
         path = self.segments.path(key, True, False)
-        assert payload is not None
         await asyncio.to_thread(_write_at, path, payload, piece.offset)
         if piece.offset + piece.length == piece.size:
             self.segments.complete(key, peer=True)
@@ -309,8 +315,12 @@ class Agent:
         return held
 
     async def _ask(self, peer: str, op: str, body: object, kind: Any) -> Any:
-        conn = await self._conn(peer)
-        reply, _ = await conn.call(op, encode(body), token=self._token, timeout=PEER_TIMEOUT_S)
+        try:
+            async with asyncio.timeout(PEER_TIMEOUT_S):
+                conn = await self._conn(peer)
+                reply, _ = await conn.call(op, encode(body), token=self._token)
+        except TimeoutError:
+            raise Timeout(f"peer {peer} did not answer {op} within {PEER_TIMEOUT_S} s") from None
         return decode(reply, kind)
 
     async def _conn(self, peer: str) -> Connection:

@@ -4,6 +4,7 @@ pulled back by a replacement host, kept within the limit, adopted after a restar
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -185,3 +186,20 @@ def test_wrong_flags_get_one_clear_line(args: list[str], says: str) -> None:
     argv = [sys.executable, "-m", "graben.store.cli", "agent", "serve", *args]
     done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+def test_a_hung_peer_costs_a_rank_nothing_of_its_own(agents: Agents) -> None:
+    agents.start("b")
+    a = AgentClient(agents.start("a", peers=("b",)))
+    key = SegmentKey(JOB, 3, 0, 1)
+    put(a, key, b"mine" * MB)
+    agents.procs["b"].send_signal(signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        assert a.steps(JOB, 0, 1) == [3]  # the peer's answer is given up on, not the rank's
+        assert read(a.locate(key)) == b"mine" * MB
+        assert time.monotonic() - began < 4.5
+        with pytest.raises(NotFound):  # only the peer could have had it
+            a.locate(SegmentKey(JOB, 2, 0, 1))
+    finally:
+        agents.procs["b"].send_signal(signal.SIGCONT)
