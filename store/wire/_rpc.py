@@ -246,8 +246,15 @@ class Connection:
                 sent = True
                 return await future
         except (TimeoutError, ConnectionError) as exc:
-            if pending.replied:
+            if pending.replied and isinstance(exc, GrabenError):
                 raise  # the server's own error reply, told as it was sent
+            if (
+                pending.replied
+                and future.done()
+                and not future.cancelled()
+                and not future.exception()
+            ):
+                return future.result()  # in before the deadline, which passed as it landed
             if isinstance(exc, TimeoutError):
                 if not sent or pending.landing:  # frames queued behind would wait as
                     # long; the rest of a payload would land in a buffer given up

@@ -390,3 +390,25 @@ def test_file_payloads_sent_by_sendfile_interleave_with_other_replies(tmp_path: 
             await server.close()
 
     asyncio.run(main())
+
+
+def test_a_reply_that_lands_as_its_deadline_passes_is_the_reply() -> None:
+    """The reply is in, and the deadline passes before the caller resumes (both in one
+    turn of a busy loop): the caller gets the reply, not asyncio's bare TimeoutError."""
+
+    async def test(server: Server) -> None:
+        conn = await Connection.open("127.0.0.1", server.port)
+        send = conn._protocol.send
+
+        async def send_then_stall(header: Call, payload: memoryview | None) -> None:
+            await send(header, payload)
+            while not conn._pending[header.id].replied:
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(1.0)  # the loop was busy: the deadline passed meanwhile
+
+        conn._protocol.send = send_then_stall  # type: ignore[method-assign]
+        body, _ = await conn.call("echo", encode("in time"), timeout=0.2)
+        assert decode(body, str) == "in time"
+        await conn.close()
+
+    with_server(test)
