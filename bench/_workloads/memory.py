@@ -33,6 +33,8 @@ JOB = (sys.executable, "-m", "graben.bench._memory_job")
 COPY = "plain copy_ of the same tensors, 2 ranks"
 READER = "GrabenReader from the cluster, new processes"
 PLAIN = "DDP loop without checkpoints, 2 ranks"
+QUICK_STEPS = 20
+"""Steps of each kind the loop times with ``--quick`` (three times as many without)."""
 BATCH = 256
 """Samples per step of the loop's model: its step takes ~0.15 s here."""
 
@@ -132,7 +134,7 @@ def ckpt_memory_loop(ctx: Context) -> list[Result]:
     store gets one of every ``steps``, in the background)."""
     url, agent = ctx.fixture(local_cluster), ctx.fixture(memory_agent)
     root = f"/bench-memory-loop-{ctx.trial}"
-    steps = 20 if ctx.quick else 60
+    steps = QUICK_STEPS if ctx.quick else 3 * QUICK_STEPS
     with ctx.step(f"{steps} steps without, {steps} with", 2 * steps) as tick:
         report = _job(ctx, "loop", f"{url}{root}", agent, steps=steps, batch=BATCH)
         tick(2 * steps)

@@ -12,13 +12,14 @@ from graben.bench import discover
 
 @pytest.mark.slow
 def test_the_memory_tier_is_measured_beside_copy_the_store_and_a_bare_loop(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every row, each beside its baseline; the load job checks every value it reads back,
     from memory and from the store, and the agent's directory is gone afterwards."""
     discover()  # importing a workload module first would register its workloads out of order
     from graben.bench._workloads import memory
 
+    monkeypatch.setattr(memory, "QUICK_STEPS", 5)
     before = set(Path("/dev/shm").glob("graben-bench-*"))
     rows = quiet_run(tmp_path, "ckpt-memory", "ckpt-memory-loop", "--size-mib", "16", "--quick")
     got = {(r["workload"], r["system"]): (r["value"], r["baseline"]) for r in rows}
