@@ -27,9 +27,11 @@ class Agents:
         self.hosts = hosts
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.addresses: dict[str, str] = {}
+        self.dirs: dict[str, Path] = {}
+        """Agents' directories other than their own in ``/dev/shm`` (a small tmpfs, say)."""
 
     def dir(self, name: str) -> Path:
-        return Path(f"/dev/shm/graben-test-{self.tag}-{name}")
+        return self.dirs.get(name) or Path(f"/dev/shm/graben-test-{self.tag}-{name}")
 
     def address(self, name: str, host: int | None = None) -> str:
         """The address agent ``name`` has (or will have: peers are named before they start)."""

@@ -64,7 +64,10 @@ class Segments:
                 os.rename(self.path(reuse.key, reuse.peer, reuse.complete), target)
             with open(target, "ab") as f:
                 os.ftruncate(f.fileno(), size)
+                if size:  # every page now: a full /dev/shm is NoSpace here, not a SIGBUS
+                    os.posix_fallocate(f.fileno(), 0, size)  # in the rank writing into it
         except OSError as exc:
+            target.unlink(missing_ok=True)
             raise from_os_error(exc, str(target)) from None
         self._order += 1
         self.held[(key, peer)] = Held(key, size, False, peer, to_store, self._order)

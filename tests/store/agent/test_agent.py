@@ -203,3 +203,25 @@ def test_a_hung_peer_costs_a_rank_nothing_of_its_own(agents: Agents) -> None:
             a.locate(SegmentKey(JOB, 2, 0, 1))
     finally:
         agents.procs["b"].send_signal(signal.SIGCONT)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_shared_memory_is_no_space_at_reserve_never_a_crash_later(
+    agents: Agents, tmp_path: Path
+) -> None:
+    """/dev/shm smaller than the limit: the pages are taken when a segment is reserved, so
+    the rank hears NoSpace then, instead of dying of SIGBUS while it copies."""
+    small = tmp_path / "shm"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)], check=True)
+    try:
+        agents.dirs["a"] = small / "agent"
+        client = AgentClient(agents.start("a", "64M"))
+        with pytest.raises(NoSpace):
+            client.reserve(SegmentKey(JOB, 1, 0, 1), 20 * MB)
+        assert not list((small / "agent").rglob("0*"))  # the file it began is gone
+        put(client, SegmentKey(JOB, 2, 0, 1), b"f" * MB)  # what fits still does
+        assert client.steps(JOB, 0, 1) == [2]
+        agents.kill("a")
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
