@@ -36,7 +36,10 @@ class Segments:
         self.held: dict[tuple[SegmentKey, bool], Held] = {}
         self._order = 0
         for peer in (False, True):
-            (root / _kind(peer)).mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                (root / _kind(peer)).mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as exc:
+                raise from_os_error(exc, str(root / _kind(peer))) from None
             for held in self._scan(peer):
                 self.held[(held.key, held.peer)] = held
 

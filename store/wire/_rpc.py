@@ -28,6 +28,7 @@ import ipaddress
 import itertools
 import logging
 import os
+import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -128,6 +129,8 @@ def _why(exc: OSError, timeout: float) -> str:
     asyncio's ("[Errno 111] Connect call failed ('127.0.0.1', 1)")."""
     if isinstance(exc, TimeoutError):
         return f"no answer within {timeout:g} s"
+    if isinstance(exc, socket.gaierror):  # its errno is getaddrinfo's, not the system's
+        return f"cannot resolve the host name ({(exc.strerror or str(exc)).lower()})"
     if exc.errno:
         return os.strerror(exc.errno).lower()
     return str(exc)

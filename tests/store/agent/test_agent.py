@@ -173,6 +173,15 @@ def test_the_agent_s_metrics_and_status(agents: Agents) -> None:
     assert f"1 segments, {MB} of {64 * MB} bytes" in said
 
 
+def test_a_directory_the_agent_cannot_make_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    argv = [sys.executable, "-m", "graben.store.cli", "agent", "serve", "--memory-limit", "1G"]
+    argv += ["--dir", str(tmp_path / "file" / "agent"), "--listen", "127.0.0.1:0"]
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert str(tmp_path / "file") in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

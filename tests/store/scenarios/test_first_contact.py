@@ -34,6 +34,12 @@ def test_a_refused_endpoint_fails_within_two_seconds(capsys: pytest.CaptureFixtu
     assert err.count("connection refused") == 2 and "[Errno" not in err, err
 
 
+def test_a_host_name_that_does_not_resolve_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "status", "--agent", "nohost.invalid:7300"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "cannot resolve the host name" in err and "unknown error" not in err, err
+
+
 def test_a_hung_service_is_told_as_hung_not_as_tls(capsys: pytest.CaptureFixture[str]) -> None:
     """A port that accepts and never answers (a SIGSTOPped service: the kernel still
     completes the handshake): one line saying so, no TLS advice, no errno, no long float."""
