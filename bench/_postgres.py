@@ -97,7 +97,10 @@ class PgServer:
             options = (
                 f"-p {self.port} -c listen_addresses='{self.listen}' "
                 f"-c unix_socket_directories={self.root} -c fsync=on -c synchronous_commit=on "
-                "-c shared_buffers=32MB -c max_connections=200"
+                "-c shared_buffers=32MB -c max_connections=200 "
+                # its dynamic shared memory in its data directory, not /dev/shm: a server
+                # SIGKILLed (failover tests) would leave its segments there for good
+                "-c dynamic_shared_memory_type=mmap"
                 + "".join(f" -c {name}='{value}'" for name, value in self.settings.items())
             )
             try:
