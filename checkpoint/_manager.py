@@ -207,7 +207,7 @@ class CheckpointManager:
         to_store = self._saves % self.store_every == 0
         self._saves += 1
         if to_store:
-            self.wait()  # its segment is one of those the agent must keep meanwhile
+            self.wait()  # one store save at a time: the previous one is in the store first
         why = memory.stage(step, state_dict, to_store)
         if why is not None:
             log.warning("step %d goes to the store only: %s", step, why)
