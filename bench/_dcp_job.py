@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -198,7 +199,9 @@ def _plain_copy(state: dict[str, torch.Tensor]) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+def main(run: Callable[[dict[str, Any], int], dict[str, float]] = run) -> None:
+    """Join the job (``SPEC RANK WORLD PORT`` from the command line), ``run`` this rank's
+    part; rank 0 prints every figure, the slowest rank's (the job's)."""
     spec = json.loads(sys.argv[1])
     rank, world, port = (int(a) for a in sys.argv[2:5])
     warnings.filterwarnings("ignore")
@@ -209,7 +212,7 @@ def main() -> None:
         result = run(spec, rank)
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, result)
-        if rank == 0:  # the slowest rank's time is the job's
+        if rank == 0:
             keys = gathered[0].keys()
             print(json.dumps({k: max(g[k] for g in gathered) for k in keys}))
     finally:

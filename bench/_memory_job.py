@@ -24,18 +24,15 @@ Rank 0 prints one JSON line (each figure the slowest rank's).
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 import time
-import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from graben.bench._dcp_job import _plain_copy, state_dict
+from graben.bench._dcp_job import _plain_copy, main, state_dict
 from graben.checkpoint import CheckpointManager
 
 WARM_SAVES = 5
@@ -140,22 +137,12 @@ def loop(spec: dict[str, Any], rank: int) -> dict[str, float]:
     return {mode: statistics.median(seconds) for mode, seconds in times.items()}
 
 
-def main() -> None:
-    spec = json.loads(sys.argv[1])
-    rank, world, port = (int(a) for a in sys.argv[2:5])
-    warnings.filterwarnings("ignore")
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+def run(spec: dict[str, Any], rank: int) -> dict[str, float]:
+    action: dict[str, float] = {"save": save, "load": load, "loop": loop}[spec["action"]](
+        spec, rank
     )
-    try:
-        result = {"save": save, "load": load, "loop": loop}[spec["action"]](spec, rank)
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, result)
-        if rank == 0:
-            print(json.dumps({k: max(g[k] for g in gathered) for k in gathered[0]}))
-    finally:
-        dist.destroy_process_group()
+    return action
 
 
 if __name__ == "__main__":
-    main()
+    main(run)

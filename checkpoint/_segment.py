@@ -6,7 +6,7 @@ type and shape; every other value as it is), then each tensor's raw bytes at
 its slot's offset (64-byte aligned). Writing is one ``copy_`` per tensor into
 the mapped file (the only copy a save makes; ``Mappings`` keeps files mapped,
 so a reused one costs no page faults); reading is ``preadv`` straight into each
-target tensor, by a few threads. Read as views (``views``), a segment is a
+target tensor, by a few threads. Read as views (``views_of``), a segment is a
 state dict whose tensors are its own memory: the background save to the
 store reads them there.
 
@@ -102,12 +102,6 @@ def layout(state_dict: Any) -> Layout:
     return Layout(header, tensors, start + position[0])
 
 
-def write(path: str, layout: Layout) -> None:
-    """Write ``layout`` into the segment file at ``path`` (already of its size)."""
-    with Mappings() as maps:
-        write_into(maps.of(path, layout.size), layout)
-
-
 def write_into(memory: mmap.mmap, layout: Layout) -> None:
     """Copy ``layout`` into a mapped segment: each tensor by ``copy_``, as a stager would."""
     memory[: len(layout.header)] = layout.header
@@ -180,12 +174,6 @@ def load(path: str, state_dict: dict[str, Any]) -> None:
             read.result()
         for then in segment.after:
             then()
-
-
-def views(path: str) -> Any:
-    """The segment at ``path`` as a state dict whose tensors are views of its memory."""
-    with open(path, "r+b") as f:
-        return views_of(mmap.mmap(f.fileno(), os.fstat(f.fileno()).st_size))
 
 
 def views_of(memory: mmap.mmap) -> Any:

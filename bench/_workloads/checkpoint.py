@@ -160,10 +160,18 @@ def job(
         "env": env,
         "seed": seed,
     }
+    return rank_job(JOB, spec, world, env, f"{system.name} {action}")
+
+
+def rank_job(
+    job: tuple[str, ...], spec: dict[str, Any], world: int, env: dict[str, str], what: str
+) -> dict[str, float]:
+    """Run ``job SPEC RANK WORLD PORT`` as ``world`` processes (``env`` added to ours);
+    rank 0's report (the ``_dcp_job.main`` protocol)."""
     port = free_port()
     procs = [
         subprocess.Popen(
-            [*JOB, json.dumps(spec), str(r), str(world), str(port)],
+            [*job, json.dumps(spec), str(r), str(world), str(port)],
             env={**os.environ, **env},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -174,7 +182,7 @@ def job(
     outputs = [p.communicate(timeout=600) for p in procs]
     for proc, (_, err) in zip(procs, outputs, strict=True):
         if proc.returncode:
-            raise RuntimeError(f"{system.name} {action} failed:\n{err[-3000:]}")
+            raise RuntimeError(f"{what} failed:\n{err[-3000:]}")
     report: dict[str, float] = json.loads(outputs[0][0].strip().splitlines()[-1])
     return report
 

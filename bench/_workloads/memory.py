@@ -11,8 +11,6 @@ checkpoints.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -26,6 +24,7 @@ from graben.store import AgentClient, connect
 from .._context import Context
 from .._kit import free_port, gbps
 from .._registry import Result, Skip, workload
+from .checkpoint import rank_job
 from .cluster import local_cluster
 
 WORLD = 2
@@ -70,24 +69,8 @@ def _job(
 ) -> dict[str, float]:
     spec = {"action": action, "target": root, "bytes_per_rank": ctx.size // WORLD}
     spec.update(steps=steps, batch=batch)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRABEN_AGENT": agent}
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [*JOB, json.dumps(spec), str(r), str(WORLD), str(port)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(WORLD)
-    ]
-    outputs = [p.communicate(timeout=600) for p in procs]
-    for proc, (_, err) in zip(procs, outputs, strict=True):
-        if proc.returncode:
-            raise RuntimeError(f"memory tier {action} failed:\n{err[-3000:]}")
-    report: dict[str, float] = json.loads(outputs[0][0].strip().splitlines()[-1])
-    return report
+    env = {"OMP_NUM_THREADS": "1", "GRABEN_AGENT": agent}
+    return rank_job(JOB, spec, WORLD, env, f"memory tier {action}")
 
 
 def _rm(url: str, path: str, agent: str) -> None:

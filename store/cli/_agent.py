@@ -10,7 +10,7 @@ from typing import TypeAlias
 
 from .._config import AGENT_PORT, parse_size
 from ..wire import auth
-from ._cluster import _serve
+from ._cluster import _serve, secret_arg
 from ._listen import endpoint, metrics_arg
 from ._logs import log_arg
 from ._main import config_arg
@@ -70,12 +70,7 @@ def add_agent(sub: Subparsers) -> None:
         "to the first that takes it",
     )
     metrics_arg(serve)
-    serve.add_argument(
-        "--secret-file",
-        type=Path,
-        default=None,
-        help="file holding the cluster secret, mode 0600 (default: $GRABEN_SECRET_FILE)",
-    )
+    secret_arg(serve)
     log_arg(serve)
     config_arg(serve, "agent")
     serve.set_defaults(run=_agent_serve)

@@ -72,15 +72,20 @@ def _server_args(serve: argparse.ArgumentParser, section: str) -> None:
         help="seconds before a connection that sends nothing is dropped",
     )
     metrics_arg(serve)
+    secret_arg(serve)
+    server_tls_args(serve)
+    log_arg(serve)
+    config_arg(serve, section)
+
+
+def secret_arg(serve: argparse.ArgumentParser) -> None:
+    """``--secret-file``, which every server takes."""
     serve.add_argument(
         "--secret-file",
         type=Path,
         default=None,
         help="file holding the cluster secret, mode 0600 (default: $GRABEN_SECRET_FILE)",
     )
-    server_tls_args(serve)
-    log_arg(serve)
-    config_arg(serve, section)
 
 
 def add_meta(sub: Subparsers) -> None:

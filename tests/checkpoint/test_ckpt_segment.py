@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from graben.checkpoint._segment import Mappings, holdable, layout, load, views, views_of, write
+from graben.checkpoint._segment import Mappings, holdable, layout, load, views_of, write_into
 from graben.store import InvalidArgument
 
 
@@ -46,7 +46,8 @@ def written(tmp_path: Path, value: dict[str, Any]) -> str:
     path.write_bytes(b"")
     with open(path, "r+b") as f:
         f.truncate(lay.size)
-    write(str(path), lay)
+    with Mappings() as maps:  # as a rank writes it
+        write_into(maps.of(str(path), lay.size), lay)
     return str(path)
 
 
@@ -69,7 +70,9 @@ def test_a_state_dict_comes_back_in_place(tmp_path: Path) -> None:
 
 def test_views_are_the_segment_s_own_memory(tmp_path: Path) -> None:
     saved = state(2)
-    seen = views(written(tmp_path, saved))
+    path = written(tmp_path, saved)
+    with Mappings() as maps:
+        seen = views_of(maps.of(path, Path(path).stat().st_size))
     assert torch.equal(seen["model"]["w"], saved["model"]["w"])
     assert torch.equal(seen["counter"]["seen"], torch.full((4,), 2)) and seen["step"] == 2
     w = seen["model"]["w"]
