@@ -60,8 +60,9 @@ class Segments:
         self.forget(key, peer)
         try:
             job = self._job_dir(key.job, peer)
-            job.mkdir(exist_ok=True, mode=0o700)
-            (job / "job").write_text(key.job)
+            if not job.is_dir():  # once per job, not on every save's path
+                job.mkdir(mode=0o700)
+                (job / "job").write_text(key.job)
             if reuse is not None:
                 del self.held[(reuse.key, reuse.peer)]
                 os.rename(self.path(reuse.key, reuse.peer, reuse.complete), target)
