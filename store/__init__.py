@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         Change,
         ChangeFeed,
         ChunkProblem,
+        ClassState,
         FileInfo,
         FsckReport,
         PathChange,
@@ -84,7 +85,7 @@ _MODULES = {
     ),
     "._extras": "optional_door",
     "._paths": "normalize_path=normalize",
-    "._types": "Change ChangeFeed ChunkProblem FileInfo FsckReport PathChange",
+    "._types": "Change ChangeFeed ChunkProblem ClassState FileInfo FsckReport PathChange",
     ".client": (
         "AgentClient AsyncClient AsyncReadFile AsyncWriteFile Client ReadFile Upload WriteFile"
         " clear_shared_clients connect shared_client"
@@ -127,6 +128,7 @@ __all__ = [
     "Change",
     "ChangeFeed",
     "ChunkProblem",
+    "ClassState",
     "Client",
     "DirectoryNotEmpty",
     "FileInfo",

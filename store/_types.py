@@ -150,6 +150,33 @@ class StoredChunk(msgspec.Struct, frozen=True):
     (a small file: no placement, no node write; ``Settings.inline_max`` bytes at most)."""
 
 
+class Stripe(msgspec.Struct, frozen=True):
+    """A chunk kept erasure-coded: K data and M parity pieces, each a chunk on one node."""
+
+    k: int
+    """Data pieces: the chunk's bytes, cut in K (the last padded with zeros)."""
+    m: int
+    """Parity pieces: how many pieces may be lost with the chunk still whole."""
+    pieces: tuple[ChunkRef, ...]
+    """The K + M pieces in order, data first; each stored like a chunk of its own."""
+    nodes: tuple[str, ...]
+    """The node holding each piece, ``""`` where none does (awaiting repair)."""
+
+
+class ClassState(msgspec.Struct, frozen=True):
+    """A path's storage class, and how far a file's chunks have taken it."""
+
+    name: str
+    """The class in force: the path's own, else its nearest directory's; ``""``: none
+    (chunks stay as written, replicated)."""
+    set_on: str
+    """The path the class was set on; ``""``: none."""
+    chunks: int = 0
+    """Distinct chunks the file uses (0 for a directory)."""
+    striped: int = 0
+    """Of those, the chunks kept erasure-coded."""
+
+
 class FileLayout(msgspec.Struct, frozen=True):
     """Everything a reader needs: attributes, extents in order, replicas."""
 
@@ -165,6 +192,8 @@ class FileLayout(msgspec.Struct, frozen=True):
     """Whether extents after these remain (a page of a ``GetLayout``)."""
     inline: dict[str, bytes] = msgspec.field(default_factory=dict)
     """Chunk id -> its bytes, for chunks the metadata engine keeps itself (small files)."""
+    stripes: dict[str, Stripe] = msgspec.field(default_factory=dict)
+    """Chunk id -> its pieces, for chunks kept erasure-coded (``grants`` open the pieces)."""
 
 
 class FileCommit(msgspec.Struct, frozen=True):

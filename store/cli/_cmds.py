@@ -15,6 +15,8 @@ import posixpath
 from collections.abc import Callable
 from typing import TypeAlias
 
+import msgspec
+
 from .._errors import DirectoryNotEmpty
 from .._paths import normalize
 from . import _render as out
@@ -251,10 +253,13 @@ def _ls(args: argparse.Namespace) -> int:
     store, (path,) = locate(args.store, args.path)
     with open_client(store, args) as client:
         infos = client.ls(path)
+        state = client.storage_class(path) if args.long and not args.json else None
     if args.json:
         out.emit_json(infos)
-    else:
-        out.emit_lines(out.ls_lines(infos, normalize(path), long=args.long, human=args.human))
+        return 0
+    # ``ls -l`` leads with the class in force, as ``ls -l`` leads with a total.
+    heading = [f"class {out.class_text(state)}"] if state is not None and state.name else []
+    out.emit_lines(heading + out.ls_lines(infos, normalize(path), long=args.long, human=args.human))
     return 0
 
 
@@ -262,10 +267,11 @@ def _stat(args: argparse.Namespace) -> int:
     store, (path,) = locate(args.store, args.path)
     with open_client(store, args) as client:
         info = client.stat(path)
+        state = client.storage_class(path)
     if args.json:
-        out.emit_json(info)
+        out.emit_json({**msgspec.structs.asdict(info), "storage_class": state})
     else:
-        out.emit_lines(out.stat_lines(info))
+        out.emit_lines([*out.stat_lines(info), f"{'class':<12} {out.class_text(state)}"])
     return 0
 
 

@@ -30,7 +30,7 @@ from rich.progress import (
 )
 
 from .._config import env
-from .._types import ChunkProblem, FileInfo, FsckReport, Health
+from .._types import ChunkProblem, ClassState, FileInfo, FsckReport, Health
 
 LARGE = 64 << 20
 """Work smaller than this finishes before a progress bar would help."""
@@ -144,6 +144,16 @@ def stat_lines(info: FileInfo) -> list[str]:
         ("replication", str(info.replication)),
     ]
     return [f"{field:<12} {value}" for field, value in rows]
+
+
+def class_text(state: ClassState) -> str:
+    """A path's class in words: ``ec:6+3 (set on /data; 4 of 4 chunks converted)``."""
+    if not state.name:
+        return "replicated (as written; no class set here or above)"
+    where = f"set on {shown(state.set_on)}"
+    if state.chunks:
+        where += f"; {state.striped} of {state.chunks} chunks erasure-coded"
+    return f"{state.name} ({where})"
 
 
 def du_line(path: str, files: int, size: int, *, human: bool) -> str:

@@ -73,13 +73,18 @@ def without_links(entries: list[Entry], command: str) -> list[Entry]:
 def physical(client: Client, root: str) -> tuple[int, int]:
     """``(bytes, chunks)`` the store holds for the files at or below ``root``: each
     distinct chunk once, times the copies the metadata knows of (shared with files
-    elsewhere or not)."""
+    elsewhere or not); an erasure-coded chunk, the pieces its nodes hold."""
     held: dict[str, int] = {}
     for entry in walk(client, root):
         if entry.info.is_dir:
             continue
         layout = client.layout(entry.info.path)
         for extent in layout.extents:
+            stripe = layout.stripes.get(extent.chunk.id)
+            if stripe is not None:
+                pieces = zip(stripe.pieces, stripe.nodes, strict=True)
+                held[extent.chunk.id] = sum(p.length for p, node in pieces if node)
+                continue
             copies = len(layout.replicas.get(extent.chunk.id, ())) or 1
             held[extent.chunk.id] = extent.chunk.length * copies
     return sum(held.values()), len(held)

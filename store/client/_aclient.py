@@ -21,6 +21,7 @@ from .._types import (
     Buffer,
     Change,
     ChangeFeed,
+    ClassState,
     FileCommit,
     FileInfo,
     FileLayout,
@@ -33,6 +34,7 @@ from ..transport import (
     Changes,
     ChunkTransport,
     Commit,
+    GetClass,
     GetHealth,
     GetSettings,
     Link,
@@ -42,6 +44,7 @@ from ..transport import (
     Rename,
     ReportBad,
     SetAttributes,
+    SetClass,
     Settings,
     Stat,
     Usage,
@@ -240,6 +243,18 @@ class AsyncClient:
     async def du(self, path: str = "/") -> tuple[int, int]:
         """(files, bytes) at or below ``path``."""
         return await self.meta.request(Usage(_paths.normalize(path)))
+
+    async def set_class(self, path: str, name: str) -> str:
+        """Set the storage class of a directory or file (``""``: clear it); its canonical
+        name. ``ec:K+M`` keeps the chunks of the files there as K data and M parity pieces
+        once they are unchanged for the class's age (``ec:6+3@1h``); ``replicated`` keeps
+        them as written (a subtree excepted from its directory's class)."""
+        return await self.meta.request(SetClass(_paths.normalize(path), name))
+
+    async def storage_class(self, path: str) -> ClassState:
+        """The class in force at ``path``, where it was set, and how many of a file's chunks
+        have taken it."""
+        return await self.meta.request(GetClass(_paths.normalize(path)))
 
     # -- data ---------------------------------------------------------------
 

@@ -194,6 +194,8 @@ class Client:
     publish = Mirror(AsyncClient.publish)
     health = Mirror(AsyncClient.health)
     du = Mirror(AsyncClient.du)
+    set_class = Mirror(AsyncClient.set_class)
+    storage_class = Mirror(AsyncClient.storage_class)
     changes = Mirror(AsyncClient.changes)
     put = Mirror(AsyncClient.put)
     put_parts = Mirror(AsyncClient.put_parts)

@@ -29,7 +29,7 @@ from typing import Literal
 from .._buffers import BufferPool
 from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound
 from .._hashing import content_id, crc32c
-from .._types import ChunkProblem, ChunkRef, FsckReport
+from .._types import ChunkProblem, ChunkRef, FsckReport, Stripe
 from ..transport import (
     CheckMetadata,
     ChunkRefs,
@@ -121,9 +121,26 @@ class Fsck:
             for chunk, _ in page.chunks:
                 if chunk.id in page.inline:
                     await self._check_kept(chunk, page.inline[chunk.id])
+            for chunk_id, stripe in page.stripes.items():
+                await self._check_stripe(chunk_id, stripe)
             after = page.after
 
-    async def _check(self, chunk: ChunkRef, node: str) -> None:
+    async def _check_stripe(self, chunk: str, stripe: Stripe) -> None:
+        """Each piece of an erasure-coded chunk, on its node, as a copy is checked."""
+        found = self._found
+        found.known.update(p.id for p in stripe.pieces)
+        found.bytes += sum(p.length for p, n in zip(stripe.pieces, stripe.nodes, strict=True) if n)
+        for index, node in enumerate(stripe.nodes):
+            if not node:
+                why = f"piece {index} of chunk {chunk} is on no node (repair makes it again)"
+                users = await self._users(chunk)
+                piece = stripe.pieces[index].id
+                found.problems.append(ChunkProblem("missing", piece, "", users, why))
+        held = zip(stripe.pieces, stripe.nodes, strict=True)
+        await asyncio.gather(*(self._check(piece, node, chunk) for piece, node in held if node))
+
+    async def _check(self, chunk: ChunkRef, node: str, whose: str = "") -> None:
+        """One copy of a chunk (or, with ``whose``, a piece of that chunk) read and hashed."""
         async with self._slots:
             buffer = self._pool.get(chunk.length)
             try:
@@ -133,7 +150,7 @@ class Fsck:
                 kind: Literal["missing", "corrupt"] = (
                     "missing" if isinstance(exc, NotFound) else "corrupt"
                 )
-                await self._damaged(chunk, node, kind, exc.message)
+                await self._damaged(chunk, node, kind, exc.message, whose)
             finally:
                 self._pool.put(buffer)
             if self._progress:
@@ -161,11 +178,18 @@ class Fsck:
         self._found.problems.append(ChunkProblem("corrupt", chunk.id, "engine", users, why))
 
     async def _damaged(
-        self, chunk: ChunkRef, node: str, kind: Literal["missing", "corrupt"], why: str
+        self,
+        chunk: ChunkRef,
+        node: str,
+        kind: Literal["missing", "corrupt"],
+        why: str,
+        whose: str = "",
     ) -> None:
         if self._report is not None:  # a cluster repairs what fsck finds
             await self._report(chunk.id, node, why)
-        users = await self._users(chunk.id)
+        users = await self._users(whose or chunk.id)
+        if whose:
+            why = f"a piece of chunk {whose}: {why}"
         where = f"{node}:{self._chunks.describe(node, chunk.id)}"
         self._found.problems.append(ChunkProblem(kind, chunk.id, where, users, why))
 

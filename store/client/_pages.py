@@ -50,6 +50,7 @@ async def _rest(meta: MetaTransport, path: str, first: FileLayout) -> FileLayout
     extents: list[Extent] = list(first.extents)
     replicas = dict(first.replicas)
     grants: dict[str, Capability] = dict(first.grants)
+    inline, stripes = dict(first.inline), dict(first.stripes)
     page = first
     while page.more and page.extents:
         end = page.extents[-1].offset + page.extents[-1].length
@@ -57,7 +58,9 @@ async def _rest(meta: MetaTransport, path: str, first: FileLayout) -> FileLayout
         extents.extend(x for x in page.extents if x.offset >= end)
         replicas.update(page.replicas)
         grants.update(page.grants)
-    return FileLayout(first.info, tuple(extents), replicas, grants)
+        inline.update(page.inline)
+        stripes.update(page.stripes)
+    return FileLayout(first.info, tuple(extents), replicas, grants, inline=inline, stripes=stripes)
 
 
 def _check_tiles(layout: FileLayout) -> None:

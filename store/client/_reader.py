@@ -11,7 +11,7 @@ ahead, in batches, backing off while the hints find everything at hand; the
 bytes come on their way without being copied twice (measured on 2 cores:
 reading ahead into buffers of our own and copying out was slower than direct
 reads). A replica that fails its checksum or cannot be read is skipped for
-the next one.
+the next one. A chunk kept erasure-coded is read from its pieces (``_stripes``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from .._hashing import crc32c
 from .._types import ChunkRef, Extent, FileLayout
 from ..transport import ChunkTransport
 from ._slow import SlowNodes
+from ._stripes import Striped
 
 _RETRYABLE = (IntegrityError, NotFound, Unavailable, Timeout)
 Report = Callable[[str, str, str], Awaitable[None]]
@@ -65,6 +66,7 @@ class Reader:
         self._skip = 0
         self._reports: set[asyncio.Task[None]] = set()
         self._next_offset = 0
+        self._striped = Striped(chunks, self._tell, self._failure)
         self._lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
 
@@ -199,6 +201,10 @@ class Reader:
         """Read the extent's whole chunk into ``into``, failing over between replicas."""
         if self._kept(extent.chunk, into):
             return
+        stripe = self.layout.stripes.get(extent.chunk.id)
+        if stripe is not None:
+            await self._striped.fetch(extent, stripe, into)
+            return
         chunk = extent.chunk
         errors: list[GrabenError] = []
         nodes = self._replicas(chunk.id)
@@ -212,7 +218,7 @@ class Reader:
                 return
             except _RETRYABLE as exc:
                 errors.append(exc)
-                if self._report is not None and isinstance(exc, (IntegrityError, NotFound)):
+                if isinstance(exc, (IntegrityError, NotFound)):
                     self._tell(chunk.id, node, exc.message)
         raise self._failure(extent, errors)
 
@@ -237,7 +243,8 @@ class Reader:
 
     def _tell(self, chunk: str, node: str, reason: str) -> None:
         """Report a damaged copy so it is repaired; the read does not wait for it."""
-        assert self._report is not None
+        if self._report is None:
+            return
         task = asyncio.ensure_future(self._report(chunk, node, reason))
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)
@@ -259,6 +266,8 @@ class Reader:
         index = bisect.bisect_right(self._starts, offset) - 1
         extent = self.layout.extents[index]
         if extent.offset != offset or extent.length != n or not _whole(extent):
+            return None
+        if extent.chunk.id in self.layout.stripes:
             return None
         if index in self._cache:
             return None

@@ -49,15 +49,18 @@ class Bookkeeping:
         """A page of the chunk layer: chunks with ids after ``after``."""
         with self.repo.read() as tx:
             chunks, last = tx.chunk_page(after, page_entries(limit))
-            inline = tx.inline(chunk.id for chunk, nodes in chunks if not nodes)
+            nowhere = [chunk.id for chunk, nodes in chunks if not nodes]
+            stripes = tx.stripes(nowhere) if nowhere else {}
+            inline = tx.inline(c for c in nowhere if c not in stripes)
         size = 0
         for index, (chunk, _) in enumerate(chunks):  # a page of bytes stays a page
             size += len(inline.get(chunk.id, b""))
             if size > PAGE_INLINE_BYTES and index + 1 < len(chunks):
                 kept = chunks[: index + 1]
                 held = {c.id: inline[c.id] for c, _ in kept if c.id in inline}
-                return ChunkPage(kept, chunk.id, inline=held)
-        return ChunkPage(chunks, last, inline=inline)
+                striped = {c.id: stripes[c.id] for c, _ in kept if c.id in stripes}
+                return ChunkPage(kept, chunk.id, inline=held, stripes=striped)
+        return ChunkPage(chunks, last, inline=inline, stripes=stripes)
 
     def chunk_users(self, chunk: str, after: int = 0, limit: int = 0) -> list[tuple[int, str]]:
         """A page of the files using a chunk: ``(inode, path)``, ``""`` for an unnamed inode.

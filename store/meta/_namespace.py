@@ -41,6 +41,7 @@ from ..transport import (
     ChunkUsers,
     Collectable,
     Commit,
+    GetClass,
     GetHealth,
     GetLayout,
     GetSettings,
@@ -57,11 +58,13 @@ from ..transport import (
     ReportBad,
     Request,
     SetAttributes,
+    SetClass,
     Stat,
     Usage,
 )
 from ._bookkeeping import Bookkeeping
 from ._changes import changed, feed
+from ._classes import Classes
 from ._commits import (
     INLINE_LIMIT,
     INLINE_MAX,
@@ -94,7 +97,7 @@ def local_placement(
     return (LOCAL_NODE,)
 
 
-class Namespace(Commits, Bookkeeping):
+class Namespace(Commits, Bookkeeping, Classes):
     """Executes metadata ``Request``s against a repository."""
 
     def __init__(
@@ -148,6 +151,8 @@ class Namespace(Commits, Bookkeeping):
             GetHealth: lambda r: self.health(),
             ListNodes: lambda r: self.nodes(),
             Changes: lambda r: feed(self.repo, r.after, r.missing, r.limit),
+            SetClass: lambda r: self.set_class(r.path, r.name, key=bind(r.key, r)),
+            GetClass: lambda r: self.class_of(r.path),
         }
 
     def execute(self, request: Request[R]) -> R:
@@ -205,9 +210,16 @@ class Namespace(Commits, Bookkeeping):
             ids = {x.chunk.id for x in extents[:limit]}
             replicas = tx.replicas(ids)
             inline = tx.inline(ids - replicas.keys())  # only a chunk no node holds
+            rest = ids - replicas.keys() - inline.keys()
+            stripes = tx.stripes(rest) if rest else {}
         more = len(extents) > limit
         return FileLayout(
-            info(clean, node), tuple(extents[:limit]), replicas, more=more, inline=inline
+            info(clean, node),
+            tuple(extents[:limit]),
+            replicas,
+            more=more,
+            inline=inline,
+            stripes=stripes,
         )
 
     def known(self, chunks: Iterable[str]) -> set[str]:

@@ -37,6 +37,7 @@ from .._types import (
     PathChange,
     ServiceState,
     StoredChunk,
+    Stripe,
 )
 
 ROOT_INODE = 1
@@ -261,7 +262,8 @@ class Tx(Protocol):
     def forget_unreferenced(self, older_than_ns: int, limit: int) -> list[ChunkRecord]:
         """Delete up to ``limit`` chunk rows without references since before
         ``older_than_ns`` (and no extent naming them, and their bytes if the engine kept
-        them); they and their former replicas."""
+        them); they and their former replicas, then the pieces of those kept
+        erasure-coded that no other stripe uses, each with its node."""
 
     def inconsistencies(self, limit: int) -> list[ChunkProblem]:
         """Up to ``limit`` places where the tables contradict each other or hold
@@ -274,12 +276,38 @@ class Tx(Protocol):
         """Record more nodes holding a copy of a chunk."""
 
     def drop_replica(self, chunk: str, node: str) -> None:
-        """Forget one node's copy of a chunk."""
+        """Forget one node's copy of a chunk, or of a piece (``chunk`` is the piece's id)."""
 
     def degraded(self, alive: Iterable[str], limit: int) -> list[Degraded]:
         """Referenced chunks with fewer copies on ``alive`` nodes than their files want
         (never one the engine keeps itself and no node holds: it is as safe as the
         metadata)."""
+
+    def set_class(self, inode: int, name: str) -> None:
+        """Set the storage class of an inode (``""``: clear it)."""
+
+    def classes(self, inodes: Iterable[int]) -> dict[int, str]:
+        """Of these inodes, those with a class set, with its name."""
+
+    def classed(self) -> list[tuple[int, str]]:
+        """Every inode with a class set, by number: (inode, class name)."""
+
+    def stripes(self, ids: Iterable[str]) -> dict[str, Stripe]:
+        """Of these chunk ids, those kept erasure-coded, with their pieces."""
+
+    def unstriped(self, inodes: Iterable[int], limit: int) -> list[ChunkRecord]:
+        """Up to ``limit`` chunks these files use that nodes hold as copies (not striped
+        yet), in id order, with the nodes holding them."""
+
+    def stripe(self, chunk: str, stripe: Stripe) -> tuple[str, ...]:
+        """Replace a chunk's copies with its stripe; the nodes whose copies it forgot (none
+        if the chunk was striped already; ``Conflict`` if the chunk is gone)."""
+
+    def short_stripes(self, alive: Iterable[str], limit: int) -> list[tuple[ChunkRef, Stripe]]:
+        """Up to ``limit`` referenced striped chunks with a piece on no node of ``alive``."""
+
+    def place_piece(self, chunk: str, index: int, was: str, node: str) -> None:
+        """Record that piece ``index`` of a chunk is now on ``node`` (if still on ``was``)."""
 
     def outcomes(self, keys: Iterable[str]) -> dict[str, bytes]:
         """Of these idempotency keys, those recorded, each with its recorded reply."""

@@ -29,7 +29,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Union
 
@@ -38,17 +38,22 @@ from msgspec.structs import replace
 
 from .._batcher import Batcher
 from .._config import TLS
-from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound, PermissionDenied
-from .._types import Capability, ChunkRef, FileInfo, FileLayout, NodeState, Op, ServiceState
+from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound
+from .._types import (
+    Capability,
+    ChunkRef,
+    FileInfo,
+    FileLayout,
+    NodeState,
+    Op,
+    ServiceState,
+)
 from ..transport import (
-    ChunkPage,
     Commit,
     CommitEach,
     Committed,
     Grant,
     Grants,
-    Placement,
-    Prepare,
     RemoteChunks,
     Request,
     request_types,
@@ -70,6 +75,8 @@ from ..wire import (
     tls as wire_tls,
 )
 from ._commits import INLINE_MAX
+from ._convert import Converter
+from ._grants import Capabilities
 from ._leader import BEAT_S, LEASE_S, Deposed, Leadership
 from ._namespace import Namespace
 from ._placement import live_first, place
@@ -167,6 +174,10 @@ class MetaService:
             owns_checker=True,
             tls=None if tls is None else wire_tls.client_context(tls),
         )
+        self.grants = Capabilities(secret, self.namespace)
+        """The capabilities this service hands out."""
+        self.converter = Converter(self.namespace, self.chunks, self._run, self._fence)
+        """The leader's conversions to erasure-coded stripes, and their repairs."""
         self._repairing: asyncio.Task[None] | None = None
         self._metrics_at = metrics
         self.metrics = None if metrics is None else Metrics()
@@ -262,23 +273,35 @@ class MetaService:
             return
         try:
             await self.repair_once()
+            await self.convert_once()
         except Deposed as exc:
             log.warning("repair stopped: %s", exc.message)
             self.leadership.lose(exc.message)
 
+    async def convert_once(self) -> int:
+        """Convert chunks whose class wants them erasure-coded (a round's share); how many.
+
+        Only while leading, as ``repair_once``."""
+        self._fence()
+        nodes = await self._list_nodes()
+        await self.chunks.nodes()  # fresh addresses
+        return await self.converter.convert_once(nodes)
+
     async def repair_once(self) -> int:
-        """Delete reported bad copies, then copy short chunks to new nodes; copies made.
+        """Delete reported bad copies, copy short chunks to new nodes and make lost pieces
+        of stripes again; copies and pieces made.
 
         Only while leading: ``Deposed`` if the lease is lost before or during the round.
         """
         self._fence()
         await self._drop_bad()
-        degraded: list[Degraded] = await self._run(self.namespace.degraded)
-        if not degraded:
-            await self._report_round(0, 0, 0)
-            return 0
         nodes = await self._list_nodes()
         await self.chunks.nodes()  # fresh addresses: a node back from the dead may have moved
+        pieces = await self.converter.repair_stripes(nodes)
+        degraded: list[Degraded] = await self._run(self.namespace.degraded)
+        if not degraded:
+            await self._report_round(0, 0, pieces)
+            return pieces
         made, left, stuck, lost = 0, 0, list[tuple[str, str]](), list[str]()
         for batch in _repair_batches(degraded):
             # Chunks of a batch are copied at once (a copy is a read and a write, each a
@@ -300,6 +323,7 @@ class MetaService:
                 left += len(outcome) < chunk.want - len(chunk.live)
             if done:
                 await self._run(self.namespace.record_copies, done, fence)
+        made += pieces
         await self._report_round(len(degraded), left, made)
         # One line per round, not one per chunk: a cluster short of nodes would say
         # the same thing for every chunk, every round.
@@ -389,7 +413,7 @@ class MetaService:
         auth.check_token(self._secret, call.token)
         request = decode(call.body, AnyRequest)
         if isinstance(request, Grant):
-            return Answer(encode(await self._run(self._grant, request)))
+            return Answer(encode(await self._run(self.grants.grant, request)))
         if isinstance(request, Commit):
             return Answer(encode(await self._group.submit(request)))
         if isinstance(request, CommitEach):
@@ -407,7 +431,7 @@ class MetaService:
             )
             return Answer(encode([_committed(o) for o in outcomes]))
         result = await self._run(self._execute, request)
-        return Answer(encode(self._with_grants(request, result)))
+        return Answer(encode(self.grants.attach(request, result)))
 
     def _execute(self, request: Request[Any]) -> Any:
         """A request on an engine thread; a layout lists copies on nodes gone silent last."""
@@ -426,39 +450,7 @@ class MetaService:
 
     async def _mint(self, chunks: tuple[str, ...], op: Op) -> list[Capability]:
         """Capabilities for the service's own repair reads, writes and deletes."""
-        return self._caps(chunks, op)
-
-    def _caps(self, chunks: Iterable[str], op: Op) -> list[Capability]:
-        now, store = time.time(), self.namespace.store_id
-        ttl = auth.GRANT_TTL_S
-        return [auth.grant(self._secret, c, op, ttl, now, store=store) for c in chunks]
-
-    def _grant(self, request: Grant) -> list[Capability]:
-        """Runs on an engine thread: a delete is granted only for chunks no metadata names,
-        a write only for chunks no live file uses (a live chunk never changes)."""
-        if request.op == "delete" and (named := self.namespace.known(request.chunks)):
-            raise PermissionDenied(
-                f"chunk {min(named)} is in use or tracked; only orphan copies may be deleted"
-            )
-        if request.op == "write" and (live := self.namespace.live(request.chunks)):
-            raise PermissionDenied(
-                f"chunk {min(live)} is in use by a file; a live chunk is never written again"
-            )
-        return self._caps(request.chunks, request.op)
-
-    def _with_grants(self, request: Request[Any], result: Any) -> Any:
-        """A reply with the capabilities its caller will need on the data nodes."""
-        if isinstance(request, Prepare):
-            placements: list[Placement] = result
-            grants = iter(self._caps([p.chunk.id for p in placements if p.upload], "write"))
-            return [replace(p, grant=next(grants)) if p.upload else p for p in placements]
-        if isinstance(result, FileLayout):
-            caps = self._caps({x.chunk.id for x in result.extents} - result.inline.keys(), "read")
-            return replace(result, grants={c.chunk: c for c in caps})
-        if isinstance(result, ChunkPage):
-            caps = self._caps((chunk.id for chunk, _ in result.chunks), "read")
-            return replace(result, grants={c.chunk: c for c in caps})
-        return result
+        return self.grants.caps(chunks, op)
 
     def _place(
         self, chunk: ChunkRef, replication: int, minimum: int, avoid: tuple[str, ...]

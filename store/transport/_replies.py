@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .._types import Capability, ChunkRef, FileInfo
+from .._types import Capability, ChunkRef, FileInfo, Stripe
 from ..wire import WireError
 
 # Pages: no reply lists more than this, so no directory or file is too large.
@@ -60,6 +60,8 @@ class ChunkPage(msgspec.Struct, frozen=True):
     """Chunk id -> a cluster's permission to read it, for fsck (empty embedded)."""
     inline: dict[str, bytes] = msgspec.field(default_factory=dict)
     """Chunk id -> its bytes, for chunks the metadata engine keeps itself."""
+    stripes: dict[str, Stripe] = msgspec.field(default_factory=dict)
+    """Chunk id -> its pieces, for chunks kept erasure-coded (``grants`` open the pieces)."""
 
 
 class Joined(msgspec.Struct, frozen=True):

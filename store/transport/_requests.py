@@ -27,6 +27,7 @@ from .._types import (
     ChangeFeed,
     ChunkProblem,
     ChunkRef,
+    ClassState,
     FileCommit,
     FileInfo,
     FileLayout,
@@ -300,8 +301,26 @@ RETRY_WITHIN_S = KEY_LIFETIME_S / 2
 """A client repeats a mutation only this long after first sending it, whatever its
 timeout: a repeat after the key is gone would be applied again. Half the lifetime
 leaves room for clocks that disagree and requests that wait in a queue."""
+
+
+class SetClass(Request[str], frozen=True):
+    """Set the storage class of a path (``""``: clear it); the class's canonical name."""
+
+    response = str
+    path: str
+    name: str
+    key: str = ""
+
+
+class GetClass(Request[ClassState], frozen=True):
+    """The storage class in force at a path, and how far a file has taken it."""
+
+    response = ClassState
+    path: str
+
+
 KEYED: frozenset[type[Any]] = frozenset(
-    {MakeDir, Link, Remove, Rename, SetAttributes, Commit, Collectable}
+    {MakeDir, Link, Remove, Rename, SetAttributes, Commit, Collectable, SetClass}
 )
 """Mutations that carry one idempotency key (``CommitEach`` carries one per batch)."""
 

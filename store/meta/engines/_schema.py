@@ -167,6 +167,27 @@ MIGRATIONS = (
     );
     CREATE INDEX changes_by_age ON changes (made_ns);
     """,
+    # 10: storage classes (``transport/_classes.py``): the class set on a directory or
+    # file, by inode; and the pieces of each chunk kept erasure-coded, each a chunk file
+    # of its own on one node ('' while none holds it), with its stripe's shape.
+    """
+    CREATE TABLE classes (
+        inode {int} PRIMARY KEY,
+        class TEXT NOT NULL
+    ){rowid};
+    CREATE TABLE pieces (
+        chunk {text} NOT NULL,
+        idx {int} NOT NULL,
+        k {int} NOT NULL,
+        m {int} NOT NULL,
+        piece {text} NOT NULL,
+        length {int} NOT NULL,
+        crc32c {int} NOT NULL,
+        node {text} NOT NULL,
+        PRIMARY KEY (chunk, idx)
+    ){rowid};
+    CREATE INDEX pieces_by_piece ON pieces (piece);
+    """,
 )
 
 

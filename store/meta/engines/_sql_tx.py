@@ -45,6 +45,7 @@ from ._rows import (
     named_entry,
 )
 from ._sql_records import SqlRecords
+from ._sql_stripes import SqlStripes
 
 MAX_DEPTH = MAX_PATH_BYTES // 2
 """Directories ``path_of`` climbs at most (a path of one-letter names is that deep)."""
@@ -59,7 +60,7 @@ EXTENT_ROWS = (
 )
 
 
-class SqlTx(SqlRecords, CheckedRows):
+class SqlTx(SqlRecords, SqlStripes, CheckedRows):
     """A transaction on one connection (see ``Tx`` in ``meta/_repo.py``).
 
     A subclass gives ``_execute`` (one statement) and ``_many`` (one
@@ -329,14 +330,16 @@ class SqlTx(SqlRecords, CheckedRows):
         return grouped(rows)
 
     def referenced(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
-        # A chunk the engine keeps is held too (no nodes): a new file reuses it, so no
-        # chunk is kept by the engine and on nodes at once.
+        # A chunk the engine keeps, or one kept erasure-coded, is held too (no nodes): a
+        # new file reuses it, so no chunk is kept in two ways at once.
         wanted = list(ids)
         rows = self._rows(
             "SELECT r.chunk, r.node FROM chunks c JOIN replicas r ON r.chunk = c.id "
             "WHERE c.refs > 0 AND c.id = ANY(%(ids)s) "
             "UNION ALL SELECT b.id, NULL FROM chunks c JOIN chunk_bytes b ON b.id = c.id "
-            "WHERE c.refs > 0 AND c.id = ANY(%(ids)s) ORDER BY 1, 2",
+            "WHERE c.refs > 0 AND c.id = ANY(%(ids)s) "
+            "UNION ALL SELECT p.chunk, NULL FROM chunks c JOIN pieces p ON p.chunk = c.id "
+            "WHERE c.refs > 0 AND p.idx = 0 AND c.id = ANY(%(ids)s) ORDER BY 1, 2",
             {"ids": wanted},
         )
         return grouped(rows)
@@ -348,7 +351,8 @@ class SqlTx(SqlRecords, CheckedRows):
         rows = self._rows(
             "SELECT id FROM chunks WHERE id = ANY(%(ids)s) "
             "UNION SELECT chunk FROM extents WHERE chunk = ANY(%(ids)s) "
-            "UNION SELECT chunk FROM replicas WHERE chunk = ANY(%(ids)s)",
+            "UNION SELECT chunk FROM replicas WHERE chunk = ANY(%(ids)s) "
+            "UNION SELECT piece FROM pieces WHERE piece = ANY(%(ids)s)",
             {"ids": list(ids)},
         )
         return {c for (c,) in rows}
@@ -399,7 +403,7 @@ class SqlTx(SqlRecords, CheckedRows):
         held = grouped(
             sorted(self._rows("DELETE FROM replicas WHERE chunk = ANY(%s) RETURNING *", (ids,)))
         )
-        return [(found[chunk], held.get(chunk, ())) for chunk in ids]
+        return [(found[chunk], held.get(chunk, ())) for chunk in ids] + self.forget_pieces(ids)
 
     def inconsistencies(self, limit: int) -> list[ChunkProblem]:
         raise NotImplementedError
@@ -418,6 +422,7 @@ class SqlTx(SqlRecords, CheckedRows):
 
     def drop_replica(self, chunk: str, node: str) -> None:
         self._execute("DELETE FROM replicas WHERE chunk = %s AND node = %s", (chunk, node))
+        self._execute("UPDATE pieces SET node = '' WHERE piece = %s AND node = %s", (chunk, node))
 
     def degraded(self, alive: Iterable[str], limit: int) -> list[Degraded]:
         # One pass over referenced chunks; an index of "replicas per chunk"
@@ -430,6 +435,7 @@ class SqlTx(SqlRecords, CheckedRows):
             "SELECT c.id, c.length, c.crc32c, c.sum, w.copies FROM chunks c "
             "JOIN want w ON w.chunk = c.id LEFT JOIN have h ON h.chunk = c.id "
             "WHERE c.refs > 0 AND COALESCE(h.copies, 0) < w.copies "
+            "AND NOT EXISTS (SELECT 1 FROM pieces p WHERE p.chunk = c.id) "
             "AND (NOT EXISTS (SELECT 1 FROM chunk_bytes b WHERE b.id = c.id) "
             "OR EXISTS (SELECT 1 FROM replicas r WHERE r.chunk = c.id)) "
             "ORDER BY c.id LIMIT %s",

@@ -305,7 +305,8 @@ def test_stat_and_du_show_an_odd_path_on_one_line(graben: Graben) -> None:
     graben("put", "-", "/d/a\nb", stdin=b"x" * 10)
     stat = graben("stat", "/d/a\nb").text.splitlines()
     assert stat[0] == r"path         '/d/a'$'\n''b'"
-    assert len(stat) == 8
+    assert len(stat) == 9
+    assert stat[-1].startswith("class        replicated (as written")
     assert graben("du", "/d/a\nb").text == "10  1 file  '/d/a'$'\\n''b'\n"
 
 

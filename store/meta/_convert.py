@@ -1,0 +1,184 @@
+"""The leader's erasure-coding duties: converting chunks to stripes, repairing stripes.
+
+A conversion reads a chunk from one of its copies, cuts and encodes it into
+K + M pieces (in a worker thread: zfec and blake3 let go of the GIL), places
+the pieces on K + M distinct nodes (racks first, as replicas are), writes
+them, and only then records the stripe: one fenced transaction that swaps
+the chunk's replica rows for its piece rows and queues the old copies for
+deletion (the next repair round deletes them, as it does damaged copies).
+Until that commit readers use the copies; after it, the pieces. A leader
+killed in between leaves pieces no metadata names (fsck's orphans) and the
+copies untouched; the next leader converts the chunk again, to the same
+pieces (the encoding is a function of the bytes), and records it.
+
+Stripe repair finds pieces on no live node, reads any K live pieces,
+rebuilds the missing ones and writes each to a node that holds no piece of
+that stripe, then records where they went.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from .._errors import GrabenError, IntegrityError, NotFound
+from .._hashing import content_id, crc32c
+from .._types import ChunkRef, NodeState, Stripe
+from ..transport import RemoteChunks
+from ..transport import _erasure as erasure
+from ..transport._classes import StorageClass
+from ._classes import Conversion
+from ._namespace import Namespace
+from ._placement import place
+
+log = logging.getLogger("graben.meta")
+CONVERT_CHUNKS = 16
+"""Chunks one round converts at most (the next round takes the next ones)."""
+Run = Callable[..., Awaitable[Any]]
+
+
+class Converter:
+    """The leader's conversions and stripe repairs, over its engine and data nodes."""
+
+    def __init__(
+        self, namespace: Namespace, chunks: RemoteChunks, run: Run, fence: Callable[[], int]
+    ) -> None:
+        self._ns, self._chunks, self._run, self._fence = namespace, chunks, run, fence
+        self.converted = 0
+        """Chunks converted since the service started."""
+
+    async def convert_once(self, nodes: list[NodeState]) -> int:
+        """Convert up to ``CONVERT_CHUNKS`` chunks their class wants striped; how many."""
+        work: list[Conversion] = await self._run(self._ns.to_convert, CONVERT_CHUNKS)
+        if not work:
+            return 0
+        done = await asyncio.gather(
+            *(self._convert(c, nodes) for c in work), return_exceptions=True
+        )
+        failed = [r for r in done if isinstance(r, BaseException)]
+        for outcome in failed:
+            if not isinstance(outcome, GrabenError):
+                raise outcome  # Deposed, or a bug: not to be swallowed
+        if failed:
+            log.warning(
+                "could not convert %d of %d chunks this round (first: %s)",
+                len(failed),
+                len(work),
+                failed[0],
+            )
+        made = sum(1 for r in done if r is True)
+        self.converted += made
+        return made
+
+    async def _convert(self, work: Conversion, nodes: list[NodeState]) -> bool:
+        chunk, target = work.chunk, work.target
+        size = erasure.piece_length(chunk.length, target.k)
+        targets = place(nodes, target.k + target.m, chunk.id, size)
+        data = memoryview(bytearray(chunk.length))
+        if not await self._read_any(chunk, work.replicas, data):
+            return False
+        pieces, refs = await asyncio.to_thread(_encode, data, target)
+        self._fence()  # a data node cannot check the fence: look before writing
+        await self._write_all(refs, pieces, targets)
+        stripe = Stripe(target.k, target.m, tuple(refs), tuple(targets))
+        why = f"replaced by its {target.name} stripe"
+        fence = self._fence()
+        await self._run(self._ns.record_stripe, chunk.id, stripe, why, fence)
+        return True
+
+    async def _write_all(
+        self, refs: Sequence[ChunkRef], pieces: Sequence[memoryview], targets: Sequence[str]
+    ) -> None:
+        """Every piece on its node, or ``GrabenError`` (those written stay as orphans)."""
+        results = await asyncio.gather(
+            *(self._chunks.write(n, r, p) for n, r, p in zip(targets, refs, pieces, strict=True)),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _read_any(self, chunk: ChunkRef, sources: Sequence[str], into: memoryview) -> bool:
+        for node in sources:
+            try:
+                await self._chunks.read(node, chunk, into)
+                return True
+            except (IntegrityError, NotFound) as exc:
+                await self._run(self._ns.report_bad, chunk.id, node, exc.message, self._fence())
+            except GrabenError as exc:
+                log.warning("could not read %s from %s to convert it: %s", chunk.id, node, exc)
+        return False
+
+    # -- repair ------------------------------------------------------------------
+
+    async def repair_stripes(self, nodes: list[NodeState]) -> int:
+        """Make again the pieces of stripes that lost some; pieces made."""
+        alive = [n.id for n in nodes if n.alive]
+        short = await self._run(self._ns.short_stripes, alive)
+        made = 0
+        for chunk, stripe in short:
+            try:
+                moved = await self._rebuild(chunk, stripe, nodes, set(alive))
+            except GrabenError as exc:
+                log.warning("cannot repair the stripe of %s yet: %s", chunk.id, exc)
+                continue
+            if moved:
+                await self._run(self._ns.record_pieces, moved, self._fence())
+                made += len(moved)
+        return made
+
+    async def _rebuild(
+        self, chunk: ChunkRef, stripe: Stripe, nodes: list[NodeState], alive: set[str]
+    ) -> list[tuple[str, int, str, str]]:
+        lost = [i for i, n in enumerate(stripe.nodes) if n not in alive]
+        have, failed = await self._gather(
+            stripe, [i for i in range(len(stripe.nodes)) if i not in lost]
+        )
+        if len(have) < stripe.k:
+            log.error(
+                "chunk %s has %d of the %d pieces it needs: it cannot be rebuilt",
+                chunk.id,
+                len(have),
+                stripe.k,
+            )
+            return []
+        lost += failed
+        made = await asyncio.to_thread(erasure.rebuild, have, stripe.k, stripe.m, lost)
+        holding = [n for i, n in enumerate(stripe.nodes) if i in have]
+        targets = place(nodes, len(lost), chunk.id, stripe.pieces[0].length, exclude=holding)
+        self._fence()
+        refs = [stripe.pieces[i] for i in lost]
+        await self._write_all(refs, [memoryview(made[i]) for i in lost], targets)
+        return [(chunk.id, i, stripe.nodes[i], t) for i, t in zip(lost, targets, strict=True)]
+
+    async def _gather(
+        self, stripe: Stripe, indexes: list[int]
+    ) -> tuple[dict[int, memoryview], list[int]]:
+        """K pieces read whole from their nodes, by index, and the indexes of those found
+        damaged or gone on the way."""
+        have: dict[int, memoryview] = {}
+        failed: list[int] = []
+        for i in indexes:
+            if len(have) == stripe.k:
+                break
+            piece, node = stripe.pieces[i], stripe.nodes[i]
+            into = memoryview(bytearray(piece.length))
+            try:
+                await self._chunks.read(node, piece, into)
+            except (IntegrityError, NotFound) as exc:
+                await self._run(self._ns.report_bad, piece.id, node, exc.message, self._fence())
+                failed.append(i)
+                continue
+            except GrabenError:
+                continue
+            have[i] = into
+        return have, failed
+
+
+def _encode(data: memoryview, target: StorageClass) -> tuple[list[memoryview], list[ChunkRef]]:
+    """The stripe's pieces of ``data`` and their records (on a worker thread)."""
+    pieces = [memoryview(p) for p in erasure.encode(data, target.k, target.m)]
+    refs = [ChunkRef(content_id(p), p.nbytes, crc32c(p)) for p in pieces]
+    return pieces, refs
