@@ -40,9 +40,10 @@ class Striped:
         wanted = {i: _dest(into, i, size, length) for i in range(k)}
         have = await self._pieces(stripe, wanted, errors)
         if len(have) == k:
-            last = (k - 1) * size
-            if last + size > length:  # the padded piece came to a scratch buffer
-                into[last:length] = have[k - 1][: length - last]
+            for i in range(k):  # the padded pieces came to scratch buffers
+                start = i * size
+                if start + size > length and start < length:
+                    into[start:length] = have[i][: length - start]
             return
         spare = list(range(k, k + stripe.m))
         while len(have) < k and spare:

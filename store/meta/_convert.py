@@ -146,7 +146,9 @@ class Converter:
             return []
         lost += failed
         made = await asyncio.to_thread(erasure.rebuild, have, stripe.k, stripe.m, lost)
-        holding = [n for i, n in enumerate(stripe.nodes) if i in have]
+        # Every node keeping a piece, not only those read: two pieces of one stripe on
+        # one node would be lost together.
+        holding = [n for i, n in enumerate(stripe.nodes) if i not in lost and n]
         targets = place(nodes, len(lost), chunk.id, stripe.pieces[0].length, exclude=holding)
         self._fence()
         refs = [stripe.pieces[i] for i in lost]

@@ -32,13 +32,17 @@ def piece_length(length: int, k: int) -> int:
 
 
 def cut(data: memoryview, k: int) -> list[Buffer]:
-    """The ``k`` data pieces of ``data``: views of it, the last one a padded copy."""
+    """The ``k`` data pieces of ``data``: views of it, padded copies of those that reach
+    past its end (the last; more when the chunk is shorter than K bytes or so)."""
     size = piece_length(data.nbytes, k)
-    pieces: list[Buffer] = [data[i * size : (i + 1) * size] for i in range(k)]
-    last = bytearray(size)
-    tail = data[(k - 1) * size :]
-    last[: tail.nbytes] = tail
-    pieces[-1] = last
+    pieces: list[Buffer] = []
+    for i in range(k):
+        piece = data[i * size : (i + 1) * size]
+        if piece.nbytes < size:
+            padded = bytearray(size)
+            padded[: piece.nbytes] = piece
+            piece = memoryview(padded)
+        pieces.append(piece)
     return pieces
 
 

@@ -65,6 +65,7 @@ from ._requests import (
     ChunkUsers,
     Commit,
     CommitEach,
+    GetClass,
     GetHealth,
     GetLayout,
     GetSettings,
@@ -108,6 +109,7 @@ RETRYABLE = frozenset(
         ReportBad,
         Grant,
         Changes,
+        GetClass,
     }
 )
 """Requests that may be repeated as they are: reads, and writes whose repeat changes
