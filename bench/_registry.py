@@ -30,6 +30,7 @@ WORKLOAD_MODULES = (
         "latency",
         "tls",
         "faults",
+        "classes",
         "fsspec",
         "checkpoint",
         "memory",

@@ -66,7 +66,7 @@ class Reader:
         self._skip = 0
         self._reports: set[asyncio.Task[None]] = set()
         self._next_offset = 0
-        self._striped = Striped(chunks, self._tell, self._failure)
+        self._striped = Striped(chunks, self._tell, self._failure, slow)
         self._lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
 

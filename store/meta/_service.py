@@ -75,7 +75,7 @@ from ..wire import (
     tls as wire_tls,
 )
 from ._commits import INLINE_MAX
-from ._convert import Converter
+from ._convert import CONVERT_CHUNKS, Converter
 from ._grants import Capabilities
 from ._leader import BEAT_S, LEASE_S, Deposed, Leadership
 from ._namespace import Namespace
@@ -273,7 +273,11 @@ class MetaService:
             return
         try:
             await self.repair_once()
-            await self.convert_once()
+            # Conversions go on while each batch is full, for up to a round's length:
+            # a large dataset converts at the nodes' pace, not a batch per round.
+            until = time.monotonic() + self.repair_interval
+            while await self.convert_once() == CONVERT_CHUNKS and time.monotonic() < until:
+                pass
         except Deposed as exc:
             log.warning("repair stopped: %s", exc.message)
             self.leadership.lose(exc.message)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_kit import COMMANDS, Graben, MiB, chunk_files, failed, flip_byte, write
+from cli_kit import COMMANDS, Graben, MiB, Result, chunk_files, failed, flip_byte, write
 
 from graben.store.cli._main import build_parser
 
@@ -308,6 +308,36 @@ def test_stat_and_du_show_an_odd_path_on_one_line(graben: Graben) -> None:
     assert len(stat) == 9
     assert stat[-1].startswith("class        replicated (as written")
     assert graben("du", "/d/a\nb").text == "10  1 file  '/d/a'$'\\n''b'\n"
+
+
+def klass(graben: Graben, action: str, *args: str) -> Result:
+    """``graben class ACTION --store STORE ARGS...``."""
+    return graben("class", action, "--store", str(graben.store), *args, store=False)
+
+
+def test_class_set_show_and_clear_a_path_and_stat_and_ls_l_show_it(graben: Graben) -> None:
+    graben("put", "-", "/data/sub/f", stdin=b"x" * 10)
+    set_ = klass(graben, "set", "/data", "ec:6+3@60m")
+    assert set_.code == 0 and set_.text == "/data: ec:6+3@1h\n"
+    assert klass(graben, "show", "/data/sub/f").text == (
+        "ec:6+3@1h (set on /data; 0 of 1 chunks erasure-coded)\n"
+    )
+    state = klass(graben, "show", "--json", "/data/sub").json()
+    assert state == {"name": "ec:6+3@1h", "set_on": "/data", "chunks": 0, "striped": 0}
+    assert graben("stat", "--json", "/data/sub/f").json()["storage_class"]["name"] == "ec:6+3@1h"
+    assert graben("ls", "-l", "/data").text.splitlines()[0] == "class ec:6+3@1h (set on /data)"
+    assert klass(graben, "clear", "/data").code == 0
+    assert klass(graben, "show", "/data/sub/f").text.startswith("replicated (as written")
+    assert not graben("ls", "-l", "/data").text.startswith("class")
+
+
+def test_class_with_a_wrong_name_or_path_says_so_and_changes_nothing(graben: Graben) -> None:
+    graben("mkdir", "/data")
+    failed(klass(graben, "set", "/data", "raid6"), "unknown storage class", "ec:K+M")
+    failed(klass(graben, "set", "/data", "ec:6+3@soon"), "a number with s, m, h or d")
+    failed(klass(graben, "set", "/missing", "ec:6+3"), "no such file")
+    assert klass(graben, "show", "/data").text.startswith("replicated")
+    assert graben("class", store=False).code == 2  # an action is required (a usage error)
 
 
 # --- mkdir / rm / mv ------------------------------------------------------------------

@@ -55,3 +55,24 @@ def test_fewer_than_k_pieces_is_an_error_not_wrong_bytes() -> None:
     pieces = erasure.encode(memoryview(os.urandom(600)), 6, 3)
     with pytest.raises(ValueError, match="at least 6 are needed"):
         erasure.decode({i: pieces[i] for i in range(5)}, 6, 3, memoryview(bytearray(600)))
+
+
+def test_halves_of_the_columns_decode_alone_into_the_pieces_already_in_place() -> None:
+    data = os.urandom(6 * 1000 + 5)
+    pieces = erasure.encode(memoryview(data), 6, 3)
+    into = bytearray(len(data))
+    size = erasure.piece_length(len(data), 6)
+    # Data pieces 0, 2 and 3 read straight into place, as a reader does; 1, 4, 5 lost.
+    have: dict[int, erasure.Buffer] = {}
+    for i in (0, 2, 3):
+        into[i * size : (i + 1) * size] = pieces[i]
+        have[i] = memoryview(into)[i * size : (i + 1) * size]
+    have.update({i: pieces[i] for i in (6, 7, 8)})
+    half = size // 2
+    erasure.decode(have, 6, 3, memoryview(into), slice(0, half))
+    assert (
+        into[:half] == data[:half]
+        and into[5 * size : 5 * size + half] == data[5 * size : 5 * size + half]
+    )
+    erasure.decode(have, 6, 3, memoryview(into), slice(half, size))
+    assert into == data
