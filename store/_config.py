@@ -11,7 +11,8 @@ they serve.
 
 Besides ``Options`` and ``TLS``: where a store is (``resolve``: its URL or
 the default home; ``split_url``), where caches go (``cache_home``), the AWS
-settings of the dataset door's S3 fetches (``aws_environment``), the node's
+settings of the dataset door's S3 fetches (``aws_environment``) and of the
+servers' S3 tier (``aws_settings``: the shared files too), the node's
 memory agent (``agent_address``: ``GRABEN_AGENT``), sizes as
 people write them (``parse_size``), and the constants that clients and
 servers, or a data node and the metadata service's placement, agree on
@@ -20,6 +21,7 @@ servers, or a data node and the metadata service's placement, agree on
 
 from __future__ import annotations
 
+import configparser
 import os
 import re
 import ssl
@@ -243,6 +245,41 @@ def aws_environment() -> dict[str, str]:
     found = {name: os.environ.get(variable, "") for name, variable in AWS_VARIABLES.items()}
     found["region"] = found["region"] or os.environ.get("AWS_DEFAULT_REGION", "")
     return {name: value for name, value in found.items() if value}
+
+
+def aws_settings() -> dict[str, str]:
+    """The AWS settings a data node's or metadata service's S3 tier uses: the environment
+    (``aws_environment``) first, then the shared files, ``$AWS_SHARED_CREDENTIALS_FILE``
+    (else ``~/.aws/credentials``) and ``$AWS_CONFIG_FILE`` (else ``~/.aws/config``), in
+    the profile ``$AWS_PROFILE`` names, else ``default``. Keys as ``aws_environment``'s."""
+    found = aws_environment()
+    profile = found.pop("profile", "default")
+    home = Path.home() / ".aws"
+    shared = os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or str(home / "credentials")
+    config = os.environ.get("AWS_CONFIG_FILE") or str(home / "config")
+    files = {
+        **_ini_section(config, profile if profile == "default" else f"profile {profile}"),
+        **_ini_section(shared, profile),
+    }
+    names = {
+        "aws_access_key_id": "key",
+        "aws_secret_access_key": "secret",
+        "aws_session_token": "token",
+        "region": "region",
+        "endpoint_url": "endpoint",
+    }
+    from_files = {names[k]: v for k, v in files.items() if k in names and v}
+    return {**from_files, **found}
+
+
+def _ini_section(path: str, section: str) -> dict[str, str]:
+    """One section of an INI file (AWS's shared files), empty if either is missing."""
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(path, encoding="utf-8")
+    except (OSError, configparser.Error):
+        return {}
+    return dict(parser[section]) if parser.has_section(section) else {}
 
 
 def cache_home() -> Path:

@@ -173,8 +173,8 @@ class ClassState(msgspec.Struct, frozen=True):
     """The path the class was set on; ``""``: none."""
     chunks: int = 0
     """Distinct chunks the file uses (0 for a directory)."""
-    striped: int = 0
-    """Of those, the chunks kept erasure-coded."""
+    converted: int = 0
+    """Of those, the chunks kept as a class says (erasure-coded, or in the S3 tier)."""
 
 
 class FileLayout(msgspec.Struct, frozen=True):

@@ -8,22 +8,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeAlias
 
-from .._config import AGENT_PORT, parse_size
+from .._config import AGENT_PORT
 from ..wire import auth
 from ._cluster import _serve, secret_arg
-from ._listen import endpoint, metrics_arg
+from ._listen import endpoint, metrics_arg, size_arg
 from ._logs import log_arg
 from ._main import config_arg
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 DEFAULT_DIR = Path("/dev/shm/graben-agent")
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _keep(text: str) -> int:
@@ -52,7 +45,7 @@ def add_agent(sub: Subparsers) -> None:
         "--dir", type=Path, default=DEFAULT_DIR, help=f"shared-memory directory ({DEFAULT_DIR})"
     )
     serve.add_argument(
-        "--memory-limit", type=_size, required=True, help="most bytes of segments held (8G)"
+        "--memory-limit", type=size_arg, required=True, help="most bytes of segments held (8G)"
     )
     serve.add_argument("--keep", type=_keep, default=2, help="newest steps kept per rank (2)")
     serve.add_argument(

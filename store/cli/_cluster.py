@@ -40,6 +40,7 @@ from ._listen import (
     endpoints_arg,
     listen_args,
     metrics_arg,
+    size_arg,
     start_node,
     told,
 )
@@ -128,6 +129,7 @@ def add_meta(sub: Subparsers) -> None:
     serve.add_argument(
         "--repair-interval", type=float, default=5.0, help="seconds between repair rounds"
     )
+    _tier_arg(serve, "chunks of class s3 are uploaded there")
     _server_args(serve, "meta")
     serve.set_defaults(run=_meta_serve)
 
@@ -153,8 +155,26 @@ def add_node(sub: Subparsers) -> None:
     serve.add_argument(
         "--scrub-interval", type=float, default=3600.0, help="seconds between scrubs of all chunks"
     )
+    _tier_arg(serve, "chunks of class s3 are read through from there")
+    serve.add_argument(
+        "--s3-cache",
+        type=size_arg,
+        default=10 << 30,
+        metavar="SIZE",
+        help="bytes of S3-tier chunks this node keeps in DATA/cache (default 10G)",
+    )
     _server_args(serve, "node")
     serve.set_defaults(run=_node_serve)
+
+
+def _tier_arg(serve: argparse.ArgumentParser, what: str) -> None:
+    serve.add_argument(
+        "--s3-tier",
+        metavar="s3://BUCKET/PREFIX",
+        default=None,
+        help=f"the cluster's S3 tier: {what} (credentials and endpoint: the AWS "
+        "environment, then ~/.aws/credentials and ~/.aws/config; needs graben[s3])",
+    )
 
 
 def add_status(sub: Subparsers) -> None:
@@ -266,6 +286,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
             idle_timeout=args.idle_timeout,
             metrics=args.metrics,
             tls=tls,
+            tier=args.s3_tier,
         )
         server = await service.start(
             host, META_PORT if port is None else port, advertise=told(args.advertise)
@@ -318,6 +339,8 @@ def _node_serve(args: argparse.Namespace) -> int:
             idle_timeout=args.idle_timeout,
             metrics=args.metrics,
             tls=tls,
+            tier=args.s3_tier,
+            tier_cache=args.s3_cache,
         )
         await start_node(node, args.listen, args.advertise)
         return node.address, node.close

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from .._config import parse_size
 from .._errors import InvalidArgument, Unavailable
 
 if TYPE_CHECKING:
@@ -123,3 +124,11 @@ async def start_node(node: DataNode, listen: tuple[str, int | None], advertise: 
         f"no free port from {NODE_PORT} to {NODE_PORT + NODE_PORTS - 1} on {host}; "
         "give --listen HOST:PORT"
     )
+
+
+def size_arg(text: str) -> int:
+    """An argument's bytes as people write them (``10G``), or argparse's usage error."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

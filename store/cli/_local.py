@@ -70,6 +70,12 @@ def add_cluster(sub: Subparsers) -> None:
     )
     up.add_argument("--heartbeat-timeout", type=float, default=10.0)
     up.add_argument(
+        "--s3-tier",
+        metavar="s3://BUCKET/PREFIX",
+        default=None,
+        help="an S3 tier for chunks of class s3 (see graben meta serve --help)",
+    )
+    up.add_argument(
         "--secret-file",
         type=Path,
         default=None,
@@ -165,6 +171,8 @@ def _cluster_up(args: argparse.Namespace) -> int:
     tls = server_tls(args)
     shared: tuple[str, ...] = ("--secret-file", str(secret_file), *tls_flags(args))
     shared = (*shared, "--log-level", args.log_level)
+    if args.s3_tier is not None:  # the same tier for the metadata service and every node
+        shared = (*shared, "--s3-tier", args.s3_tier)
     if args.config is not None:  # the servers take their own tables of it
         shared = (*shared, "--config", str(args.config.resolve()))
     procs: list[subprocess.Popen[str]] = []

@@ -152,7 +152,7 @@ def class_text(state: ClassState) -> str:
         return "replicated (as written; no class set here or above)"
     where = f"set on {shown(state.set_on)}"
     if state.chunks:
-        where += f"; {state.striped} of {state.chunks} chunks erasure-coded"
+        where += f"; {state.converted} of {state.chunks} chunks converted"
     return f"{state.name} ({where})"
 
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .. import _paths
+from .._errors import InvalidArgument
 from .._types import ChunkRef, ClassState, Stripe
 from ..transport._classes import StorageClass, parse
 from ._leader import fenced_write
@@ -47,10 +48,18 @@ class Classes:
     """Class operations over a repository (``Namespace`` sets ``repo``)."""
 
     repo: Repository
+    kinds: frozenset[str] = frozenset({"replicated", "ec"})
+    """The classes this store can keep (``s3`` too, with an S3 tier)."""
 
     def set_class(self, path: str, name: str, key: str = "") -> str:
         """Set (``""``: clear) the class of a path; its canonical name."""
-        canonical = parse(name).name if name else ""
+        target = parse(name) if name else None
+        if target is not None and target.kind not in self.kinds:
+            raise InvalidArgument(
+                f"this store has no S3 tier for class {target.name}: its metadata services "
+                "and data nodes take one with --s3-tier s3://BUCKET/PREFIX"
+            )
+        canonical = target.name if target is not None else ""
         parts = _paths.split(path)
 
         def apply(tx: Tx) -> str:
@@ -74,11 +83,13 @@ class Classes:
             if node.kind != "file":
                 return ClassState(name, source)
             chunks = {x.chunk.id for x in tx.extents(node.id)}
-            striped = len(tx.stripes(chunks)) if chunks else 0
-        return ClassState(name, source, len(chunks), striped)
+            converted = len(tx.stripes(chunks)) if chunks else 0
+        return ClassState(name, source, len(chunks), converted)
 
-    def to_convert(self, limit: int, now_ns: int | None = None) -> list[Conversion]:
-        """Up to ``limit`` replicated chunks of files whose class is erasure-coded and
+    def to_convert(
+        self, limit: int, now_ns: int | None = None, kinds: frozenset[str] = frozenset({"ec"})
+    ) -> list[Conversion]:
+        """Up to ``limit`` replicated chunks of files whose class is one of ``kinds`` and
         which are unchanged for the class's age."""
         now = time.time_ns() if now_ns is None else now_ns
         found: list[Conversion] = []
@@ -86,7 +97,7 @@ class Classes:
             classed = dict(tx.classed())
             for inode, name in classed.items():
                 target = parse(name)
-                if target.kind != "ec":
+                if target.kind not in kinds:
                     continue
                 cutoff = now - target.after_s * 1_000_000_000
                 files = list(_files(tx, inode, classed, cutoff))

@@ -11,6 +11,10 @@ killed in between leaves pieces no metadata names (fsck's orphans) and the
 copies untouched; the next leader converts the chunk again, to the same
 pieces (the encoding is a function of the bytes), and records it.
 
+A chunk of class ``s3`` goes the same way to the cluster's S3 tier: its
+object put, then its copies swapped for it (a stripe of one piece on the
+node ``IN_TIER``).
+
 Stripe repair finds pieces on no live node, reads any K live pieces,
 rebuilds the missing ones and writes each to a node that holds no piece of
 that stripe, then records where they went.
@@ -23,15 +27,19 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from msgspec.structs import replace
+
 from .._errors import GrabenError, IntegrityError, NotFound
 from .._hashing import content_id, crc32c
-from .._types import ChunkRef, NodeState, Stripe
-from ..transport import RemoteChunks
+from .._types import ChunkRef, FileLayout, NodeState, Stripe
+from ..transport import ChunkPage, RemoteChunks
 from ..transport import _erasure as erasure
+from ..transport._bucket import Bucket
 from ..transport._classes import StorageClass
 from ._classes import Conversion
 from ._namespace import Namespace
-from ._placement import place
+from ._placement import live_first, place
+from ._repo import IN_TIER
 
 log = logging.getLogger("graben.meta")
 CONVERT_CHUNKS = 16
@@ -43,15 +51,23 @@ class Converter:
     """The leader's conversions and stripe repairs, over its engine and data nodes."""
 
     def __init__(
-        self, namespace: Namespace, chunks: RemoteChunks, run: Run, fence: Callable[[], int]
+        self,
+        namespace: Namespace,
+        chunks: RemoteChunks,
+        run: Run,
+        fence: Callable[[], int],
+        bucket: Bucket | None = None,
     ) -> None:
         self._ns, self._chunks, self._run, self._fence = namespace, chunks, run, fence
+        self._bucket = bucket
+        """The S3 tier, if the cluster has one."""
         self.converted = 0
         """Chunks converted since the service started."""
 
     async def convert_once(self, nodes: list[NodeState]) -> int:
-        """Convert up to ``CONVERT_CHUNKS`` chunks their class wants striped; how many."""
-        work: list[Conversion] = await self._run(self._ns.to_convert, CONVERT_CHUNKS)
+        """Convert up to ``CONVERT_CHUNKS`` chunks as their class says; how many."""
+        kinds = frozenset({"ec", "s3"} if self._bucket is not None else {"ec"})
+        work: list[Conversion] = await self._run(self._ns.to_convert, CONVERT_CHUNKS, None, kinds)
         if not work:
             return 0
         done = await asyncio.gather(
@@ -73,6 +89,8 @@ class Converter:
         return made
 
     async def _convert(self, work: Conversion, nodes: list[NodeState]) -> bool:
+        if work.target.kind == "s3":
+            return await self._archive(work)
         chunk, target = work.chunk, work.target
         size = erasure.piece_length(chunk.length, target.k)
         targets = place(nodes, target.k + target.m, chunk.id, size)
@@ -86,6 +104,19 @@ class Converter:
         why = f"replaced by its {target.name} stripe"
         fence = self._fence()
         await self._run(self._ns.record_stripe, chunk.id, stripe, why, fence)
+        return True
+
+    async def _archive(self, work: Conversion) -> bool:
+        """A chunk to the S3 tier: its object put, then its copies swapped for it."""
+        assert self._bucket is not None
+        chunk = work.chunk
+        data = memoryview(bytearray(chunk.length))
+        if not await self._read_any(chunk, work.replicas, data):
+            return False
+        await self._bucket.put(chunk, data)
+        stripe = Stripe(1, 0, (chunk,), (IN_TIER,))
+        why = f"moved to the S3 tier {self._bucket.url}"
+        await self._run(self._ns.record_stripe, chunk.id, stripe, why, self._fence())
         return True
 
     async def _write_all(
@@ -184,3 +215,42 @@ def _encode(data: memoryview, target: StorageClass) -> tuple[list[memoryview], l
     pieces = [memoryview(p) for p in erasure.encode(data, target.k, target.m)]
     refs = [ChunkRef(content_id(p), p.nbytes, crc32c(p)) for p in pieces]
     return pieces, refs
+
+
+READ_THROUGH = 2
+"""Data nodes a chunk of the S3 tier is read through (the second if the first fails)."""
+
+
+def through_nodes(
+    stripes: dict[str, Stripe], nodes: Sequence[NodeState]
+) -> tuple[dict[str, Stripe], dict[str, tuple[str, ...]]]:
+    """The stripes that are not chunks of the S3 tier; and for each of those, the data
+    nodes to read it through: the best ``READ_THROUGH`` by the chunk's own placement,
+    the same while they live, so their caches hold it."""
+    kept: dict[str, Stripe] = {}
+    through: dict[str, tuple[str, ...]] = {}
+    for chunk, stripe in stripes.items():
+        if stripe.nodes != (IN_TIER,):
+            kept[chunk] = stripe
+            continue
+        piece = stripe.pieces[0]
+        try:
+            through[chunk] = place(nodes, READ_THROUGH, chunk, piece.length, minimum=1)
+        except GrabenError:
+            through[chunk] = ()  # no node up: the reader says so
+    return kept, through
+
+
+def for_readers(
+    result: FileLayout | ChunkPage, nodes: Sequence[NodeState]
+) -> FileLayout | ChunkPage:
+    """A layout or chunk page as readers take it: each chunk of the S3 tier as copies on
+    the nodes that read it through (``through_nodes``), copies on nodes gone silent last."""
+    stripes, held = through_nodes(result.stripes, nodes)
+    if isinstance(result, FileLayout):
+        replicas = live_first({**result.replicas, **held}, nodes)
+        return replace(result, replicas=replicas, stripes=stripes)
+    if not held:
+        return result
+    chunks = [(c, held.get(c.id, copies)) for c, copies in result.chunks]
+    return replace(result, chunks=chunks, stripes=stripes)

@@ -41,6 +41,9 @@ from .._types import (
 )
 
 ROOT_INODE = 1
+IN_TIER = "@s3"
+"""The node a chunk in the S3 tier is recorded on: a stripe of one piece, the chunk itself
+(``Stripe(1, 0, (chunk,), (IN_TIER,))``); no data node holds it for good."""
 R = TypeVar("R")
 ChunkRecord = tuple[ChunkRef, tuple[str, ...]]
 """A chunk and the nodes holding it."""

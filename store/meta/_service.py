@@ -15,11 +15,8 @@ repeat (through this service or another) gets the recorded reply
 (``_once.py``). Op ``ping`` is answered on the event loop, never behind the
 engine, so a client kept waiting can tell a busy service from a hung one.
 
-Every call must carry the cluster's client token. Placements come with write
-capabilities and layouts (and fsck's chunk pages) with read capabilities,
-which data nodes check with the shared secret alone; ``Grant`` hands out
-fresh ones. Every capability names the store, so a data node of another
-store refuses it. A chunk a live file uses is never granted for writing.
+Every call must carry the cluster's client token; the capabilities replies
+carry for the data nodes are ``_grants.py``'s.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Union
 
 import msgspec
-from msgspec.structs import replace
 
 from .._batcher import Batcher
 from .._config import TLS
@@ -49,6 +45,7 @@ from .._types import (
     ServiceState,
 )
 from ..transport import (
+    ChunkPage,
     Commit,
     CommitEach,
     Committed,
@@ -58,6 +55,7 @@ from ..transport import (
     Request,
     request_types,
 )
+from ..transport._bucket import Bucket
 from ..wire import (
     DEFAULT_IDLE_TIMEOUT,
     Answer,
@@ -75,11 +73,11 @@ from ..wire import (
     tls as wire_tls,
 )
 from ._commits import INLINE_MAX
-from ._convert import CONVERT_CHUNKS, Converter
+from ._convert import CONVERT_CHUNKS, Converter, for_readers
 from ._grants import Capabilities
 from ._leader import BEAT_S, LEASE_S, Deposed, Leadership
 from ._namespace import Namespace
-from ._placement import live_first, place
+from ._placement import place
 from ._repo import Degraded, Repository
 
 log = logging.getLogger("graben.meta")
@@ -143,8 +141,12 @@ class MetaService:
         metrics: tuple[str, int] | None = None,
         tls: TLS | None = None,
         lease_s: float = LEASE_S,
+        tier: str | None = None,
     ) -> None:
-        """``tls``: serve over TLS only, and dial the data nodes (repair) over TLS."""
+        """``tls``: serve over TLS only, and dial the data nodes (repair) over TLS.
+        ``tier``: the cluster's S3 tier (``s3://BUCKET/PREFIX``), where chunks of class
+        ``s3`` go."""
+        self._bucket = None if tier is None else Bucket(tier)
         self._tls = None if tls is None else wire_tls.server_context(tls)
         self.namespace = Namespace(
             repo,
@@ -176,7 +178,11 @@ class MetaService:
         )
         self.grants = Capabilities(secret, self.namespace)
         """The capabilities this service hands out."""
-        self.converter = Converter(self.namespace, self.chunks, self._run, self._fence)
+        if self._bucket is not None:
+            self.namespace.kinds = self.namespace.kinds | {"s3"}
+        self.converter = Converter(
+            self.namespace, self.chunks, self._run, self._fence, self._bucket
+        )
         """The leader's conversions to erasure-coded stripes, and their repairs."""
         self._repairing: asyncio.Task[None] | None = None
         self._metrics_at = metrics
@@ -438,10 +444,10 @@ class MetaService:
         return Answer(encode(self.grants.attach(request, result)))
 
     def _execute(self, request: Request[Any]) -> Any:
-        """A request on an engine thread; a layout lists copies on nodes gone silent last."""
+        """A request on an engine thread; layouts and chunk pages as readers take them."""
         result = self.namespace.execute(request)
-        if isinstance(result, FileLayout):
-            result = replace(result, replicas=live_first(result.replicas, self._fresh_nodes()))
+        if isinstance(result, (FileLayout, ChunkPage)):
+            return for_readers(result, self._fresh_nodes())
         return result
 
     async def _ping(self, call: Call, payload: memoryview | None) -> Answer:

@@ -90,6 +90,30 @@ class LocalChunkStore:
         """Store a chunk durably; refuse it if its bytes do not match ``chunk``."""
         self._place(chunk, data, durable=True)
 
+    def keep(self, chunk: ChunkRef, data: memoryview) -> None:
+        """Store a cache's copy of a chunk: checked as a write is, not fsynced."""
+        self._place(chunk, data, durable=False)
+
+    def files(self) -> Iterator[tuple[Path, int, float]]:
+        """Every chunk file: its path, size and modification time."""
+        for path in self.root.glob("??/??/*"):
+            if _is_chunk_id(path.name):
+                with contextlib.suppress(FileNotFoundError):
+                    st = path.stat()
+                    yield path, st.st_size, st.st_mtime
+
+    def evict(self, nbytes: int) -> int:
+        """Delete the chunk files touched longest ago until ``nbytes`` are freed; bytes
+        freed (a cache's eviction)."""
+        freed = 0
+        for path, size, _ in sorted(self.files(), key=lambda f: f[2]):
+            if freed >= nbytes:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                freed += size
+        return freed
+
     def write_group(self, items: Sequence[tuple[ChunkRef, memoryview]]) -> list[GrabenError | None]:
         """Store several chunks durably with one sync; each one's error or ``None``, in order.
 

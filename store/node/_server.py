@@ -59,6 +59,7 @@ from ..transport import (
     ReportBad,
     Request,
 )
+from ..transport._bucket import Bucket
 from ..wire import (
     DEFAULT_IDLE_TIMEOUT,
     Answer,
@@ -81,6 +82,7 @@ from ..wire import (
 )
 from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, write_private
 from ._identity import adoption, keep_store_id, read_id
+from ._tier import Tier
 
 log = logging.getLogger("graben.node")
 HEARTBEAT_S = 2.0
@@ -113,9 +115,13 @@ class DataNode:
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         metrics: tuple[str, int] | None = None,
         tls: TLS | None = None,
+        tier: str | None = None,
+        tier_cache: int = 10 << 30,
     ):
         """``tls``: serve over TLS only, and dial the metadata service (heartbeats)
-        and other nodes (chains) over TLS, showing this node's certificate."""
+        and other nodes (chains) over TLS, showing this node's certificate. ``tier``: the
+        cluster's S3 tier (``s3://BUCKET/PREFIX``), read through on a miss into a cache of
+        at most ``tier_cache`` bytes."""
         self._tls = None if tls is None else wire_tls.server_context(tls)
         self._dial_tls = None if tls is None else wire_tls.client_context(tls)
         root.mkdir(DIR_MODE, parents=True, exist_ok=True)
@@ -127,6 +133,9 @@ class DataNode:
         self._secret = secret
         self._token = auth.client_token(secret)
         self.store = LocalChunkStore(root / "chunks")
+        self.tier = (
+            None if tier is None else Tier(Bucket(tier), root / "cache", tier_cache, self._run)
+        )
         self.pool = BufferPool(DEFAULT_CHUNK_SIZE, keep=2 * io_threads + 4)
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="graben-node")
         self._lent: dict[int, mmap.mmap] = {}
@@ -200,6 +209,8 @@ class DataNode:
             self.metrics.close()
         self._io.shutdown(wait=True)
         self.store.close()
+        if self.tier is not None:
+            self.tier.close()
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._io, partial(fn, *args))
@@ -341,10 +352,13 @@ class DataNode:
         if self._counts is not None:
             self._counts.reads.inc()
             self._counts.read.inc(chunk.length)
+        store = self.store
+        if self.tier is not None and not store.path(chunk.id).exists():
+            store = await self.tier.local(chunk)  # a chunk of the S3 tier: read through
         if self._tls is None and chunk.length >= SENDFILE_MIN:
             # open and fstat on the loop: a hop to a thread and back cost 20% of warm
             # reads (1.6 against 2.0 GB/s over loopback); the file's bytes never pass here
-            fd = self.store.open_chunk(chunk)
+            fd = store.open_chunk(chunk)
             return Answer(file=FileSpan(fd, 0, chunk.length), release=partial(os.close, fd))
         assert self.server is not None
         budget = self.server.budget  # replies being read and sent count too
@@ -358,7 +372,7 @@ class DataNode:
             budget.give(chunk.length)
 
         try:
-            await self._run(self.store.read, chunk, view)
+            await self._run(store.read, chunk, view)
         except BaseException:
             release()
             raise

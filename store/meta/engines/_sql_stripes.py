@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..._types import ChunkRef, Stripe
-from .._repo import ChunkRecord, Conflict
+from .._repo import IN_TIER, ChunkRecord, Conflict
 from ._rows import PAGE_ROWS_MAX, chunk_ref
 
 PIECE_ROW = "chunk, idx, k, m, piece, length, crc32c, node"
@@ -88,8 +88,9 @@ class SqlStripes:
     def short_stripes(self, alive: Iterable[str], limit: int) -> list[tuple[ChunkRef, Stripe]]:
         rows = self._rows(
             "SELECT c.id, c.length, c.crc32c, c.sum FROM chunks c WHERE c.refs > 0 AND c.id IN "
-            "(SELECT p.chunk FROM pieces p WHERE NOT p.node = ANY(%s)) ORDER BY c.id LIMIT %s",
-            (sorted(set(alive)), min(limit, PAGE_ROWS_MAX)),
+            "(SELECT p.chunk FROM pieces p WHERE NOT p.node = ANY(%s) AND p.node <> %s) "
+            "ORDER BY c.id LIMIT %s",
+            (sorted(set(alive)), IN_TIER, min(limit, PAGE_ROWS_MAX)),
         )
         refs = [ref for ref in (chunk_ref(*row) for row in rows) if ref is not None]
         found = self.stripes(ref.id for ref in refs)
@@ -112,10 +113,11 @@ class SqlStripes:
             "SELECT piece FROM pieces WHERE piece = ANY(%s)", ([r[0] for r in rows],)
         )
         shared = {piece for (piece,) in still}
+        # A chunk in the S3 tier is its own one piece: its object stays (see docs).
         return [
             (ChunkRef(piece, length, crc), (node,) if node else ())
             for piece, length, crc, node in sorted(rows)
-            if piece not in shared
+            if piece not in shared and node != IN_TIER
         ]
 
     def _grouped_replicas(self, ids: list[str]) -> dict[str, tuple[str, ...]]:

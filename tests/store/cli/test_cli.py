@@ -320,10 +320,10 @@ def test_class_set_show_and_clear_a_path_and_stat_and_ls_l_show_it(graben: Grabe
     set_ = klass(graben, "set", "/data", "ec:6+3@60m")
     assert set_.code == 0 and set_.text == "/data: ec:6+3@1h\n"
     assert klass(graben, "show", "/data/sub/f").text == (
-        "ec:6+3@1h (set on /data; 0 of 1 chunks erasure-coded)\n"
+        "ec:6+3@1h (set on /data; 0 of 1 chunks converted)\n"
     )
     state = klass(graben, "show", "--json", "/data/sub").json()
-    assert state == {"name": "ec:6+3@1h", "set_on": "/data", "chunks": 0, "striped": 0}
+    assert state == {"name": "ec:6+3@1h", "set_on": "/data", "chunks": 0, "converted": 0}
     assert graben("stat", "--json", "/data/sub/f").json()["storage_class"]["name"] == "ec:6+3@1h"
     assert graben("ls", "-l", "/data").text.splitlines()[0] == "class ec:6+3@1h (set on /data)"
     assert klass(graben, "clear", "/data").code == 0

@@ -25,7 +25,7 @@ HEARTBEAT_TIMEOUT = 4.0
 
 def _striped(client: Client, path: str) -> bool:
     state = client.storage_class(path)
-    return state.chunks > 0 and state.striped == state.chunks
+    return state.chunks > 0 and state.converted == state.chunks
 
 
 def _alive(client: Client) -> set[str]:
@@ -169,10 +169,10 @@ def test_a_leader_killed_mid_conversion_loses_nothing_and_the_next_one_finishes(
         health = _loop.run(client.aio.meta.request(GetHealth()))
         leader = next(s.address for s in health.services if s.id == health.leader)
         client.set_class("/big", "ec:2+1")
-        eventually(lambda: client.storage_class("/big").striped > 0, 30)
+        eventually(lambda: client.storage_class("/big").converted > 0, 30)
         before = client.storage_class("/big")
     # Killed with most chunks still to go (a round converts 16 of the 64).
-    assert before.striped < before.chunks
+    assert before.converted < before.chunks
     stop = threading.Event()
 
     def read_all_along() -> None:
@@ -190,7 +190,7 @@ def test_a_leader_killed_mid_conversion_loses_nothing_and_the_next_one_finishes(
         cluster.kill_meta(cluster.meta_addresses.index(leader))
         with connect(cluster.url) as client:
             state = client.storage_class("/big")
-            assert state.striped > 0  # what the dead leader recorded stands
+            assert state.converted > 0  # what the dead leader recorded stands
             eventually(lambda: _striped(client, "/big"), 60)
             time.sleep(1.0)  # readers go on across the last conversions
     finally:

@@ -20,6 +20,7 @@ from graben.store.transport._classes import MAX_PIECES, StorageClass, parse
         ("ec:6+3@2d", "ec", 6, 3, 172800, "ec:6+3@2d"),
         ("ec:4+2@61s", "ec", 4, 2, 61, "ec:4+2@61s"),
         ("replicated", "replicated", 0, 0, 0, "replicated"),
+        ("s3@7d", "s3", 0, 0, 604800, "s3@7d"),
     ],
 )
 def test_a_class_parses_to_its_shape_and_canonical_name(
@@ -34,14 +35,14 @@ def test_a_class_parses_to_its_shape_and_canonical_name(
 @pytest.mark.parametrize(
     ("text", "says"),
     [
-        ("ec:6", "expected ec:K+M or replicated"),
+        ("ec:6", "expected ec:K+M, s3 or replicated"),
         ("raid6", "expected ec:K+M"),
         ("ec:0+3", "K >= 1"),
         ("ec:6+0", "M >= 1"),
         (f"ec:{MAX_PIECES}+1", f"K + M <= {MAX_PIECES}"),
         ("ec:6+3@soon", "a number with s, m, h or d"),
         ("ec:6+3@1w", "a number with s, m, h or d"),
-        ("replicated:3", "expected ec:K+M or replicated"),
+        ("replicated:3", "expected ec:K+M, s3 or replicated"),
         ("", "unknown storage class"),
     ],
 )
