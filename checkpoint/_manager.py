@@ -32,7 +32,15 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save, save
 
-from graben.store import Client, FileInfo, InvalidArgument, NotFound, shared_client, split_url
+from graben.store import (
+    Client,
+    FileInfo,
+    InvalidArgument,
+    NotFound,
+    check_class,
+    shared_client,
+    split_url,
+)
 
 from ._memory import MemoryTier
 from ._planner import GrabenLoadPlanner, GrabenSavePlanner
@@ -94,6 +102,12 @@ class CheckpointManager:
     included) then goes on to the store in the background, from that copy. A
     save the agent has no room for goes to the store and says so. The memory
     tier and its collectives use a gloo group of the manager's own.
+
+    ``archive_class="ec:6+3"`` gives each step older than the newest
+    ``archive_after`` (default 1) that storage class as it is published: the
+    cluster converts its chunks in the background, so old checkpoints kept for
+    months cost 1.5x their bytes instead of 3x. The name is checked when the
+    manager is made.
     """
 
     def __init__(
@@ -110,6 +124,8 @@ class CheckpointManager:
         tiers: tuple[str, ...] = ("store",),
         agent: str | None = None,
         store_every: int = 1,
+        archive_class: str | None = None,
+        archive_after: int = 1,
     ) -> None:
         if not set(tiers) <= TIERS or "store" not in tiers or store_every < 1:
             raise InvalidArgument(
@@ -132,6 +148,11 @@ class CheckpointManager:
         self._saves = 0
         self._last_step: int | None = None
         self._flusher: ThreadPoolExecutor | None = None
+        if archive_after < 1:
+            raise InvalidArgument(f"archive_after is at least 1, not {archive_after}")
+        self._archive = None if archive_class is None else check_class(archive_class)
+        self._archive_after = archive_after
+        self._archived: set[int] = set()
 
     @property
     def client(self) -> Client:
@@ -295,11 +316,23 @@ class CheckpointManager:
 
     def apply_retention(self) -> list[int]:
         """Remove what the retention rules let go (and dead saves' staging); the steps removed."""
-        doomed = self.retention.doomed(self.list(), time.time())
+        kept = self.list()
+        doomed = self.retention.doomed(kept, time.time())
         for checkpoint in doomed:
             self._client.rm(self._path_of(checkpoint.step), recursive=True)
         self._sweep_staging()
+        if self._archive is not None:
+            self._archive_old([c for c in kept if c not in doomed])
         return [c.step for c in doomed]
+
+    def _archive_old(self, kept: list[CheckpointInfo]) -> None:
+        """Give the archive class to the steps past the newest ``archive_after`` (once each:
+        a class set is one metadata write)."""
+        assert self._archive is not None
+        for checkpoint in kept[: -self._archive_after]:
+            if checkpoint.step not in self._archived:
+                self._client.set_class(self._path_of(checkpoint.step), self._archive)
+                self._archived.add(checkpoint.step)
 
     def _sweep_staging(self) -> None:
         cutoff = time.time() - STALE_STAGING_S

@@ -24,7 +24,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from graben.store import InvalidArgument, parse_size
+from graben.store import GrabenFileSystem, InvalidArgument, parse_size, split_url
 
 from ._manifest import (
     MANIFEST,
@@ -53,6 +53,7 @@ def write_dataset(
     compression: str | None = "zstd",
     classes: Iterable[str] = (),
     storage_options: dict[str, Any] | None = None,
+    storage_class: str | None = None,
 ) -> Manifest:
     """Write ``data`` as shards plus a manifest under ``url`` (any fsspec URL or a path).
 
@@ -64,12 +65,18 @@ def write_dataset(
     reader fetches. ``compression`` applies to Parquet. ``classes`` names the
     values of an integer ``label`` column, in order (a reader's
     ``manifest.classes``). ``storage_options`` go to fsspec (an ``s3://``
-    endpoint, keys). Returns the manifest written.
+    endpoint, keys). ``storage_class`` (a ``graben://`` URL only: ``"ec:6+3"``) is set
+    on the dataset's directory before any shard is written, so the shards take it as
+    soon as each is closed. Returns the manifest written.
     """
     limits = _Limits.of(rows_per_shard, rows_per_group, shard_size)
     kind, batches = _batches(data)  # refuses bad data before any write
     fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    if storage_class is not None and not isinstance(fs, GrabenFileSystem):
+        raise InvalidArgument(f"storage_class needs a graben:// dataset URL, not {url!r}")
     fs.makedirs(root, exist_ok=True)
+    if isinstance(fs, GrabenFileSystem) and storage_class is not None:
+        fs.client.set_class(split_url(url)[1], storage_class)
     builder = _Shards(fs, root, limits, compression)
     for batch in batches:
         builder.add(batch)

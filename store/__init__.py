@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     )
     from .fsspec import GrabenFileSystem
     from .transport import Held, SegmentKey
+    from .transport._classes import check as check_class
     from .wire import serve_metrics
 
 # Where each name lives ("name=its name there" where they differ).
@@ -92,6 +93,7 @@ _MODULES = {
     ),
     ".fsspec": "GrabenFileSystem",
     ".transport": "Held SegmentKey",
+    ".transport._classes": "check_class=check",
     ".wire": "serve_metrics",
 }
 _WHERE = {
@@ -159,6 +161,7 @@ __all__ = [
     "WriteFile",
     "aws_environment",
     "cache_home",
+    "check_class",
     "clear_shared_clients",
     "connect",
     "normalize_path",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from ..transport._bucket import Bucket
 from ._chunkstore import LocalChunkStore
 
 Run = Callable[..., Awaitable[Any]]
+TOUCH_S = 60.0
+"""A cached chunk's time is moved on a read at most this often (a write to its inode)."""
 
 
 class Tier:
@@ -40,8 +43,14 @@ class Tier:
 
     async def local(self, chunk: ChunkRef) -> LocalChunkStore:
         """The store holding ``chunk`` here: the cache, fetched into it if need be."""
-        if self.cache.path(chunk.id).exists():
-            os.utime(self.cache.path(chunk.id))  # read lately: the last to go
+        path = self.cache.path(chunk.id)
+        try:
+            touched = path.stat().st_mtime
+        except FileNotFoundError:
+            pass
+        else:
+            if time.time() - touched > TOUCH_S:  # read lately: among the last to go
+                os.utime(path)
             return self.cache
         waiting = self._fetching.get(chunk.id)
         if waiting is None:

@@ -68,6 +68,11 @@ def parse(text: str) -> StorageClass:
     return StorageClass("ec", k=k, m=m, after_s=after)
 
 
+def check(text: str) -> str:
+    """The canonical name of the class ``text`` names; ``InvalidArgument`` if none."""
+    return parse(text).name
+
+
 def _seconds(age: str, text: str) -> int:
     found = re.fullmatch(r"([0-9]+)([smhd]?)", age)
     if found is None:

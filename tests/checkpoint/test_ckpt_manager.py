@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import fsspec
@@ -15,7 +16,7 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint.api import CheckpointException
 
 from graben.checkpoint import CheckpointManager, GrabenReader, GrabenWriter
-from graben.store import connect, shared_client
+from graben.store import InvalidArgument, connect, shared_client
 from graben.store.cli._main import main
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -162,3 +163,34 @@ def test_every_door_shares_one_client_per_store(home: Path) -> None:
     assert CheckpointManager("graben:///runs").client is first.client
     with connect(home) as mine:
         assert GrabenWriter("graben:///x/3", client=mine).client is mine
+
+
+def test_old_steps_take_the_archive_class_and_load_back_once_converted(cluster_url: str) -> None:
+    from cluster_kit import eventually
+
+    root = f"{cluster_url}/runs/archived-{time.time_ns()}"
+    big = {"w": torch.randn(512, 512), "step": 0}  # 1 MiB: kept on the nodes, not inline
+    with CheckpointManager(root, keep_last=3, archive_class="ec:2+1") as manager:
+        for step in (1, 2, 3):
+            manager.save(step, {**big, "step": step})
+        client = manager.client
+        path = f"{manager.root}/step-{{:012d}}"
+        assert [client.storage_class(path.format(s)).name for s in (1, 2, 3)] == [
+            "ec:2+1",
+            "ec:2+1",
+            "",
+        ]
+        file = next(e.path for e in client.ls(path.format(1)) if not e.is_dir and e.size > 1 << 19)
+        eventually(
+            lambda: client.storage_class(file).converted == client.storage_class(file).chunks
+        )
+        loaded = {"w": torch.zeros(512, 512), "step": -1}
+        manager.load(1, loaded)
+        assert torch.equal(loaded["w"], big["w"]) and loaded["step"] == 1  # type: ignore[arg-type]
+
+
+def test_a_wrong_archive_class_is_refused_when_the_manager_is_made(home: Path) -> None:
+    with pytest.raises(InvalidArgument, match="unknown storage class"):
+        CheckpointManager(ROOT, archive_class="cold")
+    with pytest.raises(InvalidArgument, match="archive_after"):
+        CheckpointManager(ROOT, archive_class="ec:2+1", archive_after=0)

@@ -171,3 +171,19 @@ def test_a_directory_of_parquet_is_streamed_not_read_whole(tmp_path: Any) -> Non
     manifest = read_manifest(str(tmp_path / "ds"))
     assert manifest.samples == 24 * 2048 and len(manifest.shards) >= 20
     assert peak < 96 << 20, f"{peak >> 20} MiB of Arrow memory to pack 192 MiB"  # not 192+
+
+
+def test_a_dataset_is_written_straight_into_a_storage_class(
+    cluster_url: str, tmp_path: Any
+) -> None:
+    from graben.store import shared_client, split_url
+
+    url = f"{cluster_url}/datasets/classed-{tmp_path.name}"
+    table = pa.table({"id": list(range(100))})
+    write_dataset(url, table, rows_per_shard=50, storage_class="ec:2+1")
+    client = shared_client(split_url(url)[0])
+    state = client.storage_class(f"{split_url(url)[1]}/manifest.json")
+    assert state.name == "ec:2+1" and state.set_on == split_url(url)[1]
+    with pytest.raises(InvalidArgument, match="graben:// dataset URL"):
+        write_dataset(str(tmp_path / "local"), table, storage_class="ec:2+1")
+    assert not (tmp_path / "local").exists()

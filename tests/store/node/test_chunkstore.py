@@ -46,3 +46,23 @@ def test_read_spans_tile_the_chunk(length: int) -> None:
     assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(spans))
     assert sum(n for _, n in spans) == length
     assert all(at % 4096 == 0 for at, _ in spans)
+
+
+def test_a_cache_keeps_checked_chunks_and_evicts_those_read_longest_ago(tmp_path: Path) -> None:
+    from graben.store.node._chunkstore import LocalChunkStore
+
+    cache = LocalChunkStore(tmp_path / "cache")
+    try:
+        chunks = [os.urandom(1000 + i) for i in range(4)]
+        refs = [chunk_ref(c) for c in chunks]
+        for i, (ref, data) in enumerate(zip(refs, chunks, strict=True)):
+            cache.keep(ref, memoryview(data))
+            os.utime(cache.path(ref.id), (1000 + i, 1000 + i))  # older first
+        os.utime(cache.path(refs[0].id))  # the oldest read again just now
+        with pytest.raises(IntegrityError):
+            cache.keep(refs[0], memoryview(chunks[1]))  # bytes that are not the chunk
+        assert cache.evict(1500) == 1001 + 1002
+        left = sorted(p.name for p, _, _ in cache.files())
+        assert left == sorted([refs[0].id, refs[3].id])
+    finally:
+        cache.close()
