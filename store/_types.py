@@ -305,7 +305,8 @@ class Health(msgspec.Struct, frozen=True):
     nodes: list[NodeState]
     """Registered data nodes."""
     degraded: int
-    """Referenced chunks with fewer live copies than their files ask for."""
+    """Referenced chunks with fewer live copies than their files ask for, or with a piece
+    (erasure-coded) on no live node."""
     bad: int
     """Copies reported damaged and not yet deleted."""
     replication: int

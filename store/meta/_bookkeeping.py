@@ -139,17 +139,18 @@ class Bookkeeping:
             return tx.degraded(alive, limit)
 
     def health(self) -> Health:
-        """Nodes, how many chunks are short of copies (counted up to 100,000), the
-        metadata services and which of them leads."""
+        """Nodes, how many chunks are short of copies or of pieces (counted up to 100,000
+        each), the metadata services and which of them leads."""
         nodes = self.nodes()
         alive = [n.id for n in nodes if n.alive]
         with self.repo.read() as tx:
             # Embedded stores have no registry: their one node is always there.
-            short = tx.degraded(alive or [LOCAL_NODE], 100_000)
+            short = len(tx.degraded(alive or [LOCAL_NODE], 100_000))
+            short += len(tx.short_stripes(alive or [LOCAL_NODE], 100_000))
             bad, now, lease, services = tx.bad_count(), tx.now(), tx.lease(), tx.services()
         return Health(
             nodes,
-            len(short),
+            short,
             bad,
             self.default_replication,
             self.store_id,

@@ -56,11 +56,14 @@ class Converter:
         chunks: RemoteChunks,
         run: Run,
         fence: Callable[[], int],
-        bucket: Bucket | None = None,
+        tier: str | None = None,
     ) -> None:
+        """``tier``: the cluster's S3 tier (``s3://BUCKET/PREFIX``): the namespace then
+        takes class ``s3`` too."""
         self._ns, self._chunks, self._run, self._fence = namespace, chunks, run, fence
-        self._bucket = bucket
-        """The S3 tier, if the cluster has one."""
+        self._bucket = None if tier is None else Bucket(tier)
+        if self._bucket is not None:
+            namespace.kinds = namespace.kinds | {"s3"}
         self.converted = 0
         """Chunks converted since the service started."""
 

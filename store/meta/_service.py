@@ -55,7 +55,6 @@ from ..transport import (
     Request,
     request_types,
 )
-from ..transport._bucket import Bucket
 from ..wire import (
     DEFAULT_IDLE_TIMEOUT,
     Answer,
@@ -120,7 +119,8 @@ class _RepairMetrics:
             "Repairs waiting: short chunks the last round could not top up, and damaged "
             "copies awaiting deletion",
         )
-        self.copies = metrics.counter("graben_repair_copies", "Copies made by repair")
+        self.copies = metrics.counter("graben_repair_copies", "Copies and pieces made by repair")
+        self.converted = metrics.counter("graben_chunks_converted", "Chunks converted to a class")
 
 
 class MetaService:
@@ -146,7 +146,6 @@ class MetaService:
         """``tls``: serve over TLS only, and dial the data nodes (repair) over TLS.
         ``tier``: the cluster's S3 tier (``s3://BUCKET/PREFIX``), where chunks of class
         ``s3`` go."""
-        self._bucket = None if tier is None else Bucket(tier)
         self._tls = None if tls is None else wire_tls.server_context(tls)
         self.namespace = Namespace(
             repo,
@@ -178,12 +177,8 @@ class MetaService:
         )
         self.grants = Capabilities(secret, self.namespace)
         """The capabilities this service hands out."""
-        if self._bucket is not None:
-            self.namespace.kinds = self.namespace.kinds | {"s3"}
-        self.converter = Converter(
-            self.namespace, self.chunks, self._run, self._fence, self._bucket
-        )
-        """The leader's conversions to erasure-coded stripes, and their repairs."""
+        self.converter = Converter(self.namespace, self.chunks, self._run, self._fence, tier)
+        """The leader's conversions (to stripes, to the S3 tier), and stripes' repairs."""
         self._repairing: asyncio.Task[None] | None = None
         self._metrics_at = metrics
         self.metrics = None if metrics is None else Metrics()
@@ -295,7 +290,10 @@ class MetaService:
         self._fence()
         nodes = await self._list_nodes()
         await self.chunks.nodes()  # fresh addresses
-        return await self.converter.convert_once(nodes)
+        made = await self.converter.convert_once(nodes)
+        if self._repair_metrics is not None:
+            self._repair_metrics.converted.inc(made)
+        return made
 
     async def repair_once(self) -> int:
         """Delete reported bad copies, copy short chunks to new nodes and make lost pieces
