@@ -98,7 +98,7 @@ class Converter:
         size = erasure.piece_length(chunk.length, target.k)
         targets = place(nodes, target.k + target.m, chunk.id, size)
         data = memoryview(bytearray(chunk.length))
-        if not await self._read_any(chunk, work.replicas, data):
+        if not await self.read_any(chunk, work.replicas, data):
             return False
         pieces, refs = await asyncio.to_thread(_encode, data, target)
         self._fence()  # a data node cannot check the fence: look before writing
@@ -114,7 +114,7 @@ class Converter:
         assert self._bucket is not None
         chunk = work.chunk
         data = memoryview(bytearray(chunk.length))
-        if not await self._read_any(chunk, work.replicas, data):
+        if not await self.read_any(chunk, work.replicas, data):
             return False
         await self._bucket.put(chunk, data)
         stripe = Stripe(1, 0, (chunk,), (IN_TIER,))
@@ -134,7 +134,11 @@ class Converter:
             if isinstance(result, BaseException):
                 raise result
 
-    async def _read_any(self, chunk: ChunkRef, sources: Sequence[str], into: memoryview) -> bool:
+    async def read_any(
+        self, chunk: ChunkRef, sources: Sequence[str], into: memoryview, why: str = "convert"
+    ) -> bool:
+        """Fill ``into`` from the first of ``sources`` that has the chunk whole (copies found
+        damaged or gone are reported); whether one had (repair and conversion read so)."""
         for node in sources:
             try:
                 await self._chunks.read(node, chunk, into)
@@ -142,7 +146,7 @@ class Converter:
             except (IntegrityError, NotFound) as exc:
                 await self._run(self._ns.report_bad, chunk.id, node, exc.message, self._fence())
             except GrabenError as exc:
-                log.warning("could not read %s from %s to convert it: %s", chunk.id, node, exc)
+                log.warning("could not read %s from %s to %s it: %s", chunk.id, node, why, exc)
         return False
 
     # -- repair ------------------------------------------------------------------

@@ -34,7 +34,7 @@ import msgspec
 
 from .._batcher import Batcher
 from .._config import TLS
-from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound
+from .._errors import GrabenError, InvalidArgument
 from .._types import (
     Capability,
     ChunkRef,
@@ -393,25 +393,13 @@ class MetaService:
             stuck.append((chunk.id, str(exc)))
             return ()
         data = memoryview(bytearray(chunk.length))
-        if not await self._read_any(chunk, degraded.live, data):
+        if not await self.converter.read_any(chunk, degraded.live, data, "repair"):
             return ()
         self._fence()  # a data node cannot check the fence: look before writing
         results = await asyncio.gather(
             *(self.chunks.write(node, chunk, data) for node in targets), return_exceptions=True
         )
         return tuple(node for node, r in zip(targets, results, strict=True) if r is None)
-
-    async def _read_any(self, chunk: ChunkRef, sources: tuple[str, ...], into: memoryview) -> bool:
-        for node in sources:
-            try:
-                await self.chunks.read(node, chunk, into)
-                return True
-            except (IntegrityError, NotFound) as exc:
-                fence = self._fence()
-                await self._run(self.namespace.report_bad, chunk.id, node, exc.message, fence)
-            except GrabenError as exc:
-                log.warning("repair could not read %s from %s: %s", chunk.id, node, exc)
-        return False
 
     def _admit(self, call: Call, length: int) -> None:
         """Only a client holding the token may make the service hold a large request."""

@@ -32,6 +32,9 @@ class SqlStripes:
     def _many(self, query: str, rows: Sequence[Any]) -> int:
         raise NotImplementedError
 
+    def replicas(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        raise NotImplementedError  # SqlTx's
+
     # -- classes -----------------------------------------------------------------
 
     def set_class(self, inode: int, name: str) -> None:
@@ -65,7 +68,7 @@ class SqlStripes:
             (list(inodes), min(limit, PAGE_ROWS_MAX)),
         )
         refs = [ref for ref in (chunk_ref(*row) for row in rows) if ref is not None]
-        held = self._grouped_replicas([ref.id for ref in refs])
+        held = self.replicas(ref.id for ref in refs)
         return [(ref, held.get(ref.id, ())) for ref in refs]
 
     def stripe(self, chunk: str, stripe: Stripe) -> tuple[str, ...]:
@@ -119,14 +122,6 @@ class SqlStripes:
             for piece, length, crc, node in sorted(rows)
             if piece not in shared and node != IN_TIER
         ]
-
-    def _grouped_replicas(self, ids: list[str]) -> dict[str, tuple[str, ...]]:
-        found: dict[str, list[str]] = {}
-        for chunk, node in self._rows(
-            "SELECT chunk, node FROM replicas WHERE chunk = ANY(%s) ORDER BY chunk, node", (ids,)
-        ):
-            found.setdefault(chunk, []).append(node)
-        return {c: tuple(n) for c, n in found.items()}
 
 
 def _stripes(rows: Iterable[tuple[Any, ...]]) -> dict[str, Stripe]:

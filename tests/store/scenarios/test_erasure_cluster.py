@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,23 +33,25 @@ def _alive(client: Client) -> set[str]:
     return {n.id for n in _loop.run(client.aio.meta.request(ListNodes())) if n.alive}
 
 
-def _node_ids(cluster: LocalCluster) -> list[str]:
-    return [
-        (cluster.node_dir(i) / "node-id").read_text().strip() for i in range(len(cluster.nodes))
-    ]
-
-
 def _held_bytes(cluster: LocalCluster) -> int:
     return sum(p.stat().st_size for i in range(len(cluster.nodes)) for p in cluster.chunk_files(i))
 
 
-@pytest.fixture
-def twelve(tmp_path: Path) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(tmp_path, nodes=12, timeout=HEARTBEAT_TIMEOUT, repair=0.3)
+@contextmanager
+def _running(tmp_path: Path, nodes: int, metas: int = 1) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(
+        tmp_path, nodes=nodes, timeout=HEARTBEAT_TIMEOUT, repair=0.3, metas=metas
+    )
     try:
         yield cluster
     finally:
         cluster.close()
+
+
+@pytest.fixture
+def twelve(tmp_path: Path) -> Iterator[LocalCluster]:
+    with _running(tmp_path, 12) as cluster:
+        yield cluster
 
 
 def test_six_plus_three_keeps_half_again_survives_any_three_dead_and_repairs(
@@ -86,11 +89,8 @@ def test_six_plus_three_keeps_half_again_survives_any_three_dead_and_repairs(
 
 @pytest.fixture
 def three(tmp_path: Path) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(tmp_path, nodes=3, timeout=HEARTBEAT_TIMEOUT, repair=0.3)
-    try:
+    with _running(tmp_path, 3) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 def _piece_file(cluster: LocalCluster, piece: str) -> Path:
@@ -151,11 +151,8 @@ def _rebuilt(cluster: LocalCluster, piece: ChunkRef) -> bool:
 
 @pytest.fixture
 def two_services(tmp_path: Path) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(tmp_path, nodes=3, timeout=HEARTBEAT_TIMEOUT, repair=0.3, metas=2)
-    try:
+    with _running(tmp_path, 3, metas=2) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 def test_a_leader_killed_mid_conversion_loses_nothing_and_the_next_one_finishes(
