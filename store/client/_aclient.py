@@ -393,9 +393,20 @@ class AsyncClient:
 
     async def _open_reader(self, path: str) -> Reader:
         """A ``Reader`` of the file's current version (``NotFound``, ``IsADirectory``)."""
-        layout = await _pages.layout(self.meta, _paths.normalize(path))
+        clean = _paths.normalize(path)
+        layout = await _pages.layout(self.meta, clean)
+
+        async def relocate(offset: int) -> FileLayout:
+            return await _pages.page_at(self.meta, clean, layout.info.inode, offset)
+
         return Reader(
-            self.chunks, self.pool, layout, self.options.read_ahead, self._report, self._slow
+            self.chunks,
+            self.pool,
+            layout,
+            self.options.read_ahead,
+            self._report,
+            self._slow,
+            relocate,
         )
 
     async def _open_upload(

@@ -44,6 +44,12 @@ async def layout(meta: MetaTransport, path: str) -> FileLayout:
     raise IntegrityError(f"the file changed {RESTARTS} times while being opened", path)
 
 
+async def page_at(meta: MetaTransport, path: str, inode: int, offset: int) -> FileLayout:
+    """The page of version ``inode``'s layout from ``offset`` (``NotFound`` once that
+    version is gone): where its chunks are now."""
+    return await meta.request(GetLayout(path, offset, LAYOUT_PAGE, inode))
+
+
 async def _rest(meta: MetaTransport, path: str, first: FileLayout) -> FileLayout:
     if not first.more:
         return first

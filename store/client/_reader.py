@@ -12,6 +12,9 @@ bytes come on their way without being copied twice (measured on 2 cores:
 reading ahead into buffers of our own and copying out was slower than direct
 reads). A replica that fails its checksum or cannot be read is skipped for
 the next one. A chunk kept erasure-coded is read from its pieces (``_stripes``).
+A chunk none of whose copies is where the layout says asks the metadata
+service once where it is now (same file version): the leader may have moved
+it to its storage class since the file was opened.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import bisect
 import mmap
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+
+import msgspec
 
 from .._buffers import BufferPool, writable_bytes
 from .._errors import GrabenError, IntegrityError, NotFound, Timeout, Unavailable
@@ -32,6 +37,8 @@ from ._stripes import Striped
 
 _RETRYABLE = (IntegrityError, NotFound, Unavailable, Timeout)
 Report = Callable[[str, str, str], Awaitable[None]]
+Relocate = Callable[[int], Awaitable[FileLayout]]
+"""A page of the same file version's layout from an offset: where its chunks are now."""
 """(chunk, node, reason): tell the store a copy is damaged."""
 CACHED_CHUNKS = 2
 MAX_FETCHES = 4
@@ -52,8 +59,10 @@ class Reader:
         read_ahead: int,
         report: Report | None = None,
         slow: SlowNodes | None = None,
+        relocate: Relocate | None = None,
     ) -> None:
         self.layout = layout
+        self._relocate = relocate
         self._slow = slow
         self._report = report
         self.size = layout.info.size
@@ -198,7 +207,38 @@ class Reader:
         return buffer
 
     async def _fetch(self, extent: Extent, into: memoryview) -> None:
-        """Read the extent's whole chunk into ``into``, failing over between replicas."""
+        """Read the extent's whole chunk into ``into``, failing over between replicas; a
+        chunk none of whose copies is where the layout said is looked up once more (the
+        leader may have moved it to its class meanwhile) and read from there."""
+        try:
+            await self._fetch_from(extent, into)
+        except IntegrityError:
+            if not await self._moved(extent):
+                raise
+            await self._fetch_from(extent, into)
+
+    async def _moved(self, extent: Extent) -> bool:
+        """Whether the chunk of ``extent`` is kept elsewhere now than this layout says (the
+        layout then says where)."""
+        if self._relocate is None:
+            return False
+        try:
+            page = await self._relocate(extent.offset)
+        except NotFound:
+            return False  # this version is gone: the first error stands
+        chunk, old = extent.chunk.id, self.layout
+        where = (page.replicas.get(chunk), page.stripes.get(chunk), page.inline.get(chunk))
+        if where == (old.replicas.get(chunk), old.stripes.get(chunk), old.inline.get(chunk)):
+            return False
+        self.layout = msgspec.structs.replace(
+            old,
+            replicas={**old.replicas, **page.replicas},
+            stripes={**old.stripes, **page.stripes},
+            inline={**old.inline, **page.inline},
+        )
+        return True
+
+    async def _fetch_from(self, extent: Extent, into: memoryview) -> None:
         if self._kept(extent.chunk, into):
             return
         stripe = self.layout.stripes.get(extent.chunk.id)

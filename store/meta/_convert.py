@@ -5,7 +5,8 @@ K + M pieces (in a worker thread: zfec and blake3 let go of the GIL), places
 the pieces on K + M distinct nodes (racks first, as replicas are), writes
 them, and only then records the stripe: one fenced transaction that swaps
 the chunk's replica rows for its piece rows and queues the old copies for
-deletion (the next repair round deletes them, as it does damaged copies).
+deletion; they are deleted at once (a leader killed first leaves them to
+the next round, which deletes them as it does damaged copies).
 Until that commit readers use the copies; after it, the pieces. A leader
 killed in between leaves pieces no metadata names (fsck's orphans) and the
 copies untouched; the next leader converts the chunk again, to the same
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -105,8 +107,8 @@ class Converter:
         await self._write_all(refs, pieces, targets)
         stripe = Stripe(target.k, target.m, tuple(refs), tuple(targets))
         why = f"replaced by its {target.name} stripe"
-        fence = self._fence()
-        await self._run(self._ns.record_stripe, chunk.id, stripe, why, fence)
+        old = await self._run(self._ns.record_stripe, chunk.id, stripe, why, self._fence())
+        await self._drop_all(chunk.id, old, why)
         return True
 
     async def _archive(self, work: Conversion) -> bool:
@@ -119,8 +121,26 @@ class Converter:
         await self._bucket.put(chunk, data)
         stripe = Stripe(1, 0, (chunk,), (IN_TIER,))
         why = f"moved to the S3 tier {self._bucket.url}"
-        await self._run(self._ns.record_stripe, chunk.id, stripe, why, self._fence())
+        old = await self._run(self._ns.record_stripe, chunk.id, stripe, why, self._fence())
+        await self._drop_all(chunk.id, old, why)
         return True
+
+    async def _drop_all(self, chunk: str, nodes: Sequence[str], why: str) -> None:
+        """The copies a conversion replaced, deleted now rather than next round (a leader
+        dying first leaves them queued for the next one)."""
+        await asyncio.gather(*(self.drop(chunk, node, why, loud=False) for node in nodes))
+
+    async def drop(self, chunk: str, node: str, reason: str, *, loud: bool = True) -> None:
+        """Delete one copy queued for deletion (damaged, or replaced by its class), then
+        forget it; a node that cannot be reached keeps it as an orphan (fsck's to collect)."""
+        fence = self._fence()  # a data node cannot check the fence: look before each
+        if loud:
+            log.info("deleting bad copy of %s on %s (%s)", chunk, node, reason)
+        try:
+            await self._chunks.delete(node, chunk, math.inf)
+        except GrabenError as exc:
+            log.warning("could not delete the copy of %s on %s: %s", chunk, node, exc)
+        await self._run(self._ns.forget_bad, chunk, node, fence)
 
     async def _write_all(
         self, refs: Sequence[ChunkRef], pieces: Sequence[memoryview], targets: Sequence[str]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 import uuid
 from collections.abc import Iterator
@@ -359,13 +358,7 @@ class MetaService:
         """Delete the copies reported damaged (to this service or any other)."""
         bad: list[tuple[str, str, str]] = await self._run(self.namespace.bad_copies)
         for chunk, node, reason in bad:
-            fence = self._fence()  # a data node cannot check the fence: look before each
-            log.info("deleting bad copy of %s on %s (%s)", chunk, node, reason)
-            try:
-                await self.chunks.delete(node, chunk, math.inf)
-            except GrabenError as exc:
-                log.warning("could not delete bad copy of %s on %s: %s", chunk, node, exc)
-            await self._run(self.namespace.forget_bad, chunk, node, fence)
+            await self.converter.drop(chunk, node, reason)
 
     async def _repair(
         self,

@@ -106,9 +106,13 @@ def test_two_plus_one_reads_past_a_flipped_piece_repairs_it_and_refuses_a_forged
 ) -> None:
     data = os.urandom(3 * 200 * KiB)
     with connect(three.url, chunk_size=200 * KiB) as client:
-        client.set_class("/", "ec:2+1")
         client.put("/f", data)
+        opened = client.open("/f")  # its layout names the copies
+        client.set_class("/", "ec:2+1")
         eventually(lambda: _striped(client, "/f"))
+        eventually(lambda: _held_bytes(three) <= 1.5 * len(data) + 1)  # copies deleted
+        assert opened.read() == data  # finds the chunks where they went
+        opened.close()
         stripe = next(iter(client.layout("/f").stripes.values()))
         piece = stripe.pieces[0]
         where = _piece_file(three, piece.id)
