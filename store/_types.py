@@ -172,7 +172,8 @@ class ClassState(msgspec.Struct, frozen=True):
     set_on: str
     """The path the class was set on; ``""``: none."""
     chunks: int = 0
-    """Distinct chunks the file uses (0 for a directory)."""
+    """Distinct chunks the file keeps on data nodes (0 for a directory; a small file's
+    bytes kept in the metadata engine take no class)."""
     converted: int = 0
     """Of those, the chunks kept as a class says (erasure-coded, or in the S3 tier)."""
 

@@ -9,8 +9,10 @@ unchanged for the class's age.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .._paths import normalize
+from ..transport._classes import parse
 from . import _render as out
 from ._cmds import Subparsers, _command, _json_flag
 from ._stores import locate, open_client
@@ -43,7 +45,15 @@ def _set(args: argparse.Namespace) -> int:
     store, (path,) = locate(args.store, args.path)
     with open_client(store, args) as client:
         name = client.set_class(path, args.storage_class)
+        up = sum(n.alive for n in client.health().nodes)
     out.emit_lines([f"{out.shown(normalize(path))}: {name}"])
+    target = parse(name)
+    if target.kind == "ec" and up < target.k + target.m:
+        print(
+            f"graben: note: {name} needs {target.k + target.m} data nodes up and this store "
+            f"has {up}: its files stay as written until it has",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -83,6 +83,7 @@ class Classes:
             if node.kind != "file":
                 return ClassState(name, source)
             chunks = {x.chunk.id for x in tx.extents(node.id)}
+            chunks -= tx.inline(chunks).keys()  # a small file's: the engine's, no class
             converted = len(tx.stripes(chunks)) if chunks else 0
         return ClassState(name, source, len(chunks), converted)
 

@@ -319,6 +319,7 @@ def test_class_set_show_and_clear_a_path_and_stat_and_ls_l_show_it(graben: Grabe
     graben("put", "-", "/data/sub/f", stdin=b"x" * 10)
     set_ = klass(graben, "set", "/data", "ec:6+3@60m")
     assert set_.code == 0 and set_.text == "/data: ec:6+3@1h\n"
+    assert "needs 9 data nodes up and this store has 1" in set_.err  # embedded: one node
     assert klass(graben, "show", "/data/sub/f").text == (
         "ec:6+3@1h (set on /data; 0 of 1 chunks converted)\n"
     )

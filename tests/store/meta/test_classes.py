@@ -18,7 +18,8 @@ from pg_kit import (  # noqa: F401  (fixtures)
 )
 
 from graben.store import InvalidArgument, NotFound
-from graben.store._types import ChunkRef, ClassState, Stripe
+from graben.store._hashing import chunk_ref
+from graben.store._types import ChunkRef, ClassState, Extent, FileCommit, StoredChunk, Stripe
 from graben.store.meta._namespace import Namespace
 
 NODES = tuple(f"n{i}" for i in range(1, 7))
@@ -39,6 +40,9 @@ def test_a_class_set_on_a_directory_rules_the_files_below_it(engine: Engine) -> 
     assert ns.class_of("/d/keep/g").name == "replicated"
     assert ns.class_of("/d") == ClassState("ec:6+3@1h", "/d")
     assert ns.class_of("/h") == ClassState("", "", 1, 0)
+    tiny = chunk_ref(b"hello")  # a small file's bytes, kept by the engine: no class to take
+    ns.commit((FileCommit("/d/tiny", (Extent(0, 5, tiny),), (StoredChunk(tiny, (), b"hello"),)),))
+    assert ns.class_of("/d/tiny") == ClassState("ec:6+3@1h", "/d", 0, 0)
     ns.set_class("/", "ec:2+1")
     assert ns.class_of("/h") == ClassState("ec:2+1", "/", 1, 0)
     ns.set_class("/d", "")
