@@ -321,7 +321,7 @@ def test_class_set_show_and_clear_a_path_and_stat_and_ls_l_show_it(graben: Grabe
     assert set_.code == 0 and set_.text == "/data: ec:6+3@1h\n"
     assert "needs 9 data nodes up and this store has 1" in set_.err  # embedded: one node
     assert klass(graben, "show", "/data/sub/f").text == (
-        "ec:6+3@1h (set on /data; 0 of 1 chunks converted)\n"
+        "ec:6+3@1h (set on /data)\n"  # 10 bytes: kept by the engine, nothing to convert
     )
     state = klass(graben, "show", "--json", "/data/sub").json()
     assert state == {"name": "ec:6+3@1h", "set_on": "/data", "chunks": 0, "converted": 0}
