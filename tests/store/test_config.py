@@ -137,3 +137,42 @@ def test_the_example_file_in_the_docs_is_one_every_server_accepts() -> None:
         leaf = parser._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
         action = leaf._subparsers._group_actions[0].choices[argv[1]]
         config_defaults(action, tomllib.loads(example)[command], f"docs [{command}]")
+
+
+def test_the_s3_tier_takes_aws_settings_from_the_environment_then_the_shared_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from graben.store._config import aws_settings
+
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_ENDPOINT_URL",
+        "AWS_PROFILE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "credentials").write_text(
+        "[default]\naws_access_key_id = d\naws_secret_access_key = ds\n"
+        "[train]\naws_access_key_id = t\naws_secret_access_key = ts\n"
+    )
+    (tmp_path / "config").write_text(
+        "[default]\nregion = eu-west-1\n[profile train]\nregion = us-east-2\n"
+        "endpoint_url = http://127.0.0.1:9000\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    assert aws_settings() == {"key": "d", "secret": "ds", "region": "eu-west-1"}
+    monkeypatch.setenv("AWS_PROFILE", "train")
+    assert aws_settings() == {
+        "key": "t",
+        "secret": "ts",
+        "region": "us-east-2",
+        "endpoint": "http://127.0.0.1:9000",
+    }
+    monkeypatch.setenv("AWS_REGION", "ap-south-1")  # the environment wins
+    assert aws_settings()["region"] == "ap-south-1"
+    (tmp_path / "config").write_text("not [an ini")
+    assert aws_settings()["key"] == "t"  # a broken file is passed over
