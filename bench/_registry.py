@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 WORKLOAD_MODULES = (
     *(
         "store",
+        "sealed",
         "cluster",
         "latency",
         "tls",

@@ -12,7 +12,8 @@ they serve.
 Besides ``Options`` and ``TLS``: where a store is (``resolve``: its URL or
 the default home; ``split_url``), where caches go (``cache_home``), the AWS
 settings of the dataset door's S3 fetches (``aws_environment``) and of the
-servers' S3 tier (``aws_settings``: the shared files too), the node's
+servers' S3 tier (``aws_settings``: the shared files too), the key of chunk
+files encrypted at rest (``encryption_key_file``), the node's
 memory agent (``agent_address``: ``GRABEN_AGENT``), sizes as
 people write them (``parse_size``), and the constants that clients and
 servers, or a data node and the metadata service's placement, agree on
@@ -280,6 +281,13 @@ def _ini_section(path: str, section: str) -> dict[str, str]:
     except (OSError, configparser.Error):
         return {}
     return dict(parser[section]) if parser.has_section(section) else {}
+
+
+def encryption_key_file() -> Path | None:
+    """``$GRABEN_ENCRYPTION_KEY_FILE``: the store's key for chunk files encrypted at rest
+    (an embedded store's, or a data node's without ``--encryption-key-file``)."""
+    found = os.environ.get("GRABEN_ENCRYPTION_KEY_FILE", "")
+    return Path(found) if found else None
 
 
 def cache_home() -> Path:

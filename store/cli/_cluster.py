@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import urlsplit
 
-from .._config import resolve
+from .._config import encryption_key_file, resolve
 from .._errors import InvalidArgument, NotFound
 from ..meta import INLINE_LIMIT, INLINE_MAX
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
@@ -156,6 +156,15 @@ def add_node(sub: Subparsers) -> None:
         "--scrub-interval", type=float, default=3600.0, help="seconds between scrubs of all chunks"
     )
     _tier_arg(serve, "chunks of class s3 are read through from there")
+    serve.add_argument(
+        "--encryption-key-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="encrypt chunk files at rest with the store's key (32 bytes, or 64 hex digits; "
+        "0600; default: $GRABEN_ENCRYPTION_KEY_FILE, else none); every node of a store "
+        "takes the same key, chosen when the store is made",
+    )
     serve.add_argument(
         "--s3-cache",
         type=size_arg,
@@ -323,11 +332,13 @@ def _open_postgres(url: str, *, init: bool) -> Repository:
 
 
 def _node_serve(args: argparse.Namespace) -> int:
-    from ..node import DataNode
+    from ..node import DataNode, load_key
 
     check_advertise(args.listen, args.advertise)
     secret = auth.load_secret(args.secret_file)
     tls = server_tls(args)
+    key = args.encryption_key_file or encryption_key_file()
+    sealer = None if key is None else load_key(key)
 
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
         node = DataNode(
@@ -341,6 +352,7 @@ def _node_serve(args: argparse.Namespace) -> int:
             tls=tls,
             tier=args.s3_tier,
             tier_cache=args.s3_cache,
+            sealer=sealer,
         )
         await start_node(node, args.listen, args.advertise)
         return node.address, node.close

@@ -70,6 +70,13 @@ def add_cluster(sub: Subparsers) -> None:
     )
     up.add_argument("--heartbeat-timeout", type=float, default=10.0)
     up.add_argument(
+        "--encryption-key-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the nodes encrypt chunk files at rest with this key (see graben node serve --help)",
+    )
+    up.add_argument(
         "--s3-tier",
         metavar="s3://BUCKET/PREFIX",
         default=None,
@@ -173,6 +180,11 @@ def _cluster_up(args: argparse.Namespace) -> int:
     shared = (*shared, "--log-level", args.log_level)
     if args.s3_tier is not None:  # the same tier for the metadata service and every node
         shared = (*shared, "--s3-tier", args.s3_tier)
+    sealed = (
+        ()
+        if args.encryption_key_file is None
+        else ("--encryption-key-file", str(args.encryption_key_file.resolve()))
+    )
     if args.config is not None:  # the servers take their own tables of it
         shared = (*shared, "--config", str(args.config.resolve()))
     procs: list[subprocess.Popen[str]] = []
@@ -210,6 +222,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
                 f"rack{i}",
                 *_node_listen(args, i),
                 *metrics_at(args.metrics, 1 + i),
+                *sealed,
                 *shared,
             )
             procs.append(node)

@@ -25,7 +25,7 @@ import msgspec
 
 from .._batcher import Batcher
 from .._buffers import in_thread
-from .._config import page_entries
+from .._config import encryption_key_file, page_entries
 from .._errors import (
     IntegrityError,
     InvalidArgument,
@@ -36,7 +36,16 @@ from .._errors import (
 )
 from .._types import ChunkRef, Health, NodeState
 from ..meta import LOCAL_NODE, Namespace, SQLiteRepository
-from ..node import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, adoption, keep_store_id, read_id
+from ..node import (
+    DIR_MODE,
+    GROUP_SYNC_MAX,
+    LocalChunkStore,
+    adoption,
+    keep_store_id,
+    load_key,
+    read_id,
+    seal_directory,
+)
 from ..transport import (
     Changes,
     ChunkRefs,
@@ -68,7 +77,10 @@ def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
     """Open (creating if needed) the embedded store at ``root``."""
     try:
         root.mkdir(DIR_MODE, parents=True, exist_ok=True)
-        chunks = LocalChunkStore(root / "chunks", hashed_here=True)  # its writers are here
+        key = encryption_key_file()
+        sealer = None if key is None else load_key(key)
+        chunks = LocalChunkStore(root / "chunks", hashed_here=True, sealer=sealer)  # writers here
+        seal_directory(root, sealer, bool(chunks.inventory(limit=1)))
     except (FileExistsError, NotADirectoryError):
         raise NotADirectory(
             "an embedded store must be a directory; this is a file", str(root)

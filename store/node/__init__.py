@@ -1,7 +1,8 @@
 """The data node: chunk files on a local disk, served over the wire.
 
 Owns the chunk store (``_chunkstore``: content-addressed chunk files, written
-durably and atomically, read and checked) and the data node's server
+durably and atomically, read and checked; ``_sealed``: encrypted at rest with
+the store's key, if it has one) and the data node's server
 (``_server``: chunk reads and writes under capabilities, chain replication,
 heartbeats, the scrubber). The embedded store uses the same chunk store
 in-process.
@@ -12,7 +13,8 @@ above it.
 """
 
 from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, write_private
-from ._identity import adoption, keep_store_id, read_id
+from ._identity import adoption, keep_store_id, read_id, seal_directory
+from ._sealed import Sealer, load_key
 from ._server import DataNode
 
 __all__ = [
@@ -20,8 +22,11 @@ __all__ = [
     "GROUP_SYNC_MAX",
     "DataNode",
     "LocalChunkStore",
+    "Sealer",
     "adoption",
     "keep_store_id",
+    "load_key",
     "read_id",
+    "seal_directory",
     "write_private",
 ]

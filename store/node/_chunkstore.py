@@ -25,6 +25,7 @@ import ctypes
 import errno
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,7 @@ import blake3
 from .._errors import GrabenError, IntegrityError, NotFound, from_os_error
 from .._hashing import content_id, crc32c, crc32c_combine
 from .._types import ChunkRef
+from ._sealed import Sealer, plain_length, sealed_length
 
 _HEX = frozenset("0123456789abcdef")
 CORES = os.cpu_count() or 1
@@ -61,8 +63,13 @@ disk: twice the bytes written); fewer chunks are fsynced one by one."""
 class LocalChunkStore:
     """Durable chunk files under one directory."""
 
-    def __init__(self, root: str | Path, *, hashed_here: bool = False) -> None:
+    def __init__(
+        self, root: str | Path, *, hashed_here: bool = False, sealer: Sealer | None = None
+    ) -> None:
         self.root = Path(root)
+        self.sealer = sealer
+        """The store's key, if its chunk files are encrypted at rest (``_sealed.py``)."""
+        self._scratches = threading.local()
         self._hashed_here = hashed_here
         """The writers are in this process and hashed each chunk's bytes themselves (an
         embedded store): a write checks crc32c only (a buffer changed since it was
@@ -139,6 +146,9 @@ class LocalChunkStore:
                 "chunk bytes do not hash (blake3) to the chunk's id; not stored", chunk.id
             )
         tmp = self._tmp / f"{chunk.id}.{os.getpid()}.{secrets.token_hex(4)}"
+        if self.sealer is not None:
+            out = self._scratch(sealed_length(data.nbytes) + 15)
+            data = self.sealer.seal(chunk.id, data, self._siblings, out)
         try:
             self._write_file(tmp, data, durable)
             try:
@@ -178,6 +188,9 @@ class LocalChunkStore:
         again to per-piece overhead, and so does a hop through the event loop
         per piece.
         """
+        if self.sealer is not None:
+            self._read_sealed(chunk, into)
+            return
         fd = self.open_chunk(chunk)
         try:
             spans = read_spans(chunk.length)
@@ -196,6 +209,33 @@ class LocalChunkStore:
             crc = crc32c_combine(crc, piece, n)
         self.verify(chunk, crc)
 
+    def _read_sealed(self, chunk: ChunkRef, into: memoryview) -> None:
+        """A sealed chunk file read whole and opened into ``into``: its segments decrypted
+        side by side, each one's tag checked (a MAC under the key over every byte, so no
+        crc32c pass besides)."""
+        assert self.sealer is not None
+        fd = self.open_chunk(chunk)
+        sealed = self._scratch(sealed_length(chunk.length))
+
+        def fill(at: int, view: memoryview) -> None:
+            _read_piece(fd, at, view, checksum=False)
+
+        try:
+            self.sealer.open(chunk.id, sealed, into[: chunk.length], self._siblings, fill)
+        except IntegrityError as exc:
+            raise IntegrityError(exc.message, str(self.path(chunk.id))) from None
+        finally:
+            os.close(fd)
+
+    def _scratch(self, nbytes: int) -> memoryview:
+        """This thread's buffer for sealed files, ``nbytes`` of it (kept: a fresh 8 MiB
+        for every chunk cost its zeroing and page faults each time)."""
+        held: bytearray | None = getattr(self._scratches, "buffer", None)
+        if held is None or len(held) < nbytes:
+            held = bytearray(nbytes)
+            self._scratches.buffer = held
+        return memoryview(held)[:nbytes]
+
     def open_chunk(self, chunk: ChunkRef) -> int:
         """The chunk's file, open for reading and of the chunk's length (the caller
         closes the descriptor); its bytes are not checked (``read`` checks them)."""
@@ -207,7 +247,8 @@ class LocalChunkStore:
         except OSError as exc:
             raise from_os_error(exc, str(path)) from exc
         try:
-            if os.fstat(fd).st_size != chunk.length:
+            size = sealed_length(chunk.length) if self.sealer else chunk.length
+            if os.fstat(fd).st_size != size:
                 raise IntegrityError(
                     f"chunk {chunk.id} has the wrong length (expected {chunk.length} bytes)",
                     str(path),
@@ -224,9 +265,17 @@ class LocalChunkStore:
         """
         try:
             with open(self.path(chunk_id), "rb") as f:
-                return blake3.blake3(f.read()).hexdigest() == chunk_id
+                data = f.read()
         except FileNotFoundError:
             return True  # deleted meanwhile: nothing to report
+        if self.sealer is not None:
+            plain = memoryview(bytearray(max(0, plain_length(len(data)))))
+            try:
+                self.sealer.open(chunk_id, memoryview(data), plain)
+            except IntegrityError:
+                return False
+            return blake3.blake3(plain).hexdigest() == chunk_id
+        return blake3.blake3(data).hexdigest() == chunk_id
 
     def verify(self, chunk: ChunkRef, actual: int) -> None:
         """Raise ``IntegrityError`` naming the chunk file if ``actual`` is not its crc32c."""
@@ -364,15 +413,16 @@ def _cached(fd: int, length: int) -> bool:
     return True
 
 
-def _read_piece(fd: int, offset: int, into: memoryview) -> int:
-    """Fill ``into`` from ``offset``; the piece's crc32c (the length was checked)."""
+def _read_piece(fd: int, offset: int, into: memoryview, *, checksum: bool = True) -> int:
+    """Fill ``into`` from ``offset``; the piece's crc32c (the length was checked), or 0
+    without ``checksum``."""
     done = 0
     while done < into.nbytes:
         n = os.preadv(fd, [into[done:]], offset + done)
         if n == 0:
             raise IntegrityError("chunk file shrank while being read")
         done += n
-    return crc32c(into)
+    return crc32c(into) if checksum else 0
 
 
 def write_private(path: Path, text: str) -> None:

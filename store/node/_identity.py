@@ -1,4 +1,5 @@
-"""Which store a data directory belongs to: its ``store-id`` file.
+"""Which store a data directory belongs to (its ``store-id`` file), and whether its chunk
+files are encrypted, under which key (its ``sealed`` file).
 
 The first line is the store's id. A directory that took its id (from a
 metadata service's answer, or an embedded store's ``meta.db``) while chunk
@@ -9,9 +10,12 @@ until someone vouches for them (``fsck --collect --force``).
 
 from __future__ import annotations
 
+import hmac
 from pathlib import Path
 
+from .._errors import PermissionDenied
 from ._chunkstore import LocalChunkStore, write_private
+from ._sealed import MARK, Sealer
 
 ADOPTED = "adopted"
 
@@ -47,3 +51,31 @@ def adoption(root: Path, *, vouch: bool = False) -> bool:
         write_private(path, words[0] + "\n")
         return False
     return True
+
+
+def seal_directory(root: Path, sealer: Sealer | None, holds_chunks: bool) -> None:
+    """Check, or record on first use, whether ``root``'s chunk files are sealed and with
+    which key; ``PermissionDenied`` for a node started without the key its files need,
+    with another, or with a key over plaintext files already there."""
+    mark = root / MARK
+    try:
+        said = mark.read_text().strip()
+    except FileNotFoundError:
+        if sealer is not None and holds_chunks:
+            raise PermissionDenied(
+                f"{root} holds chunk files that are not encrypted: encryption at rest is "
+                "chosen when a store is made"
+            ) from None
+        write_private(mark, (sealer.check if sealer is not None else "none") + "\n")
+        return
+    if said == "none" and sealer is None:
+        return
+    if said == "none":
+        raise PermissionDenied(f"{root} holds chunk files that are not encrypted; no key needed")
+    if sealer is None:
+        raise PermissionDenied(
+            f"{root} holds encrypted chunk files: give the store's key "
+            "(--encryption-key-file, or $GRABEN_ENCRYPTION_KEY_FILE)"
+        )
+    if not hmac.compare_digest(said, sealer.check):
+        raise PermissionDenied(f"{root}'s chunk files were encrypted under another key")

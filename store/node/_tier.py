@@ -22,6 +22,7 @@ from typing import Any
 from .._types import ChunkRef
 from ..transport._bucket import Bucket
 from ._chunkstore import LocalChunkStore
+from ._sealed import Sealer
 
 Run = Callable[..., Awaitable[Any]]
 TOUCH_S = 60.0
@@ -31,9 +32,11 @@ TOUCH_S = 60.0
 class Tier:
     """The S3 tier as one node reads it: the bucket, and the cache in front of it."""
 
-    def __init__(self, bucket: Bucket, root: Path, limit: int, run: Run) -> None:
+    def __init__(
+        self, bucket: Bucket, root: Path, limit: int, run: Run, sealer: Sealer | None = None
+    ) -> None:
         self.bucket, self.limit, self._run = bucket, limit, run
-        self.cache = LocalChunkStore(root)
+        self.cache = LocalChunkStore(root, sealer=sealer)  # sealed as the node's own
         self._fetching: dict[str, asyncio.Future[None]] = {}
         self._held = sum(size for _, size, _ in self.cache.files())
         """Bytes in the cache now (counted at start, then kept up to date)."""
