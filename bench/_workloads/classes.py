@@ -18,8 +18,7 @@ from __future__ import annotations
 import mmap
 import os
 import signal
-from collections.abc import Callable
-from time import perf_counter, sleep
+from time import sleep
 
 from graben.store import Client, connect
 from graben.store.cli._local import local_cluster, make_secret_file
@@ -29,7 +28,7 @@ from .._context import Context
 from .._kit import block_buffer, drain, environ, gbps, random_data
 from .._registry import Result, Skip, workload
 from .faults import _server_pid
-from .fsspec import aws_env, moto_s3
+from .fsspec import _timed, aws_env, moto_s3
 
 NODES = 9
 CLASS = "ec:6+3"
@@ -87,12 +86,6 @@ def _other(data: mmap.mmap, size: int) -> bytes:
     view[::4096] = bytes(len(view[::4096]))
     view[1::4096] = b"\x01" * len(view[1::4096])
     return bytes(view)
-
-
-def _timed(work: Callable[[], object]) -> float:
-    start = perf_counter()
-    work()
-    return perf_counter() - start
 
 
 def _wait_striped(client: Client, path: str) -> None:
