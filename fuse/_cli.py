@@ -75,6 +75,9 @@ def _mount_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve Prometheus metrics at http://HOST:PORT/metrics",
     )
     parser.add_argument("--allow-other", action="store_true", help="let other users in")
+    parser.add_argument(
+        "--token-file", type=Path, metavar="FILE", help="a tenant's token (a 0600 file)"
+    )
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
 
@@ -96,6 +99,7 @@ def _options(args: argparse.Namespace) -> MountOptions:
         allow_other=args.allow_other,
         log_level=args.log_level,
         metrics=args.metrics,
+        token_file=args.token_file,
     )
 
 

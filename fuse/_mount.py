@@ -25,7 +25,7 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from graben.store import GrabenError, connect, serve_metrics
+from graben.store import GrabenError, connect, read_token_file, serve_metrics
 
 from ._follow import follow
 from ._metrics import MountMetrics
@@ -150,7 +150,8 @@ def _mounted(
     takes it all down again (the mount first)."""
     spool = Spool(private_directory(options.spool_dir), options.spool_limit)
     stack.callback(spool.close)
-    client = stack.enter_context(connect(url, wait=options.wait))
+    token = None if options.token_file is None else read_token_file(options.token_file)
+    client = stack.enter_context(connect(url, wait=options.wait, token=token))
     client.stat("/")  # an unreachable store fails the mount, not every call after it
     ops = Operations(client, spool, read_only=options.read_only, timeout=options.timeout)
     stop_metrics = _serve_metrics(ops, options.metrics)
@@ -393,4 +394,6 @@ def daemon_args(url: str, target: Path, options: MountOptions) -> list[str]:
     args += ["--read-only"] * options.read_only + ["--allow-other"] * options.allow_other
     args += ["--log-level", options.log_level]
     args += [] if options.metrics is None else ["--metrics", options.metrics]
+    token = options.token_file
+    args += [] if token is None else ["--token-file", os.fspath(token.absolute())]
     return args

@@ -38,3 +38,6 @@ class MountOptions:
     """Least severe events the daemon logs: ``debug``, ``info``, ``warning`` or ``error``."""
     metrics: str | None = None
     """``HOST:PORT`` to serve Prometheus metrics at ``/metrics`` (port 0: any free one)."""
+    token_file: Path | None = None
+    """A tenant's token (a 0600 file): the mount reaches what the token does. ``None``:
+    ``$GRABEN_TOKEN``, ``$GRABEN_TOKEN_FILE``, else the cluster's secret."""

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ._errors import (
         AlreadyExists,
         CannotPlace,
+        CrossDevice,
         DirectoryNotEmpty,
         GrabenError,
         IntegrityError,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
         NotFound,
         PermissionDenied,
         ProtocolError,
+        QuotaExceeded,
         Refused,
         Timeout,
         TLSError,
@@ -56,6 +58,8 @@ if TYPE_CHECKING:
         FileInfo,
         FsckReport,
         PathChange,
+        QuotaState,
+        TokenInfo,
     )
     from .client import (
         AgentClient,
@@ -74,19 +78,23 @@ if TYPE_CHECKING:
     from .transport import Held, SegmentKey
     from .transport._classes import check as check_class
     from .wire import serve_metrics
+    from .wire._auth import read_token_file
 
 # Where each name lives ("name=its name there" where they differ).
 _MODULES = {
     "._config": "TLS Options aws_environment cache_home parse_size split_url",
     "._errors": (
-        "AlreadyExists CannotPlace DirectoryNotEmpty GrabenError IntegrityError"
+        "AlreadyExists CannotPlace CrossDevice DirectoryNotEmpty GrabenError IntegrityError"
         " InvalidArgument InvalidPath IsADirectory MissingExtra NameTooLong NoSpace"
-        " NotADirectory NotFound PermissionDenied ProtocolError Refused Timeout"
-        " TLSError Unavailable"
+        " NotADirectory NotFound PermissionDenied ProtocolError QuotaExceeded Refused"
+        " Timeout TLSError Unavailable"
     ),
     "._extras": "optional_door",
     "._paths": "normalize_path=normalize",
-    "._types": "Change ChangeFeed ChunkProblem ClassState FileInfo FsckReport PathChange",
+    "._types": (
+        "Change ChangeFeed ChunkProblem ClassState FileInfo FsckReport PathChange QuotaState"
+        " TokenInfo"
+    ),
     ".client": (
         "AgentClient AsyncClient AsyncReadFile AsyncWriteFile Client ReadFile Upload WriteFile"
         " clear_shared_clients connect shared_client"
@@ -95,6 +103,7 @@ _MODULES = {
     ".transport": "Held SegmentKey",
     ".transport._classes": "check_class=check",
     ".wire": "serve_metrics",
+    ".wire._auth": "read_token_file",
 }
 _WHERE = {
     name.partition("=")[0]: (module, name.partition("=")[2] or name)
@@ -132,6 +141,7 @@ __all__ = [
     "ChunkProblem",
     "ClassState",
     "Client",
+    "CrossDevice",
     "DirectoryNotEmpty",
     "FileInfo",
     "FsckReport",
@@ -151,11 +161,14 @@ __all__ = [
     "PathChange",
     "PermissionDenied",
     "ProtocolError",
+    "QuotaExceeded",
+    "QuotaState",
     "ReadFile",
     "Refused",
     "SegmentKey",
     "TLSError",
     "Timeout",
+    "TokenInfo",
     "Unavailable",
     "Upload",
     "WriteFile",
@@ -167,6 +180,7 @@ __all__ = [
     "normalize_path",
     "optional_door",
     "parse_size",
+    "read_token_file",
     "serve_metrics",
     "shared_client",
     "split_url",

@@ -52,7 +52,9 @@ ENV_SECRET = "GRABEN_SECRET"
 ENV_SECRET_FILE = "GRABEN_SECRET_FILE"
 """A file holding the cluster secret."""
 ENV_TOKEN = "GRABEN_TOKEN"
-"""A cluster client's token."""
+"""A cluster client's token: a tenant's (``graben token create``), or the cluster's own."""
+ENV_TOKEN_FILE = "GRABEN_TOKEN_FILE"
+"""A file (0600) holding a cluster client's token; ``$GRABEN_TOKEN`` comes first."""
 ENV_AGENT = "GRABEN_AGENT"
 """``HOST:PORT`` of this node's memory agent (``graben agent serve``)."""
 AGENT_PORT = 7300
@@ -197,8 +199,9 @@ class Options:
     """Age before unreferenced chunks, orphan chunk files and writers' temporaries may be
     collected (``fsck(grace=...)`` overrides it for one run)."""
     token: str | None = field(default=None, repr=False)
-    """A cluster's client token; ``None`` takes ``$GRABEN_TOKEN``, else the one
-    computed from the cluster secret (``$GRABEN_SECRET_FILE``). Ignored embedded."""
+    """A cluster's client token: a tenant's (``graben token create``) or the cluster's
+    own. ``None`` takes ``$GRABEN_TOKEN``, else the file ``$GRABEN_TOKEN_FILE``, else the
+    one computed from the cluster secret (``$GRABEN_SECRET_FILE``). Ignored embedded."""
     tls: TLS | ssl.SSLContext | None = field(default_factory=tls_from_env)
     """How to reach a cluster over TLS (a ``TLS``, or a client ``ssl.SSLContext`` of the
     caller's own); ``None``: plaintext. Default: ``$GRABEN_TLS_CA`` and friends, else

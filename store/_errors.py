@@ -124,6 +124,22 @@ class PermissionDenied(Refused, PermissionError):
     errno_value = _errno.EACCES
 
 
+class QuotaExceeded(Refused, OSError):
+    """A write would take a directory's or a tenant's usage past its quota (bytes,
+    physical bytes or files); nothing was committed, and the message names the quota."""
+
+    code = "quota_exceeded"
+    errno_value = _errno.EDQUOT
+
+
+class CrossDevice(Refused, OSError):
+    """A rename or hard link would move a file across a quota's boundary: copy it and
+    remove the original (``mv`` does this by itself on the mount), as across filesystems."""
+
+    code = "cross_device"
+    errno_value = _errno.EXDEV
+
+
 class CannotPlace(Refused, OSError):
     """Too few live data nodes to hold a chunk's copies (``min_replicas`` of them); the
     message names the dead, full or excluded nodes."""
@@ -191,6 +207,8 @@ ERRORS: dict[str, type[GrabenError]] = {
         NoSpace,
         PermissionDenied,
         Refused,
+        QuotaExceeded,
+        CrossDevice,
         CannotPlace,
         TLSError,
         Unavailable,

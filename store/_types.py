@@ -178,6 +178,39 @@ class ClassState(msgspec.Struct, frozen=True):
     """Of those, the chunks kept as a class says (erasure-coded, or in the S3 tier)."""
 
 
+class TokenInfo(msgspec.Struct, frozen=True):
+    """A tenant's token as ``graben token ls`` shows it: never its secret."""
+
+    id: str
+    """Its public id (the part of the token before its secret), for ``revoke``."""
+    tenant: str
+    prefix: str
+    """The path it reaches: this directory and everything below it."""
+    rights: str
+    """``r`` read, ``w`` write, ``a`` admin (classes and quotas below its prefix)."""
+    expires: float
+    """Unix seconds after which it is refused."""
+    made: float
+    revoked: bool = False
+
+
+class QuotaState(msgspec.Struct, frozen=True):
+    """A directory's quota (a tenant's is its root's) and what its tree holds now."""
+
+    path: str
+    tenant: str
+    """The tenant whose root this is; ``""``: a directory's own quota."""
+    max_bytes: int
+    """Logical bytes at most (0: no limit)."""
+    max_physical: int
+    """Bytes on disk at most, every copy counted (0: no limit)."""
+    max_files: int
+    """Files at most (0: no limit)."""
+    bytes: int
+    physical: int
+    files: int
+
+
 class FileLayout(msgspec.Struct, frozen=True):
     """Everything a reader needs: attributes, extents in order, replicas."""
 

@@ -29,7 +29,7 @@ from graben.store._types import ChunkRef, Extent, FileCommit, StoredChunk
 from graben.store.meta._namespace import Namespace
 from graben.store.meta.engines._sums import FUNCTION, SUMMED, row_sum
 
-MIGRATIONS = 10
+MIGRATIONS = 11
 """The schema version graben writes today."""
 
 
@@ -129,11 +129,11 @@ class Engine:
             return cur.fetchall() if cur.description else []
 
     def back_to_7(self) -> None:
-        """Take back schemas 8 to 10, row checksums, the change feed and storage classes
-        (a store as an older graben left it)."""
+        """Take back schemas 8 to 11, row checksums, the change feed, storage classes and
+        tenants (a store as an older graben left it)."""
         for table in SUMMED:
             self.sql(f"ALTER TABLE {table} DROP COLUMN sum")
-        for table in ("changes", "classes", "pieces"):
+        for table in ("changes", "classes", "pieces", "tenants", "tokens", "quotas"):
             self.sql(f"DROP TABLE {table}")
 
     def set_version(self, version: int) -> None:

@@ -27,24 +27,33 @@ from .._types import (
     FileLayout,
     FsckReport,
     Health,
+    QuotaState,
+    TokenInfo,
     WriteMode,
 )
 from ..embedded import open_store
 from ..transport import (
+    AddTenant,
     Changes,
     ChunkTransport,
     Commit,
     GetClass,
     GetHealth,
+    GetQuotas,
     GetSettings,
+    IssueToken,
     Link,
+    ListTenants,
+    ListTokens,
     MakeDir,
     MetaTransport,
     Remove,
     Rename,
     ReportBad,
+    RevokeTokens,
     SetAttributes,
     SetClass,
+    SetQuota,
     Settings,
     Stat,
     Usage,
@@ -255,6 +264,58 @@ class AsyncClient:
         """The class in force at ``path``, where it was set, and how many of a file's chunks
         have taken it."""
         return await self.meta.request(GetClass(_paths.normalize(path)))
+
+    # -- tenants and quotas ---------------------------------------------------
+
+    async def quotas(self, path: str = "") -> list[QuotaState]:
+        """The quotas above, at and below ``path`` (every one: ``""``), each with the usage
+        of its tree; a tenant's token sees those it reaches and its tenant's own."""
+        return await self.meta.request(GetQuotas(_paths.normalize(path) if path else ""))
+
+    async def set_quota(
+        self, path: str, *, max_bytes: int = 0, max_physical: int = 0, max_files: int = 0
+    ) -> QuotaState:
+        """Limit what the tree at directory ``path`` holds: logical bytes, bytes on disk
+        (every copy) and files (0: no limit of that kind; all 0: clear the quota). A write
+        past it fails with ``QuotaExceeded`` before its bytes are sent."""
+        limits = SetQuota(_paths.normalize(path), max_bytes, max_physical, max_files)
+        return await self.meta.request(limits)
+
+    async def add_tenant(
+        self,
+        name: str,
+        root: str,
+        *,
+        max_bytes: int = 0,
+        max_physical: int = 0,
+        max_files: int = 0,
+    ) -> QuotaState:
+        """Add a tenant (the operator's): its root directory is made, and the root's quota
+        is the tenant's (0: no limit of that kind, usage counted all the same)."""
+        request = AddTenant(name, _paths.normalize(root), max_bytes, max_physical, max_files)
+        return await self.meta.request(request)
+
+    async def tenants(self) -> dict[str, str]:
+        """Every tenant's root, by name (the operator's)."""
+        return await self.meta.request(ListTenants())
+
+    async def issue_token(
+        self, tenant: str, *, prefix: str = "", rights: str = "rw", ttl_s: float = 7 * 86400.0
+    ) -> str:
+        """A new token of ``tenant`` (the operator's): it reaches ``prefix`` (within the
+        tenant's root; ``""``: the root) with ``rights`` (``r``, ``w``, ``a``) for ``ttl_s``
+        seconds. Its text is returned here only: keep it in a 0600 file."""
+        issued = await self.meta.request(IssueToken(tenant, prefix, rights, ttl_s))
+        return issued.token
+
+    async def tokens(self, tenant: str = "") -> list[TokenInfo]:
+        """Every token (of ``tenant``), revoked and expired ones too, never its text."""
+        return await self.meta.request(ListTokens(tenant))
+
+    async def revoke_tokens(self, *ids: str, tenant: str = "") -> int:
+        """Revoke tokens by id, or every token of ``tenant``; refused on every metadata
+        service within half a second. How many were live."""
+        return await self.meta.request(RevokeTokens(ids, tenant))
 
     # -- data ---------------------------------------------------------------
 

@@ -69,6 +69,8 @@ class Upload:
         self._tasks: list[asyncio.Task[tuple[ChunkRef, StoredChunk | None]]] = []
         self._failure: Exception | None = None
         self._finished: FileCommit | None = None  # close() and a transaction's commit both ask
+        self._offset = 0
+        """The file's bytes before the next chunk (its quotas are asked about each)."""
 
     async def add(self, data: memoryview, release: Release | None = None) -> None:
         """Start storing the next chunk; waits while ``max_inflight`` are in flight.
@@ -97,7 +99,8 @@ class Upload:
             if release:
                 release()
             raise self._failure
-        task = asyncio.create_task(self._store(data, release))
+        task = asyncio.create_task(self._store(data, release, self._offset))
+        self._offset += data.nbytes
         task.add_done_callback(self._note_failure)
         self._tasks.append(task)
 
@@ -120,16 +123,21 @@ class Upload:
         await self._start(memoryview(data), None)
 
     async def _store(
-        self, data: memoryview, release: Release | None
+        self, data: memoryview, release: Release | None, offset: int
     ) -> tuple[ChunkRef, StoredChunk | None]:
         try:
             if data.nbytes <= HASH_INLINE_MAX:  # cheaper than the hop to a thread
                 ref = chunk_ref(data)
             else:
                 ref = await in_thread(self._hasher, chunk_ref, data)
-            [placement] = await self._meta.request(
-                Prepare((ref,), self._replication, min_replicas=self._min_replicas)
+            ask = Prepare(
+                (ref,),
+                self._replication,
+                min_replicas=self._min_replicas,
+                paths=(self.path,),
+                sent=(offset,),
             )
+            [placement] = await self._meta.request(ask)
             if not placement.upload:
                 return ref, None
             return ref, await self._replicate(ref, data, placement.nodes, placement.minimum)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from .. import _paths
 from .._errors import AlreadyExists, GrabenError, IntegrityError, InvalidArgument, IsADirectory
@@ -19,6 +19,7 @@ from .._types import ChunkRef, Extent, FileCommit, FileInfo, StoredChunk
 from ..transport import Placement, Settings
 from ._changes import changed_rows
 from ._once import bind, key_id, misused, record, recorded, replayed_or_error, write_once
+from ._quotas import Delta
 from ._repo import Inode, NewFile, Repository, Tx
 from ._walk import Directories, ensure_dirs, info
 
@@ -70,6 +71,8 @@ class Commits:
         replication: int,
         avoid: tuple[str, ...] = (),
         min_replicas: int = 0,
+        paths: Sequence[str] = (),
+        sent: Sequence[int] = (),
     ) -> list[Placement]:
         """For each chunk: skip it if a live file already uses it with at least the
         write's minimum of copies, else where to send it (for a chunk held with
@@ -78,8 +81,12 @@ class Commits:
 
         With too few live nodes for every copy, a placement names as many as
         there are, down to the write's minimum (``Placement.minimum``).
+
+        ``paths`` (each chunk's file) and ``sent`` (the file's bytes before it): a chunk
+        that would take a quota past its limit is refused before it is sent.
         """
         copies = self._replication(replication)
+        self.check_room(chunks, paths, sent, copies)
         least = self._minimum(copies, min_replicas)
         with self.repo.read() as tx:
             held = tx.referenced(c.id for c in chunks)
@@ -106,6 +113,17 @@ class Commits:
             raise InvalidArgument(f"min_replicas must be at least 1, not {asked}")
         least = asked or self.min_replicas or copies - 1
         return max(1, min(least, copies))
+
+    def charge(self, tx: Tx, deltas: Iterable[Delta]) -> None:
+        raise NotImplementedError  # Quotas'
+
+    def replaced(self, path: str, new: Inode, old: Inode | None) -> Delta:
+        raise NotImplementedError  # Quotas'
+
+    def check_room(
+        self, chunks: Sequence[ChunkRef], paths: Sequence[str], sent: Sequence[int], copies: int
+    ) -> None:
+        raise NotImplementedError  # Quotas'
 
     def _replication(self, asked: int) -> int:
         if asked < 0:
@@ -254,6 +272,13 @@ class Commits:
                 tx.unlink(*name)
             made.append((*name, NewFile(self._attributes(commit, old, size, now), commit.extents)))
         nodes = tx.create_files(made)
+        self.charge(
+            tx,
+            [
+                self.replaced(clean, node, olds.get(name))
+                for (_, clean, _), node, name in zip(checked, nodes, names, strict=True)
+            ],
+        )
         for name, node in zip(names, nodes, strict=True):
             old = olds.get(name)
             if old is not None:  # after the new one is numbered: SQLite would reuse its number

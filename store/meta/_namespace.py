@@ -76,7 +76,9 @@ from ._commits import (
 )
 from ._once import bind, write_once
 from ._placement import LOCAL_NODE
+from ._quotas import Quotas
 from ._repo import Inode, Repository, Tx
+from ._tenants import Tenants
 from ._walk import (
     DIR_MODE,
     ensure_dirs,
@@ -97,7 +99,7 @@ def local_placement(
     return (LOCAL_NODE,)
 
 
-class Namespace(Commits, Bookkeeping, Classes):
+class Namespace(Quotas, Commits, Bookkeeping, Classes, Tenants):
     """Executes metadata ``Request``s against a repository."""
 
     def __init__(
@@ -137,7 +139,9 @@ class Namespace(Commits, Bookkeeping, Classes):
             ),
             SetAttributes: lambda r: self.set_attributes(r.path, r.change, key=bind(r.key, r)),
             GetLayout: lambda r: self.layout(r.path, r.start, r.limit, r.inode),
-            Prepare: lambda r: self.prepare(r.chunks, r.replication, r.avoid, r.min_replicas),
+            Prepare: lambda r: self.prepare(
+                r.chunks, r.replication, r.avoid, r.min_replicas, r.paths, r.sent
+            ),
             Commit: lambda r: self.commit(r.files, key=r.key),
             Usage: lambda r: self.usage(r.path),
             ChunkRefs: lambda r: self.chunk_refs(r.after, r.limit),
@@ -153,6 +157,7 @@ class Namespace(Commits, Bookkeeping, Classes):
             Changes: lambda r: feed(self.repo, r.after, r.missing, r.limit),
             SetClass: lambda r: self.set_class(r.path, r.name, key=bind(r.key, r)),
             GetClass: lambda r: self.class_of(r.path),
+            **self.tenant_handlers(),
         }
 
     def execute(self, request: Request[R]) -> R:
@@ -232,20 +237,6 @@ class Namespace(Commits, Bookkeeping, Classes):
         with self.repo.read() as tx:
             return set(tx.referenced(chunks))
 
-    def usage(self, path: str) -> tuple[int, int]:
-        """(files, bytes) at or below a path."""
-        parts = _paths.split(path)
-        files = size = 0
-        with self.repo.read() as tx:
-            pending = [resolve(tx, parts, path)]
-            while pending:
-                node = pending.pop()
-                if node.kind == "file":
-                    files, size = files + 1, size + node.size
-                else:
-                    pending.extend(child for _, child in tx.children(node.id))
-        return files, size
-
     # -- namespace mutations -----------------------------------------------------
 
     def mkdir(
@@ -301,7 +292,7 @@ class Namespace(Commits, Bookkeeping, Classes):
             raise DirectoryNotEmpty("directory not empty (use recursive)", clean)
         self._unname(tx, parent.id, parts[-1], node)
         changed(tx, (clean, None))
-        return self._drop(tx, node)
+        return self._drop(tx, node, clean)
 
     @staticmethod
     def _unname(tx: Tx, parent: int, name: str, node: Inode) -> None:
@@ -309,10 +300,10 @@ class Namespace(Commits, Bookkeeping, Classes):
         tx.unlink(parent, name)
         tx.touch(parent, time.time_ns(), links=-1 if node.kind == "directory" else 0)
 
-    def _drop(self, tx: Tx, node: Inode) -> int:
-        """``node`` lost a name: a file with none left goes, a directory goes with all
-        below it; how many names went."""
-        count, pending, now = 0, [node], time.time_ns()
+    def _drop(self, tx: Tx, node: Inode, path: str) -> int:
+        """``node`` lost its name ``path``: a file with none left goes, a directory goes
+        with all below it (and its quotas get back what went); how many names went."""
+        count, pending, now, freed = 0, [node], time.time_ns(), [0, 0, 0]
         while pending:
             current = pending.pop()
             count += 1
@@ -323,7 +314,10 @@ class Namespace(Commits, Bookkeeping, Classes):
                     pending.append(child)
             elif tx.touch(current.id, now, links=-1, modified=False) > 0:
                 continue  # another name still leads to it
+            else:
+                freed = [a + b for a, b in zip(freed, self.held(current), strict=True)]
             tx.delete(current.id)
+        self.release(tx, path, (freed[0], freed[1], freed[2]), node.kind == "directory")
         return count
 
     def link(self, src: str, dst: str, *, key: str = "") -> FileInfo:
@@ -342,6 +336,7 @@ class Namespace(Commits, Bookkeeping, Classes):
             parent = resolve_dir(tx, dparts[:-1], dst)
             if tx.lookup(parent.id, dparts[-1]) is not None:
                 raise AlreadyExists("file exists", clean_dst)
+            self.check_move(tx, clean_src, clean_dst, node)
             now = time.time_ns()
             tx.link(parent.id, dparts[-1], node.id)
             tx.touch(parent.id, now)
@@ -418,7 +413,8 @@ class Namespace(Commits, Bookkeeping, Classes):
         if target is not None:
             self._check_replace(tx, node, target, replace, replace_tree, clean_dst)
             self._unname(tx, dparent.id, dparts[-1], target)
-            self._drop(tx, target)
+            self._drop(tx, target, clean_dst)
+        self.check_move(tx, clean_src, clean_dst, node)
         self._unname(tx, sparent.id, sparts[-1], node)
         now = time.time_ns()
         tx.link(dparent.id, dparts[-1], node.id)

@@ -35,9 +35,11 @@ from .._types import (
     Kind,
     NodeState,
     PathChange,
+    QuotaState,
     ServiceState,
     StoredChunk,
     Stripe,
+    TokenInfo,
 )
 
 ROOT_INODE = 1
@@ -47,6 +49,8 @@ IN_TIER = "@s3"
 R = TypeVar("R")
 ChunkRecord = tuple[ChunkRef, tuple[str, ...]]
 """A chunk and the nodes holding it."""
+TokenRow = tuple[TokenInfo, str]
+"""A token as the engine keeps it: what ``token ls`` shows, and the digest of its secret."""
 
 
 class Conflict(Exception):
@@ -311,6 +315,40 @@ class Tx(Protocol):
 
     def place_piece(self, chunk: str, index: int, was: str, node: str) -> None:
         """Record that piece ``index`` of a chunk is now on ``node`` (if still on ``was``)."""
+
+    def add_tenant(self, name: str, root: str, made: float) -> bool:
+        """Record a tenant and its root; ``False`` if the name is taken."""
+
+    def tenants(self) -> dict[str, str]:
+        """Every tenant's root, by name."""
+
+    def add_token(self, row: TokenRow) -> None:
+        """Record a new token (its id is new)."""
+
+    def tokens(self, ids: Iterable[str] | None = None) -> list[TokenRow]:
+        """These tokens (every one: ``None``), revoked ones too."""
+
+    def revoke(self, ids: Sequence[str], tenant: str, now: float) -> int:
+        """Revoke these tokens, or every token of ``tenant``; how many were live."""
+
+    def quotas(self, paths: Iterable[str] | None = None) -> list[QuotaState]:
+        """The quotas set at these paths (every one: ``None``), by path."""
+
+    def quotas_within(self, path: str) -> list[QuotaState]:
+        """The quotas at and below ``path``."""
+
+    def set_quota(self, quota: QuotaState) -> None:
+        """Set (or replace) the quota at ``quota.path``, with its usage."""
+
+    def drop_quotas(self, path: str, *, tree: bool = True) -> int:
+        """Forget the quota at ``path``, and (``tree``) those below it; how many."""
+
+    def move_quotas(self, src: str, dst: str) -> None:
+        """The quotas at and below ``src`` are now at and below ``dst`` (a rename)."""
+
+    def add_usage(self, path: str, files: int, size: int, physical: int) -> QuotaState | None:
+        """Add to the usage of the quota at ``path`` under its row's lock; the row after
+        (``None``: no quota there)."""
 
     def outcomes(self, keys: Iterable[str]) -> dict[str, bytes]:
         """Of these idempotency keys, those recorded, each with its recorded reply."""

@@ -15,8 +15,9 @@ repeat (through this service or another) gets the recorded reply
 (``_once.py``). Op ``ping`` is answered on the event loop, never behind the
 engine, so a client kept waiting can tell a busy service from a hung one.
 
-Every call must carry the cluster's client token; the capabilities replies
-carry for the data nodes are ``_grants.py``'s.
+Every call must carry the cluster's client token, or a tenant's token, whose
+requests are checked against its scope (``_scopes.py``); the capabilities
+replies carry for the data nodes are ``_grants.py``'s.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from ..transport import (
     Committed,
     Grant,
     Grants,
+    ListDir,
     RemoteChunks,
     Request,
     request_types,
@@ -77,6 +79,7 @@ from ._leader import BEAT_S, LEASE_S, Deposed, Leadership
 from ._namespace import Namespace
 from ._placement import place
 from ._repo import Degraded, Repository
+from ._scopes import TokenCache, authorize, listing_above, narrow, needs_engine, verify
 
 log = logging.getLogger("graben.meta")
 AnyRequest: Any = Union[request_types()]  # noqa: UP007  (built at run time)
@@ -176,6 +179,8 @@ class MetaService:
         )
         self.grants = Capabilities(secret, self.namespace)
         """The capabilities this service hands out."""
+        self.tokens = TokenCache(secret, lambda ids: self._run(self.namespace.token_rows, ids))
+        """The tenants' tokens, as this service last read them."""
         self.converter = Converter(self.namespace, self.chunks, self._run, self._fence, tier)
         """The leader's conversions (to stripes, to the S3 tier), and stripes' repairs."""
         self._repairing: asyncio.Task[None] | None = None
@@ -395,16 +400,27 @@ class MetaService:
         return tuple(node for node, r in zip(targets, results, strict=True) if r is None)
 
     def _admit(self, call: Call, length: int) -> None:
-        """Only a client holding the token may make the service hold a large request."""
-        auth.check_token(self._secret, call.token)
+        """Only a client holding a token may make the service hold a large request."""
+        self.tokens.admit(call.token)
 
     async def _meta(self, call: Call, payload: memoryview | None) -> Answer:
-        auth.check_token(self._secret, call.token)
+        scope = await self.tokens.scope(call.token)
         request = decode(call.body, AnyRequest)
+        if scope is not None:  # a tenant's token (``_scopes.py``)
+            authorize(scope, request)
+            if needs_engine(request):
+                await self._run(verify, self.namespace, scope, request)
+            if isinstance(request, ListDir) and not scope.reaches(request.path):
+                seen = await self._run(listing_above, self.namespace, scope, request.path)
+                return Answer(encode(seen))
+        result = await self._serve(request)
+        return Answer(encode(result if scope is None else narrow(scope, request, result)))
+
+    async def _serve(self, request: Request[Any]) -> Any:
         if isinstance(request, Grant):
-            return Answer(encode(await self._run(self.grants.grant, request)))
+            return await self._run(self.grants.grant, request)
         if isinstance(request, Commit):
-            return Answer(encode(await self._group.submit(request)))
+            return await self._group.submit(request)
         if isinstance(request, CommitEach):
             keys = request.keys or ("",) * len(request.batches)
             if len(keys) != len(request.batches):
@@ -418,9 +434,9 @@ class MetaService:
                 ),
                 return_exceptions=True,
             )
-            return Answer(encode([_committed(o) for o in outcomes]))
+            return [_committed(o) for o in outcomes]
         result = await self._run(self._execute, request)
-        return Answer(encode(self.grants.attach(request, result)))
+        return self.grants.attach(request, result)
 
     def _execute(self, request: Request[Any]) -> Any:
         """A request on an engine thread; layouts and chunk pages as readers take them."""
@@ -432,7 +448,7 @@ class MetaService:
     async def _ping(self, call: Call, payload: memoryview | None) -> Answer:
         """Answered on the event loop, never queued behind the engine: a client waiting
         long for a reply asks this to tell a busy service from one that stopped."""
-        auth.check_token(self._secret, call.token)
+        await self.tokens.scope(call.token)
         return Answer()
 
     # -- capabilities ------------------------------------------------------------

@@ -40,7 +40,14 @@ import msgspec
 from .._batcher import Batcher, Batchers
 from .._buffers import in_thread
 from .._config import page_entries
-from .._errors import GrabenError, IntegrityError, PermissionDenied, Timeout, Unavailable
+from .._errors import (
+    GrabenError,
+    IntegrityError,
+    PermissionDenied,
+    QuotaExceeded,
+    Timeout,
+    Unavailable,
+)
 from .._hashing import crc32c
 from .._types import Capability, ChunkRef, FileInfo, FileLayout, NodeState, Op
 from ..wire import (
@@ -332,15 +339,31 @@ class RemoteMeta:
             return await self._send(request)
         return result  # type: ignore[return-value]
 
-    async def _prepare_together(self, requests: list[Prepare]) -> list[list[Placement]]:
+    async def _prepare_together(self, requests: list[Prepare]) -> list[list[Placement] | Exception]:
         if len(requests) == 1:
             alone: list[Placement] = await self._send(requests[0])
             return [alone]
         chunks = tuple(c for r in requests for c in r.chunks)
         first = requests[0]
-        merged: list[Placement] = await self._send(
-            Prepare(chunks, first.replication, min_replicas=first.min_replicas)
-        )
+        paths = tuple(p for r in requests for p in r.paths)
+        sent = tuple(n for r in requests for n in r.sent)
+        if len(paths) != len(chunks):  # a writer that named no files: none checked early
+            paths = sent = ()
+        try:
+            merged: list[Placement] = await self._send(
+                Prepare(
+                    chunks,
+                    first.replication,
+                    min_replicas=first.min_replicas,
+                    paths=paths,
+                    sent=sent,
+                )
+            )
+        except QuotaExceeded:  # one writer's: each goes alone, to be told its own outcome
+            outcomes: list[list[Placement] | BaseException] = await asyncio.gather(
+                *(self._send(r) for r in requests), return_exceptions=True
+            )
+            return [_outcome(o) for o in outcomes]
         placements = iter(merged)
         return [[next(placements) for _ in r.chunks] for r in requests]
 
@@ -694,3 +717,10 @@ class RemoteChunks:
         self._hashing.shutdown(wait=True)
         if self._owns_checker:
             self._checker.shutdown(wait=True)
+
+
+def _outcome(outcome: R | BaseException) -> R | Exception:
+    """A gathered outcome for a batcher: a result or an error; a cancellation is raised."""
+    if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+        raise outcome
+    return outcome

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .._types import Capability, ChunkRef, FileInfo, Stripe
+from .._types import Capability, ChunkRef, FileInfo, Stripe, TokenInfo
 from ..wire import WireError
 
 # Pages: no reply lists more than this, so no directory or file is too large.
@@ -36,6 +36,13 @@ class Placement(msgspec.Struct, frozen=True):
     """A cluster's permission to write it to those nodes (none embedded, or when not uploaded)."""
     minimum: int = 1
     """Copies the write needs durable before it may go on (degraded) without the rest."""
+
+
+class Issued(msgspec.Struct, frozen=True):
+    """A new token: what ``token ls`` will show of it, and its text (in this reply only)."""
+
+    info: TokenInfo
+    token: str = msgspec.field(default="")
 
 
 class Listing(msgspec.Struct, frozen=True):

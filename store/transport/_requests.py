@@ -34,8 +34,10 @@ from .._types import (
     Health,
     NodeState,
     Op,
+    QuotaState,
+    TokenInfo,
 )
-from ._replies import ChunkPage, Committed, Joined, Listing, Placement, Settings
+from ._replies import ChunkPage, Committed, Issued, Joined, Listing, Placement, Settings
 
 R = TypeVar("R")
 
@@ -160,6 +162,10 @@ class Prepare(Request[list[Placement]], frozen=True):
     avoid: tuple[str, ...] = ()
     min_replicas: int = 0
     """Fewest copies the write may go on with (0: the store's ``--min-replicas``)."""
+    paths: tuple[str, ...] = ()
+    """Each chunk's file (none: not checked against quotas until the commit)."""
+    sent: tuple[int, ...] = ()
+    """Each chunk's file's bytes before it: what the file takes of its quotas with it."""
 
 
 class Commit(Request[list[FileInfo]], frozen=True):
@@ -319,8 +325,80 @@ class GetClass(Request[ClassState], frozen=True):
     path: str
 
 
+class AddTenant(Request[QuotaState], frozen=True):
+    """Add a tenant with its root (made) and the root's quota (0: no limit of a kind)."""
+
+    response = QuotaState
+    name: str
+    root: str
+    max_bytes: int = 0
+    max_physical: int = 0
+    max_files: int = 0
+    key: str = ""
+
+
+class ListTenants(Request[dict[str, str]], frozen=True):
+    """Every tenant's root, by name."""
+
+    response = dict[str, str]
+
+
+class IssueToken(Request[Issued], frozen=True):
+    """A new token of a tenant, for a prefix within its root (``""``: the root)."""
+
+    response = Issued
+    tenant: str
+    prefix: str
+    rights: str
+    ttl_s: float
+
+
+class ListTokens(Request[list[TokenInfo]], frozen=True):
+    """Every token (of ``tenant``), never its secret."""
+
+    response = list[TokenInfo]
+    tenant: str = ""
+
+
+class RevokeTokens(Request[int], frozen=True):
+    """Revoke tokens by id, or every token of ``tenant``; how many were live."""
+
+    response = int
+    ids: tuple[str, ...] = ()
+    tenant: str = ""
+
+
+class SetQuota(Request[QuotaState], frozen=True):
+    """Set a directory's quota (0: no limit of a kind; all 0: clear it)."""
+
+    response = QuotaState
+    path: str
+    max_bytes: int = 0
+    max_physical: int = 0
+    max_files: int = 0
+    key: str = ""
+
+
+class GetQuotas(Request[list[QuotaState]], frozen=True):
+    """The quotas above, at and below a path (``""``: every one)."""
+
+    response = list[QuotaState]
+    path: str = ""
+
+
 KEYED: frozenset[type[Any]] = frozenset(
-    {MakeDir, Link, Remove, Rename, SetAttributes, Commit, Collectable, SetClass}
+    {
+        MakeDir,
+        Link,
+        Remove,
+        Rename,
+        SetAttributes,
+        Commit,
+        Collectable,
+        SetClass,
+        AddTenant,
+        SetQuota,
+    }
 )
 """Mutations that carry one idempotency key (``CommitEach`` carries one per batch)."""
 

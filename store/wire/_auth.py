@@ -35,7 +35,7 @@ from typing import Final
 
 import msgspec
 
-from .._config import ENV_SECRET, ENV_SECRET_FILE, ENV_TOKEN, env
+from .._config import ENV_SECRET, ENV_SECRET_FILE, ENV_TOKEN, ENV_TOKEN_FILE, env
 from .._errors import InvalidArgument, PermissionDenied, from_os_error
 from .._types import OPS, Capability, Op
 
@@ -55,7 +55,7 @@ chunk transfer and for clocks a little apart, short enough that a leaked one
 soon stops working. Clients ask for fresh ones as they run out."""
 _BAD_TOKEN: Final = (
     "invalid or missing token: give the client the cluster's secret "
-    f"(${ENV_SECRET_FILE}) or its token ($GRABEN_TOKEN)"
+    f"(${ENV_SECRET_FILE}) or a token (${ENV_TOKEN}, ${ENV_TOKEN_FILE})"
 )
 
 
@@ -88,9 +88,27 @@ def cluster_token(given: str | None) -> str:
         return given
     if token := env(ENV_TOKEN):
         return token
+    if file := env(ENV_TOKEN_FILE):
+        return read_token_file(file)
     if not (env(ENV_SECRET) or env(ENV_SECRET_FILE)):
         return ""
     return client_token(load_secret())
+
+
+def read_token_file(path: str | Path) -> str:
+    """A token kept in a file (``--token-file``, ``$GRABEN_TOKEN_FILE``): its stripped text,
+    refused if group or others may read it, or if it is empty."""
+    try:
+        with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            data = f.read(MAX_SECRET + 1)
+    except OSError as exc:
+        raise from_os_error(exc, str(path)) from None
+    _refuse_exposed(Path(path), mode, "token")
+    text = data.strip().decode("ascii", "replace")
+    if not text or len(data) > MAX_SECRET:
+        raise InvalidArgument(f"token file {path} holds no token")
+    return text
 
 
 def new_secret() -> str:
@@ -191,18 +209,18 @@ def _read_secret_file(path: Path) -> bytes:
     except OSError as exc:
         raise from_os_error(exc, str(path)) from None
     # Checked on the opened file (fstat), so a swap after a stat cannot slip by.
-    _refuse_exposed(path, mode)
+    _refuse_exposed(path, mode, "secret")
     return _checked_secret(data.strip(), str(path))
 
 
-def _refuse_exposed(path: Path, mode: int) -> None:
+def _refuse_exposed(path: Path, mode: int, what: str) -> None:
     """Refuse a regular file that group or others may access, as ssh does.
 
     Pipes and devices (``<(cmd)``, ``/dev/stdin``) carry no meaningful mode and pass.
     """
     if stat.S_ISREG(mode) and mode & 0o077:
         raise InvalidArgument(
-            f"secret file {path} is accessible by group or others "
+            f"{what} file {path} is accessible by group or others "
             f"(mode {stat.S_IMODE(mode):04o}); run: chmod 600 {path}"
         )
 

@@ -188,6 +188,36 @@ MIGRATIONS = (
     ){rowid};
     CREATE INDEX pieces_by_piece ON pieces (piece);
     """,
+    # 11: tenants (``meta/_tenants.py``): each one's root; their tokens, each kept as a
+    # digest of its secret; and the quotas of directories (a tenant's is its root's),
+    # each with the usage of its tree, moved in the transactions that change it.
+    """
+    CREATE TABLE tenants (
+        name {text} PRIMARY KEY,
+        root {text} NOT NULL,
+        made {real} NOT NULL
+    ){rowid};
+    CREATE TABLE tokens (
+        id {text} PRIMARY KEY,
+        tenant {text} NOT NULL,
+        digest {text} NOT NULL,
+        prefix {text} NOT NULL,
+        rights {text} NOT NULL,
+        expires {real} NOT NULL,
+        made {real} NOT NULL,
+        revoked {real} NOT NULL DEFAULT 0
+    ){rowid};
+    CREATE TABLE quotas (
+        path {text} PRIMARY KEY,
+        tenant {text} NOT NULL,
+        max_bytes {int} NOT NULL,
+        max_physical {int} NOT NULL,
+        max_files {int} NOT NULL,
+        bytes {int} NOT NULL,
+        physical {int} NOT NULL,
+        files {int} NOT NULL
+    ){rowid};
+    """,
 )
 
 

@@ -46,6 +46,7 @@ from ._rows import (
 )
 from ._sql_records import SqlRecords
 from ._sql_stripes import SqlStripes
+from ._sql_tenants import SqlTenants
 
 MAX_DEPTH = MAX_PATH_BYTES // 2
 """Directories ``path_of`` climbs at most (a path of one-letter names is that deep)."""
@@ -60,7 +61,7 @@ EXTENT_ROWS = (
 )
 
 
-class SqlTx(SqlRecords, SqlStripes, CheckedRows):
+class SqlTx(SqlRecords, SqlStripes, SqlTenants, CheckedRows):
     """A transaction on one connection (see ``Tx`` in ``meta/_repo.py``).
 
     A subclass gives ``_execute`` (one statement) and ``_many`` (one

@@ -1,0 +1,318 @@
+"""What a tenant's token may do: each request checked against its scope.
+
+A metadata service resolves a call's token to a ``Scope`` (``TokenCache``):
+``None`` for the cluster's own token (servers and operators: everything), or
+the tenant, prefix and rights a tenant's token was issued with. The cache
+reads the engine's tokens again once it is ``REFRESH_S`` old, so a token
+revoked through any service is refused by every service within that time.
+
+``authorize`` runs before a request is executed. Reads need ``r`` and a path
+at or below the prefix; writes need ``w``, and may neither remove nor move
+the prefix itself; classes and the quotas of directories strictly below the
+prefix need ``a``. The directories above the prefix may be looked at (stat),
+and listing one shows only the entry on the way to the prefix
+(``narrow_listing``); the change feed shows only paths the scope reaches
+(``narrow_feed``). A read capability for a chunk is granted only if a file
+the scope reaches uses it; a tenant gets no delete capability, and none of
+the operator's requests (tenants, tokens, nodes, fsck, collection).
+
+Errors name the token's id, never its secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import msgspec
+
+from .. import _paths
+from .._errors import PermissionDenied
+from .._types import ChangeFeed, TokenInfo
+from ..transport import (
+    Changes,
+    Commit,
+    CommitEach,
+    GetClass,
+    GetLayout,
+    GetQuotas,
+    GetSettings,
+    GetStoreId,
+    Grant,
+    Link,
+    ListDir,
+    Listing,
+    ListNodes,
+    MakeDir,
+    Prepare,
+    Remove,
+    Rename,
+    ReportBad,
+    Request,
+    SetAttributes,
+    SetClass,
+    SetQuota,
+    Stat,
+    Usage,
+)
+from ..wire import auth
+from ._namespace import Namespace
+from ._repo import TokenRow
+from ._tenants import digest, parse_token
+from ._walk import info, resolve
+
+REFRESH_S = 0.5
+"""How old a service's copy of the tokens may be: a revocation holds everywhere within it."""
+UNKNOWN_MAX = 4096
+"""Unknown ids remembered at most (a flood of made-up ones costs a lookup each, no more)."""
+USER_PAGES = 16
+"""Pages of a chunk's files looked through for one the scope reaches."""
+_OPEN = (GetStoreId, GetSettings, ListNodes, Changes)
+"""What any valid token may ask (node addresses: a client needs them to reach chunks)."""
+
+
+class Scope(msgspec.Struct, frozen=True):
+    """What one tenant's token reaches."""
+
+    token: str
+    """Its id."""
+    tenant: str
+    prefix: str
+    rights: str
+
+    def reaches(self, path: str) -> bool:
+        """Whether ``path`` is the prefix or below it."""
+        return _paths.is_within(_paths.normalize(path), self.prefix)
+
+    def leads_to(self, path: str) -> bool:
+        """Whether ``path`` is a directory above the prefix."""
+        return _paths.is_within(self.prefix, _paths.normalize(path))
+
+    def need(self, right: str, *paths: str) -> None:
+        """``PermissionDenied`` unless the token has ``right`` and reaches every path."""
+        words = {"r": "read", "w": "write", "a": "admin"}
+        if right not in self.rights:
+            raise PermissionDenied(
+                f"token {self.token} has no {words[right]} right (it has {self.rights})",
+                paths[0] if paths else None,
+            )
+        for path in paths:
+            if not self.reaches(path):
+                raise PermissionDenied(
+                    f"token {self.token} reaches {self.prefix} only", _paths.normalize(path)
+                )
+
+
+def authorize(scope: Scope, request: Request[Any]) -> None:
+    """``PermissionDenied`` unless ``scope`` may make ``request`` (what can be told
+    without the engine; ``verify`` tells the rest on an engine thread)."""
+    if isinstance(request, _OPEN):
+        return
+    if isinstance(request, Stat | ListDir) and scope.leads_to(request.path):
+        return  # a directory above the prefix: its attributes, the entry on the way
+    if isinstance(request, Grant) and request.op == "delete":
+        raise PermissionDenied(f"token {scope.token} may not delete chunks (collection)")
+    needs = _NEEDS.get(type(request))
+    if needs is None:
+        raise PermissionDenied(
+            f"{type(request).__name__} is the operator's: it needs the cluster's secret, "
+            f"not tenant {scope.tenant}'s token"
+        )
+    right, paths = needs(request)
+    scope.need(right, *paths)
+    field = _NOT_THE_PREFIX.get(type(request))
+    if field is not None and _paths.normalize(getattr(request, field)) == scope.prefix:
+        raise PermissionDenied(
+            f"token {scope.token} may change what is below {scope.prefix}, not it",
+            scope.prefix,
+        )
+
+
+_NEEDS: dict[type[Any], Callable[[Any], tuple[str, tuple[str, ...]]]] = {
+    Stat: lambda r: ("r", (r.path,)),
+    ListDir: lambda r: ("r", (r.path,)),
+    GetLayout: lambda r: ("r", (r.path,)),
+    Usage: lambda r: ("r", (r.path,)),
+    GetClass: lambda r: ("r", (r.path,)),
+    GetQuotas: lambda r: ("r", (r.path,) if r.path else ()),
+    Remove: lambda r: ("w", (r.path,)),
+    Rename: lambda r: ("w", (r.src, r.dst, *(f.path for f in r.files))),
+    Link: lambda r: ("w", (r.src, r.dst)),
+    MakeDir: lambda r: ("w", (r.path,)),
+    SetAttributes: lambda r: ("w", (r.path,)),
+    Commit: lambda r: ("w", tuple(f.path for f in r.files)),
+    CommitEach: lambda r: ("w", tuple(f.path for b in r.batches for f in b)),
+    Prepare: lambda r: ("w", r.paths),
+    SetClass: lambda r: ("a", (r.path,)),
+    SetQuota: lambda r: ("a", (r.path,)),
+    Grant: lambda r: ("r" if r.op == "read" else "w", ()),
+    ReportBad: lambda r: ("r", ()),
+}
+"""Each request a tenant may make: the right it needs, and the paths it must reach."""
+_NOT_THE_PREFIX = {Remove: "path", Rename: "src", SetQuota: "path"}
+"""Requests that may not name the prefix itself: it is the operator's to move, remove or
+give a quota (a tenant's root quota is the operator's)."""
+
+
+def verify(namespace: Namespace, scope: Scope, request: Request[Any]) -> None:
+    """On an engine thread: what ``authorize`` cannot tell from the request alone.
+
+    An inode an earlier page pinned must be one the scope reaches; a chunk read
+    capability or damage report needs a file the scope reaches to use the chunk.
+    """
+    pinned = request.directory if isinstance(request, ListDir) else 0
+    pinned = request.inode if isinstance(request, GetLayout) else pinned
+    if pinned:
+        with namespace.repo.read() as tx:
+            where = tx.path_of(pinned)
+        if where is None or not scope.reaches(where):
+            raise PermissionDenied(f"token {scope.token} reaches {scope.prefix} only")
+    chunks: Iterable[str] = ()
+    if isinstance(request, Grant) and request.op == "read":
+        chunks = request.chunks
+    elif isinstance(request, ReportBad):
+        chunks = (request.chunk,)
+    for chunk in chunks:
+        if not _uses(namespace, scope, chunk):
+            raise PermissionDenied(f"token {scope.token} reaches no file using chunk {chunk}")
+
+
+def needs_engine(request: Request[Any]) -> bool:
+    """Whether ``verify`` has anything to look up for ``request``."""
+    return (
+        (isinstance(request, ListDir) and bool(request.directory))
+        or (isinstance(request, GetLayout) and bool(request.inode))
+        or (isinstance(request, Grant) and request.op == "read")
+        or isinstance(request, ReportBad)
+    )
+
+
+def narrow(scope: Scope, request: Request[Any], result: Any) -> Any:
+    """``result`` as the scope may see it: the feed, paths the scope reaches; quotas,
+    those the scope reaches and its tenant's own."""
+    if isinstance(request, Changes):
+        assert isinstance(result, ChangeFeed)
+        kept = tuple(c for c in result.changes if scope.reaches(c.path))
+        return msgspec.structs.replace(result, changes=kept)
+    if isinstance(request, GetQuotas):
+        return [q for q in result if scope.reaches(q.path) or q.tenant == scope.tenant]
+    return result
+
+
+def listing_above(namespace: Namespace, scope: Scope, path: str) -> Listing:
+    """A directory above the prefix as the scope lists it: the entry on the way, if any."""
+    parts = _paths.split(path)
+    step = _paths.split(scope.prefix)[: len(parts) + 1]
+    with namespace.repo.read() as tx:
+        try:
+            node = resolve(tx, step, _paths.join_parts(step))
+        except FileNotFoundError:
+            return Listing([])
+    return Listing([info(_paths.join_parts(step), node)])
+
+
+def _uses(namespace: Namespace, scope: Scope, chunk: str) -> bool:
+    """Whether a file the scope reaches uses ``chunk`` (or the chunk it is a piece of)."""
+    after = 0
+    for _ in range(USER_PAGES):
+        page = namespace.chunk_users(chunk, after)
+        if not page:
+            return False
+        if any(path and scope.reaches(path) for _, path in page):
+            return True
+        after = page[-1][0]
+    return False
+
+
+class TokenCache:
+    """A service's copy of the tokens, read again once ``REFRESH_S`` old."""
+
+    def __init__(
+        self, secret: bytes, load: Callable[[list[str] | None], Awaitable[list[TokenRow]]]
+    ) -> None:
+        """``load``: the engine's tokens with these ids (every one: ``None``)."""
+        self._secret, self._load = secret, load
+        self._tokens: dict[str, TokenRow] = {}
+        self._at = -1e9
+        self._loading: asyncio.Future[None] | None = None
+        self._unknown: dict[str, float] = {}
+        """Ids looked for and not found lately: not looked for again within ``REFRESH_S``."""
+
+    def cluster(self, token: str) -> bool:
+        """Whether ``token`` is the cluster's own (the secret's)."""
+        return hmac.compare_digest(
+            token.encode("utf-8", "surrogatepass"), auth.client_token(self._secret).encode()
+        )
+
+    async def scope(self, token: str) -> Scope | None:
+        """The scope of a call's token: ``None`` for the cluster's own; else its tenant's,
+        or ``PermissionDenied`` (unknown, wrong, revoked or expired)."""
+        if self.cluster(token):
+            return None
+        parsed = parse_token(token)
+        if parsed is None:
+            auth.check_token(self._secret, token)  # the message says what to set
+            raise AssertionError("unreachable")
+        ident, secret = parsed
+        if time.monotonic() - self._at > REFRESH_S:
+            await self._refresh()
+        if ident not in self._tokens:
+            await self._look_for(ident)  # issued through another service since the refresh
+        return _checked(self._tokens.get(ident), ident, secret)
+
+    def admit(self, token: str) -> None:
+        """Before a large request is read: the cluster's token, or a tenant's one not known
+        to be bad (it is checked in full with the request)."""
+        if self.cluster(token):
+            return
+        parsed = parse_token(token)
+        if parsed is None:
+            auth.check_token(self._secret, token)
+            return
+        if (row := self._tokens.get(parsed[0])) is not None:
+            _checked(row, *parsed)
+
+    async def _look_for(self, ident: str) -> None:
+        now = time.monotonic()
+        if now - self._unknown.get(ident, -1e9) < REFRESH_S:
+            return
+        if len(self._unknown) >= UNKNOWN_MAX:
+            self._unknown.clear()
+        for found, kept in await self._load([ident]):
+            self._tokens[found.id] = (found, kept)
+            return
+        self._unknown[ident] = now
+
+    async def _refresh(self) -> None:
+        """Read every token again (one read at a time; the others wait for it)."""
+        if self._loading is not None:
+            await asyncio.shield(self._loading)
+            return
+        self._loading = asyncio.get_running_loop().create_future()
+        try:
+            rows = await self._load(None)
+            self._tokens = {info.id: (info, kept) for info, kept in rows}
+            self._at = time.monotonic()
+        finally:
+            self._loading.set_result(None)
+            self._loading = None
+
+
+def _checked(row: TokenRow | None, ident: str, secret: str) -> Scope:
+    if row is None:
+        raise PermissionDenied(f"token {ident} is not known to this cluster")
+    info, kept = row
+    if not hmac.compare_digest(digest(secret), kept):
+        raise PermissionDenied(f"token {ident} is not known to this cluster")
+    if info.revoked:
+        raise PermissionDenied(f"token {ident} was revoked")
+    if not time.time() < info.expires:
+        raise PermissionDenied(f"token {ident} expired")
+    return _scope(info)
+
+
+def _scope(info: TokenInfo) -> Scope:
+    return Scope(info.id, info.tenant, info.prefix, info.rights)
