@@ -161,11 +161,7 @@ def _create(args: argparse.Namespace) -> int:
 def _tokens(args: argparse.Namespace) -> int:
     with open_client(args.store, args) as client:
         tokens = client.tokens(args.tenant)
-    if args.json:
-        out.emit_json(tokens)
-    else:
-        out.emit_lines(_token_line(t) for t in tokens)
-    return 0
+    return _emit(args, tokens, [_token_line(t) for t in tokens])
 
 
 def _revoke(args: argparse.Namespace) -> int:
@@ -180,11 +176,7 @@ def _revoke(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     with open_client(args.store, args) as client:
         quotas = client.quotas(args.path)
-    if args.json:
-        out.emit_json(quotas)
-    else:
-        out.emit_lines(_quota_lines(quotas, human=args.human))
-    return 0
+    return _emit(args, quotas, _quota_lines(quotas, human=args.human))
 
 
 def _set(args: argparse.Namespace) -> int:
@@ -199,6 +191,15 @@ def _set(args: argparse.Namespace) -> int:
 def _clear(args: argparse.Namespace) -> int:
     with open_client(args.store, args) as client:
         client.set_quota(args.path)
+    return 0
+
+
+def _emit(args: argparse.Namespace, value: object, lines: list[str]) -> int:
+    """``value`` as JSON with ``--json``, else ``lines``."""
+    if args.json:
+        out.emit_json(value)
+    else:
+        out.emit_lines(lines)
     return 0
 
 

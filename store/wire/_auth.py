@@ -98,13 +98,7 @@ def cluster_token(given: str | None) -> str:
 def read_token_file(path: str | Path) -> str:
     """A token kept in a file (``--token-file``, ``$GRABEN_TOKEN_FILE``): its stripped text,
     refused if group or others may read it, or if it is empty."""
-    try:
-        with open(path, "rb") as f:
-            mode = os.fstat(f.fileno()).st_mode
-            data = f.read(MAX_SECRET + 1)
-    except OSError as exc:
-        raise from_os_error(exc, str(path)) from None
-    _refuse_exposed(Path(path), mode, "token")
+    data = _read_private(Path(path), "token")
     text = data.strip().decode("ascii", "replace")
     if not text or len(data) > MAX_SECRET:
         raise InvalidArgument(f"token file {path} holds no token")
@@ -202,6 +196,11 @@ def _same(given: str, expected: str) -> bool:
 
 
 def _read_secret_file(path: Path) -> bytes:
+    return _checked_secret(_read_private(path, "secret").strip(), str(path))
+
+
+def _read_private(path: Path, what: str) -> bytes:
+    """A credential file's first ``MAX_SECRET + 1`` bytes, refused if others may read it."""
     try:
         with open(path, "rb") as f:
             mode = os.fstat(f.fileno()).st_mode
@@ -209,8 +208,8 @@ def _read_secret_file(path: Path) -> bytes:
     except OSError as exc:
         raise from_os_error(exc, str(path)) from None
     # Checked on the opened file (fstat), so a swap after a stat cannot slip by.
-    _refuse_exposed(path, mode, "secret")
-    return _checked_secret(data.strip(), str(path))
+    _refuse_exposed(path, mode, what)
+    return data
 
 
 def _refuse_exposed(path: Path, mode: int, what: str) -> None:
