@@ -28,6 +28,7 @@ WORKLOAD_MODULES = (
         "store",
         "sealed",
         "cluster",
+        "tenants",
         "latency",
         "tls",
         "faults",

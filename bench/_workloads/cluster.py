@@ -334,22 +334,30 @@ def cluster_small_files(ctx: Context) -> list[Result]:
     ]
 
 
-async def _small_graben(urls: list[str], payloads: list[bytes], ctx: Context) -> float:
-    clients = [AsyncClient(url) for url in urls]
+async def _small_graben(
+    urls: list[str],
+    payloads: list[bytes],
+    ctx: Context,
+    *,
+    token: str | None = None,
+    root: str = BENCH_ROOT,
+) -> float:
+    """Seconds for ``CLIENTS`` writers to put ``payloads`` under ``root`` (then removed)."""
+    clients = [AsyncClient(url, token=token) for url in urls]
     try:
         queue = list(enumerate(payloads))
 
         async def worker(client: AsyncClient) -> None:
             while queue:
                 i, data = queue.pop()
-                await client.put(f"{BENCH_ROOT}/small/{i}", data, replication=1)
+                await client.put(f"{root}/small/{i}", data, replication=1)
 
         with ctx.step(f"cluster small files, {CLIENTS} clients", len(payloads)) as tick:
             start = perf_counter()
             await asyncio.gather(*(worker(clients[i % len(clients)]) for i in range(CLIENTS)))
             seconds = perf_counter() - start
             tick(len(payloads))
-        await clients[0].rm(BENCH_ROOT, recursive=True)
+        await clients[0].rm(root, recursive=True)
     finally:
         for client in clients:
             await client.close()

@@ -86,9 +86,9 @@ class Commits:
         that would take a quota past its limit is refused before it is sent.
         """
         copies = self._replication(replication)
-        self.check_room(chunks, paths, sent, copies)
         least = self._minimum(copies, min_replicas)
         with self.repo.read() as tx:
+            self.check_room(tx, chunks, paths, sent, copies)
             held = tx.referenced(c.id for c in chunks)
         return [self._placement(c, held.get(c.id), copies, least, avoid) for c in chunks]
 
@@ -121,7 +121,12 @@ class Commits:
         raise NotImplementedError  # Quotas'
 
     def check_room(
-        self, chunks: Sequence[ChunkRef], paths: Sequence[str], sent: Sequence[int], copies: int
+        self,
+        tx: Tx,
+        chunks: Sequence[ChunkRef],
+        paths: Sequence[str],
+        sent: Sequence[int],
+        copies: int,
     ) -> None:
         raise NotImplementedError  # Quotas'
 

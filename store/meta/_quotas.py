@@ -77,7 +77,12 @@ class Quotas:
                 _refuse_over(after, used, (files, size, physical), first[directory])
 
     def check_room(
-        self, chunks: Sequence[ChunkRef], paths: Sequence[str], sent: Sequence[int], copies: int
+        self,
+        tx: Tx,
+        chunks: Sequence[ChunkRef],
+        paths: Sequence[str],
+        sent: Sequence[int],
+        copies: int,
     ) -> None:
         """``QuotaExceeded`` if a chunk of a file (its path, and the file's bytes before
         it) kept in ``copies`` copies would not fit its quotas as they are committed now:
@@ -87,8 +92,7 @@ class Quotas:
         if len(paths) != len(chunks) or len(sent) != len(chunks):
             raise InvalidArgument(f"{len(chunks)} chunks to place with {len(paths)} paths")
         clean = [_paths.normalize(p) for p in paths]
-        with self.repo.read() as tx:
-            quotas = {q.path: q for q in tx.quotas({d for p in clean for d in above(p)})}
+        quotas = {q.path: q for q in tx.quotas({d for p in clean for d in above(p)})}
         if not quotas:
             return
         for ref, path, before in zip(chunks, clean, sent, strict=True):

@@ -75,15 +75,20 @@ from ._requests import (
     GetClass,
     GetHealth,
     GetLayout,
+    GetQuotas,
     GetSettings,
     GetStoreId,
     Grant,
     Heartbeat,
+    IssueToken,
     ListDir,
     ListNodes,
+    ListTenants,
+    ListTokens,
     Prepare,
     ReportBad,
     Request,
+    RevokeTokens,
     Stat,
     Usage,
     with_key,
@@ -117,10 +122,17 @@ RETRYABLE = frozenset(
         Grant,
         Changes,
         GetClass,
+        ListTenants,
+        ListTokens,
+        GetQuotas,
+        RevokeTokens,
+        IssueToken,
     }
 )
 """Requests that may be repeated as they are: reads, and writes whose repeat changes
-nothing. Mutations (``KEYED``, ``CommitEach``) are repeated too, with their key."""
+nothing. Mutations (``KEYED``, ``CommitEach``) are repeated too, with their key.
+``IssueToken`` is not keyed (its reply, the token, must not be kept in the engine): a
+repeat issues another token, and the one whose reply was lost is never known to anyone."""
 
 NodeLister = Callable[[], Awaitable[list[NodeState]]]
 GrantFetcher = Callable[[tuple[str, ...], Op], Awaitable[list[Capability]]]

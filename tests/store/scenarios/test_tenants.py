@@ -257,10 +257,9 @@ def test_quotas_hold_under_16_writers_and_rm_gives_back(
         assert files == quota.files and quota.physical == 2 * quota.bytes
         assert "tenant q's quota at /teams/q" in str(refused[0])
 
-        big = client.open("/teams/q/big", "wb")
-        with pytest.raises(QuotaExceeded):  # a big file is refused before its bytes go
+        # A big file is refused before its bytes go.
+        with pytest.raises(QuotaExceeded), client.open("/teams/q/big", "wb") as big:
             big.write(os.urandom(8 * MiB))
-            big.close()
         client.rm("/teams/q/w0", recursive=True)
         after = client.quotas("/teams/q")[0]
         assert after.bytes < quota.bytes and after.files < quota.files
