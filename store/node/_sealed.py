@@ -113,24 +113,17 @@ class Sealer:
         sealed: memoryview,
         into: memoryview,
         pool: Executor | None = None,
-        fill: Callable[[int, memoryview], None] | None = None,
     ) -> None:
         """Fill ``into`` (the chunk's length) from a sealed file's bytes, or raise
-        ``IntegrityError`` if they are not what was sealed under this id and key.
-        ``fill(at, view)``: read those bytes of the file into ``sealed`` first, each
-        segment's by the thread that opens it (reads and decryption side by side)."""
+        ``IntegrityError`` if they are not what was sealed under this id and key."""
         from cryptography.exceptions import InvalidTag
 
         if sealed.nbytes != sealed_length(into.nbytes):
             raise IntegrityError(f"sealed chunk {chunk_id} has the wrong length")
-        if fill is not None:
-            fill(0, sealed[:SALT])
         salt = bytes(sealed[:SALT])
         jobs = [(i, *_spans(into.nbytes, i)) for i in range(_segments(into.nbytes))]
 
         def one(i: int, start: int, n: int, at: int) -> None:
-            if fill is not None:
-                fill(at, sealed[at : at + n + TAG])
             tag = bytes(sealed[at + n : at + n + TAG])
             decryptor = self._cipher(salt, i, tag).decryptor()
             decryptor.authenticate_additional_data(_aad(chunk_id, i, len(jobs)))
