@@ -313,6 +313,9 @@ class Tx(Protocol):
     def short_stripes(self, alive: Iterable[str], limit: int) -> list[tuple[ChunkRef, Stripe]]:
         """Up to ``limit`` referenced striped chunks with a piece on no node of ``alive``."""
 
+    def striped(self, pieces: Iterable[str]) -> dict[str, str]:
+        """Of these ids, those that are pieces of a stripe, each with its chunk's id."""
+
     def place_piece(self, chunk: str, index: int, was: str, node: str) -> None:
         """Record that piece ``index`` of a chunk is now on ``node`` (if still on ``was``)."""
 

@@ -88,8 +88,9 @@ class Scope(msgspec.Struct, frozen=True):
         return _paths.is_within(_paths.normalize(path), self.prefix)
 
     def leads_to(self, path: str) -> bool:
-        """Whether ``path`` is a directory above the prefix."""
-        return _paths.is_within(self.prefix, _paths.normalize(path))
+        """Whether ``path`` is a directory above the prefix (not the prefix itself)."""
+        clean = _paths.normalize(path)
+        return clean != self.prefix and _paths.is_within(self.prefix, clean)
 
     def need(self, right: str, *paths: str) -> None:
         """``PermissionDenied`` unless the token has ``right`` and reaches every path."""
@@ -216,6 +217,8 @@ def listing_above(namespace: Namespace, scope: Scope, path: str) -> Listing:
 
 def _uses(namespace: Namespace, scope: Scope, chunk: str) -> bool:
     """Whether a file the scope reaches uses ``chunk`` (or the chunk it is a piece of)."""
+    with namespace.repo.read() as tx:
+        chunk = tx.striped([chunk]).get(chunk, chunk)
     after = 0
     for _ in range(USER_PAGES):
         page = namespace.chunk_users(chunk, after)

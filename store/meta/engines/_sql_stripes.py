@@ -99,6 +99,10 @@ class SqlStripes:
         found = self.stripes(ref.id for ref in refs)
         return [(ref, found[ref.id]) for ref in refs if ref.id in found]
 
+    def striped(self, pieces: Iterable[str]) -> dict[str, str]:
+        rows = self._rows("SELECT piece, chunk FROM pieces WHERE piece = ANY(%s)", (list(pieces),))
+        return {str(piece): str(chunk) for piece, chunk in rows}
+
     def place_piece(self, chunk: str, index: int, was: str, node: str) -> None:
         self._execute(
             "UPDATE pieces SET node = %s WHERE chunk = %s AND idx = %s AND node IN (%s, '')",

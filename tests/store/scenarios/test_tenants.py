@@ -20,7 +20,7 @@ from pathlib import Path
 
 import fsspec
 import pytest
-from cluster_kit import LocalCluster
+from cluster_kit import LocalCluster, eventually
 
 from graben.store import Client, PermissionDenied, QuotaExceeded, connect
 from graben.store.client import _loop
@@ -115,6 +115,42 @@ def test_a_capability_of_its_own_does_not_read_bs_chunks(
     grants._held[(chunk.id, "read")] = own  # its own capability, shown for b's chunk
     with pytest.raises(PermissionDenied, match="another chunk"):
         _loop.run(team_a.aio.chunks.read(node, chunk, memoryview(bytearray(chunk.length))))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_rights_are_what_the_token_was_given(cluster: LocalCluster, operator: Client) -> None:
+    writer = operator.issue_token("a", rights="w", ttl_s=600)
+    admin = operator.issue_token("a", prefix="/teams/a", rights="rwa", ttl_s=600)
+    with connect(cluster.url, token=writer) as client:
+        client.put("/teams/a/dropped", b"x")
+        for attempt in (lambda: client.ls("/teams/a"), lambda: client.get("/teams/a/dropped")):
+            with pytest.raises(PermissionDenied, match="has no read right"):
+                attempt()
+    with connect(cluster.url, token=admin) as client:
+        client.mkdir("/teams/a/ec")
+        assert client.set_class("/teams/a/ec", "ec:2+1") == "ec:2+1"
+        client.set_quota("/teams/a/ec", max_files=10)
+        with pytest.raises(PermissionDenied, match="not it"):  # its root's quota: the operator's
+            client.set_quota("/teams/a", max_bytes=1 << 50)
+
+
+def test_a_tenant_reads_its_erasure_coded_files_as_their_grants_run_out(
+    cluster: LocalCluster, operator: Client, team_a: Client
+) -> None:
+    operator.mkdir("/teams/a/coded", exist_ok=True)
+    operator.set_class("/teams/a/coded", "ec:2+1")
+    data = os.urandom(3 * MiB)
+    team_a.put("/teams/a/coded/f", data)
+    converted = lambda: team_a.storage_class("/teams/a/coded/f").converted == 1  # noqa: E731
+    eventually(converted, 60)
+    layout = _loop.run(team_a.aio.meta.request(GetLayout("/teams/a/coded/f")))
+    pieces = tuple(p.id for stripe in layout.stripes.values() for p in stripe.pieces)
+    assert len(pieces) == 3
+    fresh = _loop.run(team_a.aio.meta.request(Grant(pieces, "read")))  # as after 10 minutes
+    assert {c.chunk for c in fresh} == set(pieces)
+    with pytest.raises(PermissionDenied):
+        _loop.run(team_a.aio.meta.request(Grant(("0" * 64,), "read")))
+    assert team_a.get("/teams/a/coded/f") == data
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
