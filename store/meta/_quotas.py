@@ -24,7 +24,7 @@ within its quotas; its quotas move with it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from .. import _paths
 from .._errors import CrossDevice, InvalidArgument, NotADirectory, QuotaExceeded
@@ -163,16 +163,9 @@ class Quotas:
     def usage(self, path: str) -> tuple[int, int]:
         """(files, bytes) at or below a path, each name counted."""
         parts = _paths.split(path)
-        files = size = 0
         with self.repo.read() as tx:
-            pending = [resolve(tx, parts, path)]
-            while pending:
-                node = pending.pop()
-                if node.kind == "file":
-                    files, size = files + 1, size + node.size
-                else:
-                    pending.extend(child for _, child in tx.children(node.id))
-        return files, size
+            sizes = [node.size for node in _files(tx, resolve(tx, parts, path))]
+        return len(sizes), sum(sizes)
 
     def held(self, node: Inode) -> tuple[int, int, int]:
         """What a file holds against its quotas: one file, its bytes, its bytes on disk."""
@@ -193,17 +186,20 @@ class Quotas:
 
     def _tree(self, tx: Tx, node: Inode) -> tuple[int, int, int]:
         """(files, bytes, bytes on disk) at and below ``node``, each file once."""
-        files, size, physical, seen = 0, 0, 0, set[int]()
-        pending = [node]
-        while pending:
-            current = pending.pop()
-            if current.kind == "directory":
-                pending.extend(child for _, child in tx.children(current.id))
-            elif current.id not in seen:
-                seen.add(current.id)
-                files, size = files + 1, size + current.size
-                physical += self.physical(current.size, current.replication)
-        return files, size, physical
+        once = {file.id: file for file in _files(tx, node)}.values()  # hard links: one file
+        held = [self.held(file) for file in once]
+        return len(held), sum(h[1] for h in held), sum(h[2] for h in held)
+
+
+def _files(tx: Tx, node: Inode) -> Iterator[Inode]:
+    """The file at each name at and below ``node`` (a file with two names: twice)."""
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if current.kind == "file":
+            yield current
+        else:
+            pending.extend(child for _, child in tx.children(current.id))
 
 
 def _refuse_over(

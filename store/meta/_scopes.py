@@ -31,7 +31,7 @@ import msgspec
 
 from .. import _paths
 from .._errors import PermissionDenied
-from .._types import ChangeFeed, TokenInfo
+from .._types import ChangeFeed
 from ..transport import (
     Changes,
     Commit,
@@ -70,6 +70,7 @@ UNKNOWN_MAX = 4096
 """Unknown ids remembered at most (a flood of made-up ones costs a lookup each, no more)."""
 USER_PAGES = 16
 """Pages of a chunk's files looked through for one the scope reaches."""
+_RIGHTS = {"r": "read", "w": "write", "a": "admin"}
 _OPEN = (GetStoreId, GetSettings, ListNodes, Changes)
 """What any valid token may ask (node addresses: a client needs them to reach chunks)."""
 
@@ -94,10 +95,9 @@ class Scope(msgspec.Struct, frozen=True):
 
     def need(self, right: str, *paths: str) -> None:
         """``PermissionDenied`` unless the token has ``right`` and reaches every path."""
-        words = {"r": "read", "w": "write", "a": "admin"}
         if right not in self.rights:
             raise PermissionDenied(
-                f"token {self.token} has no {words[right]} right (it has {self.rights})",
+                f"token {self.token} has no {_RIGHTS[right]} right (it has {self.rights})",
                 paths[0] if paths else None,
             )
         for path in paths:
@@ -244,21 +244,22 @@ class TokenCache:
         self._unknown: dict[str, float] = {}
         """Ids looked for and not found lately: not looked for again within ``REFRESH_S``."""
 
-    def cluster(self, token: str) -> bool:
-        """Whether ``token`` is the cluster's own (the secret's)."""
-        return hmac.compare_digest(
-            token.encode("utf-8", "surrogatepass"), auth.client_token(self._secret).encode()
-        )
+    def _tenants(self, token: str) -> tuple[str, str] | None:
+        """A tenant's token's (id, secret); ``None`` for the cluster's own token;
+        ``PermissionDenied`` (saying what to set) for anything else."""
+        if auth.is_client_token(self._secret, token):
+            return None
+        parsed = parse_token(token)
+        if parsed is None:
+            auth.check_token(self._secret, token)  # refuses it, saying what to set
+        return parsed
 
     async def scope(self, token: str) -> Scope | None:
         """The scope of a call's token: ``None`` for the cluster's own; else its tenant's,
         or ``PermissionDenied`` (unknown, wrong, revoked or expired)."""
-        if self.cluster(token):
-            return None
-        parsed = parse_token(token)
+        parsed = self._tenants(token)
         if parsed is None:
-            auth.check_token(self._secret, token)  # the message says what to set
-            raise AssertionError("unreachable")
+            return None
         ident, secret = parsed
         if time.monotonic() - self._at > REFRESH_S:
             await self._refresh()
@@ -269,13 +270,8 @@ class TokenCache:
     def admit(self, token: str) -> None:
         """Before a large request is read: the cluster's token, or a tenant's one not known
         to be bad (it is checked in full with the request)."""
-        if self.cluster(token):
-            return
-        parsed = parse_token(token)
-        if parsed is None:
-            auth.check_token(self._secret, token)
-            return
-        if (row := self._tokens.get(parsed[0])) is not None:
+        parsed = self._tenants(token)
+        if parsed is not None and (row := self._tokens.get(parsed[0])) is not None:
             _checked(row, *parsed)
 
     async def _look_for(self, ident: str) -> None:
@@ -314,8 +310,4 @@ def _checked(row: TokenRow | None, ident: str, secret: str) -> Scope:
         raise PermissionDenied(f"token {ident} was revoked")
     if not time.time() < info.expires:
         raise PermissionDenied(f"token {ident} expired")
-    return _scope(info)
-
-
-def _scope(info: TokenInfo) -> Scope:
     return Scope(info.id, info.tenant, info.prefix, info.rights)

@@ -175,7 +175,7 @@ class Tenants:
         if not ids and not tenant:
             raise InvalidArgument("name the tokens to revoke, or their tenant")
         with self.repo.read() as tx:
-            known = {info.id for info, _ in tx.tokens(ids)} if ids else set(ids)
+            known = {info.id for info, _ in tx.tokens(ids)}
         if missing := sorted(set(ids) - known):
             raise NotFound(f"no token {missing[0]}")
         now = time.time()

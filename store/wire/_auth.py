@@ -116,9 +116,14 @@ def client_token(secret: bytes) -> str:
     return hmac.new(_key(secret), _TOKEN_LABEL, hashlib.sha256).hexdigest()
 
 
+def is_client_token(secret: bytes, token: str) -> bool:
+    """Whether ``token`` is the secret's client token (compared in constant time)."""
+    return _same(token, client_token(secret))
+
+
 def check_token(secret: bytes, token: str) -> None:
     """Raise ``PermissionDenied`` unless ``token`` is the secret's client token."""
-    if not _same(token, client_token(secret)):
+    if not is_client_token(secret, token):
         raise PermissionDenied(_BAD_TOKEN)
 
 

@@ -66,12 +66,9 @@ class SqlTenants:
 
     def revoke(self, ids: Sequence[str], tenant: str, now: float) -> int:
         """Revoke these tokens, or every token of ``tenant``; how many were live."""
-        if tenant:
-            query, param = "tenant = %s", tenant
-        else:
-            query, param = "id = ANY(%s)", list(ids)  # type: ignore[assignment]
+        which, param = ("tenant = %s", tenant) if tenant else ("id = ANY(%s)", list(ids))
         found = self._rows(
-            f"UPDATE tokens SET revoked = %s WHERE {query} AND revoked = 0 RETURNING id",
+            f"UPDATE tokens SET revoked = %s WHERE {which} AND revoked = 0 RETURNING id",
             (now, param),
         )
         return len(found)
