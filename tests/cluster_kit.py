@@ -87,16 +87,19 @@ class LocalCluster:
             *("--listen", "127.0.0.1:0", *self._meta_options),
         )
 
-    def restart_meta(self, *, down_s: float = 0.0, engine: Path | None = None) -> None:
+    def restart_meta(
+        self, *, down_s: float = 0.0, engine: Path | None = None, repair: float | None = None
+    ) -> None:
         """SIGKILL the metadata service and start it again on the same port (and engine,
-        unless another is given)."""
+        unless another is given; repairing every ``repair`` seconds, if given)."""
         self.meta.send_signal(signal.SIGKILL)
         self.meta.wait()
         if self.meta.stdout is not None:
             self.meta.stdout.close()
         time.sleep(down_s)
         args = self._meta_args(engine or self.engine)
-        self.meta, _ = _spawn(*args, "--listen", self.meta_address)
+        again = () if repair is None else ("--repair-interval", str(repair))
+        self.meta, _ = _spawn(*args, *again, "--listen", self.meta_address)
         self.metas[0] = self.meta
 
     def kill_meta(self, i: int) -> None:

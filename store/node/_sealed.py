@@ -127,23 +127,28 @@ class Sealer:
             tag = bytes(sealed[at + n : at + n + TAG])
             decryptor = self._cipher(salt, i, tag).decryptor()
             decryptor.authenticate_additional_data(_aad(chunk_id, i, len(jobs)))
-            body, dest = sealed[at : at + n], into[start : start + n]
-            head = max(0, n - _SLACK)  # straight into ``into`` but for the last bytes
-            if head:
-                decryptor.update_into(body[:head], dest[: head + _SLACK])
-            if n > head:
-                rest = bytearray(n - head + _SLACK)
-                decryptor.update_into(body[head:], rest)
-                dest[head:] = rest[: n - head]
+            # Released on the way out, failing or not: ``sealed`` may be a mapped file,
+            # which cannot be unmapped while a view of it lives on (in a traceback's frame).
+            with sealed[at : at + n] as body, into[start : start + n] as dest:
+                head = max(0, n - _SLACK)  # straight into ``into`` but for the last bytes
+                if head:
+                    decryptor.update_into(body[:head], dest[: head + _SLACK])
+                if n > head:
+                    rest = bytearray(n - head + _SLACK)
+                    decryptor.update_into(body[head:], rest)
+                    dest[head:] = rest[: n - head]
             try:
                 decryptor.finalize()
             except InvalidTag:
-                raise IntegrityError(
-                    f"chunk {chunk_id} fails its authentication tag (damaged, renamed, or "
-                    "sealed under another key)"
-                ) from None
+                failed.append(i)
 
+        failed: list[int] = []
         _each(one, jobs, pool)
+        if failed:
+            raise IntegrityError(
+                f"chunk {chunk_id} fails its authentication tag in segment {min(failed)} of "
+                f"{len(jobs)} (damaged, renamed, or sealed under another key)"
+            )
 
     def _cipher(self, salt: bytes, index: int, tag: bytes | None = None) -> Any:
         from cryptography.hazmat.primitives.ciphers import Cipher, modes

@@ -1,5 +1,6 @@
 """Chunk files encrypted at rest: what the disk holds is no plaintext, what is read back is
-the bytes written, and a wrong or missing key, or a changed byte, is refused."""
+the bytes written, and a wrong or missing key, or a changed byte, is refused; a copy that
+fails its tag is a damaged copy like any other (reported, read past, repaired, listed)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from cluster_kit import LocalCluster
+from cluster_kit import LocalCluster, copies, eventually
 
-from graben.store import IntegrityError, InvalidArgument, PermissionDenied, connect
+from graben.store import Client, IntegrityError, InvalidArgument, PermissionDenied, connect
+from graben.store.client import _loop
 from graben.store.node import Sealer, load_key
 from graben.store.node._sealed import SALT, SEGMENT, TAG, plain_length, sealed_length
+from graben.store.transport._requests import GetLayout
 
 MARKER = b"GRABEN-PLAINTEXT-MARKER:"
 KiB = 1 << 10
@@ -24,6 +27,15 @@ def _key(path: Path, key: bytes | None = None) -> Path:
     path.write_bytes((key or os.urandom(32)).hex().encode() + b"\n")
     path.chmod(0o600)
     return path
+
+
+def _flip(path: Path, at: int) -> None:
+    """Change one bit of the byte at ``at`` in a file, in place (a disk's rot)."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x10]))
 
 
 def _plaintext_in(root: Path) -> list[Path]:
@@ -135,3 +147,69 @@ def test_a_cluster_keeps_no_plaintext_on_its_nodes_and_a_node_without_the_key_st
     )
     assert started.returncode == 1
     assert "encrypted chunk files: give the store's key" in started.stderr
+
+
+def _copy_read_first(cluster: LocalCluster, client: Client, path: str) -> Path:
+    """The chunk file of ``path``'s (one) chunk that readers try first."""
+    layout = _loop.run(client.aio.meta.request(GetLayout(path)))
+    [extent] = layout.extents
+    first = layout.replicas[extent.chunk.id][0]
+    [holder] = [
+        i for i in range(3) if (cluster.node_dir(i) / "node-id").read_text().strip() == first
+    ]
+    return next(p for p in cluster.chunk_files(holder) if p.name == extent.chunk.id)
+
+
+def test_a_flipped_byte_in_one_encrypted_copy_is_read_past_reported_listed_and_repaired(
+    tmp_path: Path,
+) -> None:
+    key = _key(tmp_path / "key")
+    cluster = LocalCluster(
+        tmp_path / "c", nodes=3, repair=3600.0, node_args=("--encryption-key-file", str(key))
+    )
+    read, listed = MARKER * (1_500 * KiB // len(MARKER)), MARKER * (700 * KiB // len(MARKER))
+    try:
+        with connect(cluster.url) as client:
+            client.put("/read", read)
+            client.put("/listed", listed)
+            _flip(_copy_read_first(cluster, client, "/read"), SALT + SEGMENT + 7)
+            victim = _copy_read_first(cluster, client, "/listed")
+            _flip(victim, SALT + 100)
+            assert client.get("/read") == read  # another copy served, the bad one reported
+            eventually(lambda: client.health().bad == 1)  # what `graben status` shows
+            report = client.fsck()  # lists the other, and does not crash on it
+            [problem] = report.problems
+            assert (problem.kind, problem.paths) == ("corrupt", ("/listed",))
+            assert victim.name in problem.where and "authentication tag" in problem.detail
+            assert client.health().bad == 2
+            cluster.restart_meta(repair=0.5)
+            eventually(lambda: copies(client, "/read") == copies(client, "/listed") == [3])
+            eventually(lambda: client.health().bad == 0 and not client.fsck().problems)
+            assert client.get("/read") == read and client.get("/listed") == listed
+        for i in range(3):  # the copies repair made are sealed too
+            assert len(cluster.chunk_files(i)) == 2
+            assert _plaintext_in(cluster.node_dir(i)) == []
+    finally:
+        cluster.close()
+
+
+def test_a_flipped_byte_in_an_embedded_encrypted_store_is_an_integrity_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GRABEN_ENCRYPTION_KEY_FILE", str(_key(tmp_path / "key")))
+    data, other = os.urandom(3 << 20), os.urandom(100 * KiB)
+    with connect(tmp_path / "store") as store:
+        store.put("/f", data)
+        store.put("/other", other)
+        [victim] = [
+            p for p in (tmp_path / "store" / "chunks").glob("??/??/*") if p.stat().st_size > 1 << 20
+        ]
+        _flip(victim, SALT + 2 * (SEGMENT + TAG) + 5)  # the last segment
+        with pytest.raises(IntegrityError, match="authentication tag in segment 2 of 3"):
+            store.get("/f")
+        with pytest.raises(IntegrityError, match="authentication tag"), store.open("/f") as f:
+            f.read()
+        assert store.get("/other") == other
+        [problem] = store.fsck().problems
+        assert (problem.kind, problem.paths) == ("corrupt", ("/f",))
+        assert victim.name in problem.where
