@@ -9,7 +9,9 @@ that also subclasses the builtin it means. ``optional_door`` is for graben's
 own doors: importing one without its extra raises ``MissingExtra`` (an
 ``ImportError``) naming it; ``serve_metrics`` serves a Prometheus registry
 at ``/metrics``, as the servers and the mount daemon do; ``AgentClient``
-(with ``SegmentKey`` and ``Held``) talks to a node's memory agent.
+(with ``SegmentKey`` and ``Held``) talks to a node's memory agent;
+``private_dir`` (with ``trusted_dir`` and ``private_child``) opens a local
+directory that must be the user's alone, walked from ``/``.
 """
 
 import importlib
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     )
     from ._extras import optional_door
     from ._paths import normalize as normalize_path
+    from ._paths import private_child, private_dir, trusted_dir
     from ._types import (
         Change,
         ChangeFeed,
@@ -90,7 +93,7 @@ _MODULES = {
         " Timeout TLSError Unavailable"
     ),
     "._extras": "optional_door",
-    "._paths": "normalize_path=normalize",
+    "._paths": "normalize_path=normalize private_child private_dir trusted_dir",
     "._types": (
         "Change ChangeFeed ChunkProblem ClassState FileInfo FsckReport PathChange QuotaState"
         " TokenInfo"
@@ -180,8 +183,11 @@ __all__ = [
     "normalize_path",
     "optional_door",
     "parse_size",
+    "private_child",
+    "private_dir",
     "read_token_file",
     "serve_metrics",
     "shared_client",
     "split_url",
+    "trusted_dir",
 ]
