@@ -125,6 +125,22 @@ class Capability(msgspec.Struct, frozen=True):
     store refuses it (``""``: minted for no store in particular)."""
 
 
+class Receipt(msgspec.Struct, frozen=True):
+    """A data node's signed word that it received and stored a chunk's bytes (after
+    checking their blake3): a writer's proof that it holds those bytes."""
+
+    chunk: str
+    """Id of the chunk stored."""
+    node: str
+    """Id of the node that stored it."""
+    expires: float
+    """Unix seconds; a commit must present it before this instant."""
+    mac: str
+    """Hex HMAC-SHA256 over (chunk, node, expires, store) under the cluster secret."""
+    store: str = ""
+    """Id of the node's store."""
+
+
 class Extent(msgspec.Struct, frozen=True):
     """A run of a file's bytes stored in one chunk."""
 
@@ -148,6 +164,8 @@ class StoredChunk(msgspec.Struct, frozen=True):
     data: bytes | None = None
     """The chunk's bytes, for the metadata engine to keep itself instead of any node
     (a small file: no placement, no node write; ``Settings.inline_max`` bytes at most)."""
+    receipts: tuple[Receipt, ...] = ()
+    """The nodes' receipts for their copies (a tenant's commit must show one per node)."""
 
 
 class Stripe(msgspec.Struct, frozen=True):

@@ -23,7 +23,17 @@ from .._buffers import BufferPool, in_thread
 from .._config import DEFAULT_REPLICA_DEADLINE
 from .._errors import CannotPlace, GrabenError, IntegrityError, NoSpace, Timeout, Unavailable
 from .._hashing import chunk_ref
-from .._types import Buffer, Change, ChunkRef, Extent, FileCommit, FileInfo, StoredChunk, WriteMode
+from .._types import (
+    Buffer,
+    Change,
+    ChunkRef,
+    Extent,
+    FileCommit,
+    FileInfo,
+    Receipt,
+    StoredChunk,
+    WriteMode,
+)
 from ..transport import ChunkTransport, Commit, MetaTransport, Prepare
 from ._slow import SlowNodes
 
@@ -159,9 +169,20 @@ class Upload:
         stored: list[str] = []
         failed: dict[str, GrabenError] = {}
         refusal: GrabenError | None = None
+        receipts: dict[str, Receipt] = {}
+
+        async def write(node: str) -> None:
+            receipt = await self._chunks.write(node, ref, data)
+            if receipt is not None:
+                receipts[node] = receipt
+
+        def done() -> StoredChunk:
+            kept = tuple(receipts[n] for n in stored if n in receipts)
+            return StoredChunk(ref, tuple(stored), receipts=kept)
+
         for _ in range(MAX_REPLACEMENTS + 1):
             trying = [n for n in nodes if not self._slow.slow(n)] or nodes  # none else: try
-            results = await self._slow.each({n: self._chunks.write(n, ref, data) for n in trying})
+            results = await self._slow.each({n: write(n) for n in trying})
             for node in nodes:
                 result = results.get(node, _passed_over(node))
                 if result is None:
@@ -172,7 +193,7 @@ class Upload:
                     raise result
             missing = len(nodes) - sum(results.get(n, False) is None for n in nodes)
             if not missing:
-                return StoredChunk(ref, tuple(stored))
+                return done()
             try:
                 again = await self._replacements(
                     ref, missing, max(1, minimum - len(stored)), (*stored, *failed)
@@ -181,12 +202,12 @@ class Upload:
                 refusal = exc  # nobody left to turn to
                 break
             if again is None:  # another writer stored it with enough copies meanwhile
-                return StoredChunk(ref, tuple(stored))
+                return done()
             nodes = again
             if set(nodes) & set(failed):  # no other node to turn to (embedded: never)
                 break
         if len(stored) >= minimum:
-            return StoredChunk(ref, tuple(stored))  # degraded: repair adds the rest
+            return done()  # degraded: repair adds the rest
         raise _short(ref, stored, minimum, failed, refusal)
 
     async def _replacements(

@@ -1,7 +1,9 @@
 """The embedded store: metadata logic and chunk store in-process on a directory.
 
-Layout of the store directory: ``meta.db`` (SQLite, WAL), ``chunks/`` and
-``store-id`` (the id in ``meta.db``, so another store's database is refused).
+Layout of the store directory: ``meta.db`` (SQLite, WAL), ``chunks/``,
+``store-id`` (the id in ``meta.db``, so another store's database is refused) and
+``sealed`` (whether chunk files are encrypted, and under which key; ``meta.db``
+records it too, and decides: a store opened without its key is refused).
 A new or empty directory becomes a new store; a directory that holds chunk
 files but no metadata is refused, never taken for a new, empty store (its
 first collection would delete every chunk).
@@ -41,6 +43,7 @@ from ..node import (
     GROUP_SYNC_MAX,
     LocalChunkStore,
     adoption,
+    check_sealing,
     keep_store_id,
     load_key,
     read_id,
@@ -80,7 +83,7 @@ def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
         key = encryption_key_file()
         sealer = None if key is None else load_key(key)
         chunks = LocalChunkStore(root / "chunks", hashed_here=True, sealer=sealer)  # writers here
-        seal_directory(root, sealer, bool(chunks.inventory(limit=1)))
+        seal_directory(root, sealer, chunks)
     except (FileExistsError, NotADirectoryError):
         raise NotADirectory(
             "an embedded store must be a directory; this is a file", str(root)
@@ -95,6 +98,8 @@ def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
     try:
         namespace = Namespace(repo)
         _check_identity(root, namespace, chunks)
+        mine = "none" if sealer is None else sealer.check
+        check_sealing(f"the store at {root}", namespace.sealed(mine), sealer)
     except BaseException:
         repo.close()
         chunks.close()
@@ -217,6 +222,7 @@ class LocalChunks:
         return await in_thread(pool or self._pool, fn, *args)
 
     async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
+        # docstring inherited; no receipt: an embedded store has no tenants
         if node != LOCAL_NODE:
             raise Unavailable(f"an embedded store has no node {node!r}")
         if chunk.length <= GROUP_SYNC_MAX:

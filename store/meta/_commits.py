@@ -25,6 +25,9 @@ from ._walk import Directories, ensure_dirs, info
 
 Touched = dict[int, int]
 """Directories that gained a file in a transaction: inode -> the time their entries changed."""
+Reached = Callable[[Tx, Sequence[str]], set[str]]
+"""(transaction, chunk ids) -> those of them a tenant's scope reaches (a file it reaches
+uses them)."""
 Placer = Callable[[ChunkRef, int, int, tuple[str, ...]], tuple[str, ...]]
 """(chunk, replication, fewest acceptable, nodes to avoid) -> the nodes to store it on."""
 PERMISSION_BITS = 0o7777
@@ -73,6 +76,7 @@ class Commits:
         min_replicas: int = 0,
         paths: Sequence[str] = (),
         sent: Sequence[int] = (),
+        mine: Reached | None = None,
     ) -> list[Placement]:
         """For each chunk: skip it if a live file already uses it with at least the
         write's minimum of copies, else where to send it (for a chunk held with
@@ -84,12 +88,19 @@ class Commits:
 
         ``paths`` (each chunk's file) and ``sent`` (the file's bytes before it): a chunk
         that would take a quota past its limit is refused before it is sent.
+
+        ``mine``: a tenant's writer sees as held only the chunks its scope reaches
+        (which of these ids it reaches); the rest it uploads as if no file used them,
+        so the reply tells it nothing of other tenants' bytes.
         """
         copies = self._replication(replication)
         least = self._minimum(copies, min_replicas)
         with self.repo.read() as tx:
             self.check_room(tx, chunks, paths, sent, copies)
             held = tx.referenced(c.id for c in chunks)
+            if mine is not None and held:
+                reached = mine(tx, sorted(held))
+                held = {c: nodes for c, nodes in held.items() if c in reached}
         return [self._placement(c, held.get(c.id), copies, least, avoid) for c in chunks]
 
     def _placement(

@@ -21,6 +21,11 @@ from ..transport import ChunkPage, Grant, Placement, Prepare, Request
 from ..wire import auth
 from ._namespace import Namespace
 
+TENANT_TTL_S = 10.0
+"""How long a tenant's capabilities last: what a revoked token's reads and writes already
+under way may still do on the data nodes, which never see tokens. Clients ask for fresh
+ones at half their life, so hosts' clocks must agree within a few seconds."""
+
 
 class Capabilities:
     """Mints capabilities for one store's chunks."""
@@ -28,13 +33,14 @@ class Capabilities:
     def __init__(self, secret: bytes, namespace: Namespace) -> None:
         self._secret, self._namespace = secret, namespace
 
-    def caps(self, chunks: Iterable[str], op: Op) -> list[Capability]:
-        """One capability per chunk id for ``op``, valid for ``auth.GRANT_TTL_S``."""
+    def caps(
+        self, chunks: Iterable[str], op: Op, ttl: float = auth.GRANT_TTL_S
+    ) -> list[Capability]:
+        """One capability per chunk id for ``op``, valid for ``ttl`` seconds."""
         now, store = time.time(), self._namespace.store_id
-        ttl = auth.GRANT_TTL_S
         return [auth.grant(self._secret, c, op, ttl, now, store=store) for c in chunks]
 
-    def grant(self, request: Grant) -> list[Capability]:
+    def grant(self, request: Grant, ttl: float = auth.GRANT_TTL_S) -> list[Capability]:
         """Runs on an engine thread: a delete is granted only for chunks no metadata names,
         a write only for chunks no live file uses (a live chunk never changes)."""
         if request.op == "delete" and (named := self._namespace.known(request.chunks)):
@@ -45,21 +51,22 @@ class Capabilities:
             raise PermissionDenied(
                 f"chunk {min(live)} is in use by a file; a live chunk is never written again"
             )
-        return self.caps(request.chunks, request.op)
+        return self.caps(request.chunks, request.op, ttl)
 
-    def attach(self, request: Request[Any], result: Any) -> Any:
-        """A reply with the capabilities its caller will need on the data nodes."""
+    def attach(self, request: Request[Any], result: Any, ttl: float = auth.GRANT_TTL_S) -> Any:
+        """A reply with the capabilities its caller will need on the data nodes, each
+        valid for ``ttl`` seconds (a tenant's: ``TENANT_TTL_S``)."""
         if isinstance(request, Prepare):
             placements: list[Placement] = result
-            grants = iter(self.caps([p.chunk.id for p in placements if p.upload], "write"))
+            grants = iter(self.caps([p.chunk.id for p in placements if p.upload], "write", ttl))
             return [replace(p, grant=next(grants)) if p.upload else p for p in placements]
         if isinstance(result, FileLayout):
             ids = {x.chunk.id for x in result.extents} - result.inline.keys()
-            caps = self.caps(ids | _pieces(result.stripes), "read")
+            caps = self.caps(ids | _pieces(result.stripes), "read", ttl)
             return replace(result, grants={c.chunk: c for c in caps})
         if isinstance(result, ChunkPage):
             ids = {chunk.id for chunk, _ in result.chunks}
-            caps = self.caps(ids | _pieces(result.stripes), "read")
+            caps = self.caps(ids | _pieces(result.stripes), "read", ttl)
             return replace(result, grants={c.chunk: c for c in caps})
         return result
 

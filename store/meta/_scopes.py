@@ -24,14 +24,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
 
 from .. import _paths
 from .._errors import PermissionDenied
-from .._types import ChangeFeed
+from .._types import ChangeFeed, NodeState
 from ..transport import (
     Changes,
     Commit,
@@ -59,8 +59,9 @@ from ..transport import (
     Usage,
 )
 from ..wire import auth
+from ._commits import Reached
 from ._namespace import Namespace
-from ._repo import TokenRow
+from ._repo import TokenRow, Tx
 from ._tenants import digest, parse_token
 from ._walk import info, resolve
 
@@ -70,6 +71,8 @@ UNKNOWN_MAX = 4096
 """Unknown ids remembered at most (a flood of made-up ones costs a lookup each, no more)."""
 USER_PAGES = 16
 """Pages of a chunk's files looked through for one the scope reaches."""
+USER_PAGE = 64
+"""Files in each such page."""
 _RIGHTS = {"r": "read", "w": "write", "a": "admin"}
 _OPEN = (GetStoreId, GetSettings, ListNodes, Changes)
 """What any valid token may ask (node addresses: a client needs them to reach chunks)."""
@@ -200,6 +203,8 @@ def narrow(scope: Scope, request: Request[Any], result: Any) -> Any:
         return msgspec.structs.replace(result, changes=kept)
     if isinstance(request, GetQuotas):
         return [q for q in result if scope.reaches(q.path) or q.tenant == scope.tenant]
+    if isinstance(request, ListNodes):
+        return hide_nodes(result)
     return result
 
 
@@ -218,16 +223,89 @@ def listing_above(namespace: Namespace, scope: Scope, path: str) -> Listing:
 def _uses(namespace: Namespace, scope: Scope, chunk: str) -> bool:
     """Whether a file the scope reaches uses ``chunk`` (or the chunk it is a piece of)."""
     with namespace.repo.read() as tx:
-        chunk = tx.striped([chunk]).get(chunk, chunk)
-    after = 0
-    for _ in range(USER_PAGES):
-        page = namespace.chunk_users(chunk, after)
-        if not page:
-            return False
-        if any(path and scope.reaches(path) for _, path in page):
-            return True
-        after = page[-1][0]
-    return False
+        return bool(reached(tx, scope, [chunk]))
+
+
+def reached(tx: Tx, scope: Scope, chunks: Sequence[str]) -> set[str]:
+    """Which of ``chunks`` a file the scope reaches uses (a piece: its chunk's files).
+
+    Looks through the first ``USER_PAGES`` pages of each chunk's files only: a chunk
+    shared by more files than that may be missed, and its writer uploads it again.
+    """
+    whole = tx.striped(chunks)
+    seen: dict[int, bool] = {}  # inode -> reached (a file's chunks share its path)
+    found = set()
+    for chunk in chunks:
+        target, after = whole.get(chunk, chunk), 0
+        for _ in range(USER_PAGES):
+            page = tx.chunk_users(target, after, USER_PAGE)
+            if not page:
+                break
+            if any(_reaches_inode(tx, scope, inode, seen) for inode in page):
+                found.add(chunk)
+                break
+            after = page[-1]
+    return found
+
+
+def _reaches_inode(tx: Tx, scope: Scope, inode: int, seen: dict[int, bool]) -> bool:
+    if inode not in seen:
+        path = tx.path_of(inode)
+        seen[inode] = path is not None and scope.reaches(path)
+    return seen[inode]
+
+
+def mine(scope: Scope) -> Reached:
+    """``Commits.prepare``'s view of held chunks for a tenant's writer: its own only."""
+    return lambda tx, chunks: reached(tx, scope, chunks)
+
+
+def unproven(secret: bytes, store: str, scope: Scope, request: Commit | CommitEach) -> set[str]:
+    """The chunks a tenant's commit names without proof that its writer holds their bytes.
+
+    Proof is the bytes themselves (kept inline, checked against the id by the
+    commit) or a data node's receipt for every node the commit says holds a copy
+    (``chunk.write`` answers one once the bytes hashed to the id). A copy claimed
+    without a valid receipt is refused here. What is left must be a chunk a file
+    the scope reaches uses already (``check_unproven``, on an engine thread).
+    """
+    files = (
+        request.files if isinstance(request, Commit) else [f for b in request.batches for f in b]
+    )
+    now, proven = time.time(), set()
+    for stored in (s for f in files for s in f.stored):
+        if stored.data is not None:
+            proven.add(stored.chunk.id)
+            continue
+        receipts = {r.node: r for r in stored.receipts}
+        for node in stored.nodes:
+            given = receipts.get(node)
+            if given is None:
+                raise PermissionDenied(
+                    f"token {scope.token}: no receipt from node {node} for chunk "
+                    f"{stored.chunk.id} (a tenant's commit shows one per copy)"
+                )
+            auth.check_receipt(secret, given, stored.chunk.id, node, now, store=store)
+        if stored.nodes:
+            proven.add(stored.chunk.id)
+    return {x.chunk.id for f in files for x in f.extents} - proven
+
+
+def check_unproven(namespace: Namespace, scope: Scope, chunks: set[str]) -> None:
+    """On an engine thread: every chunk in ``chunks`` is used by a file the scope
+    reaches. The refusal is the same whether or not anyone else holds the chunk."""
+    with namespace.repo.read() as tx:
+        missing = chunks - reached(tx, scope, sorted(chunks))
+    if missing:
+        raise PermissionDenied(
+            f"token {scope.token}: the commit names chunk {min(missing)}, whose bytes it "
+            "has not uploaded and no file it reaches uses"
+        )
+
+
+def hide_nodes(nodes: list[NodeState]) -> list[NodeState]:
+    """The data nodes as a tenant sees them: where to reach them, not their disks."""
+    return [msgspec.structs.replace(n, rack="", free=0, total=0) for n in nodes]
 
 
 class TokenCache:

@@ -52,6 +52,8 @@ from ..transport import (
     Grant,
     Grants,
     ListDir,
+    Placement,
+    Prepare,
     RemoteChunks,
     Request,
     request_types,
@@ -72,14 +74,25 @@ from ..wire import (
 from ..wire import (
     tls as wire_tls,
 )
-from ._commits import INLINE_MAX
+from ._commits import INLINE_MAX, Reached
 from ._convert import CONVERT_CHUNKS, Converter, for_readers
-from ._grants import Capabilities
+from ._grants import TENANT_TTL_S, Capabilities
 from ._leader import BEAT_S, LEASE_S, Deposed, Leadership
 from ._namespace import Namespace
 from ._placement import place
 from ._repo import Degraded, Repository
-from ._scopes import TokenCache, authorize, listing_above, narrow, needs_engine, verify
+from ._scopes import (
+    Scope,
+    TokenCache,
+    authorize,
+    check_unproven,
+    listing_above,
+    mine,
+    narrow,
+    needs_engine,
+    unproven,
+    verify,
+)
 
 log = logging.getLogger("graben.meta")
 AnyRequest: Any = Union[request_types()]  # noqa: UP007  (built at run time)
@@ -397,7 +410,11 @@ class MetaService:
         results = await asyncio.gather(
             *(self.chunks.write(node, chunk, data) for node in targets), return_exceptions=True
         )
-        return tuple(node for node, r in zip(targets, results, strict=True) if r is None)
+        return tuple(
+            node
+            for node, r in zip(targets, results, strict=True)
+            if not isinstance(r, BaseException)
+        )
 
     def _admit(self, call: Call, length: int) -> None:
         """Only a client holding a token may make the service hold a large request."""
@@ -413,12 +430,40 @@ class MetaService:
             if isinstance(request, ListDir) and not scope.reaches(request.path):
                 seen = await self._run(listing_above, self.namespace, scope, request.path)
                 return Answer(encode(seen))
-        result = await self._serve(request)
+            if (tenants := await self._serve_tenant(scope, request)) is not None:
+                return Answer(encode(tenants))
+        ttl = auth.GRANT_TTL_S if scope is None else TENANT_TTL_S
+        result = await self._serve(request, ttl)
         return Answer(encode(result if scope is None else narrow(scope, request, result)))
 
-    async def _serve(self, request: Request[Any]) -> Any:
+    async def _serve_tenant(self, scope: Scope, request: Request[Any]) -> Any:
+        """What a tenant's token gets in place of ``_serve``'s reply, if anything: its
+        writes see and name only the chunks its scope reaches or it proves it holds,
+        so nothing it is told depends on another tenant's bytes (``_scopes.py``)."""
+        if isinstance(request, Commit | CommitEach):
+            needed = unproven(self._secret, self.namespace.store_id, scope, request)
+            if needed:
+                await self._run(check_unproven, self.namespace, scope, needed)
+            return None
+        if isinstance(request, Prepare):
+            placed = await self._run(self._prepare, request, mine(scope))
+            return self.grants.attach(request, placed, TENANT_TTL_S)
+        if isinstance(request, Grant) and request.op == "write":
+            # A write is checked against the chunk's id by the node: another tenant's
+            # file using the chunk is no reason to refuse it, and telling would say so.
+            return self.grants.caps(request.chunks, "write", TENANT_TTL_S)
+        return None
+
+    def _prepare(self, request: Prepare, within: Reached) -> list[Placement]:
+        r = request
+        return self.namespace.prepare(
+            r.chunks, r.replication, r.avoid, r.min_replicas, r.paths, r.sent, mine=within
+        )
+
+    async def _serve(self, request: Request[Any], ttl: float = auth.GRANT_TTL_S) -> Any:
+        """Run a request; the capabilities its reply carries last ``ttl`` seconds."""
         if isinstance(request, Grant):
-            return await self._run(self.grants.grant, request)
+            return await self._run(self.grants.grant, request, ttl)
         if isinstance(request, Commit):
             return await self._group.submit(request)
         if isinstance(request, CommitEach):
@@ -436,7 +481,7 @@ class MetaService:
             )
             return [_committed(o) for o in outcomes]
         result = await self._run(self._execute, request)
-        return self.grants.attach(request, result)
+        return self.grants.attach(request, result, ttl)
 
     def _execute(self, request: Request[Any]) -> Any:
         """A request on an engine thread; layouts and chunk pages as readers take them."""

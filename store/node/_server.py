@@ -1,7 +1,8 @@
 """A data node: the local chunk store served over the wire, heartbeating to the metadata service.
 
 Ops: ``chunk.write`` (payload received into a pooled buffer, crc32c and
-blake3 checked, fsynced before the reply), ``chunk.read`` (sent from the
+blake3 checked, fsynced before the reply, which is the node's signed receipt:
+the writer's proof, for a tenant's commit, that it held the bytes), ``chunk.read`` (sent from the
 chunk file by ``sendfile``, unread by the node: the client checks the crc32c
 and reports a bad copy, and the scrubber checks every file; over TLS, read,
 verified and sent from a pooled buffer), ``chunk.inventory``, ``chunk.delete``,
@@ -45,8 +46,8 @@ from typing import Any
 from .._batcher import Batcher
 from .._buffers import BufferPool
 from .._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, RESERVE, TLS, page_entries
-from .._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError
-from .._types import Capability, ChunkRef, NodeState, Op
+from .._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError, Unavailable
+from .._types import Capability, ChunkRef, NodeState, Op, Receipt
 from ..transport import (
     ChunkCall,
     Heartbeat,
@@ -58,6 +59,7 @@ from ..transport import (
     RemoteMeta,
     ReportBad,
     Request,
+    Written,
 )
 from ..transport._bucket import Bucket
 from ..wire import (
@@ -69,7 +71,6 @@ from ..wire import (
     Metrics,
     PayloadSink,
     Server,
-    WireError,
     auth,
     decode,
     encode,
@@ -81,12 +82,14 @@ from ..wire import (
     tls as wire_tls,
 )
 from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, write_private
-from ._identity import adoption, keep_store_id, read_id, seal_directory
+from ._identity import adoption, check_sealing, keep_store_id, read_id, seal_directory
 from ._sealed import Sealer
 from ._tier import Tier
 
 log = logging.getLogger("graben.node")
 HEARTBEAT_S = 2.0
+LET_IN_S = 2 * HEARTBEAT_S
+"""How long a write waits for the metadata service to let a node that just started in."""
 SENDFILE_MIN = 256 << 10
 """Chunks this large or larger are sent by ``sendfile``; smaller ones from memory."""
 
@@ -136,7 +139,13 @@ class DataNode:
         self._secret = secret
         self._token = auth.client_token(secret)
         self.store = LocalChunkStore(root / "chunks", sealer=sealer)
-        seal_directory(root, sealer, bool(self.store.inventory(limit=1)))
+        seal_directory(root, sealer, self.store)
+        self._sealed = "none" if sealer is None else sealer.check
+        """What this node's heartbeats say of its encryption at rest (its key's check value)."""
+        self._let_in = asyncio.Event()
+        """Set once a metadata service said the store's encryption is this node's: no write
+        is stored before (a node that lost its record must not write plaintext into an
+        encrypted store)."""
         self.tier = None
         if tier is not None:
             self.tier = Tier(Bucket(tier), root / "cache", tier_cache, self._run, sealer)
@@ -191,7 +200,14 @@ class DataNode:
         )
         told = advertise or host
         self.address = told if ":" in told else f"{told}:{self.server.port}"
-        self._beating = every(HEARTBEAT_S, self._heartbeat, "heartbeat", at_once=True)
+        try:
+            await self._heartbeat(first=True)
+        except PermissionDenied:  # not the store's encryption: refuse to start
+            await self.close()
+            raise
+        except GrabenError as exc:  # no service answers yet: writes wait for one
+            log.warning("the first heartbeat failed: %s; writes wait until one answers", exc)
+        self._beating = every(HEARTBEAT_S, self._heartbeat, "heartbeat")
         self._scrubbing = every(self.scrub_interval, self.scrub_once, "scrub")
         return self.server
 
@@ -276,15 +292,24 @@ class DataNode:
                 self.pool.put(buffer)
 
     async def _write(self, call: Call, payload: memoryview | None) -> Answer:
+        """Store the chunk (and pass it down a chain); the reply is every node's receipt."""
         with self._received(payload) as data:
             request = self._allowed(call, "write")
             if request.forward:
-                await self._store_and_forward(request, data)
+                receipts = await self._store_and_forward(request, data)
             else:
-                await self._store(request.chunk, data)
-        return Answer()
+                receipts = [await self._store_received(request, data)]
+        return Answer(encode(receipts))
+
+    async def _store_received(self, request: ChunkCall, data: memoryview) -> Receipt:
+        """Store a chunk; our receipt for it (the bytes were checked against its id)."""
+        await self._store(request.chunk, data)
+        return auth.receipt(
+            self._secret, request.chunk.id, self.id, time.time(), store=request.cap.store
+        )
 
     async def _store(self, chunk: ChunkRef, data: memoryview) -> None:
+        await self._admitted()
         with self._reserved(chunk.length):
             if chunk.length <= GROUP_SYNC_MAX:
                 await self._small.submit((chunk, data))
@@ -315,21 +340,25 @@ class DataNode:
         finally:
             self._landing -= length
 
-    async def _store_and_forward(self, request: ChunkCall, data: memoryview) -> None:
+    async def _store_and_forward(self, request: ChunkCall, data: memoryview) -> list[Receipt]:
         """Chain replication: our copy and the rest of the chain's, at once."""
         nxt, *rest = request.forward
         forwarded = ChunkCall(request.chunk, request.cap, tuple(rest))
 
-        async def forward() -> None:
+        async def forward() -> list[Receipt]:
             conn = await self._peers.get(nxt)
-            await conn.call("chunk.write", encode(forwarded), payload=data)
+            reply, _ = await conn.call("chunk.write", encode(forwarded), payload=data)
+            receipts: list[Receipt] = decode(reply, list[Receipt])
+            return receipts
 
-        results = await asyncio.gather(
-            self._store(request.chunk, data), forward(), return_exceptions=True
+        ours, theirs = await asyncio.gather(
+            self._store_received(request, data), forward(), return_exceptions=True
         )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        if isinstance(ours, BaseException):
+            raise ours
+        if isinstance(theirs, BaseException):
+            raise theirs
+        return [ours, *theirs]
 
     async def _write_many(self, call: Call, payload: memoryview | None) -> Answer:
         """Small chunks in one payload, each with its own capability; each one's error."""
@@ -345,11 +374,11 @@ class DataNode:
                 ),
                 return_exceptions=True,
             )
-        return Answer(encode([_wire_error(o) for o in outcomes]))
+        return Answer(encode([_written(o) for o in outcomes]))
 
-    async def _store_allowed(self, request: ChunkCall, data: memoryview) -> None:
+    async def _store_allowed(self, request: ChunkCall, data: memoryview) -> Receipt:
         self._check(request.cap, request.chunk.id, "write")
-        await self._store(request.chunk, data)
+        return await self._store_received(request, data)
 
     async def _read(self, call: Call, payload: memoryview | None) -> Answer:
         chunk = self._allowed(call, "read").chunk
@@ -415,16 +444,40 @@ class DataNode:
     async def _tell_meta(self, request: Request[Any]) -> Any:
         return await self.meta.request(request)
 
-    async def _heartbeat(self) -> None:
+    async def _admitted(self) -> None:
+        """Return once a metadata service has let this node in (``Unavailable`` after
+        ``LET_IN_S`` without one)."""
+        try:
+            await asyncio.wait_for(self._let_in.wait(), LET_IN_S)
+        except TimeoutError:
+            raise Unavailable(
+                f"data node {self.id} stores nothing until a metadata service has let it in "
+                "(its encryption at rest checked against the store's)"
+            ) from None
+
+    async def _heartbeat(self, *, first: bool = False) -> None:
+        """Tell the metadata service this node is alive; ``first``: on starting, when a
+        store whose encryption is not this node's is ``PermissionDenied`` (later, this
+        node stops storing writes and says why)."""
         free, total = await self._run(self.store.capacity)
         state = NodeState(self.id, self.address, self.rack, free, total)
+        beat = Heartbeat(state, self.store_id or "", sealed=self._sealed)
         try:
-            joined: Joined = await self._tell_meta(Heartbeat(state, self.store_id or ""))
+            joined: Joined = await self._tell_meta(beat)
         except PermissionDenied as exc:  # another store's metadata, or the wrong secret
             log.error(
                 "the metadata service at %s refused this node: %s", self.meta.address, exc.message
             )
             return
+        try:
+            check_sealing(f"data node {self.id} ({self.root})", joined.sealed, self.store.sealer)
+        except PermissionDenied as exc:
+            self._let_in.clear()
+            if first:
+                raise
+            log.error("%s; it stores no chunk", exc.message)
+            return
+        self._let_in.set()
         if self.store_id is None:
             held = await self._run(keep_store_id, self.root, joined.store_id, self.store)
             self.store_id = joined.store_id
@@ -474,10 +527,10 @@ class _ChunkMetrics:
         total.set_function(lambda: store.capacity()[1])
 
 
-def _wire_error(outcome: BaseException | None) -> WireError | None:
+def _written(outcome: Receipt | BaseException) -> Written:
     """One chunk's outcome in a ``chunk.write_many`` reply."""
-    if outcome is None:
-        return None
+    if isinstance(outcome, Receipt):
+        return Written(receipt=outcome)
     if isinstance(outcome, GrabenError):
-        return to_wire(outcome)
+        return Written(error=to_wire(outcome))
     raise outcome  # not the chunk's fault: the whole call fails

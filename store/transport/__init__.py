@@ -16,8 +16,8 @@ May import: ``wire`` and the store's shared modules.
 """
 
 from .._types import ChangeFeed, PathChange
-from ._agent_calls import Held, JobRank, Piece, Reserve, SegmentKey, Status, Stored
-from ._chunk_calls import ChunkCall, NodeClean, NodeQuery, NodeVouch
+from ._agent_calls import Done, Held, JobRank, Located, Piece, Reserve, SegmentKey, Status, Stored
+from ._chunk_calls import ChunkCall, NodeClean, NodeQuery, NodeVouch, Written
 from ._endpoints import Endpoints
 from ._protocols import ChunkTransport, MetaTransport
 from ._remote import Grants, Pool, RemoteChunks, RemoteMeta, open_cluster
@@ -96,6 +96,7 @@ __all__ = [
     "Commit",
     "CommitEach",
     "Committed",
+    "Done",
     "Endpoints",
     "GetClass",
     "GetHealth",
@@ -117,6 +118,7 @@ __all__ = [
     "ListTenants",
     "ListTokens",
     "Listing",
+    "Located",
     "MakeDir",
     "MetaTransport",
     "NodeClean",
@@ -144,6 +146,7 @@ __all__ = [
     "Status",
     "Stored",
     "Usage",
+    "Written",
     "new_key",
     "open_cluster",
     "request_types",

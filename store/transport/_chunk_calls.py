@@ -1,15 +1,18 @@
 """The bodies of a data node's calls, which ``RemoteChunks`` (``_remote``) sends
 and the data node (``node/_server.py``) answers: ``ChunkCall`` for one chunk's
-read, write or delete, ``NodeQuery`` for a page of its inventory or of its
-temporaries, ``NodeClean`` to remove writers' leftovers, ``NodeVouch`` to ask
-whether its chunk files predate its store id (and to vouch for them).
+read, write or delete (a write answered with the nodes' ``Receipt``s, a
+``chunk.write_many`` with one ``Written`` per chunk), ``NodeQuery`` for a page
+of its inventory or of its temporaries, ``NodeClean`` to remove writers'
+leftovers, ``NodeVouch`` to ask whether its chunk files predate its store id
+(and to vouch for them).
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from .._types import Capability, ChunkRef
+from .._types import Capability, ChunkRef, Receipt
+from ..wire import WireError
 
 
 class ChunkCall(msgspec.Struct, frozen=True):
@@ -22,6 +25,15 @@ class ChunkCall(msgspec.Struct, frozen=True):
     forward: tuple[str, ...] = ()
     """Chain replication: addresses of further replicas, each passing the chunk
     on to the next while it stores its own copy (writes only)."""
+
+
+class Written(msgspec.Struct, frozen=True):
+    """One chunk's outcome in a ``chunk.write_many`` reply."""
+
+    error: WireError | None = None
+    """Why it was not stored; ``None`` if it was."""
+    receipt: Receipt | None = None
+    """The node's receipt for it, if stored."""
 
 
 class NodeQuery(msgspec.Struct, frozen=True):

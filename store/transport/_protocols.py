@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .._types import ChunkRef
+from .._types import ChunkRef, Receipt
 from ._requests import Request
 
 R = TypeVar("R")
@@ -53,8 +53,9 @@ class ChunkTransport(Protocol):
     async def nodes(self) -> tuple[str, ...]:
         """Node ids this transport can reach."""
 
-    async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
-        """Store ``data`` durably as ``chunk`` on ``node``; returns after the node's fsync."""
+    async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> Receipt | None:
+        """Store ``data`` durably as ``chunk`` on ``node``; returns after the node's fsync,
+        with the node's receipt (``None`` where none is made: an embedded store)."""
 
     async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
         """Fill ``into[:chunk.length]``; raises ``IntegrityError`` if the crc32c does not match."""

@@ -49,18 +49,17 @@ from .._errors import (
     Unavailable,
 )
 from .._hashing import crc32c
-from .._types import Capability, ChunkRef, FileInfo, FileLayout, NodeState, Op
+from .._types import Capability, ChunkRef, FileInfo, FileLayout, NodeState, Op, Receipt
 from ..wire import (
     CLIENT_IDLE_S,
     CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
     Connection,
-    WireError,
     decode,
     encode,
     from_wire,
 )
-from ._chunk_calls import ChunkCall, NodeClean, NodeQuery, NodeVouch
+from ._chunk_calls import ChunkCall, NodeClean, NodeQuery, NodeVouch, Written
 from ._endpoints import ANSWER_WITHIN_S, Endpoints, Retry, watched
 from ._replies import ChunkPage, Placement
 from ._requests import (
@@ -188,23 +187,29 @@ class Grants:
     def __init__(self, fetch: GrantFetcher) -> None:
         self._fetch = fetch
         self._held: OrderedDict[tuple[str, str], Capability] = OrderedDict()
+        self._renew: dict[tuple[str, str], float] = {}
+        """When to ask for a fresh one: ``REFRESH_BEFORE_S`` before it expires, or half
+        way through its life if that is sooner (a tenant's last seconds, not minutes)."""
         self._fetching: Batchers[Op, str, Capability | None] = Batchers(
             lambda op: Batcher(partial(self._fetch_group, op), max_size=GRANT_GROUP)
         )
 
     def add(self, caps: Iterable[Capability]) -> None:
         """Keep capabilities that came with a metadata reply."""
+        now = time.time()
         for cap in caps:
             key = (cap.chunk, cap.op)
             self._held[key] = cap
             self._held.move_to_end(key)
+            life = cap.expires - now
+            self._renew[key] = cap.expires - min(REFRESH_BEFORE_S, life / 2)
         while len(self._held) > KEEP_GRANTS:
-            self._held.popitem(last=False)
+            self._renew.pop(self._held.popitem(last=False)[0], None)
 
     async def get(self, chunk: str, op: Op) -> Capability:
         """A capability for ``op`` on ``chunk`` valid for a while yet."""
         cap = self._held.get((chunk, op))
-        if cap is None or cap.expires - time.time() < REFRESH_BEFORE_S:
+        if cap is None or time.time() >= self._renew.get((chunk, op), 0.0):
             cap = await self._fetching[op].submit(chunk)
             if cap is None:
                 raise PermissionDenied(f"the metadata service granted no {op} of chunk {chunk}")
@@ -516,7 +521,7 @@ class RemoteChunks:
         self._hashing = ThreadPoolExecutor(1, thread_name_prefix="graben-read-hash")
         self._timeout = min(timeout, CALL_TIMEOUT)  # a call to a node waits this at most
         self._grants, self._token = grants, token
-        self._small_writes: Batchers[str, tuple[ChunkCall, memoryview], None] = Batchers(
+        self._small_writes: Batchers[str, tuple[ChunkCall, memoryview], Receipt | None] = Batchers(
             lambda node: Batcher(
                 partial(self._write_many, node),
                 size=lambda item: item[0].chunk.length,
@@ -557,29 +562,35 @@ class RemoteChunks:
     async def _conn(self, node: str) -> Connection:
         return await self._pool.get(await self._address(node))
 
-    async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
+    async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> Receipt | None:
         cap = await self._grants.get(chunk.id, "write")
         if chunk.length <= SMALL_WRITE_MAX:
-            await self._small_writes[node].submit((ChunkCall(chunk, cap), data))
-            return
+            return await self._small_writes[node].submit((ChunkCall(chunk, cap), data))
         conn = await self._conn(node)
-        await conn.call(
+        reply, _ = await conn.call(
             "chunk.write", encode(ChunkCall(chunk, cap)), payload=data, timeout=self._timeout
         )
+        receipts = decode(reply, list[Receipt])
+        return receipts[0] if receipts else None
 
-    async def write_chain(self, nodes: Sequence[str], chunk: ChunkRef, data: memoryview) -> None:
+    async def write_chain(
+        self, nodes: Sequence[str], chunk: ChunkRef, data: memoryview
+    ) -> list[Receipt]:
         """Chain replication (measured against fan-out by ``graben bench``; fan-out
         is what writers use): the first node passes the chunk down the chain.
-        Returns once every node has it durably; fails if any did not."""
+        Returns every node's receipt once every node has it durably; fails if any
+        did not."""
         cap = await self._grants.get(chunk.id, "write")
         forward = tuple([await self._address(n) for n in nodes[1:]])
         conn = await self._conn(nodes[0])
         body = encode(ChunkCall(chunk, cap, forward))
-        await conn.call("chunk.write", body, payload=data, timeout=self._timeout)
+        reply, _ = await conn.call("chunk.write", body, payload=data, timeout=self._timeout)
+        receipts: list[Receipt] = decode(reply, list[Receipt])
+        return receipts
 
     async def _write_many(
         self, node: str, items: list[tuple[ChunkCall, memoryview]]
-    ) -> list[GrabenError | None]:
+    ) -> list[GrabenError | Receipt | None]:
         """Small chunks bound for one node in one call: one copy of a few KiB each
         buys one round trip and one disk sync for the lot."""
         # Joined before any wait: a caller that gave up may reuse its buffer after.
@@ -589,8 +600,8 @@ class RemoteChunks:
         reply, _ = await conn.call(
             "chunk.write_many", body, payload=memoryview(payload), timeout=self._timeout
         )
-        errors = decode(reply, list[WireError | None])
-        return [None if e is None else from_wire(e) for e in errors]
+        outcomes = decode(reply, list[Written])
+        return [w.receipt if w.error is None else from_wire(w.error) for w in outcomes]
 
     async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
         fetched = self._ahead.pop(chunk.id, None)

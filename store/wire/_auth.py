@@ -37,7 +37,7 @@ import msgspec
 
 from .._config import ENV_SECRET, ENV_SECRET_FILE, ENV_TOKEN, ENV_TOKEN_FILE, env
 from .._errors import InvalidArgument, PermissionDenied, from_os_error
-from .._types import OPS, Capability, Op
+from .._types import OPS, Capability, Op, Receipt
 
 MIN_SECRET: Final = 16
 """Fewest bytes a secret may have: 128 bits, if it is random."""
@@ -49,6 +49,10 @@ MAX_SECRET: Final = 4096
 # version if either encoding changes, so old MACs stop verifying.
 _TOKEN_LABEL: Final = b"graben client token v1"
 _CAPABILITY_LABEL: Final = "graben capability v1"
+_RECEIPT_LABEL: Final = "graben receipt v1"
+RECEIPT_TTL_S: Final = 86400.0
+"""How long a node's receipt proves its writer held a chunk's bytes: a file may stay
+open for hours between a write and its commit."""
 GRANT_TTL_S: Final = 600.0
 """How long the metadata service's capabilities last: long enough for any one
 chunk transfer and for clocks a little apart, short enough that a leaked one
@@ -169,6 +173,36 @@ def check(
             f"capability is for another store ({cap.store or 'none'!r}, not {store!r}): "
             "this data node belongs to another cluster's metadata"
         )
+
+
+def receipt(secret: bytes, chunk: str, node: str, now: float, *, store: str = "") -> Receipt:
+    """A data node's receipt: ``node`` stored the bytes of ``chunk`` (checked) at ``now``."""
+    expires = float(now + RECEIPT_TTL_S)
+    mac = _receipt_mac(_key(secret), chunk, node, expires, store)
+    return Receipt(chunk, node, expires, mac, store)
+
+
+def check_receipt(
+    secret: bytes, given: Receipt, chunk: str, node: str, now: float, *, store: str
+) -> None:
+    """Raise ``PermissionDenied`` unless ``given`` is a node's receipt for ``chunk`` on
+    ``node`` in ``store``, still valid at ``now``. A receipt's MAC differs from any
+    capability's (its own label): no capability reads as a receipt, nor the reverse."""
+    mac = _receipt_mac(_key(secret), given.chunk, given.node, given.expires, given.store)
+    if not _same(given.mac, mac):
+        raise PermissionDenied(f"the receipt for chunk {chunk} is forged or corrupt (bad mac)")
+    if not now < given.expires:
+        raise PermissionDenied(f"the receipt for chunk {chunk} expired")
+    if (given.chunk, given.node, given.store) != (chunk, node, store):
+        raise PermissionDenied(
+            f"the receipt for chunk {chunk} on node {node} is for chunk {given.chunk} on "
+            f"node {given.node} of store {given.store or 'none'}"
+        )
+
+
+def _receipt_mac(key: bytes, chunk: str, node: str, expires: float, store: str) -> str:
+    message = msgspec.msgpack.encode((_RECEIPT_LABEL, chunk, node, float(expires), store))
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
 def _capability_message(chunk: str, op: str, expires: float, store: str = "") -> bytes:

@@ -19,10 +19,9 @@ from graben.store._hashing import chunk_ref
 from graben.store._types import Capability, ChunkRef
 from graben.store.cli._local import local_cluster
 from graben.store.client import _loop
-from graben.store.transport import ChunkCall, NodeQuery
+from graben.store.transport import ChunkCall, NodeQuery, Written
 from graben.store.transport._remote import RemoteChunks
 from graben.store.transport._requests import GetLayout, Grant, Prepare
-from graben.store.wire import WireError
 from graben.store.wire._auth import client_token, grant, load_secret
 from graben.store.wire._frames import NIL, decode, encode
 from graben.store.wire._rpc import Connection
@@ -236,16 +235,18 @@ def test_a_grouped_write_stores_only_the_chunks_it_may(authorised: Client) -> No
         ChunkCall(refused, grant(_secret(), refused.id, "read", 60, now, store=store)),
     ]
 
-    async def write_many() -> list[WireError | None]:
+    async def write_many() -> list[Written]:
         body = await _node_call(
             address, "chunk.write_many", encode(calls), payload=memoryview(good + bad)
         )
-        errors: list[WireError | None] = decode(body, list[WireError | None])
-        return errors
+        outcomes: list[Written] = decode(body, list[Written])
+        return outcomes
 
-    errors = _loop.run(write_many())
-    assert errors[0] is None
-    assert errors[1] is not None and errors[1].code == PermissionDenied.code
+    outcomes = _loop.run(write_many())
+    assert outcomes[0].error is None and outcomes[0].receipt is not None
+    assert outcomes[0].receipt.chunk == ok.id  # the node's word that it holds the bytes
+    assert outcomes[1].error is not None and outcomes[1].error.code == PermissionDenied.code
+    assert outcomes[1].receipt is None
     assert _read(address, ok, grant(_secret(), ok.id, "read", 60, now, store=store)) == good
     with pytest.raises(FileNotFoundError):
         _read(address, refused, grant(_secret(), refused.id, "read", 60, now, store=store))

@@ -24,6 +24,7 @@ from cluster_kit import LocalCluster, eventually
 
 from graben.store import Client, PermissionDenied, QuotaExceeded, connect
 from graben.store.client import _loop
+from graben.store.meta._grants import TENANT_TTL_S
 from graben.store.transport import ChunkRefs, Grant
 from graben.store.transport._requests import GetLayout
 
@@ -113,6 +114,7 @@ def test_a_capability_of_its_own_does_not_read_bs_chunks(
     node = theirs.replicas[chunk.id][0]
     grants = team_a.aio.meta.grants  # type: ignore[attr-defined]
     grants._held[(chunk.id, "read")] = own  # its own capability, shown for b's chunk
+    grants._renew[(chunk.id, "read")] = float("inf")  # and never renewed
     with pytest.raises(PermissionDenied, match="another chunk"):
         _loop.run(team_a.aio.chunks.read(node, chunk, memoryview(bytearray(chunk.length))))
 
@@ -240,6 +242,28 @@ def test_a_revoked_token_is_refused_by_every_service_within_a_second(
     finally:
         for client in each:
             client.close()
+
+
+def test_a_read_handle_stops_reading_within_a_capabilitys_life_after_revocation(
+    cluster: LocalCluster, operator: Client
+) -> None:
+    data = os.urandom(64 * 64 * 1024)  # 64 chunks: each read below goes to a node
+    with connect(cluster.url, chunk_size=64 * 1024) as writer:
+        writer.put("/teams/a/handle.bin", data)
+    token = operator.issue_token("a", rights="r", ttl_s=600)
+    with connect(cluster.url, token=token, chunk_size=64 * 1024) as client:
+        handle = client.open("/teams/a/handle.bin")
+        assert handle.read(1000) == data[:1000]
+        operator.revoke_tokens(token.split("_")[1])
+        revoked, turn = time.monotonic(), 0
+        with pytest.raises(PermissionDenied):
+            while time.monotonic() - revoked < 3 * TENANT_TTL_S:
+                turn = (turn + 7) % 64  # another chunk each time: nothing cached serves it
+                handle.seek(turn * 64 * 1024)
+                assert handle.read(1000) == data[turn * 64 * 1024 :][:1000]
+                time.sleep(0.1)
+        assert time.monotonic() - revoked <= TENANT_TTL_S + 1.0
+        handle.close()
 
 
 def test_an_expired_token_is_refused(cluster: LocalCluster, operator: Client) -> None:
