@@ -115,11 +115,23 @@ def _spawn(*argv: str) -> tuple[subprocess.Popen[str], str]:
         text=True,
     )
     assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
+    try:
+        line = proc.stdout.readline().strip()
+    except BaseException:  # interrupted: leave nothing of it behind
+        _abandon(proc)
+        raise
     if not line.startswith("listening on "):
-        proc.kill()
+        _abandon(proc)
         raise Unavailable(f"graben {argv[0]} did not start (said {line!r})")
     return proc, line.removeprefix("listening on ")
+
+
+def _abandon(proc: subprocess.Popen[str]) -> None:
+    """A server that did not start: killed, reaped, and its pipe closed."""
+    proc.kill()
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,18 +20,6 @@ from graben.store.cli._local import _spawn, _stop, local_cluster
 GRABEN = (sys.executable, "-m", "graben.store.cli")
 
 
-def _held(port: int) -> socket.socket | None:
-    """A socket listening on 127.0.0.1:``port``, or ``None`` if someone else has it."""
-    sock = socket.socket()
-    try:
-        sock.bind(("127.0.0.1", port))
-    except OSError:
-        sock.close()
-        return None
-    sock.listen()
-    return sock
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     kit = LocalCluster(tmp_path, 1, replication=1)
@@ -40,49 +29,40 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         kit.close()
 
 
-def test_a_node_given_no_port_takes_the_first_free_one_from_7200(
-    cluster: LocalCluster, tmp_path: Path
-) -> None:
-    held = _held(7200)
-    if held is None:
-        pytest.skip("port 7200 is taken on this machine")
-    try:
-        proc, address = _spawn(
-            *("node", "serve", "--data", str(tmp_path / "n"), "--meta", cluster.meta_address)
-        )
-        try:
-            host, port = address.rsplit(":", 1)
-            assert host == "127.0.0.1"
-            assert 7200 < int(port) < 7300  # 7200 is ours: the next free one
-        finally:
-            _stop([proc])
-    finally:
-        held.close()
+OWN_NETWORK = os.geteuid() == 0 and shutil.which("unshare") is not None and shutil.which("ip")
+needs_own_network = pytest.mark.skipif(
+    not OWN_NETWORK, reason="a network namespace of its own needs root, unshare and ip"
+)
+DEFAULTS = Path(__file__).with_name("default_ports.py")
 
 
+def _in_own_network(scenario: str, tmp_path: Path) -> None:
+    """Run ``default_ports.py scenario`` in a network namespace of its own: the default
+    ports are free there whatever this machine runs (a cluster on 7100, say), and
+    nothing it binds reaches the machine's own."""
+    result = subprocess.run(
+        [
+            *("unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"),
+            *(sys.executable, str(DEFAULTS), scenario, str(tmp_path)),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_own_network
+def test_a_node_given_no_port_takes_the_first_free_one_from_7200(tmp_path: Path) -> None:
+    _in_own_network("node", tmp_path)
+
+
+@needs_own_network
 def test_the_metadata_service_defaults_to_7100_and_says_so_when_it_is_taken(
     tmp_path: Path,
 ) -> None:
-    held = _held(7100)
-    if held is None:
-        pytest.skip("port 7100 is taken on this machine")
-    held.close()
-    engine = ("--engine", f"sqlite:///{tmp_path / 'meta.db'}")
-    first, address = _spawn("meta", "serve", "--init", *engine)
-    try:
-        assert address == "127.0.0.1:7100"
-        second = subprocess.run(
-            [*GRABEN, "meta", "serve", *engine],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert second.returncode == 1
-        assert "cannot listen on 127.0.0.1:7100" in second.stderr
-        assert "Traceback" not in second.stderr
-    finally:
-        _stop([first])
+    _in_own_network("meta", tmp_path)
 
 
 def test_a_wildcard_listen_address_needs_an_advertised_one(tmp_path: Path) -> None:
@@ -141,6 +121,18 @@ def test_a_server_raises_its_open_file_limit_for_a_thousand_clients(tmp_path: Pa
         finally:
             proc.terminate()
             proc.wait(10)
+
+
+def _held(port: int) -> socket.socket | None:
+    """A socket listening on 127.0.0.1:``port``, or ``None`` if someone else has it."""
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen()
+    return sock
 
 
 def _free_run(count: int) -> int:
