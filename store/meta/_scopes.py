@@ -16,6 +16,12 @@ and listing one shows only the entry on the way to the prefix
 the scope reaches uses it; a tenant gets no delete capability, and none of
 the operator's requests (tenants, tokens, nodes, fsck, collection).
 
+Deduplication stays inside the scope: a tenant's ``Prepare`` sees as held only
+the chunks its scope reaches (``mine``), and its commit may name a chunk only
+with proof that its writer holds the bytes (``unproven``: inline bytes, or a
+data node's receipt for every copy it claims; ``check_unproven``: else a file
+the scope reaches uses the chunk), refused alike whoever else holds it.
+
 Errors name the token's id, never its secret.
 """
 
