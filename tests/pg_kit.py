@@ -29,7 +29,7 @@ from graben.store._types import ChunkRef, Extent, FileCommit, StoredChunk
 from graben.store.meta._namespace import Namespace
 from graben.store.meta.engines._sums import FUNCTION, SUMMED, row_sum
 
-MIGRATIONS = 11
+MIGRATIONS = 12
 """The schema version graben writes today."""
 
 

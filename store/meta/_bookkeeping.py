@@ -86,8 +86,12 @@ class Bookkeeping:
         sizes = accumulate(len(p.detail) + sum(map(len, p.paths)) + 200 for p in found)
         return [p for p, size in zip(found, sizes, strict=True) if size <= PAGE_BYTES] or found[:1]
 
-    def heartbeat(self, node: NodeState, store_id: str = "") -> Joined:
-        """Record that a data node is alive, unless it belongs to another store."""
+    def heartbeat(self, node: NodeState, store_id: str = "", sealed: str = "none") -> Joined:
+        """Record that a data node is alive, unless it belongs to another store or its
+        encryption at rest (``sealed``: its key's check value, or ``"none"``) is not the
+        store's. The first node to join records the store's (a store that is encrypted
+        stays so); one that differs is not recorded, so nothing is placed on it, and the
+        reply says what the store's is (the node refuses to serve)."""
         if store_id and store_id != self.store_id:
             raise PermissionDenied(
                 f"data node {node.id} at {node.address} belongs to store {store_id}, but "
@@ -95,8 +99,22 @@ class Bookkeeping:
                 "right database? The node was not let in"
             )
         seen = msgspec.structs.replace(node, last_seen=time.time())
-        self.repo.transact(lambda tx: tx.upsert_node(seen))
-        return Joined(self.store_id, self.default_replication)
+
+        def beat(tx: Tx) -> str:
+            recorded = tx.sealed() or tx.seal(sealed)
+            if recorded == sealed:
+                tx.upsert_node(seen)
+            return recorded
+
+        recorded = self.repo.transact(beat)
+        return Joined(self.store_id, self.default_replication, sealed=recorded)
+
+    def sealed(self, check: str) -> str:
+        """The store's encryption at rest (a key's check value, or ``"none"``), ``check``
+        recorded first if nothing is yet (an embedded store's first open)."""
+        with self.repo.read() as tx:
+            recorded = tx.sealed()
+        return recorded or self.repo.transact(lambda tx: tx.seal(check))
 
     def nodes(self) -> list[NodeState]:
         """Registered data nodes, ``alive`` if heard from within the timeout."""

@@ -150,7 +150,7 @@ class Namespace(Quotas, Commits, Bookkeeping, Classes, Tenants):
             CheckMetadata: lambda r: self.check_metadata(r.limit),
             GetStoreId: lambda r: self.store_id,
             GetSettings: lambda r: self.settings(),
-            Heartbeat: lambda r: self.heartbeat(r.node, r.store_id),
+            Heartbeat: lambda r: self.heartbeat(r.node, r.store_id, r.sealed),
             ReportBad: lambda r: self.report_bad(r.chunk, r.node, r.reason),
             GetHealth: lambda r: self.health(),
             ListNodes: lambda r: self.nodes(),

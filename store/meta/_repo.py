@@ -279,6 +279,14 @@ class Tx(Protocol):
     def store_id(self) -> str:
         """The store's id, made with the engine."""
 
+    def sealed(self) -> str:
+        """Whether the store's chunk files are encrypted at rest: its key's check value,
+        ``"none"``, or ``""`` while nothing is recorded."""
+
+    def seal(self, check: str) -> str:
+        """Record ``check`` (a key's check value, or ``"none"``) as the store's encryption,
+        unless one is recorded already; the one recorded."""
+
     def add_replicas(self, chunk: str, nodes: Iterable[str]) -> None:
         """Record more nodes holding a copy of a chunk."""
 

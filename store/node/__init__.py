@@ -13,7 +13,7 @@ above it.
 """
 
 from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, write_private
-from ._identity import adoption, keep_store_id, read_id, seal_directory
+from ._identity import adoption, check_sealing, keep_store_id, read_id, seal_directory
 from ._sealed import Sealer, load_key
 from ._server import DataNode
 
@@ -24,6 +24,7 @@ __all__ = [
     "LocalChunkStore",
     "Sealer",
     "adoption",
+    "check_sealing",
     "keep_store_id",
     "load_key",
     "read_id",

@@ -1,5 +1,6 @@
 """Which store a data directory belongs to (its ``store-id`` file), and whether its chunk
-files are encrypted, under which key (its ``sealed`` file).
+files are encrypted, under which key (its ``sealed`` file, and the store's engine: a
+directory's record may be lost, the engine's decides).
 
 The first line is the store's id. A directory that took its id (from a
 metadata service's answer, or an embedded store's ``meta.db``) while chunk
@@ -10,14 +11,19 @@ until someone vouches for them (``fsck --collect --force``).
 
 from __future__ import annotations
 
-import hmac
+import logging
 from pathlib import Path
 
-from .._errors import PermissionDenied
+from .._errors import IntegrityError, PermissionDenied
+from .._hashing import content_id
 from ._chunkstore import LocalChunkStore, write_private
-from ._sealed import MARK, Sealer
+from ._sealed import MARK, Sealer, plain_length
 
+log = logging.getLogger("graben.node")
 ADOPTED = "adopted"
+PROBES = 4
+"""Chunk files read to tell how a directory's files are encrypted when its record is gone."""
+KEY_FLAGS = "--encryption-key-file, or $GRABEN_ENCRYPTION_KEY_FILE"
 
 
 def read_id(path: Path) -> str | None:
@@ -53,29 +59,104 @@ def adoption(root: Path, *, vouch: bool = False) -> bool:
     return True
 
 
-def seal_directory(root: Path, sealer: Sealer | None, holds_chunks: bool) -> None:
-    """Check, or record on first use, whether ``root``'s chunk files are sealed and with
-    which key; ``PermissionDenied`` for a node started without the key its files need,
-    with another, or with a key over plaintext files already there."""
-    mark = root / MARK
+def seal_directory(root: Path, sealer: Sealer | None, chunks: LocalChunkStore) -> None:
+    """Check, or record, whether ``root``'s chunk files are sealed and with which key;
+    ``PermissionDenied`` for a node started without the key its files need, with
+    another, or with a key over plaintext files already there.
+
+    The record binds while there are chunk files to protect: without any, it is made
+    again for the key given (the store's engine decides then: ``check_sealing``). One
+    removed while there are chunk files is made again from what a few of them turn
+    out to be: plaintext, sealed under this key, or neither (refused)."""
+    mark, mine = root / MARK, _check_of(sealer)
+    held = [chunk_id for chunk_id, _ in chunks.inventory(limit=PROBES)]
     try:
         said = mark.read_text().strip()
     except FileNotFoundError:
-        if sealer is not None and holds_chunks:
-            raise PermissionDenied(
-                f"{root} holds chunk files that are not encrypted: encryption at rest is "
-                "chosen when a store is made"
-            ) from None
-        write_private(mark, (sealer.check if sealer is not None else "none") + "\n")
+        said = _found_in(chunks, sealer, held) if held else mine
+        if said == mine:
+            if held:
+                log.warning("%s lost its %s file; its chunk files say: %s", root, MARK, mine)
+            write_private(mark, mine + "\n")
+            return
+    if said == mine:
         return
-    if said == "none" and sealer is None:
+    if not held:
+        write_private(mark, mine + "\n")
         return
+    raise PermissionDenied(_refusal(root, said, sealer))
+
+
+def _refusal(root: Path, said: str, sealer: Sealer | None) -> str:
+    """Why ``root``'s chunk files (``said``: sealed under this check value, ``"none"``,
+    or ``""``: neither plaintext nor this key's) cannot be served with ``sealer``."""
     if said == "none":
-        raise PermissionDenied(f"{root} holds chunk files that are not encrypted; no key needed")
-    if sealer is None:
-        raise PermissionDenied(
-            f"{root} holds encrypted chunk files: give the store's key "
-            "(--encryption-key-file, or $GRABEN_ENCRYPTION_KEY_FILE)"
+        return (
+            f"{root} holds chunk files that are not encrypted: encryption at rest is chosen "
+            "when a store is made; no key needed"
         )
-    if not hmac.compare_digest(said, sealer.check):
-        raise PermissionDenied(f"{root}'s chunk files were encrypted under another key")
+    if sealer is None and said:
+        return f"{root} holds encrypted chunk files: give the store's key ({KEY_FLAGS})"
+    if sealer is None:
+        return (
+            f"{root} holds chunk files that do not hash to their names: encrypted (its "
+            f"{MARK} file, which said so, is gone) or damaged; give the store's key ({KEY_FLAGS})"
+        )
+    if said:
+        return f"{root}'s chunk files were encrypted under another key"
+    return (
+        f"{root}'s chunk files neither hash to their names nor open under this key (its "
+        f"{MARK} file, which said how they were encrypted, is gone): another key's, or damaged"
+    )
+
+
+def _found_in(chunks: LocalChunkStore, sealer: Sealer | None, held: list[str]) -> str:
+    """What chunk files ``held`` are: ``"none"`` if one is plaintext (hashes to its name),
+    ``sealer``'s check value if one opens under it, else ``""``."""
+    for chunk_id in held:
+        try:
+            data = memoryview(chunks.path(chunk_id).read_bytes())
+        except FileNotFoundError:
+            continue  # collected meanwhile
+        if content_id(data) == chunk_id:
+            return "none"
+        if sealer is not None and _opens(sealer, chunk_id, data):
+            return sealer.check
+    return ""
+
+
+def _opens(sealer: Sealer, chunk_id: str, data: memoryview) -> bool:
+    plain = memoryview(bytearray(max(0, plain_length(data.nbytes))))
+    try:
+        sealer.open(chunk_id, data, plain)
+    except IntegrityError:
+        return False
+    return content_id(plain) == chunk_id
+
+
+def check_sealing(what: str, recorded: str, sealer: Sealer | None) -> None:
+    """``PermissionDenied`` unless ``sealer`` (or none) is the store's encryption at rest as
+    its engine ``recorded`` it (a check value, ``"none"``, or ``""``: nothing yet). A store
+    that is encrypted stays so: whatever ``what`` (a node, an embedded store) holds locally
+    may be lost, the engine's record is the store's."""
+    mine = _check_of(sealer)
+    if recorded in ("", mine):
+        return
+    if recorded == "none":
+        why = (
+            "the store's chunk files are not encrypted (its metadata engine records it; "
+            "encryption at rest is chosen when a store is made): start it without a key"
+        )
+    elif sealer is None:
+        why = (
+            "the store's chunk files are encrypted at rest (its metadata engine records "
+            f"it): give the store's key ({KEY_FLAGS}) rather than write plaintext into it"
+        )
+    else:
+        why = "the store's chunk files are encrypted under another key (its engine says so)"
+    raise PermissionDenied(f"{what}: {why}")
+
+
+def _check_of(sealer: Sealer | None) -> str:
+    """What a data directory and the store's engine record of ``sealer``."""
+    return sealer.check if sealer is not None else "none"

@@ -78,6 +78,9 @@ class Joined(msgspec.Struct, frozen=True):
     """The store the node has joined: it keeps this id and refuses any other."""
     replication: int
     """The store's default copies per chunk."""
+    sealed: str = ""
+    """The store's encryption at rest: its key's check value, ``"none"``, or ``""`` (not
+    recorded). A node whose own differs was not let in, and refuses to serve."""
 
 
 class Settings(msgspec.Struct, frozen=True):

@@ -248,6 +248,8 @@ class Heartbeat(Request[Joined], frozen=True):
     node: NodeState
     store_id: str = ""
     """The store the node belongs to; ``""`` if it has joined none yet."""
+    sealed: str = "none"
+    """The check value of the key the node encrypts chunk files with, or ``"none"``."""
 
 
 class ListNodes(Request[list[NodeState]], frozen=True):

@@ -218,6 +218,11 @@ MIGRATIONS = (
         files {int} NOT NULL
     ){rowid};
     """,
+    # 12: whether the store's chunk files are encrypted at rest: its key's check value,
+    # 'none' (plaintext), or '' until the first data node (or embedded store) says.
+    """
+    ALTER TABLE store ADD COLUMN sealed TEXT NOT NULL DEFAULT '';
+    """,
 )
 
 

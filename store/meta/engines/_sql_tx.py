@@ -415,6 +415,16 @@ class SqlTx(SqlRecords, SqlStripes, SqlTenants, CheckedRows):
             raise IntegrityError("metadata damaged: the store's id is missing")
         return row[0]
 
+    def sealed(self) -> str:
+        row = self._one("SELECT sealed FROM store")
+        if row is None or not isinstance(row[0], str):
+            raise IntegrityError("metadata damaged: the store's record of encryption is missing")
+        return row[0]
+
+    def seal(self, check: str) -> str:
+        self._execute("UPDATE store SET sealed = %s WHERE sealed = ''", (check,))
+        return self.sealed()
+
     def add_replicas(self, chunk: str, nodes: Iterable[str]) -> None:
         self._many(
             "INSERT INTO replicas (chunk, node) VALUES (%s, %s) ON CONFLICT DO NOTHING",

@@ -5,6 +5,7 @@ fails its tag is a damaged copy like any other (reported, read past, repaired, l
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -213,3 +214,135 @@ def test_a_flipped_byte_in_an_embedded_encrypted_store_is_an_integrity_error(
         [problem] = store.fsck().problems
         assert (problem.kind, problem.paths) == ("corrupt", ("/f",))
         assert victim.name in problem.where
+
+
+# -- a store that is encrypted stays encrypted: its engine records it -----------------------
+
+
+def _serve_node(data: Path, meta: str, *more: str) -> subprocess.CompletedProcess[str]:
+    """``graben node serve`` on ``data`` until it exits (a node that refuses to start)."""
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "graben.store.cli", "node", "serve", "--data", str(data)),
+            *("--meta", meta, "--listen", "127.0.0.1:0", *more),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_node_that_would_write_plaintext_into_an_encrypted_store_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    key = _key(tmp_path / "key")
+    cluster = LocalCluster(
+        tmp_path / "c",
+        nodes=3,
+        timeout=2.0,
+        repair=0.5,
+        node_args=("--encryption-key-file", str(key)),
+    )
+    data = MARKER * ((1 << 20) // len(MARKER))
+    try:
+        with connect(cluster.url) as client:
+            client.put("/secret.bin", data)
+            cluster.kill(0)
+            (cluster.node_dir(0) / "sealed").unlink()  # its record of the key, gone
+            lost = _serve_node(cluster.node_dir(0), cluster.meta_address)
+            assert lost.returncode == 1
+            assert "give the store's key" in lost.stderr
+            for name in ("node0-emptied", "new"):  # no chunk file left to tell: the engine does
+                empty = tmp_path / name
+                if name == "node0-emptied":
+                    shutil.copytree(cluster.node_dir(0), empty)
+                    shutil.rmtree(empty / "chunks")
+                    (empty / "sealed").unlink(missing_ok=True)
+                started = _serve_node(empty, cluster.meta_address)
+                assert started.returncode == 1, started.stderr
+                assert "encrypted at rest (its metadata engine records it)" in started.stderr
+                assert "give the store's key" in started.stderr
+                assert not list((empty / "chunks").glob("??/??/*"))
+            eventually(lambda: copies(client, "/secret.bin") == [2])  # node 0 is dead
+            cluster.start_node(0)  # with the key: its record made again from its files
+            eventually(lambda: copies(client, "/secret.bin") == [3])
+            assert (cluster.node_dir(0) / "sealed").read_text().strip() != "none"
+        with connect(cluster.url) as client:  # node 0's new address
+            assert client.get("/secret.bin") == data and not client.fsck().problems
+        for i in range(3):
+            assert _plaintext_in(cluster.node_dir(i)) == []
+    finally:
+        cluster.close()
+
+
+def test_a_key_given_to_a_node_of_a_plaintext_store_is_refused(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "c", nodes=1, replication=1)
+    try:
+        with connect(cluster.url) as client:
+            client.put("/plain.bin", MARKER * 1000)
+        started = _serve_node(
+            tmp_path / "new",
+            cluster.meta_address,
+            "--encryption-key-file",
+            str(_key(tmp_path / "k")),
+        )
+        assert started.returncode == 1
+        assert "not encrypted (its metadata engine records it" in started.stderr
+    finally:
+        cluster.close()
+
+
+def test_an_embedded_store_opened_without_its_key_refuses_even_without_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = _key(tmp_path / "key")
+    monkeypatch.setenv("GRABEN_ENCRYPTION_KEY_FILE", str(key))
+    root, data = tmp_path / "store", MARKER * (300 * KiB // len(MARKER))
+    with connect(root) as store:
+        store.put("/big", data)
+        store.put("/small", b"kept in the engine")  # inline: no chunk file
+    (root / "sealed").unlink()
+    monkeypatch.delenv("GRABEN_ENCRYPTION_KEY_FILE")
+    with pytest.raises(PermissionDenied, match="give the store's key"):
+        connect(root)  # its chunk files tell
+    for chunk in (root / "chunks").glob("??/??/*"):
+        chunk.unlink()
+    (root / "sealed").unlink(missing_ok=True)
+    with pytest.raises(PermissionDenied, match=r"encrypted at rest \(its metadata engine records"):
+        connect(root)  # none left: its engine tells
+    monkeypatch.setenv("GRABEN_ENCRYPTION_KEY_FILE", str(key))
+    with connect(root) as store:
+        assert store.get("/small") == b"kept in the engine"
+        store.put("/again", data + b"again")
+    assert _plaintext_in(root / "chunks") == []
+    (root / "sealed").unlink()
+    with connect(root) as store:  # the key given: its record made again from its files
+        assert store.get("/again") == data + b"again"
+    assert (root / "sealed").read_text().strip() != "none"
+    monkeypatch.delenv("GRABEN_ENCRYPTION_KEY_FILE")
+    with connect(tmp_path / "plain") as store:
+        store.put("/small", b"plaintext")
+    monkeypatch.setenv("GRABEN_ENCRYPTION_KEY_FILE", str(key))
+    with pytest.raises(PermissionDenied, match=r"not encrypted \(its metadata engine records"):
+        connect(tmp_path / "plain")  # a key over a plaintext store, no chunk file to tell
+
+
+def test_the_engine_lets_in_only_nodes_sealed_as_the_store_is(tmp_path: Path) -> None:
+    from graben.store._types import NodeState
+    from graben.store.meta import Namespace, SQLiteRepository
+
+    namespace = Namespace(SQLiteRepository(tmp_path / "meta.db", create=True))
+    try:
+
+        def beat(node: str, sealed: str) -> str:
+            state = NodeState(node, f"{node}:1", "rack", 1 << 30, 1 << 30)
+            return namespace.heartbeat(state, namespace.store_id, sealed).sealed
+
+        assert beat("a", "c0ffee") == "c0ffee"  # the first node decides
+        assert beat("b", "none") == beat("c", "d00d") == "c0ffee"
+        assert beat("a", "c0ffee") == "c0ffee"
+        assert [n.id for n in namespace.nodes()] == ["a"]
+        assert namespace.sealed("none") == "c0ffee"
+    finally:
+        namespace.repo.close()
