@@ -25,7 +25,7 @@ from cluster_kit import LocalCluster, eventually
 from graben.store import Client, PermissionDenied, QuotaExceeded, connect
 from graben.store.client import _loop
 from graben.store.meta._grants import TENANT_TTL_S
-from graben.store.transport import ChunkRefs, Grant
+from graben.store.transport import ChunkRefs, Grant, ListNodes
 from graben.store.transport._requests import GetLayout
 
 MiB = 1 << 20
@@ -264,6 +264,16 @@ def test_a_read_handle_stops_reading_within_a_capabilitys_life_after_revocation(
                 time.sleep(0.1)
         assert time.monotonic() - revoked <= TENANT_TTL_S + 1.0
         handle.close()
+
+
+def test_a_tenant_sees_where_the_nodes_are_not_their_disks(
+    team_a: Client, operator: Client
+) -> None:
+    theirs = _loop.run(team_a.aio.meta.request(ListNodes()))
+    ours = _loop.run(operator.aio.meta.request(ListNodes()))
+    assert sorted(n.address for n in theirs) == sorted(n.address for n in ours)
+    assert all(n.free == n.total == 0 and n.rack == "" for n in theirs)
+    assert all(n.total > 0 for n in ours)
 
 
 def test_an_expired_token_is_refused(cluster: LocalCluster, operator: Client) -> None:
