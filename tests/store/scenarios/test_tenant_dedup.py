@@ -137,6 +137,8 @@ def test_deduplication_within_a_tenant_stays(team_a: Client) -> None:
     assert _prepare(team_a, chunk, "/teams/a/two.bin")[0] is False  # held in its own scope
     _commit(team_a, "/teams/a/two.bin", chunk)  # named without upload: its own file uses it
     assert team_a.get("/teams/a/two.bin") == data
+    team_a.copy("/teams/a/one.bin", "/teams/a/three.bin")  # shares the chunks, as before
+    assert team_a.get("/teams/a/three.bin") == data
 
 
 def _receipts_of(client: Client, data: bytes) -> list[Receipt]:
