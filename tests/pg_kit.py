@@ -129,12 +129,13 @@ class Engine:
             return cur.fetchall() if cur.description else []
 
     def back_to_7(self) -> None:
-        """Take back schemas 8 to 11, row checksums, the change feed, storage classes and
-        tenants (a store as an older graben left it)."""
+        """Take back schemas 8 to 12, row checksums, the change feed, storage classes,
+        tenants and the record of encryption (a store as an older graben left it)."""
         for table in SUMMED:
             self.sql(f"ALTER TABLE {table} DROP COLUMN sum")
         for table in ("changes", "classes", "pieces", "tenants", "tokens", "quotas"):
             self.sql(f"DROP TABLE {table}")
+        self.sql("ALTER TABLE store DROP COLUMN sealed")
 
     def set_version(self, version: int) -> None:
         """Record ``version`` as the store's schema version."""
