@@ -105,6 +105,20 @@ class OpenFile:
     """Held while the spool is committed: its mapping must not change meanwhile."""
 
 
+Entry = tuple[str, str, FileInfo | None]
+"""A directory entry as a listing keeps it: name, path, what the store said of it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """A directory's entries, read when it was opened (``opendir``), for its ``readdir``."""
+
+    entries: list[Entry]
+    """Its names, ``.`` and ``..`` first."""
+    changes_made: int
+    """``Base.changes_made`` when it was read: what this mount changed since is newer."""
+
+
 @dataclass(eq=False)
 class Handle:
     inode: int
@@ -128,7 +142,7 @@ class Base(pyfuse3.Operations):
         self.inodes = InodeTable()
         self._open: dict[int, OpenFile] = {}
         self._handles: dict[int, Handle] = {}
-        self._listings: dict[int, list[tuple[str, str, FileInfo | None]]] = {}
+        self._listings: dict[int, Listing] = {}
         self._next_fh = 1
         self._versions: dict[int, tuple[int, int]] = {}
         self.whole = WholeDirs()
@@ -136,6 +150,8 @@ class Base(pyfuse3.Operations):
         self.known: Known = {}
         """What the kernel was last told of each inode: a file's attributes are answered
         from here until the change feed says another client changed it (``_follow``)."""
+        self.changes_made = 0
+        """Changes this mount made to inodes so far (``told``)."""
         self._uid, self._gid = os.getuid(), os.getgid()
         self.local = client.local
         """The store runs in this process (embedded)."""
@@ -212,14 +228,32 @@ class Base(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
 
     def told(self, inode: int, info: FileInfo) -> None:
-        """The kernel learns ``info`` of ``inode`` (a change with these is no news)."""
+        """This mount changed ``inode`` (chown, chmod, rename, link, a commit) and the store
+        answered ``info``: the kernel learns it (a change with these is no news), and a
+        store read begun before now may be older (``since``)."""
         self.known[inode] = info
+        self.changes_made += 1
+
+    def _newest(self, inode: int, info: FileInfo, since: int | None) -> FileInfo:
+        """``info``, read from the store when ``changes_made`` was ``since``; or what this
+        mount was told of ``inode`` since then, which is newer (a listing taken before a
+        chown must not give the kernel the old owner)."""
+        was = self.known.get(inode)
+        if since is not None and since != self.changes_made and was is not None:
+            return was
+        self.known[inode] = info
+        return info
 
     def _attrs(
-        self, inode: int, info: FileInfo | None, file: OpenFile | None
+        self,
+        inode: int,
+        info: FileInfo | None,
+        file: OpenFile | None,
+        *,
+        since: int | None = None,
     ) -> pyfuse3.EntryAttributes:
         if info is not None:
-            self.told(inode, info)
+            info = self._newest(inode, info, since)
         attrs = pyfuse3.EntryAttributes()
         attrs.st_ino = inode
         attrs.entry_timeout = attrs.attr_timeout = self.timeout
@@ -255,10 +289,10 @@ class Base(pyfuse3.Operations):
         file = self._open.get(inode)
         if file is not None and (file.created or file.unlinked):
             return self._attrs(inode, file.info, file)
-        info = self.known.get(inode)
+        info, since = self.known.get(inode), self.changes_made
         if info is None or info.is_dir:  # a directory changes with every name in it
             info = await self._stat_path(path)
-        return self._attrs(inode, info, file)
+        return self._attrs(inode, info, file, since=since)
 
     async def _stat_path(self, path: str) -> FileInfo:
         """What the store says of ``path``.

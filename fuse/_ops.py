@@ -29,7 +29,7 @@ import pyfuse3
 
 from graben.store import Change, FileInfo
 
-from ._base import BLKSIZE, MAX_FILE_SIZE, NAME_MAX, SYMLINK, answers_errno
+from ._base import BLKSIZE, MAX_FILE_SIZE, NAME_MAX, SYMLINK, Entry, Listing, answers_errno
 from ._handles import FileHandles, set_attributes
 from ._inodes import ROOT
 
@@ -53,8 +53,10 @@ class Operations(FileHandles):
             raise pyfuse3.FUSEError(errno.ENOENT)  # its directory is held whole, without it
         attrs = await self._stat(inode, path) if inode is not None else None
         if attrs is None:
+            since = self.changes_made
             info = await self._stat_path(path)
-            attrs = self._attrs(self.inodes.number(path, linked(info)), info, None)
+            number = self.inodes.number(path, linked(info))
+            attrs = self._attrs(number, info, self._open.get(number), since=since)
         self.inodes.lookup(path)
         return attrs
 
@@ -175,6 +177,7 @@ class Operations(FileHandles):
         self.whole.added(new)
         self.inodes.alias(new, inode)
         self.inodes.lookup(new, info.inode)
+        self.told(inode, info)  # one more link, a new ctime
         return self._attrs(inode, info, file)
 
     @answers_errno
@@ -201,7 +204,8 @@ class Operations(FileHandles):
         path = self._child(parent_inode, name)
         await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.peek(path)
-        self.known.pop(inode or 0, None)  # one name fewer
+        if self.known.pop(inode or 0, None) is not None:  # one name fewer
+            self.changes_made += 1
         file = self._open.get(inode) if inode is not None else None
         if file is not None and file.created:
             file.unlinked = True
@@ -232,12 +236,14 @@ class Operations(FileHandles):
         await self._releases.all_settled()
         await self._commit_below(old)
         replace = not flags & pyfuse3.RENAME_NOREPLACE
-        await self._ask(lambda aio: aio.rename(old, new, replace=replace))
+        info = await self._ask(lambda aio: aio.rename(old, new, replace=replace))
         self.whole.moved(old, new)
-        replaced = self.inodes.peek(new)
-        for changed in (self.inodes.peek(old), replaced):  # a new ctime; one name fewer
-            self.known.pop(changed or 0, None)
+        moved, replaced = self.inodes.peek(old), self.inodes.peek(new)
+        if replaced is not None and replaced != moved:  # one name fewer
+            self.known.pop(replaced, None)
         self.inodes.moved(old, new)
+        if moved is not None:  # its new ctime, here: the change feed's row is no news
+            self.told(moved, info)
         if replaced is not None and replaced in self._open and not self.inodes.names(replaced):
             self._open[replaced].unlinked = True  # its handles keep what they had
 
@@ -257,8 +263,8 @@ class Operations(FileHandles):
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         await self._releases.all_settled()
         path = self._path(inode)
-        since = self.whole.mark()
-        entries: list[tuple[str, str, FileInfo | None]] = [
+        since, made = self.whole.mark(), self.changes_made
+        entries: list[Entry] = [
             (info.name, info.path, info) for info in await self._ask(lambda aio: aio.ls(path))
         ]
         listed = {name for name, _, _ in entries}
@@ -270,14 +276,15 @@ class Operations(FileHandles):
                 entries.append((name, pending, None))
         self.whole.hold(path, (name for name, _, _ in entries), since)
         parent = posixpath.dirname(path)  # the root's parent is the root
-        dots: list[tuple[str, str, FileInfo | None]] = [(".", path, None), ("..", parent, None)]
+        dots: list[Entry] = [(".", path, None), ("..", parent, None)]
         fh = self._new_fh()
-        self._listings[fh] = dots + entries
+        self._listings[fh] = Listing(dots + entries, made)
         return fh
 
     @answers_errno
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        entries = self._listings[fh]
+        listing = self._listings[fh]
+        entries = listing.entries
         for index in range(start_id, len(entries)):
             name, path, info = entries[index]
             dot = name in (".", "..")
@@ -286,7 +293,8 @@ class Operations(FileHandles):
                 attrs = pyfuse3.EntryAttributes()
                 attrs.st_ino, attrs.st_mode = inode, stat.S_IFDIR
             else:
-                attrs = self._attrs(inode, info, self._open.get(inode))
+                file = self._open.get(inode)
+                attrs = self._attrs(inode, info, file, since=listing.changes_made)
             if not pyfuse3.readdir_reply(token, os.fsencode(name), attrs, index + 1):
                 return
             if not dot:
