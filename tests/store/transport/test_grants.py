@@ -22,14 +22,28 @@ def test_grants_are_fetched_when_missing_or_about_to_expire() -> None:
     async def scenario() -> None:
         grants = Grants(fetch)
         fresh = Capability("c1", "read", time.time() + 600, "m")
-        grants.add([fresh, Capability("c2", "read", time.time() + REFRESH_BEFORE_S / 2, "m")])
+        short = Capability("c2", "read", time.time() + 0.4, "m")  # a tenant's, say
+        grants.add([fresh, short])
         assert await grants.get("c1", "read") is fresh
+        assert await grants.get("c2", "read") is short  # in the first half of its life
         assert asked == []
-        assert (await grants.get("c2", "read")).mac == "mac"  # stale: fetched anew
+        await asyncio.sleep(0.25)
+        assert (await grants.get("c2", "read")).mac == "mac"  # past half: fetched anew
         assert (await grants.get("c1", "write")).op == "write"  # never held
         assert asked == [(("c2",), "read"), (("c1",), "write")]
 
     asyncio.run(scenario())
+
+
+def test_a_grant_is_renewed_a_margin_before_expiry_or_at_half_its_life() -> None:
+    async def fetch(chunks: tuple[str, ...], op: Op) -> list[Capability]:
+        return []
+
+    grants, now = Grants(fetch), time.time()
+    long, short = Capability("a", "read", now + 600, "m"), Capability("b", "read", now + 10, "m")
+    grants.add([long, short])
+    assert grants._renew[("a", "read")] == pytest.approx(long.expires - REFRESH_BEFORE_S, abs=1)
+    assert grants._renew[("b", "read")] == pytest.approx(now + 5, abs=1)
 
 
 def test_a_grant_that_never_comes_is_a_permission_error() -> None:
