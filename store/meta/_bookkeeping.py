@@ -44,6 +44,8 @@ class Bookkeeping:
     """Copies of each chunk unless a file asks otherwise."""
     heartbeat_timeout: float
     """Seconds after its last heartbeat a node counts as dead."""
+    inline_max: int
+    """Largest chunk the engine keeps itself (a small file's bytes); 0: none."""
 
     def chunk_refs(self, after: str = "", limit: int = 0) -> ChunkPage:
         """A page of the chunk layer: chunks with ids after ``after``."""
@@ -107,6 +109,7 @@ class Bookkeeping:
             return recorded
 
         recorded = self.repo.transact(beat)
+        self.heed_sealing(recorded)
         return Joined(self.store_id, self.default_replication, sealed=recorded)
 
     def sealed(self, check: str) -> str:
@@ -114,12 +117,23 @@ class Bookkeeping:
         recorded first if nothing is yet (an embedded store's first open)."""
         with self.repo.read() as tx:
             recorded = tx.sealed()
-        return recorded or self.repo.transact(lambda tx: tx.seal(check))
+        recorded = recorded or self.repo.transact(lambda tx: tx.seal(check))
+        self.heed_sealing(recorded)
+        return recorded
+
+    def heed_sealing(self, recorded: str) -> None:
+        """An encrypted store keeps no file's bytes in its engine, where they would be its
+        only plaintext at rest: once the store records a key (``recorded``), this service
+        keeps nothing inline, tells its writers so (``Settings``) and refuses inline bytes.
+        Learned at start, from the heartbeats it answers and each time it lists the nodes."""
+        if recorded not in ("", "none"):
+            self.inline_max = 0
 
     def nodes(self) -> list[NodeState]:
         """Registered data nodes, ``alive`` if heard from within the timeout."""
         with self.repo.read() as tx:
             found = tx.nodes()
+            self.heed_sealing(tx.sealed())
         cutoff = time.time() - self.heartbeat_timeout
         return [msgspec.structs.replace(n, alive=n.last_seen >= cutoff) for n in found]
 

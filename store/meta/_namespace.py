@@ -126,6 +126,7 @@ class Namespace(Quotas, Commits, Bookkeeping, Classes, Tenants):
         with repo.read() as tx:
             self.store_id = tx.store_id()
             """The store's id: data nodes and capabilities of another store are refused."""
+            self.heed_sealing(tx.sealed())
         self._handlers: dict[type[Any], Callable[[Any], Any]] = {
             Stat: lambda r: self.stat(r.path),
             ListDir: lambda r: self.listdir(r.path, r.after, r.limit, r.directory),

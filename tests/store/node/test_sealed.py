@@ -80,9 +80,10 @@ def test_an_embedded_store_keeps_no_plaintext_and_refuses_a_wrong_or_missing_key
     data = MARKER * (300 * KiB // len(MARKER))
     with connect(tmp_path / "store") as store:
         store.put("/secret.bin", data)
+        store.put("/small.txt", MARKER + b"a small file: no longer kept in the engine")
         assert store.get("/secret.bin") == data
         assert store.fsck().problems == ()
-    assert _plaintext_in(tmp_path / "store" / "chunks") == []
+    assert _plaintext_in(tmp_path / "store") == []  # meta.db too: no file's bytes in it
     monkeypatch.setenv("GRABEN_ENCRYPTION_KEY_FILE", str(_key(tmp_path / "other")))
     with pytest.raises(PermissionDenied, match="under another key"):
         connect(tmp_path / "store")
@@ -119,11 +120,13 @@ def test_a_cluster_keeps_no_plaintext_on_its_nodes_and_a_node_without_the_key_st
     try:
         with connect(cluster.url, chunk_size=256 * KiB) as client:
             client.put("/secret.bin", data)
-            assert client.get("/secret.bin") == data
+            small = MARKER + b"a small file: on the nodes, sealed, not in the engine"
+            client.put("/small.txt", small)
+            assert client.get("/secret.bin") == data and client.get("/small.txt") == small
             assert client.fsck().problems == ()
         for i in range(3):
             assert cluster.chunk_files(i)  # the nodes hold the bytes...
-            assert _plaintext_in(cluster.node_dir(i)) == []  # ...none of them readable
+        assert _plaintext_in(tmp_path / "c") == []  # ...none readable, nor in meta.db
         cluster.kill(0)
     finally:
         cluster.close()
@@ -301,7 +304,6 @@ def test_an_embedded_store_opened_without_its_key_refuses_even_without_its_recor
     root, data = tmp_path / "store", MARKER * (300 * KiB // len(MARKER))
     with connect(root) as store:
         store.put("/big", data)
-        store.put("/small", b"kept in the engine")  # inline: no chunk file
     (root / "sealed").unlink()
     monkeypatch.delenv("GRABEN_ENCRYPTION_KEY_FILE")
     with pytest.raises(PermissionDenied, match="give the store's key"):
@@ -313,7 +315,6 @@ def test_an_embedded_store_opened_without_its_key_refuses_even_without_its_recor
         connect(root)  # none left: its engine tells
     monkeypatch.setenv("GRABEN_ENCRYPTION_KEY_FILE", str(key))
     with connect(root) as store:
-        assert store.get("/small") == b"kept in the engine"
         store.put("/again", data + b"again")
     assert _plaintext_in(root / "chunks") == []
     (root / "sealed").unlink()
@@ -328,12 +329,20 @@ def test_an_embedded_store_opened_without_its_key_refuses_even_without_its_recor
         connect(tmp_path / "plain")  # a key over a plaintext store, no chunk file to tell
 
 
-def test_the_engine_lets_in_only_nodes_sealed_as_the_store_is(tmp_path: Path) -> None:
-    from graben.store._types import NodeState
+def test_the_engine_lets_in_only_nodes_sealed_as_the_store_is_and_keeps_no_bytes_then(
+    tmp_path: Path,
+) -> None:
+    from graben.store._hashing import chunk_ref
+    from graben.store._types import Extent, FileCommit, NodeState, StoredChunk
     from graben.store.meta import Namespace, SQLiteRepository
+
+    def small(path: str, data: bytes) -> FileCommit:
+        ref = chunk_ref(data)
+        return FileCommit(path, (Extent(0, len(data), ref),), (StoredChunk(ref, (), data),))
 
     namespace = Namespace(SQLiteRepository(tmp_path / "meta.db", create=True))
     try:
+        assert namespace.settings().inline_max > 0
 
         def beat(node: str, sealed: str) -> str:
             state = NodeState(node, f"{node}:1", "rack", 1 << 30, 1 << 30)
@@ -344,5 +353,13 @@ def test_the_engine_lets_in_only_nodes_sealed_as_the_store_is(tmp_path: Path) ->
         assert beat("a", "c0ffee") == "c0ffee"
         assert [n.id for n in namespace.nodes()] == ["a"]
         assert namespace.sealed("none") == "c0ffee"
+        assert namespace.settings().inline_max == 0  # an encrypted store's bytes: on nodes
+        with pytest.raises(InvalidArgument, match="inline limit of 0"):
+            namespace.commit((small("/small", b"would be plaintext in the engine"),))
     finally:
         namespace.repo.close()
+    again = Namespace(SQLiteRepository(tmp_path / "meta.db"))  # another service, later
+    try:
+        assert again.settings().inline_max == 0
+    finally:
+        again.repo.close()
