@@ -26,6 +26,10 @@ is reached from that handle, so a link planted on the way cannot redirect
 it; nothing in it is opened through a link: fills are made exclusively,
 0600, under random names, then renamed into place, and a link (or anything
 else graben did not make) where a shard or a lock belongs is dropped.
+
+Shards are cached in plaintext, whatever the store's encryption at rest
+(they are mapped read-only, straight from the page cache): where that
+matters, put the cache on an encrypted disk or on tmpfs.
 """
 
 from __future__ import annotations
