@@ -447,6 +447,8 @@ class DataNode:
     async def _admitted(self) -> None:
         """Return once a metadata service has let this node in (``Unavailable`` after
         ``LET_IN_S`` without one)."""
+        if self._let_in.is_set():
+            return
         try:
             await asyncio.wait_for(self._let_in.wait(), LET_IN_S)
         except TimeoutError:
