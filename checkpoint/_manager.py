@@ -35,6 +35,8 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, asy
 from graben.store import (
     Client,
     FileInfo,
+    GrabenError,
+    IntegrityError,
     InvalidArgument,
     NotFound,
     check_class,
@@ -358,18 +360,38 @@ class CheckpointManager:
         """Load the latest checkpoint into ``state_dict`` in place; its step, or ``None``.
 
         With the memory tier: the newest step complete in memory on every rank
-        (at this node's agent or its peer), unless the store holds a newer one.
+        (at this node's agent or its peer), unless the store holds a newer one. A
+        step that some rank cannot load from memory (its segment differs from the
+        digest its writer gave, or is gone) is refused on every rank, with a
+        warning, and the next newest is tried, then the store's; if none is left,
+        the refusal is raised (the state dict may hold refused bytes by then).
         """
         latest = self.latest()
+        refused: GrabenError | None = None
         if self._tiered:
-            step = self._memory_step()
-            if step is not None and (latest is None or step >= latest.step):
-                self._memory_tier().load(step, state_dict)
-                return step
+            for step in self._memory_steps():
+                if latest is not None and step < latest.step:
+                    break
+                why = self._memory_load(step, state_dict)
+                if self._everyone(why is None):
+                    return step
+                elsewhere = IntegrityError(f"another rank refused step {step} in memory")
+                refused = why or refused or elsewhere
         if latest is None:
+            if refused is not None:
+                raise refused
             return None
         self.load(latest.step, state_dict, planner=planner)
         return latest.step
+
+    def _memory_load(self, step: int, state_dict: dict[str, Any]) -> GrabenError | None:
+        """Load ``step`` from memory on this rank; ``None`` if it did, else why not."""
+        try:
+            self._memory_tier().load(step, state_dict)
+        except GrabenError as exc:
+            log.warning("step %d is not loaded from memory: %s", step, exc)
+            return exc
+        return None
 
     def load(
         self, step: int, state_dict: dict[str, Any], *, planner: LoadPlanner | None = None
@@ -379,15 +401,15 @@ class CheckpointManager:
         planner = planner or GrabenLoadPlanner()
         dcp_load(state_dict, storage_reader=reader, planner=planner, process_group=self._group)
 
-    def _memory_step(self) -> int | None:
-        """The newest step every rank can load from memory (a collective), or ``None``."""
+    def _memory_steps(self) -> builtins.list[int]:
+        """The steps every rank can load from memory (a collective), newest first."""
         mine = set(self._memory_tier().steps())
         if dist.is_available() and dist.is_initialized():
             everyone: builtins.list[set[int] | None] = [None] * dist.get_world_size(self._group)
             dist.all_gather_object(everyone, mine, group=self._tiers_group())
             for theirs in everyone:
                 mine &= theirs or set()
-        return max(mine, default=None)
+        return sorted(mine, reverse=True)
 
     def list(self) -> list[CheckpointInfo]:
         """Complete checkpoints, oldest first."""

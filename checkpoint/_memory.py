@@ -2,10 +2,12 @@
 
 A save copies the rank's state dict into a segment the node's agent
 (``graben agent serve``) holds in shared memory (``_segment``), and marks it
-done once every rank has copied; the segments outlive the training
-processes. A step can be loaded back from memory only when every rank of the
-same world size finds its own segment of it, at its agent or at that agent's
-peer (``complete_step`` gathers that). Nothing here talks to other ranks
+done once every rank has copied, naming the ranges a reader reads (the agent
+hashes them, after its reply); the segments outlive the training processes.
+A load checks every range it reads against the agent's hashes. A step
+can be loaded back from memory only when every rank of the same world size
+finds its own segment of it, at its agent or at that agent's peer
+(``complete_step`` gathers that). Nothing here talks to other ranks
 itself: the manager runs the collectives.
 """
 
@@ -35,8 +37,8 @@ class MemoryTier:
         self.job, self.rank, self.world = job, rank, world
         self.client = AgentClient(agent)
         self._maps = _segment.Mappings()
-        self._last: tuple[int, mmap.mmap] | None = None
-        """The step this rank last wrote, and its mapping."""
+        self._last: tuple[int, mmap.mmap, _segment.Layout] | None = None
+        """The step this rank last wrote, its mapping and its layout."""
         self._ahead: _Ahead | None = None
         """The segment asked for, while the loop trains, for the save expected next."""
         self._size = 0
@@ -53,7 +55,10 @@ class MemoryTier:
             return "it holds tensor subclasses (DTensor); the memory tier holds plain tensors"
         if time.monotonic() < self._down_until:
             return f"the memory agent at {self.client.address} failed a moment ago"
-        layout = _segment.layout(state_dict)
+        try:
+            layout = _segment.layout(state_dict)
+        except _segment.Unholdable as exc:
+            return exc.message
         self._size = layout.size
         try:
             path = self._reserved(_Ahead(self.key(step), layout.size, to_store))
@@ -61,9 +66,12 @@ class MemoryTier:
             return exc.message
         except GrabenError as exc:
             return self._failed(exc)
-        memory = self._maps.of(path, layout.size)
+        try:
+            memory = self._maps.of(path, layout.size)
+        except OSError as exc:  # not a file of ours: the agent's directory is not its own
+            return f"the memory agent's segment {path} cannot be used: {exc}"
         _segment.write_into(memory, layout)
-        self._last = (step, memory)
+        self._last = (step, memory, layout)
         return None
 
     def _reserved(self, want: _Ahead) -> str:
@@ -82,11 +90,15 @@ class MemoryTier:
 
     def done(self, step: int, gap: int, next_to_store: bool) -> None:
         """Every rank holds ``step``: this rank's segment is complete (the agent's reply
-        is waited for at the next call, not here: the loop goes on meanwhile). The
-        segment for the save expected ``gap`` steps on is asked for now, as it trains."""
+        is waited for at the next call, not here: the loop goes on meanwhile; the agent
+        hashes the ranges a reader reads after it replies). The segment for the save
+        expected ``gap`` steps on is asked for now, as it trains."""
+        assert self._last is not None, "stage comes first"
+        written, _, layout = self._last
+        assert written == step, f"step {step} was not the last one staged ({written})"
         key = self.key(step + max(gap, 1))
         try:
-            self.client.done(self.key(step), wait=False)
+            self.client.done(self.key(step), _segment.ranges(layout), wait=False)
             path = self.client.reserve_ahead(key, self._size, to_store=next_to_store)
         except GrabenError as exc:  # this rank's copy stays incomplete: the step does too
             log.warning("step %d is not complete in memory: %s", step, self._failed(exc))
@@ -118,9 +130,9 @@ class MemoryTier:
         """``step``'s segment, just written, as a state dict of views of its memory (what
         the store's copy is made from)."""
         assert self._last is not None, "stage comes first"
-        written, memory = self._last
+        written, memory, layout = self._last
         assert written == step, f"step {step} was not the last one staged ({written})"
-        return _segment.views_of(memory)
+        return _segment.views_of(memory, layout)
 
     def steps(self) -> list[int]:
         """Steps whose segment of this rank this node's agent (or its peer) holds complete."""
@@ -133,8 +145,10 @@ class MemoryTier:
             return []
 
     def load(self, step: int, state_dict: dict[str, Any]) -> None:
-        """Load ``step`` from memory into ``state_dict`` in place."""
-        _segment.load(self.client.locate(self.key(step)), state_dict)
+        """Load ``step`` from memory into ``state_dict`` in place, every range read checked
+        against the agent's hash of it (``IntegrityError``: it differs)."""
+        located = self.client.locate(self.key(step))
+        _segment.load(located.path, located.sums, state_dict)
 
     def close(self) -> None:
         """Give back the segment reserved ahead, and let go of the agent and the mappings."""

@@ -1,50 +1,74 @@
 """A rank's state dict as one segment of the memory tier, byte for byte.
 
 Layout: 8 bytes giving the header's length, the header (the state dict's
-skeleton, pickled: every tensor replaced by a ``_Slot`` naming its offset,
-type and shape; every other value as it is), then each tensor's raw bytes at
-its slot's offset (64-byte aligned). Writing is one ``copy_`` per tensor into
-the mapped file (the only copy a save makes; ``Mappings`` keeps files mapped,
-so a reused one costs no page faults); reading is ``preadv`` straight into each
-target tensor, by a few threads. Read as views (``views_of``), a segment is a
-state dict whose tensors are its own memory: the background save to the
-store reads them there.
+skeleton as msgpack: every tensor replaced by a ``_Slot`` naming its offset,
+type and shape; containers and plain values, None, bool, int, float, str and
+bytes, as they are), then each tensor's raw bytes at its slot's offset
+(64-byte aligned). Nothing read from a segment is unpickled: whoever could
+write shared memory would otherwise run code in every rank that loads it.
+Writing is one ``copy_`` per tensor into the mapped file (the only copy a save
+makes; ``Mappings`` keeps files mapped, so a reused one costs no page faults);
+reading is ``preadv`` straight into each target tensor, by a few threads.
+Read as views (``views_of``), a segment is a state dict whose tensors are its
+own memory: the background save to the store reads them there.
 
-Plain tensors, containers of them (dicts, lists, tuples) and any picklable
-value are held; a ``Stateful`` (an object with ``state_dict`` and
-``load_state_dict``, as DCP takes) is held as its state dict and loaded back
-through ``load_state_dict``. Tensor subclasses (``DTensor``) are not: the
-caller checks ``holdable`` first and saves such state to the store.
+What a reader checks: the writer names the ranges a reader will read
+(``ranges``: the header, and each tensor cut every ``PIECE`` bytes from its
+start) when it tells the agent the segment is done; the agent hashes them
+then (blake3) and hands a reader the sums with the file. ``load`` checks the
+header before decoding it (plain values come from it) and each piece as it
+lands, and refuses a segment that differs (``IntegrityError``) before any
+``load_state_dict`` or copy into a tensor of another type (a tensor read in
+place may hold the refused bytes by then: the caller loads another step over
+it, or fails).
+
+Plain tensors, containers of them (dicts, lists, tuples) and plain values are
+held; a ``Stateful`` (an object with ``state_dict`` and ``load_state_dict``,
+as DCP takes) is held as its state dict and loaded back through
+``load_state_dict``. Tensor subclasses (``DTensor``) are not: the caller
+checks ``holdable`` first and saves such state to the store, as it does a
+state dict ``layout`` refuses (``Unholdable``: another value).
 """
 
 from __future__ import annotations
 
+import hmac
 import mmap
 import os
-import pickle
+import stat
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeAlias
 
+import blake3
+import msgspec
 import torch
 
-from graben.store import InvalidArgument
+from graben.store import IntegrityError, InvalidArgument, PermissionDenied
 
 from ._format import tensor_bytes
 
 ALIGN = 64
 READERS = 4
-"""Threads reading one segment back (``preadv`` lets go of the GIL)."""
-READ_PIECE = 8 << 20
-"""Bytes of one read."""
+"""Threads reading one segment back (``preadv`` and blake3 let go of the GIL)."""
+PIECE = 8 << 20
+"""Bytes of one read, and of one piece of a tensor's digest."""
+Sums = list[tuple[int, int, bytes]]
+"""The agent's blake3 of each range a writer named: ``(offset, length, blake3)``."""
+MAX_HEADER = 1 << 30
+"""Most bytes of a header a reader takes."""
 _LENGTH = struct.Struct("<Q")
+_PLAIN = (type(None), bool, int, float, str)
 
 
-@dataclass(frozen=True, slots=True)
-class _Slot:
+class Unholdable(InvalidArgument):
+    """A state dict holds a value a segment does not keep (it goes to the store)."""
+
+
+class _Slot(msgspec.Struct, frozen=True, array_like=True, tag="t"):
     """Where a tensor's bytes lie in the segment."""
 
     offset: int
@@ -55,11 +79,45 @@ class _Slot:
     """Its shape."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Stateful:
+class _Stateful(msgspec.Struct, frozen=True, array_like=True, tag="s"):
     """A ``Stateful`` object's state dict, loaded back through its ``load_state_dict``."""
 
-    state: Any
+    state: Node
+
+
+class _Dict(msgspec.Struct, frozen=True, array_like=True, tag="d"):
+    """A dict: its keys (plain values) and values, in order."""
+
+    items: list[tuple[Plain, Node]]
+
+
+class _List(msgspec.Struct, frozen=True, array_like=True, tag="l"):
+    """A list."""
+
+    items: list[Node]
+
+
+class _Tuple(msgspec.Struct, frozen=True, array_like=True, tag="u"):
+    """A tuple."""
+
+    items: list[Node]
+
+
+class _Value(msgspec.Struct, frozen=True, array_like=True, tag="v"):
+    """A plain value."""
+
+    value: Plain
+
+
+class _Bytes(msgspec.Struct, frozen=True, array_like=True, tag="b"):
+    """A bytes value (msgpack tells bytes from str, a union of both it does not)."""
+
+    value: bytes
+
+
+Plain: TypeAlias = bool | int | float | str | None
+Node: TypeAlias = _Slot | _Stateful | _Dict | _List | _Tuple | _Value | _Bytes
+_HEADER = msgspec.msgpack.Decoder(Node)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +125,11 @@ class Layout:
     """A state dict laid out as a segment: the bytes before the data, and each tensor's place."""
 
     header: bytes
-    """The length prefix and the pickled skeleton."""
+    """The length prefix and the skeleton."""
+    skeleton: Node
+    """The state dict with each tensor as its slot."""
     tensors: list[tuple[torch.Tensor, int]]
-    """Each tensor (contiguous, on the CPU) and its offset."""
+    """Each tensor (contiguous, on the CPU) and its offset, in the order of their offsets."""
     size: int
     """Bytes of the whole segment."""
 
@@ -82,7 +142,8 @@ def holdable(state_dict: Any) -> bool:
 
 
 def layout(state_dict: Any) -> Layout:
-    """How ``state_dict`` is written (tensors on another device are copied to the CPU)."""
+    """How ``state_dict`` is written (tensors on another device are copied to the CPU);
+    ``Unholdable`` if it holds a value other than those the module docstring names."""
     tensors: list[tuple[torch.Tensor, int]] = []
     position = [0]
 
@@ -95,11 +156,15 @@ def layout(state_dict: Any) -> Layout:
         position[0] = _aligned(at + tensor.nbytes)
         return _Slot(at, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
 
-    skeleton = pickle.dumps(_map(state_dict, slot), protocol=pickle.HIGHEST_PROTOCOL)
-    start = _aligned(_LENGTH.size + len(skeleton))
-    header = _LENGTH.pack(len(skeleton)) + skeleton
+    skeleton = _node(state_dict, slot, "")
+    try:
+        encoded = msgspec.msgpack.encode(skeleton)
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise Unholdable(f"the memory tier cannot keep a value of the state dict ({exc})") from None
+    start = _aligned(_LENGTH.size + len(encoded))
+    header = _LENGTH.pack(len(encoded)) + encoded
     tensors = [(t, start + at) for t, at in tensors]
-    return Layout(header, tensors, start + position[0])
+    return Layout(header, skeleton, tensors, start + position[0])
 
 
 def write_into(memory: mmap.mmap, layout: Layout) -> None:
@@ -109,6 +174,29 @@ def write_into(memory: mmap.mmap, layout: Layout) -> None:
         if tensor.nbytes:
             into = torch.frombuffer(memory, dtype=torch.uint8, count=tensor.nbytes, offset=offset)
             into.copy_(tensor.reshape(-1).view(torch.uint8))
+
+
+def ranges(layout: Layout) -> list[tuple[int, int]]:
+    """What a reader of ``layout``'s segment reads, ``(offset, length)`` each: the agent
+    hashes these once the segment is done."""
+    pieces = _pieces((t.nbytes, o) for t, o in layout.tensors)
+    return [(0, len(layout.header)), *pieces]
+
+
+def open_segment(path: str, flags: int) -> int:
+    """The segment file at ``path`` opened (never through a link), if it is a regular
+    file of ours that no one else may write; else ``PermissionDenied``."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not mode & 0o022:
+        return fd
+    os.close(fd)
+    raise PermissionDenied(
+        f"the memory tier's segment is not a file of ours alone (uid {st.st_uid}, mode "
+        f"{mode:o}): the agent's directory is not its own",
+        path,
+    )
 
 
 class Mappings:
@@ -127,7 +215,7 @@ class Mappings:
     def of(self, path: str, size: int) -> mmap.mmap:
         """``path`` mapped (``size`` bytes), reusing this rank's mapping of the same file."""
         self._release_removed()
-        fd = os.open(path, os.O_RDWR)
+        fd = open_segment(path, os.O_RDWR)
         stat = os.fstat(fd)
         key = (stat.st_dev, stat.st_ino)
         known = self._maps.get(key)
@@ -164,23 +252,28 @@ class Mappings:
         self.close()
 
 
-def load(path: str, state_dict: dict[str, Any]) -> None:
-    """Load the segment at ``path`` into ``state_dict`` in place (as ``dcp.load`` does)."""
-    with open(path, "rb") as f, ThreadPoolExecutor(READERS, "graben-segment") as pool:
-        skeleton, start = _skeleton(f.fileno())
-        segment = _Reader(f.fileno(), start, pool)
-        _restore(segment, skeleton, state_dict, "")
-        for read in segment.reads:
-            read.result()
-        for then in segment.after:
-            then()
+def load(path: str, sums: Sums, state_dict: dict[str, Any]) -> None:
+    """Load the segment at ``path`` into ``state_dict`` in place (as ``dcp.load`` does),
+    each range read checked against ``sums`` (``IntegrityError``: it differs)."""
+    expected = {(offset, length): blake for offset, length, blake in sums}
+    fd = open_segment(path, os.O_RDONLY)
+    try:
+        with ThreadPoolExecutor(READERS, "graben-segment") as pool:
+            skeleton, start = _skeleton(fd, expected, path)
+            segment = _Reader(fd, start, pool, expected, path)
+            _restore(segment, skeleton, state_dict, "")
+            for read in segment.reads:
+                read.result()
+            for then in segment.after:
+                then()
+    finally:
+        os.close(fd)
 
 
-def views_of(memory: mmap.mmap) -> Any:
-    """A mapped segment as a state dict whose tensors are views of its memory."""
-    (length,) = _LENGTH.unpack(memory[: _LENGTH.size])
-    skeleton = pickle.loads(memory[_LENGTH.size : _LENGTH.size + length])
-    start = _aligned(_LENGTH.size + length)
+def views_of(memory: mmap.mmap, layout: Layout) -> Any:
+    """A mapped segment, written by this process from ``layout``, as a state dict whose
+    tensors are views of its memory."""
+    start = _aligned(len(layout.header))
 
     def view(slot: _Slot) -> torch.Tensor:
         dtype = _dtype(slot.dtype)
@@ -190,7 +283,7 @@ def views_of(memory: mmap.mmap) -> Any:
         flat = torch.frombuffer(memory, dtype=dtype, count=count, offset=start + slot.offset)
         return flat.view(slot.shape)
 
-    return _map_slots(skeleton, view)
+    return _value(layout.skeleton, view)
 
 
 # -- the walk ------------------------------------------------------------------------
@@ -209,47 +302,76 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
         yield from _tensors(value.state_dict())
 
 
-def _map(value: Any, slot: Any) -> Any:
-    """``value`` with each tensor replaced by ``slot(tensor)``, each Stateful by its state."""
+def _node(value: Any, slot: Callable[[torch.Tensor], _Slot], where: str) -> Node:
+    """``value`` as a skeleton: each tensor replaced by ``slot(tensor)``, each Stateful by
+    its state; ``Unholdable`` for any value but those the module docstring names."""
     if isinstance(value, torch.Tensor):
         return slot(value)
     if isinstance(value, dict):
-        return {k: _map(v, slot) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_map(v, slot) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_map(v, slot) for v in value)
-    if _is_stateful(value):
-        return _Stateful(_map(value.state_dict(), slot))
-    return value
-
-
-def _map_slots(value: Any, make: Any) -> Any:
-    if isinstance(value, _Slot):
-        return make(value)
-    if isinstance(value, _Stateful):
-        return _map_slots(value.state, make)
-    if isinstance(value, dict):
-        return {k: _map_slots(v, make) for k, v in value.items()}
+        for key in value:
+            if type(key) not in _PLAIN:
+                raise Unholdable(f"the memory tier keeps no {type(key).__name__} key at {where}/")
+        return _Dict([(k, _node(v, slot, f"{where}/{k}")) for k, v in value.items()])
     if isinstance(value, list | tuple):
-        return type(value)(_map_slots(v, make) for v in value)
-    return value
+        items = [_node(v, slot, f"{where}/{i}") for i, v in enumerate(value)]
+        return _List(items) if isinstance(value, list) else _Tuple(items)
+    if _is_stateful(value):
+        return _Stateful(_node(value.state_dict(), slot, where))
+    if type(value) is bytes:
+        return _Bytes(value)
+    if type(value) not in _PLAIN:
+        raise Unholdable(
+            f"the memory tier keeps no {type(value).__name__} (at {where or '/'}): plain "
+            "values, tensors and containers of them only"
+        )
+    return _Value(value)
+
+
+def _value(node: Node, make: Callable[[_Slot], Any]) -> Any:
+    """The value ``node`` stands for, each slot made a tensor by ``make``."""
+    if isinstance(node, _Slot):
+        return make(node)
+    if isinstance(node, _Stateful):
+        return _value(node.state, make)
+    if isinstance(node, _Dict):
+        return {k: _value(v, make) for k, v in node.items}
+    if isinstance(node, _List):
+        return [_value(v, make) for v in node.items]
+    if isinstance(node, _Tuple):
+        return tuple(_value(v, make) for v in node.items)
+    return node.value
+
+
+def _slots(node: Node) -> Iterator[_Slot]:
+    if isinstance(node, _Slot):
+        yield node
+    elif isinstance(node, _Stateful):
+        yield from _slots(node.state)
+    elif isinstance(node, _Dict):
+        for _, item in node.items:
+            yield from _slots(item)
+    elif isinstance(node, _List | _Tuple):
+        for item in node.items:
+            yield from _slots(item)
 
 
 @dataclass(slots=True)
 class _Reader:
     """An open segment being read into a state dict: where its data starts, the reads
-    under way, and what waits for them (copies into tensors of another type, and each
-    ``Stateful``'s ``load_state_dict``)."""
+    under way, each checked as it lands, and what waits for them (copies into tensors of
+    another type, and each ``Stateful``'s ``load_state_dict``)."""
 
     fd: int
     start: int
     pool: ThreadPoolExecutor
+    expected: dict[tuple[int, int], bytes]
+    """The agent's blake3 of each range, by ``(offset, length)``."""
+    path: str
     reads: list[Future[None]] = field(default_factory=list)
     after: list[Callable[[], object]] = field(default_factory=list)
 
 
-def _restore(segment: _Reader, saved: Any, target: Any, where: str) -> Any:
+def _restore(segment: _Reader, saved: Node, target: Any, where: str) -> Any:
     """``target`` with ``saved`` loaded into it: tensors in place, other values replaced."""
     if isinstance(saved, _Slot):
         if not isinstance(target, torch.Tensor):
@@ -262,23 +384,26 @@ def _restore(segment: _Reader, saved: Any, target: Any, where: str) -> Any:
         restored = _restore(segment, saved.state, target.state_dict(), where)
         segment.after.append(partial(target.load_state_dict, restored))
         return target
-    if isinstance(saved, dict) and isinstance(target, dict):
-        missing = set(target) - set(saved)
+    if isinstance(saved, _Dict) and isinstance(target, dict):
+        items = dict(saved.items)
+        missing = set(target) - set(items)
         if missing:
             raise InvalidArgument(
                 f"the memory tier's step lacks {sorted(map(str, missing))[:3]} under {where or '/'}"
             )
         for key in target:
-            target[key] = _restore(segment, saved[key], target[key], f"{where}/{key}")
+            target[key] = _restore(segment, items[key], target[key], f"{where}/{key}")
         return target
-    if isinstance(saved, list) and isinstance(target, list) and len(saved) == len(target):
-        for i, item in enumerate(saved):
+    if isinstance(saved, _List) and isinstance(target, list) and len(saved.items) == len(target):
+        for i, item in enumerate(saved.items):
             target[i] = _restore(segment, item, target[i], f"{where}/{i}")
         return target
-    if isinstance(saved, tuple) and isinstance(target, tuple) and len(saved) == len(target):
-        pairs = enumerate(zip(saved, target, strict=True))
+    if isinstance(saved, _Tuple) and isinstance(target, tuple) and len(saved.items) == len(target):
+        pairs = enumerate(zip(saved.items, target, strict=True))
         return tuple(_restore(segment, s, t, f"{where}/{i}") for i, (s, t) in pairs)
-    return saved
+    if any(True for _ in _slots(saved)):
+        raise InvalidArgument(f"the memory tier holds tensors at {where or '/'}; not here")
+    return _value(saved, lambda slot: None)
 
 
 def _read_tensor(segment: _Reader, slot: _Slot, target: torch.Tensor, where: str) -> None:
@@ -291,27 +416,62 @@ def _read_tensor(segment: _Reader, slot: _Slot, target: torch.Tensor, where: str
     direct = target.device.type == "cpu" and target.is_contiguous() and target.dtype == dtype
     into = target.detach() if direct else torch.empty(slot.shape, dtype=dtype)
     view = tensor_bytes(into)
-    for at in range(0, view.nbytes, READ_PIECE):  # read by several threads: one is ~half
-        piece = view[at : at + READ_PIECE]  # the speed of memory here
-        where_at = segment.start + slot.offset + at
-        segment.reads.append(segment.pool.submit(_read_into, segment.fd, piece, where_at, where))
+    for at in range(0, view.nbytes, PIECE):  # read by several threads: one is ~half
+        piece = view[at : at + PIECE]  # the speed of memory here
+        offset = segment.start + slot.offset + at
+        blake = segment.expected.get((offset, piece.nbytes))
+        if blake is None:
+            raise IntegrityError(_CHANGED.format(part=f"ranges at {where}"), segment.path)
+        read = segment.pool.submit(_read_into, segment, piece, offset, blake, where)
+        segment.reads.append(read)
     if not direct:
         segment.after.append(partial(target.detach().copy_, into))
 
 
-def _read_into(fd: int, view: memoryview, offset: int, where: str) -> None:
+def _read_into(segment: _Reader, view: memoryview, offset: int, blake: bytes, where: str) -> None:
+    """Read ``view`` from ``offset``; ``IntegrityError`` unless it hashes to ``blake``."""
     done = 0
     while done < view.nbytes:
-        n = os.preadv(fd, [view[done:]], offset + done)
+        n = os.preadv(segment.fd, [view[done:]], offset + done)
         if n <= 0:
-            raise InvalidArgument(f"the memory tier's segment ends early at {where}")
+            raise IntegrityError(f"the memory tier's segment ends early at {where}", segment.path)
         done += n
+    if not hmac.compare_digest(blake3.blake3(view).digest(), blake):
+        raise IntegrityError(_CHANGED.format(part=f"bytes at {where}"), segment.path)
 
 
-def _skeleton(fd: int) -> tuple[Any, int]:
-    """The segment's skeleton, and where its data starts."""
-    (length,) = _LENGTH.unpack(os.pread(fd, _LENGTH.size, 0))
-    return pickle.loads(os.pread(fd, length, _LENGTH.size)), _aligned(_LENGTH.size + length)
+def _pieces(tensors: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """Each tensor, given as ``(nbytes, offset)``, cut into pieces: ``(offset, length)``."""
+    for nbytes, offset in tensors:
+        for at in range(0, nbytes, PIECE):
+            yield offset + at, min(PIECE, nbytes - at)
+
+
+_CHANGED = (
+    "the memory tier's segment does not hold what its writer wrote (its {part} differ from "
+    "what the agent hashed when it was done): refused"
+)
+
+
+def _skeleton(fd: int, expected: dict[tuple[int, int], bytes], path: str) -> tuple[Node, int]:
+    """The segment's skeleton, once its header is checked against ``expected``, and where
+    its data starts."""
+    size = os.fstat(fd).st_size
+    prefix = os.pread(fd, _LENGTH.size, 0)
+    (length,) = _LENGTH.unpack(prefix) if len(prefix) == _LENGTH.size else (-1,)
+    if not 0 <= length <= min(MAX_HEADER, size - _LENGTH.size):
+        raise IntegrityError(_CHANGED.format(part="header's length"), path)
+    header = prefix + os.pread(fd, length, _LENGTH.size)
+    blake = expected.get((0, len(header)), b"")
+    if not hmac.compare_digest(blake3.blake3(header).digest(), blake):
+        raise IntegrityError(_CHANGED.format(part="header's bytes"), path)
+    try:
+        skeleton: Node = _HEADER.decode(header[_LENGTH.size :])
+    except msgspec.DecodeError as exc:  # what the agent hashed: its writer's bug, no attacker
+        raise IntegrityError(
+            f"the memory tier's segment has a header unread ({exc})", path
+        ) from None
+    return skeleton, _aligned(_LENGTH.size + length)
 
 
 def _is_stateful(value: Any) -> bool:

@@ -1,14 +1,16 @@
 """The agent's server: ranks reserve, finish, find and read back segments; peers copy them.
 
-Ops (every one needs the cluster token): ``agent.reserve`` (a file to write a
-segment into, room made under the limit, else ``NoSpace``), ``agent.forget``
-(a reserved segment never written, given back), ``agent.drop`` (every
-segment of a job), ``agent.done``
-(the segment is complete; a copy goes to the first peer that takes it, in the
+A rank's ops (the cluster's token, or a tenant's for a job in its prefix:
+``_tokens``): ``agent.reserve`` (a file to write a segment into, room made
+under the limit, else ``NoSpace``), ``agent.forget`` (a reserved segment never
+written, given back), ``agent.drop`` (every segment of a job), ``agent.done``
+(the segment is complete; the agent hashes the ranges its writer named, after
+the reply, then a copy goes to the first peer that takes it, in the
 background), ``agent.stored`` (the store holds a step: older segments may go),
 ``agent.steps`` (complete steps of a rank, here or at a peer), ``agent.locate``
-(the file of a complete segment, pulled from a peer first if only a peer has
-it), ``agent.list`` and ``agent.status``; between agents ``agent.has``,
+(the file of a complete segment and its ranges' blake3s, once hashed; pulled
+from a peer first if only a peer has it, and checked), ``agent.list``.
+The cluster's token only: ``agent.status``; between agents ``agent.has``,
 ``agent.put`` (a piece of a copy, received in place) and ``agent.get`` (a piece
 sent from the file by ``sendfile``).
 """
@@ -21,8 +23,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._errors import GrabenError, InvalidArgument, NoSpace, NotFound, ProtocolError, Timeout
-from ..transport import Held, JobRank, Piece, Reserve, SegmentKey, Status, Stored
+from .._errors import (
+    GrabenError,
+    IntegrityError,
+    InvalidArgument,
+    NoSpace,
+    NotFound,
+    PermissionDenied,
+    ProtocolError,
+    Timeout,
+)
+from ..transport import Done, Held, JobRank, Located, Piece, Reserve, SegmentKey, Status, Stored
 from ..wire import (
     Answer,
     Call,
@@ -37,6 +48,7 @@ from ..wire import (
 )
 from ._segments import Segments
 from ._shelf import room, surplus
+from ._tokens import Tokens, allow
 
 log = logging.getLogger("graben.agent")
 
@@ -46,6 +58,18 @@ PEER_TIMEOUT_S = 2.0
 """Seconds a peer has to answer a question, connecting included (a copy's pieces get the
 wire's default): under a rank's own deadline, so a hung peer never costs a rank the
 answer about its own memory."""
+RIGHTS: dict[str, tuple[str, Any]] = {
+    "agent.reserve": ("w", Reserve),
+    "agent.done": ("w", Done),
+    "agent.forget": ("w", SegmentKey),
+    "agent.drop": ("w", str),
+    "agent.stored": ("w", Stored),
+    "agent.steps": ("r", JobRank),
+    "agent.locate": ("r", SegmentKey),
+    "agent.list": ("r", str),
+}
+"""A rank's ops: the right a tenant's token needs for the job its body names, and the
+body's type. Every other op is the cluster token's only."""
 
 
 class Agent:
@@ -60,10 +84,14 @@ class Agent:
         keep: int = 2,
         peers: tuple[str, ...] = (),
         metrics_at: tuple[str, int] | None = None,
+        meta: tuple[tuple[str, int], ...] = (),
     ) -> None:
-        self.segments = Segments(root)
+        """``meta``: the metadata services that say what a tenant's token reaches (without
+        them, only the cluster's token is taken)."""
+        self.segments = Segments(root, secret)
         self.limit, self.keep, self.peers = limit, keep, peers
         self._secret = secret
+        self._tokens = Tokens(secret, meta)
         self._stored: dict[str, int] = {}
         self._conns: dict[str, Connection] = {}
         self._pushes: asyncio.Queue[SegmentKey] | None = None
@@ -74,12 +102,14 @@ class Agent:
         self._counts: dict[str, Any] = {}
         self._sending: set[SegmentKey] = set()
         """Own segments being copied to a peer: never dropped nor reused meanwhile."""
+        self._sealing: dict[SegmentKey, asyncio.Task[None]] = {}
+        """Own segments done and being hashed: never dropped nor reused meanwhile."""
         if self.segments.used > limit:
             log.warning("found %d bytes of segments, over the limit %d", self.segments.used, limit)
 
     async def start(self, host: str, port: int) -> Server:
         handlers = {
-            name.replace("_", "."): self._checked(getattr(self, name))
+            name.replace("_", "."): self._checked(name.replace("_", "."), getattr(self, name))
             for name in [
                 "agent_reserve",
                 "agent_done",
@@ -115,8 +145,10 @@ class Agent:
             await self.server.close()
         for conn in self._conns.values():
             await conn.close()
+        await self._tokens.close()
         if self.metrics is not None:
             self.metrics.close()
+        self.segments.close()
 
     # -- ranks --------------------------------------------------------------------
 
@@ -126,13 +158,31 @@ class Agent:
         return Answer(encode(str(path)))
 
     async def agent_done(self, call: Call, payload: memoryview | None) -> Answer:
-        key: SegmentKey = decode(call.body, SegmentKey)
-        if self.segments.complete(key, peer=False) is None:
+        done: Done = decode(call.body, Done)
+        key, reserved = done.key, self.segments.held.get((done.key, False))
+        done.check(reserved.size if reserved is not None else 0)
+        held = self.segments.complete(key, False)
+        if held is None:
             raise NotFound(f"no segment reserved for {_named(key)}")
-        if self.peers and self._pushes is not None:
-            self._pushes.put_nowait(key)
+        if key not in self._sealing and (key, False) not in self.segments.sums:
+            self._sealing[key] = asyncio.create_task(self._seal(held, done.ranges))
         self._tidy()
         return Answer()
+
+    async def _seal(self, held: Held, ranges: list[tuple[int, int]]) -> None:
+        """Hash the ranges of a segment just done and record their sums; then copy it to a
+        peer. Its writer does not wait for this; a reader's ``locate`` does."""
+        try:
+            sums = await asyncio.to_thread(self.segments.hash, held, ranges)
+            if self.segments.held.get((held.key, False)) == held:
+                self.segments.seal(held, sums)
+                if self.peers and self._pushes is not None:
+                    self._pushes.put_nowait(held.key)
+        except GrabenError as exc:
+            log.warning("%s is not kept: its sums were not recorded (%s)", _named(held.key), exc)
+            self.segments.drop(held)
+        finally:
+            del self._sealing[held.key]
 
     async def agent_forget(self, call: Call, payload: memoryview | None) -> Answer:
         key: SegmentKey = decode(call.body, SegmentKey)
@@ -170,8 +220,15 @@ class Agent:
 
     async def agent_locate(self, call: Call, payload: memoryview | None) -> Answer:
         key: SegmentKey = decode(call.body, SegmentKey).check()
+        sealing = self._sealing.get(key)
+        if sealing is not None:
+            await asyncio.shield(sealing)
         held = self.segments.find(key) or await self._pull(key)
-        return Answer(encode(str(self.segments.path(key, held.peer, True))))
+        sums = self.segments.sums.get((key, held.peer))
+        if sums is None:
+            raise NotFound(f"segment {_named(key)} was never hashed: it cannot be checked")
+        path = str(self.segments.path(key, held.peer, True))
+        return Answer(encode(Located(path, held.size, sums)))
 
     async def agent_list(self, call: Call, payload: memoryview | None) -> Answer:
         job: str = decode(call.body, str)
@@ -200,7 +257,9 @@ class Agent:
         path = self.segments.path(key, True, False)
         await asyncio.to_thread(_write_at, path, payload, piece.offset)
         if piece.offset + piece.length == piece.size:
-            self.segments.complete(key, peer=True)
+            copy = self.segments.complete(key, peer=True)
+            assert copy is not None
+            await self._check_copy(copy, piece.sums)
             self._tidy()
         return Answer()
 
@@ -209,14 +268,34 @@ class Agent:
         held = self.segments.find(piece.key)
         if held is None or not 0 <= piece.offset <= piece.offset + piece.length <= held.size:
             raise NotFound(f"no segment {_named(piece.key)} holding those bytes")
-        fd = os.open(self.segments.path(held.key, held.peer, True), os.O_RDONLY)
+        fd = os.open(self.segments.path(held.key, held.peer, True), _READ)
         return Answer(file=FileSpan(fd, piece.offset, piece.length), release=lambda: os.close(fd))
 
-    def _checked(self, handler: Handler) -> Handler:
-        """``handler`` behind the cluster token (a payload's call is checked earlier too)."""
+    async def _check_copy(self, held: Held, sums: list[tuple[int, int, bytes]]) -> None:
+        """Keep a copy that came from a peer if its ranges hash to ``sums``; else drop it."""
+        if not sums:
+            self.segments.drop(held)
+            raise InvalidArgument(f"a copy of {_named(held.key)} came without its sums")
+        ranges = [(offset, length) for offset, length, _ in sums]
+        found = await asyncio.to_thread(self.segments.hash, held, ranges)
+        if found != sums:
+            self.segments.drop(held)
+            raise IntegrityError(f"a copy of {_named(held.key)} differs from its sums: dropped")
+        self.segments.seal(held, sums)
+
+    def _checked(self, op: str, handler: Handler) -> Handler:
+        """``handler`` behind the call's token: the cluster's, or a tenant's reaching the
+        job of a rank's op (``RIGHTS``; a payload's call is checked earlier too)."""
 
         async def checked(call: Call, payload: memoryview | None) -> Answer:
-            auth.check_token(self._secret, call.token)
+            tenant = await self._tokens.scope(call.token)
+            if tenant is not None:
+                if op not in RIGHTS:
+                    raise PermissionDenied(
+                        f"{op} needs the cluster's secret, not tenant {tenant.tenant}'s token"
+                    )
+                right, body = RIGHTS[op]
+                allow(tenant, right, _job_of(decode(call.body, body)))
             return await handler(call, payload)
 
         return checked
@@ -239,7 +318,7 @@ class Agent:
             raise NoSpace(f"a segment of {size} bytes is over the agent's limit of {self.limit}")
         self.segments.forget(key, peer)
         everything = self.segments.held.values()
-        fit = room(key, everything, size, self.limit, self._stored, self.keep, self._sending)
+        fit = room(key, everything, size, self.limit, self._stored, self.keep, self._pinned)
         if fit is None:
             self._count("refused", "Segments refused for want of memory")
             raise NoSpace(
@@ -250,9 +329,14 @@ class Agent:
             self.segments.drop(held)
         return self.segments.create(key, size, peer, fit.reuse, to_store)
 
+    @property
+    def _pinned(self) -> set[SegmentKey]:
+        """Own segments never dropped nor reused now: being hashed, or copied to a peer."""
+        return self._sending | self._sealing.keys()
+
     def _tidy(self) -> None:
         everything = self.segments.held.values()
-        for held in surplus(everything, self._stored, self.keep, self._sending):
+        for held in surplus(everything, self._stored, self.keep, self._pinned):
             self.segments.drop(held)
 
     async def _push_all(self) -> None:
@@ -276,13 +360,18 @@ class Agent:
             return  # dropped meanwhile, or a copy already
         path = self.segments.path(key, False, True)
         conn = await self._conn(peer)
-        with open(path, "rb") as f:
+        fd = os.open(path, _READ)
+        try:
             for offset in range(0, max(held.size, 1), PIECE):
-                data = await asyncio.to_thread(os.pread, f.fileno(), PIECE, offset)
+                data = await asyncio.to_thread(os.pread, fd, PIECE, offset)
                 if len(data) != min(PIECE, held.size - offset):
                     raise NotFound(f"segment {_named(key)} was dropped while being copied")
-                body = encode(Piece(key, held.size, offset, len(data)))
+                last = offset + len(data) == held.size
+                sums = self.segments.sums.get((key, False), []) if last else []
+                body = encode(Piece(key, held.size, offset, len(data), sums))
                 await conn.call("agent.put", body, payload=memoryview(data), token=self._token)
+        finally:
+            os.close(fd)
         self._count("pushed_bytes", "Bytes of segments copied to peers", held.size)
 
     async def _pull(self, key: SegmentKey) -> Held:
@@ -298,8 +387,8 @@ class Agent:
         raise NotFound(f"no complete segment {_named(key)} here or at a peer")
 
     async def _pull_from(self, peer: str, key: SegmentKey) -> Held:
-        listed = await self._ask(peer, "agent.list", key.job, list[Held])
-        size = next(h.size for h in listed if h.key == key and h.complete)
+        located: Located = await self._ask(peer, "agent.locate", key, Located)
+        size = located.size
         path = self._make_room(key, size, False)
         conn = await self._conn(peer)
         buffer = bytearray(min(PIECE, size))
@@ -309,8 +398,9 @@ class Agent:
             into = memoryview(buffer)[:n]
             await conn.call("agent.get", body, into=into, token=self._token)
             await asyncio.to_thread(_write_at, path, into, offset)
-        held = self.segments.complete(key, peer=False)
+        held = self.segments.complete(key, False)
         assert held is not None
+        await self._check_copy(held, located.sums)
         self._count("pulled_bytes", "Bytes of segments fetched from peers", size)
         return held
 
@@ -356,12 +446,24 @@ class Agent:
         self._counts[name].inc(n)
 
 
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def _named(key: SegmentKey) -> str:
     return f"step {key.step} rank {key.rank}/{key.world} of {key.job}"
 
 
+def _job_of(body: object) -> str:
+    """The job a rank's call names (its body: a job's name, or a value naming one)."""
+    if isinstance(body, str):
+        return body
+    key = getattr(body, "key", body)
+    job: str = getattr(key, "job", "")
+    return job
+
+
 def _write_at(path: Path, data: memoryview, offset: int) -> None:
-    fd = os.open(path, os.O_WRONLY)
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         while data.nbytes:
             written = os.pwrite(fd, data, offset)

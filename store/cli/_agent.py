@@ -11,7 +11,7 @@ from typing import TypeAlias
 from .._config import AGENT_PORT
 from ..wire import auth
 from ._cluster import _serve, secret_arg
-from ._listen import endpoint, metrics_arg, size_arg
+from ._listen import endpoint, endpoints_arg, metrics_arg, size_arg
 from ._logs import log_arg
 from ._main import config_arg
 
@@ -62,6 +62,13 @@ def add_agent(sub: Subparsers) -> None:
         help="HOST:PORT[,...] of agents on other hosts: each finished segment is copied "
         "to the first that takes it",
     )
+    serve.add_argument(
+        "--meta",
+        type=endpoints_arg,
+        default=(),
+        help="metadata service HOST:PORT[,...]: what a tenant's token reaches is asked there "
+        "(without it, ranks need the cluster's token)",
+    )
     metrics_arg(serve)
     secret_arg(serve)
     log_arg(serve)
@@ -90,6 +97,7 @@ def _agent_serve(args: argparse.Namespace) -> int:
             keep=args.keep,
             peers=args.peer,
             metrics_at=args.metrics,
+            meta=args.meta,
         )
         server = await agent.start(host, AGENT_PORT if port is None else port)
         return f"{host}:{server.port}", agent.close

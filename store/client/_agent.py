@@ -1,9 +1,11 @@
 """``AgentClient``: a rank's (and ``graben``'s) calls to its node's memory agent.
 
 Call order for a save: ``reserve`` (a file of the segment's size, in shared
-memory), write it, ``done``; once the store holds the step, ``stored``. For a
-load: ``steps`` (what this rank could read back), then ``locate`` (the file,
-fetched from a peer agent first if only a peer holds it), read it.
+memory), write it, ``done`` naming the ranges a reader will read (the agent
+hashes them); once the store holds the step, ``stored``. For a load:
+``steps`` (what this rank could read back), then ``locate`` (the file and each
+range's blake3, fetched from a peer agent first if only a peer holds it), read
+it and check what is read against them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from .._config import agent_address
 from .._errors import InvalidArgument
-from ..transport import Held, JobRank, Reserve, SegmentKey, Status, Stored
+from ..transport import Done, Held, JobRank, Located, Reserve, SegmentKey, Status, Stored
 from ..wire import Connection, auth, decode, encode
 from ._loop import run, submit
 
@@ -58,14 +60,16 @@ class AgentClient:
         dropped: int = self._call("agent.drop", job, int)
         return dropped
 
-    def done(self, key: SegmentKey, *, wait: bool = True) -> None:
-        """``key``'s segment is written: complete, and copied to a peer. ``wait=False``
-        returns at once: the next call waits for the reply first (and raises its error)."""
+    def done(self, key: SegmentKey, ranges: list[tuple[int, int]], *, wait: bool = True) -> None:
+        """``key``'s segment is written: complete; the agent hashes each of ``ranges``
+        (``(offset, length)``: what a reader will read and check), then copies it to a
+        peer. ``wait=False`` returns at once: the next call waits for the reply first (and
+        raises its error)."""
         if wait:
-            self._call("agent.done", key, None)
+            self._call("agent.done", Done(key, ranges), None)
         else:
             self._settle()
-            self._sent = submit(self._acall("agent.done", key, None))
+            self._sent = submit(self._acall("agent.done", Done(key, ranges), None))
 
     def stored(self, job: str, step: int) -> None:
         """The store holds ``step`` of ``job``: older segments may be dropped."""
@@ -76,10 +80,11 @@ class AgentClient:
         steps: list[int] = self._call("agent.steps", JobRank(job, rank, world), list[int])
         return steps
 
-    def locate(self, key: SegmentKey) -> str:
-        """The local file holding ``key``'s complete segment (``NotFound``: none)."""
-        path: str = self._call("agent.locate", key, str, LOCATE_TIMEOUT_S)
-        return path
+    def locate(self, key: SegmentKey) -> Located:
+        """The local file holding ``key``'s complete segment, and the blake3 of each range
+        its writer named, hashed by the agent (``NotFound``: none)."""
+        located: Located = self._call("agent.locate", key, Located, LOCATE_TIMEOUT_S)
+        return located
 
     def listing(self, job: str) -> list[Held]:
         """Every segment of ``job`` the agent holds."""

@@ -10,6 +10,8 @@ MAX_JOB = 1024
 """Longest job name (a checkpoint root's URL) an agent takes."""
 MAX_WORLD = 1 << 20
 """Largest world size an agent takes."""
+MAX_RANGES = 1 << 20
+"""Most ranges of a segment its writer may ask the agent to hash."""
 
 
 class SegmentKey(msgspec.Struct, frozen=True, array_like=True):
@@ -61,6 +63,33 @@ class Reserve(msgspec.Struct, frozen=True, array_like=True):
     to_store: bool = False
 
 
+class Done(msgspec.Struct, frozen=True, array_like=True):
+    """A rank wrote ``key``'s segment: the agent hashes each of ``ranges`` of it (what a
+    reader will read, ``(offset, length)`` each) and keeps their blake3s."""
+
+    key: SegmentKey
+    ranges: list[tuple[int, int]]
+
+    def check(self, size: int) -> Done:
+        """``self``, or ``InvalidArgument`` if a range lies outside ``size`` bytes."""
+        if not 0 < len(self.ranges) <= MAX_RANGES:
+            raise InvalidArgument(f"a segment is hashed in 1 to {MAX_RANGES} ranges")
+        for offset, length in self.ranges:
+            if offset < 0 or length <= 0 or offset + length > size:
+                raise InvalidArgument(f"a range [{offset}, +{length}) outside {size} bytes")
+        return self
+
+
+class Located(msgspec.Struct, frozen=True, array_like=True):
+    """Where a complete segment is, and the blake3 of each range its writer named, hashed
+    by the agent once it was done (a reader checks what it reads against them)."""
+
+    path: str
+    size: int
+    sums: list[tuple[int, int, bytes]]
+    """``(offset, length, blake3)`` of each range."""
+
+
 class JobRank(msgspec.Struct, frozen=True, array_like=True):
     """Which steps of one rank of a job are complete here (and, asked by a rank, at peers)."""
 
@@ -83,6 +112,8 @@ class Piece(msgspec.Struct, frozen=True, array_like=True):
     size: int
     offset: int
     length: int
+    sums: list[tuple[int, int, bytes]] = []
+    """On a copy's last piece: the segment's sums (the receiving agent checks its copy)."""
 
 
 class Status(msgspec.Struct, frozen=True, array_like=True):

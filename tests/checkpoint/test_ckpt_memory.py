@@ -20,7 +20,7 @@ from netns_kit import Hosts, needs_netns
 from ranks_kit import free_port, stacks
 
 from graben.checkpoint import CheckpointManager
-from graben.store import AgentClient, connect
+from graben.store import AgentClient, PermissionDenied, SegmentKey, connect
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 RANKS = Path(__file__).with_name("memory_ranks.py")
@@ -42,8 +42,10 @@ def launch(
     every: int = 100,
     die_at: int = -1,
     width: int = 64,
+    env: dict[str, str] | None = None,
 ) -> list[tuple[int, list[dict[str, object]], str]]:
-    """Run one rank per agent address; each rank's exit code, JSON lines and output."""
+    """Run one rank per agent address (``env`` added to the environment); each rank's exit
+    code, JSON lines and output."""
     port = free_port()
     procs = []
     for rank, agent in enumerate(agents):
@@ -52,7 +54,7 @@ def launch(
         procs.append(
             subprocess.Popen(
                 [sys.executable, *argv],
-                env={**os.environ, "GRABEN_AGENT": agent},
+                env={**os.environ, "GRABEN_AGENT": agent, **(env or {})},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -255,3 +257,56 @@ def test_a_hung_agent_stalls_one_save_then_the_store_takes_them(
     fresh = {"w": torch.ones(256, 256)}
     with CheckpointManager(url, tiers=("memory", "store"), agent=agent) as m:
         assert m.load_latest(fresh) == 5
+
+
+def test_a_changed_segment_is_never_loaded(agents: Agents, url: str) -> None:
+    """Step 4's floats patched in rank 0's segment, step 3's header forged in rank 1's:
+    both ranks refuse both steps and load the store's (step 1), as written."""
+    agent = agents.start("a")
+    trained = launch("train", url, [agent, agent], steps=4, every=100)
+    assert [code for code, _, _ in trained] == [0, 0], trained[0][2][-3000:]
+    memory = AgentClient(agent)
+    floats = Path(memory.locate(SegmentKey(url, 4, 0, 2)).path)
+    with open(floats, "r+b") as f:  # the last tensor's one float (the output's bias)
+        f.seek(floats.stat().st_size - 64)
+        f.write(torch.tensor([1e6]).numpy().tobytes())
+    header = Path(memory.locate(SegmentKey(url, 3, 1, 2)).path)
+    with open(header, "r+b") as f:  # the header's last value, "step": 3, made 99
+        length = int.from_bytes(f.read(8), "little")
+        f.seek(8 + length - 1)
+        assert f.read(1) == bytes([3])
+        f.seek(8 + length - 1)
+        f.write(bytes([99]))
+    memory.close()
+    outcomes = launch("resume", url, [agent, agent])
+    back = resumed(outcomes)
+    assert [(r["step"], r["saved_step"]) for r in back] == [(1, 1), (1, 1)]
+    assert {r["digest"] for r in back} == {digest_at(trained, 1)}
+    said = outcomes[0][2] + outcomes[1][2]
+    assert "step 4 is not loaded from memory" in said and "bytes at /model/2.bias differ" in said
+    assert "step 3 is not loaded from memory" in said and "header's bytes differ" in said
+
+
+def test_a_tenant_s_job_saves_and_loads_through_the_memory_tier(
+    agents: Agents, cluster_url: str
+) -> None:
+    """Ranks holding only a tenant's token (no secret): their steps go to memory and come
+    back from it; the tenant's token reaches no other job there."""
+    name = f"m{uuid.uuid4().hex[:8]}"
+    with connect(cluster_url) as operator:
+        operator.add_tenant(name, f"/{name}")
+        token = operator.issue_token(name, rights="rw", ttl_s=600)
+    meta = cluster_url.removeprefix("graben://")
+    agent = agents.start("a", extra=("--meta", meta))
+    url = f"{cluster_url}/{name}/job"
+    env = {"GRABEN_TOKEN": token, "GRABEN_SECRET_FILE": "", "GRABEN_SECRET": ""}
+    trained = launch("train", url, [agent, agent], steps=3, every=100, env=env)
+    assert [code for code, _, _ in trained] == [0, 0], trained[0][2][-3000:]
+    assert "goes to the store only" not in trained[0][2] + trained[1][2]
+    back = resumed(launch("resume", url, [agent, agent], env=env))
+    assert [r["step"] for r in back] == [3, 3]  # the store holds step 1 only: memory's
+    assert {r["digest"] for r in back} == {digest_at(trained, 3)}
+    tenant = AgentClient(agent, token=token)
+    with pytest.raises(PermissionDenied, match=f"reaches /{name} only"):
+        tenant.steps(f"{cluster_url}/elsewhere/job", 0, 2)
+    tenant.close()

@@ -5,11 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 import torch
 
-from graben.checkpoint._segment import Mappings, holdable, layout, load, views_of, write_into
-from graben.store import InvalidArgument
+from graben.checkpoint._segment import (
+    Layout,
+    Mappings,
+    Sums,
+    Unholdable,
+    holdable,
+    layout,
+    load,
+    ranges,
+    views_of,
+    write_into,
+)
+from graben.store import IntegrityError, InvalidArgument
 
 
 class Counter:
@@ -40,23 +52,31 @@ def state(seed: int) -> dict[str, Any]:
     }
 
 
-def written(tmp_path: Path, value: dict[str, Any]) -> str:
+def hashed(path: str, lay: Layout) -> Sums:
+    """What the agent hashes of a segment once its writer is done."""
+    data = Path(path).read_bytes()
+    return [(o, n, blake3.blake3(data[o : o + n]).digest()) for o, n in ranges(lay)]
+
+
+def written(tmp_path: Path, value: dict[str, Any]) -> tuple[str, Sums, Layout]:
+    """A segment of ``value`` written as a rank writes it: its path, sums and layout."""
     lay = layout(value)
     path = tmp_path / "segment"
     path.write_bytes(b"")
     with open(path, "r+b") as f:
         f.truncate(lay.size)
-    with Mappings() as maps:  # as a rank writes it
-        write_into(maps.of(str(path), lay.size), lay)
-    return str(path)
+    with Mappings() as maps:
+        memory = maps.of(str(path), lay.size)  # as a rank writes it
+        write_into(memory, lay)
+    return str(path), hashed(str(path), lay), lay
 
 
 def test_a_state_dict_comes_back_in_place(tmp_path: Path) -> None:
     saved = state(3)
-    path = written(tmp_path, saved)
+    path, sum_, _ = written(tmp_path, saved)
     target = state(5)
     w = target["model"]["w"]
-    load(path, target)
+    load(path, sum_, target)
     assert target["model"]["w"] is w and torch.equal(w, saved["model"]["w"])  # in place
     assert torch.equal(
         target["optim"]["state"][0]["momentum"], saved["optim"]["state"][0]["momentum"]
@@ -70,9 +90,9 @@ def test_a_state_dict_comes_back_in_place(tmp_path: Path) -> None:
 
 def test_views_are_the_segment_s_own_memory(tmp_path: Path) -> None:
     saved = state(2)
-    path = written(tmp_path, saved)
+    path, _, lay = written(tmp_path, saved)
     with Mappings() as maps:
-        seen = views_of(maps.of(path, Path(path).stat().st_size))
+        seen = views_of(maps.of(path, Path(path).stat().st_size), lay)
     assert torch.equal(seen["model"]["w"], saved["model"]["w"])
     assert torch.equal(seen["counter"]["seen"], torch.full((4,), 2)) and seen["step"] == 2
     w = seen["model"]["w"]
@@ -80,11 +100,11 @@ def test_views_are_the_segment_s_own_memory(tmp_path: Path) -> None:
 
 
 def test_a_state_dict_of_another_shape_is_refused(tmp_path: Path) -> None:
-    path = written(tmp_path, {"w": torch.zeros(4, 4)})
+    path, sum_, _ = written(tmp_path, {"w": torch.zeros(4, 4)})
     with pytest.raises(InvalidArgument, match=r"shape \[4, 4\]"):
-        load(path, {"w": torch.zeros(4, 5)})
+        load(path, sum_, {"w": torch.zeros(4, 5)})
     with pytest.raises(InvalidArgument, match="lacks"):
-        load(path, {"w": torch.zeros(4, 4), "extra": torch.zeros(1)})
+        load(path, sum_, {"w": torch.zeros(4, 4), "extra": torch.zeros(1)})
 
 
 class Sharded(torch.Tensor):
@@ -98,9 +118,50 @@ def test_tensor_subclasses_are_not_held() -> None:
 
 def test_views_outlive_the_mappings_that_made_them(tmp_path: Path) -> None:
     saved = state(4)
-    path = written(tmp_path, saved)
+    path, _, lay = written(tmp_path, saved)
     maps = Mappings()
-    seen = views_of(maps.of(path, Path(path).stat().st_size))
+    seen = views_of(maps.of(path, Path(path).stat().st_size), lay)
     maps.close()  # the rank closes its tier; a save to the store may still hold views
     Path(path).unlink()  # and the agent may drop the file meanwhile
     assert torch.equal(seen["model"]["w"], saved["model"]["w"])  # no unmapped memory read
+
+
+def test_a_changed_segment_is_refused(tmp_path: Path) -> None:
+    saved = state(3)
+    path, sum_, lay = written(tmp_path, saved)
+    w_at = next(offset for tensor, offset in lay.tensors if tensor.shape == (128, 64))
+    with open(path, "r+b") as f:  # one float of the weights, patched
+        f.seek(w_at + 4 * 100)
+        f.write(torch.tensor([1e6]).numpy().tobytes())
+    target = state(5)
+    with pytest.raises(IntegrityError, match="bytes at /model/w differ"):
+        load(path, sum_, target)
+    assert target["counter"].n == 5  # no load_state_dict called with what was refused
+    with pytest.raises(IntegrityError, match="header's bytes differ"):
+        load(path, [], state(5))  # nothing hashed: nothing checked, nothing loaded
+
+
+def test_a_forged_header_is_refused_unread(tmp_path: Path) -> None:
+    path, sum_, lay = written(tmp_path, {"w": torch.ones(16), "step": 7})
+    forged = layout({"w": torch.ones(16), "step": 8}).header  # the same length, a new step
+    assert len(forged) == len(lay.header)
+    with open(path, "r+b") as f:
+        f.write(forged)
+    target = {"w": torch.zeros(16), "step": 0}
+    with pytest.raises(IntegrityError, match="header's bytes differ"):
+        load(path, sum_, target)
+    assert target["step"] == 0 and not target["w"].any()
+    with open(path, "r+b") as f:  # a length past the file's end
+        f.write((1 << 40).to_bytes(8, "little"))
+    with pytest.raises(IntegrityError, match="header's length"):
+        load(path, sum_, target)
+
+
+class Opaque:
+    """A value only pickle could keep: a segment does not."""
+
+
+@pytest.mark.parametrize("value", [Opaque(), {1.5j: 1}, {"k": {frozenset(): 1}}, 1 << 70])
+def test_values_only_pickle_could_keep_are_not_held(value: object) -> None:
+    with pytest.raises(Unholdable, match="memory tier"):
+        layout({"w": torch.zeros(2), "other": value})

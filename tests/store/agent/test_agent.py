@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import blake3
 import pytest
 from agent_kit import Agents
 from ranks_kit import free_port
@@ -44,11 +45,21 @@ def put(
     with open(path, "r+b") as f:
         f.write(data)
     if done:
-        client.done(key)
+        client.done(key, halves(data))
 
 
 def read(path: str) -> bytes:
     return Path(path).read_bytes()
+
+
+def halves(data: bytes) -> list[tuple[int, int]]:
+    """The ranges a writer names with ``done``: the agent hashes each (here, two halves)."""
+    half = max(len(data) // 2, 1)
+    return [(0, half)] + ([(half, len(data) - half)] if len(data) > half else [])
+
+
+def sums(data: bytes) -> list[tuple[int, int, bytes]]:
+    return [(o, n, blake3.blake3(data[o : o + n]).digest()) for o, n in halves(data)]
 
 
 def wait_for(check: object, seconds: float = 10.0) -> None:
@@ -66,10 +77,12 @@ def test_a_segment_is_complete_only_once_done(agents: Agents) -> None:
     assert client.steps(JOB, 1, 2) == []
     with pytest.raises(NotFound):
         client.locate(key)
-    client.done(key)
+    client.done(key, halves(data))
     assert client.steps(JOB, 1, 2) == [7]
     assert client.steps(JOB, 0, 2) == [] and client.steps(JOB, 1, 4) == []
-    assert read(client.locate(key)) == data
+    located = client.locate(key)
+    assert read(located.path) == data
+    assert (located.size, located.sums) == (len(data), sums(data))  # hashed once done
     assert client.status().held_bytes == 3 * MB
 
 
@@ -81,7 +94,7 @@ def test_the_limit_holds_and_segments_go_only_once_stored(agents: Agents) -> Non
     with pytest.raises(NoSpace, match="must keep"):
         client.reserve(three, 40 * MB)  # step 1 is the store's only chance: nothing stored
     client.stored(JOB, 1)
-    first = client.locate(one)
+    first = client.locate(one).path
     put(client, three, b"3" * 40 * MB)  # takes over step 1's pages
     assert not Path(first).exists()
     assert client.steps(JOB, 0, 1) == [2, 3]
@@ -107,8 +120,9 @@ def test_a_peer_copy_survives_the_host_and_a_replacement_pulls_it(agents: Agents
     agents.wipe("a")  # the host is gone, and its memory with it
     c = AgentClient(agents.start("c", peers=("b",)))
     assert c.steps(JOB, 0, 2) == [5]
-    path = c.locate(key)
-    assert path.startswith(str(agents.dir("c"))) and read(path) == data
+    located = c.locate(key)
+    assert located.path.startswith(str(agents.dir("c"))) and read(located.path) == data
+    assert located.sums == sums(data)  # hashed by the first, checked by both others
 
 
 def test_a_restarted_agent_adopts_what_its_memory_still_holds(agents: Agents) -> None:
@@ -206,7 +220,7 @@ def test_a_hung_peer_costs_a_rank_nothing_of_its_own(agents: Agents) -> None:
     try:
         began = time.monotonic()
         assert a.steps(JOB, 0, 1) == [3]  # the peer's answer is given up on, not the rank's
-        assert read(a.locate(key)) == b"mine" * MB
+        assert read(a.locate(key).path) == b"mine" * MB
         assert time.monotonic() - began < 4.5
         with pytest.raises(NotFound):  # only the peer could have had it
             a.locate(SegmentKey(JOB, 2, 0, 1))
