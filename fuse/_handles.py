@@ -213,6 +213,12 @@ class FileHandles(Base):
         try:
             with self._releases.running(handle.inode):  # before any await: see ``_releases``
                 await self._closed(handle.inode, handle.file)
+        except (OSError, pyfuse3.FUSEError) as exc:
+            # Nobody waits for a release's answer (the kernel sent it after the close
+            # returned, and drops it once unmounted): the log is where this error goes.
+            name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+            path = self.inodes.path(handle.inode) if handle.inode in self.inodes else "?"
+            log.warning("%s: not committed at its last close (%s): %s", path, name, exc)
         finally:
             if handle.reader is not None:
                 await self._call(handle.reader.close)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import io
 import logging
 import mmap
 import os
 import secrets
+import traceback
 from collections.abc import Iterator
 
 from graben.store import IntegrityError, NoSpace
@@ -24,6 +26,7 @@ from graben.store import IntegrityError, NoSpace
 log = logging.getLogger("graben.fuse")
 COPY_BLOCK = 8 << 20
 """Bytes copied at a time when a file's committed content is spooled."""
+PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
 
 
 class Spool:
@@ -110,20 +113,8 @@ class SpoolFile:
         if self.size == 0:
             yield memoryview(b"")
             return
-        region = mmap.mmap(self.fd, self.size)
-        view = memoryview(region)
-        try:
+        with mapping(self.fd, self.size) as view:
             yield view
-        finally:
-            view.release()
-            try:
-                region.close()
-            except BufferError:
-                # A bug: whoever was given the view kept a slice of it past
-                # its put. The put is done, so the commit stands (an EIO here
-                # would tell the writer a committed file failed); the mapping
-                # goes with the slice. Logged so that tests see it.
-                log.error("a view of a spool file outlived its put (mapping left open)")
 
     def close(self) -> None:
         """Drop the content and give its bytes back to the spool."""
@@ -131,3 +122,55 @@ class SpoolFile:
             os.close(self.fd)
             self.fd = -1
             self._spool._grow(self.size, 0)
+
+
+@contextlib.contextmanager
+def mapping(fd: int, length: int, offset: int = 0, prot: int = PROT_RW) -> Iterator[memoryview]:
+    """``length`` bytes of the file ``fd`` from ``offset`` as a view, unmapped after the
+    block even when what the view was given to failed (``drop_frames``, ``_unmap``)."""
+    region = mmap.mmap(fd, length, prot=prot, offset=offset)
+    view = memoryview(region)
+    try:
+        yield view
+    except BaseException as exc:
+        drop_frames(exc)
+        raise
+    finally:
+        view.release()
+        _unmap(region)
+
+
+def _unmap(region: mmap.mmap) -> None:
+    """Close a spool file's mapping once its put is done.
+
+    A put that failed leaves its slices of the view in reference cycles (an
+    error's traceback holds the frames that hold the slices; the upload, or a
+    future in those frames, holds the error) until the garbage collector runs:
+    run it then, on that failure path only.
+    """
+    try:
+        region.close()
+        return
+    except BufferError:
+        gc.collect()
+    try:
+        region.close()
+    except BufferError:
+        # A bug: whoever was given the view still holds a slice of it. The put
+        # is done, so the commit stands (an EIO here would tell the writer a
+        # committed file failed); the mapping goes with the slice. Logged so that
+        # tests see it.
+        log.error("a view of a spool file outlived its put (mapping left open)")
+
+
+def drop_frames(exc: BaseException) -> None:
+    """Clear the locals of the frames ``exc`` (and the errors it arose from) went
+    through: a put that failed left slices of the view it was given there, and the
+    mapping under them cannot be closed while they live (its error reaches the writer
+    all the same, with its traceback's lines)."""
+    seen: set[int] = set()
+    found: BaseException | None = exc
+    while found is not None and id(found) not in seen:
+        seen.add(id(found))
+        traceback.clear_frames(found.__traceback__)
+        found = found.__cause__ or found.__context__

@@ -18,7 +18,7 @@ import trio
 
 from graben.store import Client, FileInfo, WriteFile
 
-from ._spool import SpoolFile
+from ._spool import SpoolFile, mapping
 
 
 class Stream:
@@ -82,9 +82,6 @@ class Stream:
         if self._file is None:
             self._file = self._open()
         # ``sent`` is a whole number of steps, so a valid mapping offset.
-        with (
-            mmap.mmap(spool.fd, upto - self.sent, prot=mmap.PROT_READ, offset=self.sent) as region,
-            memoryview(region) as view,
-        ):
+        with mapping(spool.fd, upto - self.sent, self.sent, mmap.PROT_READ) as view:
             self._file.write(view)
         self.sent = upto
