@@ -1,8 +1,8 @@
 """Client options and the environment, read in this one module (the cluster's
 credentials aside: they are read where they are used, in ``wire/_auth.py``).
 
-Precedence, highest first: arguments to ``connect``/``Options``, then the
-environment (``GRABEN_URL``, ``GRABEN_HOME``, ``GRABEN_CHUNK_SIZE``, for a
+Precedence, highest first: arguments to ``connect``/``Options`` (``token`` or
+``token_file``), then the environment (``GRABEN_URL``, ``GRABEN_HOME``, ``GRABEN_CHUNK_SIZE``, for a
 cluster ``GRABEN_TLS_CA`` / ``GRABEN_TLS_CERT`` / ``GRABEN_TLS_KEY`` (``tls_from_env``)
 and ``GRABEN_TOKEN``, then ``GRABEN_SECRET`` / ``GRABEN_SECRET_FILE``, read
 by ``wire/_auth.py``: ``cluster_token``, ``load_secret``), then the defaults
@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from ._errors import InvalidArgument
 
@@ -202,6 +202,10 @@ class Options:
     """A cluster's client token: a tenant's (``graben token create``) or the cluster's
     own. ``None`` takes ``$GRABEN_TOKEN``, else the file ``$GRABEN_TOKEN_FILE``, else the
     one computed from the cluster secret (``$GRABEN_SECRET_FILE``). Ignored embedded."""
+    token_file: FilePath | None = None
+    """A file (0600) holding the client token, as ``--token-file`` names one: read when the
+    client connects, and taken before ``$GRABEN_TOKEN``. Give this or ``token``, not
+    both. Ignored embedded."""
     tls: TLS | ssl.SSLContext | None = field(default_factory=tls_from_env)
     """How to reach a cluster over TLS (a ``TLS``, or a client ``ssl.SSLContext`` of the
     caller's own); ``None``: plaintext. Default: ``$GRABEN_TLS_CA`` and friends, else
@@ -224,6 +228,8 @@ class Options:
         for name in ("max_inflight", "io_threads", "hash_threads"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1")
+        if self.token is not None and self.token_file is not None:
+            raise InvalidArgument("give a token or a token file (token_file=), not both")
         if self.read_check not in ("blake3", "crc32c"):
             raise InvalidArgument(f"read_check is blake3 or crc32c, not {self.read_check!r}")
         if self.read_ahead < 0:
@@ -334,7 +340,7 @@ def resolve(url: str | os.PathLike[str] | None) -> Target:
     if url is None:
         return _default_target()
     text = os.fspath(url)
-    parts = urlsplit(text)
+    parts = _split(text)
     if parts.scheme in ("", "file"):
         local = unquote(parts.path) if parts.scheme == "file" else text
         if not local:
@@ -344,7 +350,30 @@ def resolve(url: str | os.PathLike[str] | None) -> Target:
         raise InvalidArgument(f"unsupported store URL scheme {parts.scheme!r} in {text!r}")
     if not parts.netloc:
         return _default_target()
+    if parts.query or parts.fragment:
+        raise InvalidArgument(
+            f"not a store URL: {_shown(text)!r} has a query or fragment ('?', '#'), which graben "
+            "URLs do not take (graben://host:port/path)"
+        )
     return Target(addresses=endpoints(parts.netloc, text))
+
+
+def _split(text: str) -> SplitResult:
+    """``urlsplit``, its errors (an IPv6 address's unclosed bracket) as ``InvalidArgument``
+    naming the URL."""
+    try:
+        return urlsplit(text)
+    except ValueError as exc:
+        raise InvalidArgument(
+            f"not a store URL: {_shown(text)!r} ({exc}: an IPv6 address goes in brackets, "
+            "graben://[::1]:7100/path; fsspec splits URLs at '::', its chaining, so there "
+            "name the host, or pass the URL as GrabenFileSystem(url=...))"
+        ) from None
+
+
+def _shown(text: str) -> str:
+    """A URL as an error may show it: any user part (which may hold a password) elided."""
+    return re.sub(r"//[^/]*@", "//...@", text)
 
 
 def endpoints(hosts: str, text: str) -> tuple[tuple[str, int], ...]:
@@ -352,6 +381,13 @@ def endpoints(hosts: str, text: str) -> tuple[tuple[str, int], ...]:
     ``text`` (the whole URL or flag) names what was wrong."""
     found: dict[tuple[str, int], None] = {}
     for item in hosts.split(","):
+        if "@" in item:
+            raise InvalidArgument(
+                f"not a store URL: the one naming {item.rpartition('@')[2]!r} has a user "
+                f"part ('...@'), which graben URLs do not take (not repeated here: it may "
+                f"hold a password); a cluster client's credential is its token (token=, "
+                f"token_file=, ${ENV_TOKEN}, ${ENV_TOKEN_FILE})"
+            )
         try:
             parts = urlsplit(f"//{item.strip()}")
             host, port = parts.hostname, parts.port
@@ -396,7 +432,7 @@ def split_url(url: str) -> tuple[str | None, str]:
     ``graben:///a/b`` and a bare ``/a/b`` -> ``(None, "/a/b")`` (the default
     store, or whichever the caller names separately).
     """
-    parts = urlsplit(url)
+    parts = _split(url)
     if parts.scheme != "graben":
         if _OTHER_URL.match(url):
             raise InvalidArgument(

@@ -86,7 +86,7 @@ class AsyncClient:
             remote, nodes = open_cluster(
                 target.addresses,
                 opts.hash_threads,
-                token=auth.cluster_token(opts.token),
+                token=_token(opts),
                 read_ahead=opts.remote_read_ahead,
                 timeout=opts.timeout,
                 wait=opts.wait,
@@ -635,3 +635,11 @@ class AsyncClient:
         )
         grace = self.options.gc_grace_s if grace is None else grace
         return await run.run(collect=collect, grace=grace, force=force)
+
+
+def _token(options: Options) -> str:
+    """The token a cluster client presents: ``token_file``'s, else as ``auth.cluster_token``
+    finds it (``token``, then the environment)."""
+    if options.token_file is not None:
+        return auth.read_token_file(os.fspath(options.token_file))
+    return auth.cluster_token(options.token)

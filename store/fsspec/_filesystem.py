@@ -20,6 +20,7 @@ renames, and transactions that publish every file in one commit.
 from __future__ import annotations
 
 import datetime
+import difflib
 import os
 import posixpath
 from collections.abc import Iterator
@@ -38,9 +39,37 @@ from ..client import Client, ReadFile, WriteFile, shared_client
 from . import _exit, _urls
 
 _OPTIONS = frozenset(Options.__dataclass_fields__)
+_FSSPEC_OPTIONS = frozenset(
+    {"use_listings_cache", "listings_expiry_time", "max_paths", "asynchronous", "loop"}
+)
+"""fsspec's own options, which any filesystem takes (``skip_instance_cache`` never reaches
+``__init__``)."""
 _MODES = ("wb", "xb")
-_NOT_SHARED = frozenset({"url", "token"})
+_NOT_SHARED = frozenset({"url", "token", "token_file"})
 """Options a filesystem does not pass on to another store's: its address and its credential."""
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """Refuse an option graben does not take (``TypeError``, as for any unexpected keyword
+    argument), naming the ones it does: dropped, a misspelt ``tokne`` or an unknown
+    credential would leave the job on the environment's credentials."""
+    if "target_protocol" in options:
+        raise InvalidArgument(
+            "fsspec took a graben URL for a chain of filesystems: it splits URLs at '::', "
+            "so an IPv6 address written with '::' cannot pass through it; name the cluster "
+            "by a host name or the address written out (0:0:0:0:0:0:0:1), or pass the URL "
+            "itself: GrabenFileSystem(url='graben://[::1]:7100')"
+        )
+    unknown = sorted(set(options) - _OPTIONS - _FSSPEC_OPTIONS)
+    if not unknown:
+        return
+    near = {m for name in unknown for m in difflib.get_close_matches(name, _OPTIONS, n=1)}
+    raise TypeError(
+        f"graben:// takes no option {', '.join(map(repr, unknown))}"
+        + (f" (did you mean {', '.join(map(repr, sorted(near)))}?)" if near else "")
+        + f"; it takes url, the fields of graben.store.Options ({', '.join(sorted(_OPTIONS))})"
+        f" and fsspec's {', '.join(sorted(_FSSPEC_OPTIONS))}"
+    )
 
 
 class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
@@ -58,6 +87,7 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
     transaction_type: ClassVar[type[Transaction]]
 
     def __init__(self, url: str | None = None, **options: Any) -> None:
+        _check_options(options)
         super().__init__(url=url, **options)
         self.url = url
         self._options = {k: v for k, v in options.items() if k in _OPTIONS}

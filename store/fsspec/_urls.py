@@ -22,7 +22,6 @@ from fsspec.utils import stringify_path
 
 from .. import _config
 from .._config import Target
-from .._errors import InvalidArgument
 
 PROTOCOL = "graben"
 PREFIX = f"{PROTOCOL}://"
@@ -149,12 +148,8 @@ def label(base: str) -> str:
 
 
 def resolve(base: str) -> Target:
-    try:
-        return _config.resolve(full(base))
-    except InvalidArgument:
-        raise
-    except ValueError as exc:  # urllib's word on a port that is not a number
-        raise InvalidArgument(f"not a store URL: {base!r} ({exc})") from None
+    """The store a base names (``InvalidArgument`` naming what is wrong with it)."""
+    return _config.resolve(full(base))
 
 
 def url_of(target: Target) -> str:
