@@ -208,7 +208,7 @@ def _status(args: argparse.Namespace) -> int:
     from ._render import emit_lines, status_lines
     from ._stores import open_client
 
-    with open_client(args.store, args, create=True) as client:
+    with open_client(args.store, args) as client:
         health = client.health()
     cluster = resolve(args.store).address is not None
     dead = cluster and not any(n.alive for n in health.nodes)

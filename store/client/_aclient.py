@@ -66,6 +66,7 @@ from ._fsck import Fsck
 from ._parts import finished, stage_parts
 from ._reader import Reader, Report
 from ._slow import SlowNodes
+from ._unmade import made, unmade
 from ._upload import Upload
 
 Progress = Callable[[int], None]
@@ -96,8 +97,11 @@ class AsyncClient:
             self._setup(remote, nodes, opts, cluster_url(target.addresses), report=True)
             return
         assert target.embedded is not None
-        meta, chunks = open_store(target.embedded, opts.io_threads)
-        self._setup(meta, chunks, opts, str(target.embedded))
+        if made(target.embedded):
+            meta, chunks = open_store(target.embedded, opts.io_threads)
+            self._setup(meta, chunks, opts, str(target.embedded))
+        else:  # a misspelt path must not read as an empty store, nor leave one behind
+            self._setup(*unmade(target.embedded, opts.io_threads), opts, str(target.embedded))
 
     @classmethod
     def over(

@@ -233,5 +233,11 @@ def connect(url: str | os.PathLike[str] | None = None, **options: object) -> Cli
     services (a name with several addresses counts as several): the client
     uses one and moves to the next when it stops answering. ``options`` are
     the fields of ``graben.store.Options``.
+
+    An embedded store is made by the first write (``put``, ``mkdir``, a file
+    opened for writing) where there is none yet (a missing path or an empty
+    directory); until then reads raise ``NotFound`` naming the path, and
+    nothing is made: a misspelt path is not a new, empty store
+    (``mkdir("/", exist_ok=True)`` makes an empty one).
     """
     return Client(url, **options)

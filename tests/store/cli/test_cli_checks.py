@@ -125,9 +125,12 @@ def test_a_path_url_naming_another_store_conflicts(graben: Graben) -> None:
 
 def test_reading_commands_do_not_create_a_store(graben: Graben, tmp_path: Path) -> None:
     missing = tmp_path / "typo"
-    for argv in (["ls", "/"], ["stat", "/x"], ["du"], ["fsck"], ["cat", "/x"], ["rm", "/x"]):
+    reads = (["ls", "/"], ["stat", "/x"], ["du"], ["fsck"], ["cat", "/x"], ["rm", "/x"])
+    for argv in (*reads, ["status"], ["status", "--json"]):
         failed(graben(argv[0], "--store", str(missing), *argv[1:], store=False), "no store")
     assert not missing.exists()
+    assert graben("mkdir", "--store", str(missing), "/d", store=False).code == 0  # writes make it
+    assert graben("status", "--store", str(missing), store=False).code == 0
 
 
 # --- progress -------------------------------------------------------------------------

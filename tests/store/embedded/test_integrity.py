@@ -136,7 +136,8 @@ def test_writer_rejects_bytes_that_do_not_match_their_crc(
 
 
 def test_opening_a_store_sweeps_temporaries_of_dead_writers(store_dir: Path) -> None:
-    connect(store_dir).close()
+    with connect(store_dir) as client:
+        client.mkdir("/", exist_ok=True)  # a store is made by its first write
     tmp = store_dir / "chunks" / "tmp"
     stale, fresh = tmp / "dead-writer.123.abcd", tmp / "live-writer.456.ef01"
     stale.write_bytes(b"half a chunk")

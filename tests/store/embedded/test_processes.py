@@ -37,7 +37,8 @@ def _worker(root: str, worker: int, files: int) -> int:
 
 def test_four_processes_share_one_store(tmp_path: Path) -> None:
     root = str(tmp_path / "s")
-    connect(root).close()  # create it first, as a user's first command would
+    with connect(root) as client:  # made first, as a user's first command would
+        client.mkdir("/", exist_ok=True)
     with ProcessPoolExecutor(4) as pool:
         done = list(pool.map(_worker, [root] * 4, range(4), [15] * 4))
     assert done == [15] * 4

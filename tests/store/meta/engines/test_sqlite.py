@@ -14,7 +14,8 @@ from graben.store.meta.engines._sqlite import MIGRATIONS, SQLiteRepository
 
 
 def test_new_store_is_at_the_latest_schema_in_wal_mode(tmp_path: Path) -> None:
-    connect(tmp_path / "s").close()
+    with connect(tmp_path / "s") as client:
+        client.mkdir("/", exist_ok=True)  # a store is made by its first write
     db = sqlite3.connect(tmp_path / "s" / "meta.db")
     assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -30,7 +31,8 @@ def test_reopening_keeps_data_and_does_not_migrate_twice(tmp_path: Path) -> None
 
 
 def test_store_from_a_newer_graben_is_refused_clearly(tmp_path: Path) -> None:
-    connect(tmp_path / "s").close()
+    with connect(tmp_path / "s") as client:
+        client.mkdir("/", exist_ok=True)
     db = sqlite3.connect(tmp_path / "s" / "meta.db")
     db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
     db.commit()
