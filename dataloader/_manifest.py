@@ -8,8 +8,8 @@ bucket, no per-shard request. It is written last, so a dataset is visible
 only once all of its shards are.
 
 A manifest is checked before anything it names is fetched (``decode``): each
-shard's name must be a plain relative path inside the dataset, and its
-counts must be sane and agree with each other and with its format, so that
+shard's name must be a plain relative path inside the dataset, named once, and
+its counts must be sane and agree with each other and with its format, so that
 neither a name like ``../../etc/hostname`` nor a claim of 2^40 samples in a
 few bytes reaches a reader.
 """
@@ -102,8 +102,14 @@ def check(manifest: Manifest, where: str) -> Manifest:
     """``manifest`` if sane; else ``InvalidArgument`` naming ``where``, the shard and the field."""
     if manifest.version != VERSION:
         raise InvalidArgument(f"{where}: manifest version {manifest.version}, expected {VERSION}")
+    first: dict[str, int] = {}  # each name, and the shard it was first seen at
     for index, shard in enumerate(manifest.shards):
         problem = name_problem(shard.name) or _count_problem(manifest.kind, shard)
+        if problem is None and first.setdefault(shard.name, index) != index:
+            problem = (
+                f"shard {first[shard.name]} has the same name: a shard is listed once"
+                " (listed again, its samples would be read again, each epoch)"
+            )
         if problem is not None:
             raise InvalidArgument(f"{where}: shard {index} ({_shown(shard.name)}): {problem}")
     if manifest.samples > MAX_SAMPLES:

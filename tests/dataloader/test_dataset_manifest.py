@@ -93,6 +93,15 @@ def test_a_manifest_claiming_2_40_samples_is_refused_before_any_allocation(
     _refused(f"{base}/ds", tmp_path / "cache", "samples", str(1 << 40))
 
 
+def test_a_shard_listed_twice_is_refused(base: str, tmp_path: Path) -> None:
+    """One shard three times would read its samples three times an epoch (30,000 from
+    10,000): refused, naming the repeat and the shard it repeats."""
+    real = read_manifest(f"{base}/ds")
+    once, other = real.shards
+    _publish(f"{base}/ds", msgspec.structs.replace(real, shards=(once, other, once, once)))
+    _refused(f"{base}/ds", tmp_path / "cache", "shard 2", repr(once.name), "shard 0", "once")
+
+
 GOOD = {"name": "a/b.records", "samples": 2, "size": 16, "crc32c": 7, "groups": [1, 1]}
 
 
