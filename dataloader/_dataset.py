@@ -20,12 +20,15 @@ shared memory, so persistent workers follow it too.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import itertools
 import multiprocessing.context
 import multiprocessing.sharedctypes
 import os
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -40,6 +43,18 @@ from ._shards import Sample, ShardSource
 
 STATS = ("cache_hits", "cache_fills", "bytes_fetched", "refetched", "seconds_waited")
 """What ``CachedDataset.stats`` counts."""
+_UNDER_WAY: weakref.WeakSet[Generator[Sample, None, None]] = weakref.WeakSet()
+"""Iterations begun and not finished: closed at exit, while Python is whole."""
+
+
+@atexit.register
+def _close_iterations() -> None:
+    """Finish iterations a program left partly read (their prefetch threads stopped, their
+    counts published) before the interpreter's teardown would: by then the modules their
+    cleanup uses may be gone ("'NoneType' object has no attribute 'Empty'")."""
+    for iteration in list(_UNDER_WAY):
+        with contextlib.suppress(ValueError):  # being run by another thread: it finishes it
+            iteration.close()
 
 
 class CachedDataset(ShardSource, IterableDataset[Sample]):
@@ -109,9 +124,11 @@ class CachedDataset(ShardSource, IterableDataset[Sample]):
             self._loaded = None
             self._shared.workers_read = 1
         self.yielded = skip  # counted from ``start``: with workers, this worker's turns
-        return self._iterate(worker, workers, skip)
+        iteration = self._iterate(worker, workers, skip)
+        _UNDER_WAY.add(iteration)
+        return iteration
 
-    def _iterate(self, worker: int, workers: int, skip: int) -> Iterator[Sample]:
+    def _iterate(self, worker: int, workers: int, skip: int) -> Generator[Sample, None, None]:
         order = self._plan().global_order()
         picked = order[self._positions(worker, workers)[skip:]]
         rank_shards = _stretches(order[self._positions(0, 1), 0])
