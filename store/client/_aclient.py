@@ -57,6 +57,7 @@ from ..transport import (
     Settings,
     Stat,
     Usage,
+    WhoAmI,
     open_cluster,
 )
 from ..wire import auth, tls
@@ -315,6 +316,11 @@ class AsyncClient:
     async def tokens(self, tenant: str = "") -> list[TokenInfo]:
         """Every token (of ``tenant``), revoked and expired ones too, never its text."""
         return await self.meta.request(ListTokens(tenant))
+
+    async def whoami(self) -> TokenInfo | None:
+        """The token this client signs with: a tenant's, with the prefix it reaches and its
+        rights; ``None`` for the cluster's own token and an embedded store (everything)."""
+        return await self.meta.request(WhoAmI())
 
     async def revoke_tokens(self, *ids: str, tenant: str = "") -> int:
         """Revoke tokens by id, or every token of ``tenant``; refused on every metadata

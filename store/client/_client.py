@@ -202,6 +202,7 @@ class Client:
     tenants = Mirror(AsyncClient.tenants)
     issue_token = Mirror(AsyncClient.issue_token)
     tokens = Mirror(AsyncClient.tokens)
+    whoami = Mirror(AsyncClient.whoami)
     revoke_tokens = Mirror(AsyncClient.revoke_tokens)
     changes = Mirror(AsyncClient.changes)
     put = Mirror(AsyncClient.put)

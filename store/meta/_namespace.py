@@ -61,6 +61,7 @@ from ..transport import (
     SetClass,
     Stat,
     Usage,
+    WhoAmI,
 )
 from ._bookkeeping import Bookkeeping
 from ._changes import changed, feed
@@ -150,6 +151,7 @@ class Namespace(Quotas, Commits, Bookkeeping, Classes, Tenants):
             Collectable: lambda r: self.collectable(r.grace_s, r.limit, key=bind(r.key, r)),
             CheckMetadata: lambda r: self.check_metadata(r.limit),
             GetStoreId: lambda r: self.store_id,
+            WhoAmI: lambda r: None,  # the cluster's own token (a tenant's: ``_scopes.narrow``)
             GetSettings: lambda r: self.settings(),
             Heartbeat: lambda r: self.heartbeat(r.node, r.store_id, r.sealed),
             ReportBad: lambda r: self.report_bad(r.chunk, r.node, r.reason),

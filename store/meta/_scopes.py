@@ -37,7 +37,7 @@ import msgspec
 
 from .. import _paths
 from .._errors import PermissionDenied
-from .._types import ChangeFeed, NodeState
+from .._types import ChangeFeed, NodeState, TokenInfo
 from ..transport import (
     Changes,
     Commit,
@@ -63,6 +63,7 @@ from ..transport import (
     SetQuota,
     Stat,
     Usage,
+    WhoAmI,
 )
 from ..wire import auth
 from ._commits import Reached
@@ -80,8 +81,9 @@ USER_PAGES = 16
 USER_PAGE = 64
 """Files in each such page."""
 _RIGHTS = {"r": "read", "w": "write", "a": "admin"}
-_OPEN = (GetStoreId, GetSettings, ListNodes, Changes)
-"""What any valid token may ask (node addresses: a client needs them to reach chunks)."""
+_OPEN = (GetStoreId, GetSettings, ListNodes, Changes, WhoAmI)
+"""What any valid token may ask (node addresses: a client needs them to reach chunks;
+its own scope: a mount refuses at open what the store would refuse at close)."""
 
 
 class Scope(msgspec.Struct, frozen=True):
@@ -92,6 +94,8 @@ class Scope(msgspec.Struct, frozen=True):
     tenant: str
     prefix: str
     rights: str
+    info: TokenInfo | None = None
+    """The token as ``token ls`` shows it (what ``WhoAmI`` answers)."""
 
     def reaches(self, path: str) -> bool:
         """Whether ``path`` is the prefix or below it."""
@@ -209,6 +213,8 @@ def narrow(scope: Scope, request: Request[Any], result: Any) -> Any:
         return msgspec.structs.replace(result, changes=kept)
     if isinstance(request, GetQuotas):
         return [q for q in result if scope.reaches(q.path) or q.tenant == scope.tenant]
+    if isinstance(request, WhoAmI):  # the engine answered as for the cluster's own token
+        return scope.info
     if isinstance(request, ListNodes):
         return hide_nodes(result)
     return result
@@ -394,4 +400,4 @@ def _checked(row: TokenRow | None, ident: str, secret: str) -> Scope:
         raise PermissionDenied(f"token {ident} was revoked")
     if not time.time() < info.expires:
         raise PermissionDenied(f"token {ident} expired")
-    return Scope(info.id, info.tenant, info.prefix, info.rights)
+    return Scope(info.id, info.tenant, info.prefix, info.rights, info)

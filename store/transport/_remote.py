@@ -90,6 +90,7 @@ from ._requests import (
     RevokeTokens,
     Stat,
     Usage,
+    WhoAmI,
     with_key,
 )
 
@@ -123,6 +124,7 @@ RETRYABLE = frozenset(
         GetClass,
         ListTenants,
         ListTokens,
+        WhoAmI,
         GetQuotas,
         RevokeTokens,
         IssueToken,

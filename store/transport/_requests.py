@@ -362,6 +362,13 @@ class ListTokens(Request[list[TokenInfo]], frozen=True):
     tenant: str = ""
 
 
+class WhoAmI(Request["TokenInfo | None"], frozen=True):
+    """The token this request is signed with: a tenant's, as ``token ls`` shows it (what
+    it reaches, its rights), or ``None`` for the cluster's own (everything)."""
+
+    response = TokenInfo | None
+
+
 class RevokeTokens(Request[int], frozen=True):
     """Revoke tokens by id, or every token of ``tenant``; how many were live."""
 

@@ -120,6 +120,23 @@ def test_a_capability_of_its_own_does_not_read_bs_chunks(
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_a_token_says_what_it_reaches(
+    cluster: LocalCluster, operator: Client, team_a: Client, tmp_path: Path
+) -> None:
+    """``whoami``: what a mount needs to refuse at open a write the store would refuse."""
+    me = team_a.whoami()
+    assert me is not None and (me.tenant, me.prefix, me.rights) == ("a", "/teams/a", "rw")
+    assert me.expires > time.time()
+    reader = operator.issue_token("a", prefix="/teams/a/shared", rights="r", ttl_s=600)
+    with connect(cluster.url, token=reader) as client:
+        me = client.whoami()
+        assert me is not None and (me.prefix, me.rights) == ("/teams/a/shared", "r")
+    assert operator.whoami() is None  # the cluster's own token: everything
+    with connect(tmp_path / "embedded") as embedded:
+        embedded.mkdir("/made")
+        assert embedded.whoami() is None
+
+
 def test_rights_are_what_the_token_was_given(cluster: LocalCluster, operator: Client) -> None:
     writer = operator.issue_token("a", rights="w", ttl_s=600)
     admin = operator.issue_token("a", prefix="/teams/a", rights="rwa", ttl_s=600)
