@@ -134,11 +134,19 @@ class Base(pyfuse3.Operations):
     """A mounted store's state, and the helpers every handler uses."""
 
     def __init__(
-        self, client: Client, spool: Spool, *, read_only: bool = False, timeout: float = 1.0
+        self,
+        client: Client,
+        spool: Spool,
+        *,
+        read_only: bool = False,
+        timeout: float = 1.0,
+        reach: str = "/",
     ) -> None:
         super().__init__()
         self.client, self.spool = client, spool
         self.read_only, self.timeout = read_only, timeout
+        self.reach = reach
+        """Where the mount's token may write: this store directory and below (its prefix)."""
         self.inodes = InodeTable()
         self._open: dict[int, OpenFile] = {}
         self._handles: dict[int, Handle] = {}
@@ -223,9 +231,18 @@ class Base(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
         return self.inodes.child(self._path(parent), os.fsdecode(name))
 
-    def _writable(self) -> None:
+    def _writable(self, *paths: str) -> None:
+        """``EROFS`` on a read-only mount; ``EACCES`` for a path its token may not write
+        (the store would refuse it only at the commit, after the writer's close)."""
         if self.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
+        if any(not within(path, self.reach) for path in paths):
+            raise pyfuse3.FUSEError(errno.EACCES)
+
+    def _writable_inode(self, inode: int) -> None:
+        """``_writable`` for the inode's path (an unlinked file has none: it stays local)."""
+        path = self.inodes.path(inode) if inode in self.inodes else None
+        self._writable(*(() if path is None or is_unlinked(path) else (path,)))
 
     def told(self, inode: int, info: FileInfo) -> None:
         """This mount changed ``inode`` (chown, chmod, rename, link, a commit) and the store
@@ -309,6 +326,11 @@ class Base(pyfuse3.Operations):
     def _new_fh(self) -> int:
         fh, self._next_fh = self._next_fh, self._next_fh + 1
         return fh
+
+
+def within(path: str, top: str) -> bool:
+    """Whether the store path ``path`` is ``top`` or below it."""
+    return top in ("/", path) or path.startswith(top + "/")
 
 
 def mode_of(info: FileInfo | None, file: OpenFile | None) -> int:

@@ -32,10 +32,10 @@ class FileHandles(Base):
     @answers_errno
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         writing = flags & (os.O_WRONLY | os.O_RDWR) != 0
-        if writing or flags & os.O_TRUNC:
-            self._writable()
         await self._releases.settled(inode)
         path = self._path(inode)
+        if writing or flags & os.O_TRUNC:
+            self._writable(path)
         file = self._open.setdefault(inode, OpenFile())
         file.handles += 1
         # Two small /proc reads: cheaper here than a thread hop.
@@ -115,8 +115,8 @@ class FileHandles(Base):
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        self._writable()
         path = self._child(parent_inode, name)
+        self._writable(path)
         await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.lookup(path)
         self.whole.added(path)

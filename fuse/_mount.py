@@ -25,7 +25,7 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from graben.store import GrabenError, connect, read_token_file, serve_metrics
+from graben.store import Client, GrabenError, connect, read_token_file, serve_metrics
 
 from ._follow import follow
 from ._metrics import MountMetrics
@@ -153,12 +153,13 @@ def _mounted(
     token = None if options.token_file is None else read_token_file(options.token_file)
     client = stack.enter_context(connect(url, wait=options.wait, token=token))
     client.stat("/")  # an unreachable store fails the mount, not every call after it
-    ops = Operations(client, spool, read_only=options.read_only, timeout=options.timeout)
+    read_only, reach = _token_reach(client, options.read_only)
+    ops = Operations(client, spool, read_only=read_only, timeout=options.timeout, reach=reach)
     stop_metrics = _serve_metrics(ops, options.metrics)
     if stop_metrics is not None:
         stack.callback(stop_metrics)
     fuse_options = set(pyfuse3.default_options) | {"fsname=graben", "subtype=graben", "noatime"}
-    if options.read_only:
+    if read_only:
         fuse_options.add("ro")
     if options.allow_other:
         fuse_options.add("allow_other")
@@ -170,6 +171,21 @@ def _mounted(
     stack.callback(_unmounted, target)
     ops.device = _device(target)
     return ops
+
+
+def _token_reach(client: Client, read_only: bool) -> tuple[bool, str]:
+    """Whether the mount is read-only, and where it may write: a tenant's token without the
+    write right makes it read-only, one with it writes at and below its prefix only. The
+    store checks every write again; this makes the kernel refuse at open or create
+    (``EROFS``, ``EACCES``) what the store would refuse only after the writer's close."""
+    token = None if client.local else client.whoami()  # an embedded store has no tokens
+    if token is None:
+        return read_only, "/"
+    if "w" not in token.rights:
+        log.info("token %s has no write right: mounted read-only", token.id)
+        return True, token.prefix
+    log.info("token %s writes at and below %s only", token.id, token.prefix)
+    return read_only, token.prefix
 
 
 def _unmounted(target: Path) -> None:

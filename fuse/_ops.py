@@ -85,7 +85,7 @@ class Operations(FileHandles):
     ) -> pyfuse3.EntryAttributes:
         await self._releases.settled(inode)
         if fields.update_size:
-            self._writable()
+            self._writable_inode(inode)
             if attr.st_size > MAX_FILE_SIZE:
                 raise pyfuse3.FUSEError(errno.EFBIG)
             await self._truncate(inode, attr.st_size, commit=fh is None)
@@ -97,7 +97,7 @@ class Operations(FileHandles):
             gid=attr.st_gid if fields.update_gid else None,
         )
         if change != Change():
-            self._writable()
+            self._writable_inode(inode)
             await self._set_attributes(inode, change)
         return await self.getattr(inode, ctx)
 
@@ -119,8 +119,8 @@ class Operations(FileHandles):
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        self._writable()
         path = self._child(parent_inode, name)
+        self._writable(path)
         bits, uid, gid = mode & 0o7777, ctx.uid, ctx.gid
         since = self.whole.mark()
         info = await self._ask(lambda aio: aio.mkdir(path, mode=bits, uid=uid, gid=gid))
@@ -132,8 +132,8 @@ class Operations(FileHandles):
     async def symlink(
         self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        self._writable()
         path = self._child(parent_inode, name)
+        self._writable(path)
         owner = Change(uid=ctx.uid, gid=ctx.gid)
         info = await self._ask(
             lambda aio: aio.put(path, target, exclusive=True, permissions=SYMLINK, attributes=owner)
@@ -147,8 +147,8 @@ class Operations(FileHandles):
     ) -> pyfuse3.EntryAttributes:
         """A fifo, socket or device node: a name with attributes (the kernel does their
         I/O); a regular file from mknod is an empty file."""
-        self._writable()
         path = self._child(parent_inode, name)
+        self._writable(path)
         await self._releases.settled(self.inodes.peek(path))
         if stat.S_ISREG(mode) or not stat.S_IFMT(mode):
             owner, bits = Change(uid=ctx.uid, gid=ctx.gid), mode & 0o7777
@@ -166,8 +166,8 @@ class Operations(FileHandles):
         self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         """Another name for a file: one inode, with its link count."""
-        self._writable()
         new = self._child(new_parent_inode, new_name)
+        self._writable(new)
         await self._releases.settled(inode)
         file = self._open.get(inode)
         if file is not None and (file.created or (file.spool is not None and file.spool.dirty)):
@@ -189,8 +189,8 @@ class Operations(FileHandles):
 
     @answers_errno
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        self._writable()
         path = self._child(parent_inode, name)
+        self._writable(path)
         await self._releases.all_settled()
         if not (await self._stat_path(path)).is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
@@ -200,8 +200,8 @@ class Operations(FileHandles):
 
     @answers_errno
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        self._writable()
         path = self._child(parent_inode, name)
+        self._writable(path)
         await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.peek(path)
         if self.known.pop(inode or 0, None) is not None:  # one name fewer
@@ -228,11 +228,11 @@ class Operations(FileHandles):
         flags: int,
         ctx: pyfuse3.RequestContext,
     ) -> None:
-        self._writable()
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise pyfuse3.FUSEError(errno.EINVAL)
         old = self._child(parent_inode_old, name_old)
         new = self._child(parent_inode_new, name_new)
+        self._writable(old, new)
         await self._releases.all_settled()
         await self._commit_below(old)
         replace = not flags & pyfuse3.RENAME_NOREPLACE

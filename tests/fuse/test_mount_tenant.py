@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -61,3 +63,56 @@ def _write(path: Path, mib: int) -> int:
     except OSError as exc:
         return exc.errno or -1
     return 0
+
+
+@pytest.mark.parametrize(
+    ("rights", "prefix", "listed", "target", "says"),
+    [
+        ("r", "/deny/a", ["deny", "deny/a"], "deny/a/f", "Read-only file system"),
+        ("rw", "/deny/a/mine", ["deny", "deny/a"], "deny/a/f", "Permission denied"),
+        ("rw", "/deny/b", ["deny"], "deny/f", "Permission denied"),
+        ("rw", "/deny/b", ["deny"], "deny/a/f", ""),  # a is not even seen
+    ],
+    ids=["read-only-inside", "rw-outside-after-ls", "prefix-elsewhere", "prefix-elsewhere-deep"],
+)
+def test_a_write_the_token_may_not_make_fails_at_open(
+    cluster_url: str,
+    tmp_path: Path,
+    rights: str,
+    prefix: str,
+    listed: list[str],
+    target: str,
+    says: str,
+) -> None:
+    """``echo > f; echo $?`` prints non-zero, and ``ls`` never shows ``f`` (issue 50, 5):
+    the mount knows its token's rights and prefix (``whoami``) and refuses at create
+    what the store would refuse at the commit, after the writer's close."""
+    with connect(cluster_url) as operator:
+        for tenant in ("a", "b"):
+            if f"deny-{tenant}" not in operator.tenants():
+                operator.add_tenant(f"deny-{tenant}", f"/deny/{tenant}")
+        operator.mkdir("/deny/a/mine", exist_ok=True)
+        token = operator.issue_token(f"deny-{prefix.split('/')[2]}", prefix=prefix, rights=rights)
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    with mounted(cluster_url, tmp_path, token_file=token_file) as point:
+        shell = f"cd {point} && ls {' '.join(listed)} > /dev/null; echo hi > {target}; echo $?"
+        done = subprocess.run(
+            ["sh", "-c", shell], check=False, capture_output=True, text=True, timeout=60
+        )
+        assert done.stdout.strip() not in ("", "0"), done
+        assert says in done.stderr
+        parent, name = os.path.split(point / target)
+        for _ in range(5):  # not now, nor once a close could have been refused
+            assert name not in _listed(parent)
+            time.sleep(0.1)
+    with connect(cluster_url) as operator:
+        assert not operator.exists(f"/{target}")
+
+
+def _listed(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:  # not even seen
+        return []
