@@ -264,6 +264,12 @@ class Commits:
         """Commit files of distinct paths with a statement per table for all of them (one
         round trip each across a network), not per file. A path twice: one at a time, in
         order, each version replacing the last."""
+        # A service that has not yet seen this store become encrypted (no node listed
+        # since, as ``Bookkeeping.heed_sealing`` learns it) looks before it keeps a
+        # file's bytes, which would be their only plaintext at rest.
+        inline = any(s.data is not None for c in commits for s in c.stored)
+        if self.inline_max and inline and tx.sealed() not in ("", "none"):
+            self.inline_max = 0
         checked = [self._checked(commit) for commit in commits]
         if len({clean for _, clean, _ in checked}) < len(checked):
             return [info for c in commits for info in self._commit_files(tx, (c,), known, touched)]

@@ -341,6 +341,7 @@ def test_the_engine_lets_in_only_nodes_sealed_as_the_store_is_and_keeps_no_bytes
         return FileCommit(path, (Extent(0, len(data), ref),), (StoredChunk(ref, (), data),))
 
     namespace = Namespace(SQLiteRepository(tmp_path / "meta.db", create=True))
+    unaware = Namespace(SQLiteRepository(tmp_path / "meta.db"))  # a second service, started
     try:
         assert namespace.settings().inline_max > 0
 
@@ -356,8 +357,15 @@ def test_the_engine_lets_in_only_nodes_sealed_as_the_store_is_and_keeps_no_bytes
         assert namespace.settings().inline_max == 0  # an encrypted store's bytes: on nodes
         with pytest.raises(InvalidArgument, match="inline limit of 0"):
             namespace.commit((small("/small", b"would be plaintext in the engine"),))
+        # Before the store was encrypted and told of it by no heartbeat nor listing since:
+        # it looks in the engine before it keeps a file's bytes.
+        assert unaware.settings().inline_max > 0
+        with pytest.raises(InvalidArgument, match="inline limit of 0"):
+            unaware.commit((small("/unaware", b"would be plaintext in the engine too"),))
+        assert b"plaintext in the engine" not in (tmp_path / "meta.db").read_bytes()
     finally:
         namespace.repo.close()
+        unaware.repo.close()
     again = Namespace(SQLiteRepository(tmp_path / "meta.db"))  # another service, later
     try:
         assert again.settings().inline_max == 0
