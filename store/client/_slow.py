@@ -13,6 +13,14 @@ commit records the copies it has and repair adds the rest) and noted slow for
 ``SLOW_FOR_S``, so later writes place around it at once and reads ask it last.
 The deadline starts from a peer's answer, not the call's start, so a cluster
 that is merely busy (every node slow alike) never counts as a straggler.
+
+A chunk with no other copy (one copy asked, or every copy on hung nodes) has
+no peer to start a deadline: its first contact with a hung node waits for the
+connection (the kernel accepts it, nobody answers) at most the client's
+``timeout``. That wait is paid once per client, not once per chunk: a node
+that times out or is unreachable is noted slow too, every other call still
+waiting on it gives up at once (``each``), and later chunks are placed around
+it (``avoid``).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Iterable
 
-from .._errors import Timeout
+from .._errors import Timeout, Unavailable
 
 READ_FLOOR_BPS = 25e6
 """The slowest rate a read of a chunk is allowed on top of the deadline before the next
@@ -38,9 +46,19 @@ class SlowNodes:
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
         self._until: dict[str, float] = {}
+        self._noted: dict[str, asyncio.Event] = {}
+        """Set when a node is noted slow: the calls waiting on it give up (``_unless_noted``)."""
 
     def note(self, node: str) -> None:
         self._until[node] = time.monotonic() + SLOW_FOR_S
+        noted = self._noted.pop(node, None)
+        if noted is not None:
+            noted.set()
+
+    def avoid(self) -> tuple[str, ...]:
+        """The nodes slow now, for a placement to go around."""
+        now = time.monotonic()
+        return tuple(node for node, until in self._until.items() if until > now)
 
     def slow(self, node: str) -> bool:
         """Whether ``node`` missed a deadline in the last ``SLOW_FOR_S`` (any thread may ask)."""
@@ -66,9 +84,14 @@ class SlowNodes:
         """Run one call per node; each node's error, or ``None``.
 
         Once a call succeeds, the rest have ``deadline`` seconds to; those still
-        running then are cancelled, noted slow and fail with ``Timeout``.
+        running then are cancelled, noted slow and fail with ``Timeout``. A call that
+        times out or finds its node unreachable notes the node slow as well, and a call
+        to a node noted slow meanwhile (by any call of this client) gives up at once.
         """
-        tasks = {asyncio.ensure_future(call): node for node, call in calls.items()}
+        tasks = {
+            asyncio.ensure_future(self._unless_noted(node, call)): node
+            for node, call in calls.items()
+        }
         results: dict[str, BaseException | None] = {}
         pending = set(tasks)
         cutoff: float | None = None
@@ -81,7 +104,9 @@ class SlowNodes:
                 if not done:
                     break  # past the deadline
                 for task in done:
-                    results[tasks[task]] = task.exception()
+                    results[tasks[task]] = error = task.exception()
+                    if isinstance(error, (Timeout, Unavailable)):
+                        self.note(tasks[task])
                 if cutoff is None and any(results[tasks[t]] is None for t in done):
                     cutoff = time.monotonic() + self.deadline
         finally:
@@ -96,3 +121,18 @@ class SlowNodes:
                 f"data node {node} wrote nothing within {self.deadline:g} s of another copy"
             )
         return results
+
+    async def _unless_noted(self, node: str, call: Awaitable[None]) -> None:
+        """``call``, given up (``Timeout``) as soon as ``node`` is noted slow: the chunks
+        queued behind a hung node's first contact must not each wait for one of their own."""
+        noted = self._noted.setdefault(node, asyncio.Event())
+        task, told = asyncio.ensure_future(call), asyncio.ensure_future(noted.wait())
+        try:
+            await asyncio.wait((task, told), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in (task, told):
+                waiting.cancel()
+            await asyncio.gather(task, told, return_exceptions=True)
+        if task.cancelled():
+            raise Timeout(f"data node {node} fell behind another call of this client: passed over")
+        task.result()  # its error, if it failed

@@ -34,7 +34,7 @@ from .._types import (
     StoredChunk,
     WriteMode,
 )
-from ..transport import ChunkTransport, Commit, MetaTransport, Prepare
+from ..transport import ChunkTransport, Commit, MetaTransport, Placement, Prepare
 from ._slow import SlowNodes
 
 Release = Callable[[], None]
@@ -147,7 +147,7 @@ class Upload:
                 paths=(self.path,),
                 sent=(offset,),
             )
-            [placement] = await self._meta.request(ask)
+            [placement] = await self._placed(ask)
             if not placement.upload:
                 return ref, None
             return ref, await self._replicate(ref, data, placement.nodes, placement.minimum)
@@ -155,6 +155,17 @@ class Upload:
             self._slots.release()
             if release:
                 release()
+
+    async def _placed(self, ask: Prepare) -> list[Placement]:
+        """``ask``'s placement around the nodes this client saw fall behind, where the
+        store can place the chunk without them (a hung node is waited for once per
+        client, not once per chunk); else anywhere."""
+        if avoid := self._slow.avoid():
+            try:
+                return await self._meta.request(msgspec.structs.replace(ask, avoid=avoid))
+            except (CannotPlace, NoSpace):
+                pass  # too few others: the slow ones after all
+        return await self._meta.request(ask)
 
     async def _replicate(
         self, ref: ChunkRef, data: memoryview, nodes: tuple[str, ...], minimum: int

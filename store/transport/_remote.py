@@ -562,7 +562,10 @@ class RemoteChunks:
         return state.address
 
     async def _conn(self, node: str) -> Connection:
-        return await self._pool.get(await self._address(node))
+        # A hung node's kernel still accepts: its hello is waited for the client's
+        # timeout at most, as any call to it is.
+        connect = min(self._timeout, CONNECT_TIMEOUT)
+        return await self._pool.get(await self._address(node), timeout=connect)
 
     async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> Receipt | None:
         cap = await self._grants.get(chunk.id, "write")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +21,7 @@ from graben.store.client import _loop
 from graben.store.transport._requests import GetLayout
 
 MiB = 1 << 20
+GRABEN = [sys.executable, "-m", "graben.store.cli"]
 
 
 @pytest.fixture
@@ -116,3 +119,52 @@ def test_a_stopped_node_costs_a_reader_one_deadline_then_nothing(cluster: LocalC
     assert warm < 2.0 + 2.0, warm  # one deadline, then the node is passed over
     assert cold < 2.0 + 3.0, cold
     assert again < 1.0, again
+
+
+@pytest.fixture
+def single_copies(tmp_path: Path) -> Iterator[LocalCluster]:
+    """RF=1: a chunk placed on a hung node has no other copy whose answer starts a
+    deadline. The heartbeat timeout is long, so the metadata service goes on placing
+    chunks on the hung node for the whole test: only the client can pass it over."""
+    cluster = LocalCluster(tmp_path / "c", nodes=3, replication=1, timeout=120.0)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def test_a_hung_nodes_first_contact_costs_the_clients_timeout_once(
+    single_copies: LocalCluster, tmp_path: Path
+) -> None:
+    """A fresh client (no connection to any node yet) writing 32 chunks, about a third
+    of them placed on the hung node, waits for it once, and no longer than its
+    ``timeout``: the chunks queued behind that first contact give up with it, and later
+    chunks are placed elsewhere (was 10 s, the connect timeout, per chunk, one after
+    the other). The same through the CLI's ``put --timeout 5``, a fresh process."""
+    blobs = [os.urandom(32 * MiB) for _ in range(2)]
+    src = tmp_path / "blob"
+    src.write_bytes(blobs[0])
+    stopped = single_copies.nodes[0]
+    stopped.send_signal(signal.SIGSTOP)
+    try:
+        with connect(single_copies.url, timeout=5, chunk_size=MiB) as client:
+            first = _timed_put(client, "/first", blobs[0])
+            again = _timed_put(client, "/again", blobs[1])
+            assert client.get("/first") == blobs[0] and client.get("/again") == blobs[1]
+        env = {**os.environ, "GRABEN_CHUNK_SIZE": str(MiB)}
+        started = time.monotonic()
+        put = subprocess.run(
+            [*GRABEN, "put", "--timeout", "5", str(src), f"{single_copies.url}/cli"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        cli = time.monotonic() - started
+        assert put.returncode == 0, put.stderr
+    finally:
+        stopped.send_signal(signal.SIGCONT)
+    assert first < 5.0 + 3.0, first  # the timeout once, plus the writes on 2 cores
+    assert again < 2.0, again  # passed over at once
+    assert cli < 5.0 + 4.0, cli  # and a process's start
