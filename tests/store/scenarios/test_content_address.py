@@ -247,6 +247,30 @@ def test_a_copy_rewritten_with_its_crc32c_is_refused_on_read_and_repaired(
         cluster.close()
 
 
+def test_a_crc32c_reader_is_served_a_forged_copy_as_the_promises_say(tmp_path: Path) -> None:
+    """``read_check="crc32c"`` weakens its own reader's check only, a tenant's too (the
+    decision docs/promises.md states): that reader is served a copy forged to match the
+    crc32c, a default (blake3) reader of the same file with the same token is not."""
+    cluster = LocalCluster(tmp_path / "c", nodes=3, repair=3600)
+    try:
+        data = os.urandom(SMALL_CHUNK)
+        with connect(cluster.url, inline_max=0) as operator:
+            operator.add_tenant("a", "/a")
+            token = operator.issue_token("a", rights="r", ttl_s=600)
+            operator.put("/a/f", data)
+            victim, _ = _first_copy(cluster, operator, "/a/f")
+        victim.write_bytes(forge(data))
+        with connect(cluster.url, token=token, read_check="crc32c") as trusting:
+            assert trusting.get("/a/f") != data
+        with connect(cluster.url, token=token) as checking:
+            assert checking.get("/a/f") == data
+    finally:
+        cluster.close()
+    promises = (Path(__file__).parents[3] / "docs" / "promises.md").read_text()
+    bullet = promises.split("**Data is what was written.**")[1].split("\n- **")[0]
+    assert 'read_check="crc32c"' in bullet and "forged" in bullet, bullet
+
+
 def test_a_forked_worker_reads_what_its_parent_read(cluster: LocalCluster) -> None:
     """DataLoader workers are forked from a process that has read (and hashed) already:
     nothing in the read path may hang in the child (Rayon's pool did)."""
