@@ -5,8 +5,9 @@ misspelt directory read as an empty store and left one behind. A path that
 does not exist, or an empty directory, is made into a store by the first
 request that writes (``MAKERS``: ``put``, ``mkdir``, a file opened for
 writing). Until then nothing is made: the root reads as an empty directory
-(what a mount or fsspec asks first of a store they may be about to fill),
-and every other request is ``NotFound`` naming the store's path. Another
+and ``WhoAmI`` as for any embedded store (what a mount or fsspec asks first
+of a store they may be about to fill), and every other request is
+``NotFound`` naming the store's path. Another
 process may make the store meanwhile: each request looks again.
 """
 
@@ -30,6 +31,7 @@ from ..transport import (
     Prepare,
     Request,
     Stat,
+    WhoAmI,
 )
 
 R = TypeVar("R")
@@ -77,7 +79,10 @@ class _Later:
         return opened
 
     def answer(self, request: Request[Any]) -> Any:
-        """What a store not made yet answers: its root is an empty directory."""
+        """What a store not made yet answers: its root is an empty directory, and an
+        embedded store's client may do anything (no tenant's token)."""
+        if isinstance(request, WhoAmI):
+            return None
         if isinstance(request, Stat) and request.path == "/":
             return ROOT
         if isinstance(request, ListDir) and request.path == "/" and not request.directory:

@@ -17,6 +17,7 @@ def test_reads_of_a_missing_store_make_nothing_and_name_it(tmp_path: Path) -> No
     typo = tmp_path / "typo" / "store"
     with connect(typo) as client:
         assert client.ls("/") == [] and client.stat("/").is_dir  # the root: empty
+        assert client.whoami() is None  # a mount asks, before anything is written
         assert not client.exists("/data.bin")
         for read in (
             lambda: client.get("/data.bin"),
