@@ -46,19 +46,16 @@ from typing import Any
 from .._batcher import Batcher
 from .._buffers import BufferPool
 from .._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, RESERVE, TLS, page_entries
-from .._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError, Unavailable
-from .._types import Capability, ChunkRef, NodeState, Op, Receipt
+from .._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError
+from .._types import Capability, ChunkRef, Op, Receipt
 from ..transport import (
     ChunkCall,
-    Heartbeat,
-    Joined,
     NodeClean,
     NodeQuery,
     NodeVouch,
     Pool,
     RemoteMeta,
     ReportBad,
-    Request,
     Written,
 )
 from ..transport._bucket import Bucket
@@ -82,14 +79,12 @@ from ..wire import (
     tls as wire_tls,
 )
 from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, write_private
-from ._identity import adoption, check_sealing, keep_store_id, read_id, seal_directory
+from ._identity import adoption, read_id, seal_directory
+from ._membership import HEARTBEAT_S, Membership
 from ._sealed import Sealer
 from ._tier import Tier
 
 log = logging.getLogger("graben.node")
-HEARTBEAT_S = 2.0
-LET_IN_S = 2 * HEARTBEAT_S
-"""How long a write waits for the metadata service to let a node that just started in."""
 SENDFILE_MIN = 256 << 10
 """Chunks this large or larger are sent by ``sendfile``; smaller ones from memory."""
 
@@ -133,19 +128,11 @@ class DataNode:
         root.mkdir(DIR_MODE, parents=True, exist_ok=True)
         self.root, self.rack = root, rack
         self.id = node_id(root)
-        self.store_id = read_id(root / "store-id")
-        """The store this node belongs to; ``None`` until its first heartbeat is answered."""
         self._landing = 0  # bytes of writes accepted and not yet stored
         self._secret = secret
         self._token = auth.client_token(secret)
         self.store = LocalChunkStore(root / "chunks", sealer=sealer)
         seal_directory(root, sealer, self.store)
-        self._sealed = "none" if sealer is None else sealer.check
-        """What this node's heartbeats say of its encryption at rest (its key's check value)."""
-        self._let_in = asyncio.Event()
-        """Set once a metadata service said the store's encryption is this node's: no write
-        is stored before (a node that lost its record must not write plaintext into an
-        encrypted store)."""
         self.tier = None
         if tier is not None:
             self.tier = Tier(Bucket(tier), root / "cache", tier_cache, self._run, sealer)
@@ -161,6 +148,7 @@ class DataNode:
         # Heartbeats and reports go to whichever metadata service answers (any of them
         # records them in the one engine they share).
         self.meta = RemoteMeta(meta, self._token, timeout=HEARTBEAT_S * 2, tls=self._dial_tls)
+        self.membership = Membership(self.id, root, rack, self.meta, self.store, self._run)
         self._peers = Pool(self._dial_tls)  # other data nodes, for chain replication
         self._small: Batcher[tuple[ChunkRef, memoryview], None] = Batcher(
             partial(self._run, self.store.write_group), max_size=256, concurrency=2
@@ -200,14 +188,15 @@ class DataNode:
         )
         told = advertise or host
         self.address = told if ":" in told else f"{told}:{self.server.port}"
+        self.membership.address = self.address
         try:
-            await self._heartbeat(first=True)
+            await self.membership.beat(first=True)
         except PermissionDenied:  # not the store's encryption: refuse to start
             await self.close()
             raise
         except GrabenError as exc:  # no service answers yet: writes wait for one
             log.warning("the first heartbeat failed: %s; writes wait until one answers", exc)
-        self._beating = every(HEARTBEAT_S, self._heartbeat, "heartbeat")
+        self._beating = every(HEARTBEAT_S, self.membership.beat, "heartbeat")
         self._scrubbing = every(self.scrub_interval, self.scrub_once, "scrub")
         return self.server
 
@@ -231,6 +220,11 @@ class DataNode:
         self.store.close()
         if self.tier is not None:
             self.tier.close()
+
+    @property
+    def store_id(self) -> str | None:
+        """The store this node belongs to; ``None`` until its first heartbeat is answered."""
+        return self.membership.store_id
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._io, partial(fn, *args))
@@ -309,7 +303,7 @@ class DataNode:
         )
 
     async def _store(self, chunk: ChunkRef, data: memoryview) -> None:
-        await self._admitted()
+        await self.membership.admitted()
         with self._reserved(chunk.length):
             if chunk.length <= GROUP_SYNC_MAX:
                 await self._small.submit((chunk, data))
@@ -441,65 +435,6 @@ class DataNode:
 
     # -- heartbeats -------------------------------------------------------------
 
-    async def _tell_meta(self, request: Request[Any]) -> Any:
-        return await self.meta.request(request)
-
-    async def _admitted(self) -> None:
-        """Return once a metadata service has let this node in (``Unavailable`` after
-        ``LET_IN_S`` without one)."""
-        if self._let_in.is_set():
-            return
-        try:
-            await asyncio.wait_for(self._let_in.wait(), LET_IN_S)
-        except TimeoutError:
-            raise Unavailable(
-                f"data node {self.id} stores nothing until a metadata service has let it in "
-                "(its encryption at rest checked against the store's)"
-            ) from None
-
-    async def _heartbeat(self, *, first: bool = False) -> None:
-        """Tell the metadata service this node is alive; ``first``: on starting, when a
-        store whose encryption is not this node's is ``PermissionDenied`` (later, this
-        node stops storing writes and says why)."""
-        free, total = await self._run(self.store.capacity)
-        state = NodeState(self.id, self.address, self.rack, free, total)
-        beat = Heartbeat(state, self.store_id or "", sealed=self._sealed)
-        try:
-            joined: Joined = await self._tell_meta(beat)
-        except PermissionDenied as exc:  # another store's metadata, or the wrong secret
-            log.error(
-                "the metadata service at %s refused this node: %s", self.meta.address, exc.message
-            )
-            return
-        try:
-            check_sealing(f"data node {self.id} ({self.root})", joined.sealed, self.store.sealer)
-        except PermissionDenied as exc:
-            self._let_in.clear()
-            if first:
-                raise
-            log.error("%s; it stores no chunk", exc.message)
-            return
-        self._let_in.set()
-        if self.store_id is None:
-            held = await self._run(keep_store_id, self.root, joined.store_id, self.store)
-            self.store_id = joined.store_id
-            log.info("data node %s joined store %s", self.id, self.store_id)
-            if held:
-                log.warning(
-                    "data node %s had chunk files before it joined store %s: collection "
-                    "keeps them until fsck --collect --force vouches for them",
-                    self.id,
-                    self.store_id,
-                )
-        elif joined.store_id != self.store_id:  # a service that did not check: serve it nothing
-            log.error(
-                "the metadata service at %s serves store %s; this node belongs to store %s "
-                "and refuses its capabilities and listings",
-                self.meta.address,
-                joined.store_id,
-                self.store_id,
-            )
-
     # -- scrubbing --------------------------------------------------------------
 
     async def scrub_once(self) -> int:
@@ -510,7 +445,7 @@ class DataNode:
                 if not await self._run(self.store.intact, chunk_id):
                     bad += 1
                     reason = "scrub: content does not match its name"
-                    await self._tell_meta(ReportBad(chunk_id, self.id, reason))
+                    await self.membership.tell(ReportBad(chunk_id, self.id, reason))
             after = page[-1][0]
         return bad
 

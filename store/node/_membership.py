@@ -1,0 +1,109 @@
+"""A data node's membership of its store: heartbeats to the metadata services, the
+store it joined, and whether it has been let in (its encryption at rest checked
+against the store's) before it stores any write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from .._errors import PermissionDenied, Unavailable
+from .._types import NodeState
+from ..transport import Heartbeat, Joined, RemoteMeta, Request
+from ._chunkstore import LocalChunkStore
+from ._identity import check_sealing, keep_store_id, read_id
+
+log = logging.getLogger("graben.node")
+HEARTBEAT_S = 2.0
+LET_IN_S = 2 * HEARTBEAT_S
+"""How long a write waits for the metadata service to let a node that just started in."""
+Run = Callable[..., Awaitable[Any]]
+"""Runs a blocking function on the node's I/O threads."""
+
+
+class Membership:
+    """One node's standing in its store, kept by its heartbeats."""
+
+    def __init__(
+        self, node: str, root: Path, rack: str, meta: RemoteMeta, store: LocalChunkStore, run: Run
+    ) -> None:
+        self.node, self.root, self.rack = node, root, rack
+        self.meta, self._store, self._run = meta, store, run
+        self.store_id = read_id(root / "store-id")
+        """The store this node belongs to; ``None`` until its first heartbeat is answered."""
+        self.address = ""
+        """Where clients dial it, as its heartbeats say (set once it listens)."""
+        sealer = store.sealer
+        self._sealed = "none" if sealer is None else sealer.check
+        """What the heartbeats say of its encryption at rest (its key's check value)."""
+        self._let_in = asyncio.Event()
+        """Set once a metadata service said the store's encryption is this node's: no write
+        is stored before (a node that lost its record must not write plaintext into an
+        encrypted store)."""
+
+    async def tell(self, request: Request[Any]) -> Any:
+        """A request to whichever metadata service answers."""
+        return await self.meta.request(request)
+
+    async def admitted(self) -> None:
+        """Return once a metadata service has let this node in (``Unavailable`` after
+        ``LET_IN_S`` without one)."""
+        if self._let_in.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._let_in.wait(), LET_IN_S)
+        except TimeoutError:
+            raise Unavailable(
+                f"data node {self.node} stores nothing until a metadata service has let it in "
+                "(its encryption at rest checked against the store's)"
+            ) from None
+
+    async def beat(self, *, first: bool = False) -> None:
+        """Tell the metadata service this node is alive; ``first``: on starting, when a
+        store whose encryption is not this node's is ``PermissionDenied`` (later, this
+        node stops storing writes and says why)."""
+        free, total = await self._run(self._store.capacity)
+        state = NodeState(self.node, self.address, self.rack, free, total)
+        beat = Heartbeat(state, self.store_id or "", sealed=self._sealed)
+        try:
+            joined: Joined = await self.tell(beat)
+        except PermissionDenied as exc:  # another store's metadata, or the wrong secret
+            log.error(
+                "the metadata service at %s refused this node: %s", self.meta.address, exc.message
+            )
+            return
+        try:
+            check_sealing(f"data node {self.node} ({self.root})", joined.sealed, self._store.sealer)
+        except PermissionDenied as exc:
+            self._let_in.clear()
+            if first:
+                raise
+            log.error("%s; it stores no chunk", exc.message)
+            return
+        self._let_in.set()
+        await self._joined(joined.store_id)
+
+    async def _joined(self, store_id: str) -> None:
+        if self.store_id is None:
+            held = await self._run(keep_store_id, self.root, store_id, self._store)
+            self.store_id = store_id
+            log.info("data node %s joined store %s", self.node, self.store_id)
+            if held:
+                log.warning(
+                    "data node %s had chunk files before it joined store %s: collection "
+                    "keeps them until fsck --collect --force vouches for them",
+                    self.node,
+                    self.store_id,
+                )
+        elif store_id != self.store_id:  # a service that did not check: serve it nothing
+            log.error(
+                "the metadata service at %s serves store %s; this node belongs to store %s "
+                "and refuses its capabilities and listings",
+                self.meta.address,
+                store_id,
+                self.store_id,
+            )
