@@ -141,7 +141,12 @@ def test_a_bad_shard_entry_is_refused_naming_its_field(
         ({"kind": "records", "shards": [GOOD], "version": 2}, ["version 2"]),
         ({"kind": "records", "shards": [{**GOOD, "samples": True}]}, ["samples"]),
         (
-            {"kind": "parquet", "shards": [{**GOOD, "groups": [], "samples": 1 << 31}] * 3},
+            {
+                "kind": "parquet",
+                "shards": [
+                    {**GOOD, "name": f"s{i}", "groups": [], "samples": 1 << 31} for i in range(3)
+                ],
+            },
             ["samples", str(3 << 31)],
         ),
     ],
