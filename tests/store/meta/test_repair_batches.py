@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from graben.store._types import ChunkRef
-from graben.store.meta._repo import Degraded
 from graben.store.meta._repair import REPAIR_BYTES, REPAIR_CHUNKS, _repair_batches
+from graben.store.meta._repo import Degraded
 
 
 def _short(i: int, length: int) -> Degraded:
