@@ -128,7 +128,10 @@ def test_a_cluster_on_postgresql_serves_every_operation(
 
 
 def test_two_metadata_services_serve_one_store(cluster: LocalCluster) -> None:
-    second, address = _spawn("meta", "serve", "--engine", cluster.engine, "--replication", "3")
+    second, address = _spawn(
+        *("meta", "serve", "--engine", cluster.engine, "--replication", "3"),
+        *("--listen", "127.0.0.1:0"),
+    )
     try:
         with (
             connect(cluster.url, chunk_size=SMALL_CHUNK) as one,
