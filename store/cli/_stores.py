@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from .._config import resolve, split_url
 from .._errors import GrabenError, InvalidArgument, NotADirectory, NotFound, from_os_error
-from ..client import Client, connect
+from ..client import Client, connect, store_made
 from ._tls import client_tls
 
 
@@ -74,7 +74,7 @@ def open_client(
 
 def _require_store(store: str | None) -> None:
     home = resolve(store).embedded
-    if home is not None and not home.is_dir():
+    if home is not None and not store_made(home):  # missing, or an empty directory
         raise NotFound("no store here (put or mkdir creates one)", str(home))
 
 

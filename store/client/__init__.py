@@ -20,6 +20,7 @@ from ._agent import AgentClient
 from ._client import Client, connect
 from ._files import ReadFile, WriteFile
 from ._shared import clear_shared_clients, shared_client
+from ._unmade import made as store_made
 from ._upload import Staging, Upload
 
 __all__ = [
@@ -35,4 +36,5 @@ __all__ = [
     "clear_shared_clients",
     "connect",
     "shared_client",
+    "store_made",
 ]

@@ -6,7 +6,8 @@ does not exist, or an empty directory, is made into a store by the first
 request that writes (``MAKERS``: ``put``, ``mkdir``, a file opened for
 writing). Until then nothing is made: the root reads as an empty directory
 and ``WhoAmI`` as for any embedded store (what a mount or fsspec asks first
-of a store they may be about to fill), and every other request is
+of a store they may be about to fill), ``GetHealth`` as an empty store on the
+disk it will be on (a mount's ``df``), and every other request is
 ``NotFound`` naming the store's path. Another
 process may make the store meanwhile: each request looks again.
 """
@@ -20,10 +21,11 @@ from typing import Any, TypeVar
 
 from .._errors import NotFound
 from .._types import ChunkRef, FileInfo
-from ..embedded import LocalChunks, LocalMeta, open_store
+from ..embedded import LocalChunks, LocalMeta, health_before_made, open_store
 from ..transport import (
     Commit,
     CommitEach,
+    GetHealth,
     GetSettings,
     ListDir,
     Listing,
@@ -83,6 +85,8 @@ class _Later:
         embedded store's client may do anything (no tenant's token)."""
         if isinstance(request, WhoAmI):
             return None
+        if isinstance(request, GetHealth):  # a mount's statfs: the disk it will be on
+            return health_before_made(self._root)
         if isinstance(request, Stat) and request.path == "/":
             return ROOT
         if isinstance(request, ListDir) and request.path == "/" and not request.directory:

@@ -9,6 +9,6 @@ May import: ``meta``, ``node``, ``transport``, ``wire`` and the store's
 shared modules; never the ``client`` or anything above it.
 """
 
-from ._store import LocalChunks, LocalMeta, open_store
+from ._store import LocalChunks, LocalMeta, health_before_made, open_store
 
-__all__ = ["LocalChunks", "LocalMeta", "open_store"]
+__all__ = ["LocalChunks", "LocalMeta", "health_before_made", "open_store"]

@@ -16,6 +16,7 @@ atomically under content-addressed names.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -183,6 +184,17 @@ class LocalMeta:
         self._thread.shutdown(wait=True)
         self._readers.shutdown(wait=True)
         self.namespace.repo.close()
+
+
+def health_before_made(root: Path) -> Health:
+    """What a store not made yet at ``root`` reports: empty, on the disk of the nearest
+    directory on the way that exists (where its first write will make it)."""
+    where = root
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    st = os.statvfs(where)
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    return Health([NodeState(LOCAL_NODE, "", "local", free, total, time.time(), True)], 0, 0, 1)
 
 
 class LocalChunks:

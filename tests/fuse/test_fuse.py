@@ -168,6 +168,22 @@ def test_statfs_reports_the_store_space(mount_point: Path) -> None:
     assert 0 < st.f_bavail <= st.f_blocks
 
 
+def test_a_store_not_made_yet_mounts_answers_df_and_is_made_by_its_first_write(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "new-store"
+    with mounted(str(store), tmp_path / "m") as point:
+        st = os.statvfs(point)  # df, before anything is written: the disk it will use
+        assert st.f_blocks > 0 and 0 < st.f_bavail <= st.f_blocks
+        df = subprocess.run(["df", "-P", str(point)], capture_output=True, text=True, check=False)
+        assert df.returncode == 0, df.stderr
+        assert not store.exists()  # a mount alone makes no store
+        (point / "first").write_bytes(b"made")
+    assert store.is_dir()
+    with connect(store) as client:
+        assert client.get("/first") == b"made"
+
+
 def test_bad_names_get_errors_and_the_mount_lives_on(here: Path) -> None:
     with pytest.raises(OSError, match="too long") as failed:
         (here / ("x" * 300)).write_bytes(b"x")

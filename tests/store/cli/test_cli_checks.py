@@ -129,6 +129,10 @@ def test_reading_commands_do_not_create_a_store(graben: Graben, tmp_path: Path) 
     for argv in (*reads, ["status"], ["status", "--json"]):
         failed(graben(argv[0], "--store", str(missing), *argv[1:], store=False), "no store")
     assert not missing.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()  # an empty directory is no store either
+    failed(graben("status", "--store", str(empty), store=False), "no store")
+    assert list(empty.iterdir()) == []
     assert graben("mkdir", "--store", str(missing), "/d", store=False).code == 0  # writes make it
     assert graben("status", "--store", str(missing), store=False).code == 0
 

@@ -25,19 +25,24 @@ def test_reads_of_a_missing_store_make_nothing_and_name_it(tmp_path: Path) -> No
             lambda: client.stat("/data.bin"),
             lambda: client.ls("/runs"),
             lambda: client.du("/"),
-            client.health,
             client.fsck,
             lambda: client.rm("/data.bin"),
         ):
             with pytest.raises(NotFound, match="no store here") as caught:
                 read()
             assert caught.value.path == str(typo)
+        health = client.health()  # a mount's df: an empty store, on the disk it will use
+        assert (
+            health.nodes[0].total == os.statvfs(tmp_path).f_blocks * os.statvfs(tmp_path).f_frsize
+        )
+        assert health.degraded == health.bad == 0
     assert not (tmp_path / "typo").exists()
 
 
 def test_an_empty_directory_is_a_store_not_made_yet(tmp_path: Path) -> None:
     with connect(tmp_path) as client, pytest.raises(NotFound, match="no store here"):
-        client.health()
+        client.fsck()
+    assert list(tmp_path.iterdir()) == []
     assert list(tmp_path.iterdir()) == []
 
 
