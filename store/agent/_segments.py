@@ -14,9 +14,10 @@ Nothing here trusts the directory's other users: the directory, ``own/``,
 group and others and no link (``private_dir``: walked from ``/``; refused
 otherwise, whoever made them); files are made 0600 with ``O_EXCL``, opened
 relative to their directory without following a link, and checked after
-opening. A restarted agent adopts the complete files whose tag verifies and
-removes the rest (partial ones: their writers went with the old agent's
-reservations; complete ones not yet hashed).
+opening. A restarted agent adopts the complete files whose tag verifies, and
+hashes those its writer finished and the old agent had not hashed yet (their
+``.ranges``, written before ``done`` was answered); it removes the rest (partial
+ones: their writers went with the old agent's reservations).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ log = logging.getLogger("graben.agent")
 
 PART = ".part"
 SUM = ".sum"
+RANGES = ".ranges"
+"""The ranges a writer named, until the agent has hashed them (then its ``.sum``)."""
 WHAT = "the memory agent's directory"
 _NAME = re.compile(r"(\d{12})-(\d+)-of-(\d+)")
 _JOB_DIR = re.compile(r"[0-9a-f]{24}")
@@ -137,6 +140,7 @@ class Segments:
             try:
                 with self._job(key.job, peer, make=False) as job:
                     _unlink(_name(key, True) + SUM, job)
+                    _unlink(_name(key, True) + RANGES, job)
                     os.rename(_name(key, False), _name(key, True), src_dir_fd=job, dst_dir_fd=job)
             except FileNotFoundError:
                 self.drop(held)
@@ -157,19 +161,28 @@ class Segments:
         finally:
             os.close(fd)
 
+    def intend(self, held: Held, ranges: list[tuple[int, int]]) -> None:
+        """Record the ranges complete ``held``'s writer named (its ``.ranges``), before its
+        ``done`` is answered: an agent killed before it hashed them hashes them when it
+        starts again, and the step is not lost."""
+        with self._job(held.key.job, held.peer, make=False) as job:
+            _unlink(_name(held.key, True) + RANGES, job)
+            _write_new(_name(held.key, True) + RANGES, job, msgspec.msgpack.encode(ranges))
+
     def seal(self, held: Held, sums: Sums) -> None:
         """Record ``sums`` of complete ``held`` (its ``.sum`` beside it, tagged)."""
         final = _name(held.key, True)
         with self._job(held.key.job, held.peer, make=False) as job:
             _unlink(final + SUM, job)
             _write_new(final + SUM, job, self._sum(held.key, held.size, sums))
+            _unlink(final + RANGES, job)
         self.sums[(held.key, held.peer)] = sums
 
     def drop(self, held: Held) -> None:
         self.held.pop((held.key, held.peer), None)
         self.sums.pop((held.key, held.peer), None)
         path = self.path(held.key, held.peer, held.complete)
-        for gone in (path, path.with_name(path.name + SUM)):
+        for gone in (path, path.with_name(path.name + SUM), path.with_name(path.name + RANGES)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(gone)
 
@@ -252,13 +265,28 @@ class Segments:
                 size = checked_file(os.fstat(fd), shown).st_size
             finally:
                 os.close(fd)
-            sums = self._verified(_read_small(file + SUM, job_fd), key, size)
-        except (OSError, ValueError) as exc:
+            held = Held(key, size, True, peer, to_store=True)
+            record = _read_small(file + SUM, job_fd)
+            if record is None and (named := _read_small(file + RANGES, job_fd)) is not None:
+                return held, self._hashed_late(held, named)  # killed before it hashed
+            sums = self._verified(record, key, size)
+        except (OSError, ValueError, GrabenError) as exc:
             log.warning("%s is not adopted (%s): removed", shown, exc)
-            for gone in (file, file + SUM):
+            for gone in (file, file + SUM, file + RANGES):
                 _unlink(gone, job_fd)
             return None
-        return Held(key, size, True, peer, to_store=True), sums
+        return held, sums
+
+    def _hashed_late(self, held: Held, named: bytes) -> Sums:
+        """The sums of a complete segment whose agent stopped before it hashed the ranges
+        its writer named: hashed now (the directory is the agent's own), and sealed."""
+        try:
+            ranges = msgspec.msgpack.decode(named, type=list[tuple[int, int]])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise ValueError("its ranges' record is damaged") from None
+        sums = self.hash(held, ranges)
+        self.seal(held, sums)
+        return sums
 
     def _verified(self, record: bytes | None, key: SegmentKey, size: int) -> Sums:
         """The sums a ``.sum`` records, if its tag is ours for ``key`` and ``size``."""

@@ -165,6 +165,7 @@ class Agent:
         if held is None:
             raise NotFound(f"no segment reserved for {_named(key)}")
         if key not in self._sealing and (key, False) not in self.segments.sums:
+            self.segments.intend(held, done.ranges)  # hashed after a restart if not before
             self._sealing[key] = asyncio.create_task(self._seal(held, done.ranges))
         self._tidy()
         return Answer()

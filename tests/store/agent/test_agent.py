@@ -141,6 +141,21 @@ def test_a_restarted_agent_adopts_what_its_memory_still_holds(agents: Agents) ->
     assert client.steps(JOB, 0, 1) == []
 
 
+def test_an_agent_killed_before_it_hashed_a_done_step_hashes_it_when_it_starts_again(
+    agents: Agents,
+) -> None:
+    client = AgentClient(agents.start("a"))
+    key, data = SegmentKey(JOB, 7, 0, 1), os.urandom(256 * MB)  # ~0.1 s to hash
+    put(client, key, data)  # answered before the agent hashes it...
+    agents.kill("a")  # ...and killed at once, the hash unrecorded (most runs)
+    client.close()
+    agents.start("a")
+    assert client.steps(JOB, 0, 1) == [7]  # kept: the step is not lost with the agent
+    located = client.locate(key)
+    assert located.sums == sums(data) and read(located.path) == data
+    assert not list(agents.dir("a").rglob("*.ranges"))
+
+
 def test_bad_calls_are_refused_and_the_agent_stays_up(agents: Agents) -> None:
     address = agents.start("a")
     client = AgentClient(address)

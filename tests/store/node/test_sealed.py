@@ -50,7 +50,8 @@ def test_a_sealed_chunk_opens_to_its_bytes_and_nothing_else_does(length: int) ->
     with ThreadPoolExecutor(2) as pool:
         sealed = bytes(sealer.seal("a" * 64, memoryview(data), pool))
         assert len(sealed) == sealed_length(length) and plain_length(len(sealed)) == length
-        assert data[:64] not in sealed
+        if length >= 16:  # a byte or a few turn up in any random 40 bytes by chance
+            assert data[:64] not in sealed
         into = bytearray(length)
         sealer.open("a" * 64, memoryview(sealed), memoryview(into), pool)
         assert into == data
