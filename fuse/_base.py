@@ -17,7 +17,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -47,6 +47,8 @@ NAME_MAX = 255
 """Longest name, in bytes, as on every Linux filesystem."""
 MAX_FILE_SIZE = 1 << 44
 """The largest file (16 TiB, ext4's): a truncate past it is ``EFBIG``."""
+SETTLE_S = 1.0
+"""The most the change feed's reader waits for this mount's own changes to be noted."""
 BLKSIZE = 1 << 20
 """``st_blksize``: what ``cp`` and friends take as the I/O size to use."""
 
@@ -160,6 +162,9 @@ class Base(pyfuse3.Operations):
         from here until the change feed says another client changed it (``_follow``)."""
         self.changes_made = 0
         """Changes this mount made to inodes so far (``told``)."""
+        self._changing = 0  # names changes of this mount under way (``own_change``)
+        self._quiet = trio.Event()
+        self._quiet.set()
         self._uid, self._gid = os.getuid(), os.getgid()
         self.local = client.local
         """The store runs in this process (embedded)."""
@@ -243,6 +248,27 @@ class Base(pyfuse3.Operations):
         """``_writable`` for the inode's path (an unlinked file has none: it stays local)."""
         path = self.inodes.path(inode) if inode in self.inodes else None
         self._writable(*(() if path is None or is_unlinked(path) else (path,)))
+
+    @contextlib.contextmanager
+    def own_change(self) -> Iterator[None]:
+        """A change of names or owners this mount is making (rename, link, unlink, rmdir,
+        setattr): from its commit in the store until the daemon has noted the answer, the
+        change feed may already show it, and must not be taken for another client's."""
+        if not self._changing:
+            self._quiet = trio.Event()
+        self._changing += 1
+        try:
+            yield
+        finally:
+            self._changing -= 1
+            if not self._changing:
+                self._quiet.set()
+
+    async def settled(self) -> None:
+        """Return once no change of this mount is under way (``SETTLE_S`` at most: a
+        mount never idle still follows others' changes)."""
+        with trio.move_on_after(SETTLE_S):
+            await self._quiet.wait()
 
     def told(self, inode: int, info: FileInfo) -> None:
         """This mount changed ``inode`` (chown, chmod, rename, link, a commit) and the store

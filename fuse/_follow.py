@@ -90,6 +90,8 @@ Ask = Callable[[int, tuple[int, ...]], Awaitable[ChangeFeed]]
 """The store's change feed after a number, with the missing numbers (``AsyncClient.changes``)."""
 Current = Callable[[str], Awaitable[tuple[int, int]]]
 """The store inode and ctime at a path now ((0, 0): nothing there)."""
+Settled = Callable[[], Awaitable[None]]
+"""Returns once no change of the mount's own is under way (``Base.settled``)."""
 
 
 async def follow(
@@ -98,10 +100,13 @@ async def follow(
     inodes: InodeTable,
     known: Known,
     whole: WholeDirs,
+    settled: Settled,
     every: float = FOLLOW_S,
 ) -> None:
     """Ask for changes every ``every`` seconds, for ever; drop what the kernel and the
-    daemon hold of each path another client changed."""
+    daemon hold of each path another client changed. A page is weighed once the mount's
+    own changes under way are noted (``settled``): its own rename, committed and in the
+    feed but not yet answered, would look like another client's."""
     cursor, failing = Cursor(), False
     while True:
         more = False
@@ -113,6 +118,7 @@ async def follow(
                 whole.clear()
                 await trio.to_thread.run_sync(_forget_all, inodes)
             elif changes:
+                await settled()
                 work = await _invalidations(changes, current, inodes, known, whole)
                 if work:
                     await trio.to_thread.run_sync(_invalidate, work)

@@ -29,9 +29,21 @@ import pyfuse3
 
 from graben.store import Change, FileInfo
 
-from ._base import BLKSIZE, MAX_FILE_SIZE, NAME_MAX, SYMLINK, Entry, Listing, answers_errno
+from ._base import (
+    BLKSIZE,
+    MAX_FILE_SIZE,
+    NAME_MAX,
+    SYMLINK,
+    Entry,
+    Listing,
+    answers_errno,
+    within,
+)
 from ._handles import FileHandles, set_attributes
 from ._inodes import ROOT
+
+UNBOUNDED = 1 << 50
+"""What ``df`` shows a tenant's mount with no byte quota: 1 PiB."""
 
 
 class Operations(FileHandles):
@@ -113,7 +125,8 @@ class Operations(FileHandles):
         if file is not None and file.created:
             return
         path = self._path(inode)
-        self.told(inode, await self._ask(lambda aio: set_attributes(aio, path, change)))
+        with self.own_change():
+            self.told(inode, await self._ask(lambda aio: set_attributes(aio, path, change)))
 
     @answers_errno
     async def mkdir(
@@ -173,11 +186,12 @@ class Operations(FileHandles):
         if file is not None and (file.created or (file.spool is not None and file.spool.dirty)):
             await self._commit(inode, file)  # the store links what it holds
         old = self._path(inode)
-        info = await self._ask(lambda aio: aio.link(old, new))
-        self.whole.added(new)
-        self.inodes.alias(new, inode)
-        self.inodes.lookup(new, info.inode)
-        self.told(inode, info)  # one more link, a new ctime
+        with self.own_change():
+            info = await self._ask(lambda aio: aio.link(old, new))
+            self.whole.added(new)
+            self.inodes.alias(new, inode)
+            self.inodes.lookup(new, info.inode)
+            self.told(inode, info)  # one more link, a new ctime
         return self._attrs(inode, info, file)
 
     @answers_errno
@@ -194,9 +208,10 @@ class Operations(FileHandles):
         await self._releases.all_settled()
         if not (await self._stat_path(path)).is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        await self._ask(lambda aio: aio.rm(path))
-        self.whole.removed(path)
-        self.inodes.removed(path)
+        with self.own_change():
+            await self._ask(lambda aio: aio.rm(path))
+            self.whole.removed(path)
+            self.inodes.removed(path)
 
     @answers_errno
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -207,14 +222,15 @@ class Operations(FileHandles):
         if self.known.pop(inode or 0, None) is not None:  # one name fewer
             self.changes_made += 1
         file = self._open.get(inode) if inode is not None else None
-        if file is not None and file.created:
-            file.unlinked = True
-        else:
-            if (await self._stat_path(path)).is_dir:
-                raise pyfuse3.FUSEError(errno.EISDIR)
-            await self._ask(lambda aio: aio.rm(path))
-        self.whole.removed(path)
-        self.inodes.removed(path)
+        with self.own_change():
+            if file is not None and file.created:
+                file.unlinked = True
+            else:
+                if (await self._stat_path(path)).is_dir:
+                    raise pyfuse3.FUSEError(errno.EISDIR)
+                await self._ask(lambda aio: aio.rm(path))
+            self.whole.removed(path)
+            self.inodes.removed(path)
         if file is not None and inode is not None and not self.inodes.names(inode):
             file.unlinked = True  # its handles read the version they opened
 
@@ -236,14 +252,15 @@ class Operations(FileHandles):
         await self._releases.all_settled()
         await self._commit_below(old)
         replace = not flags & pyfuse3.RENAME_NOREPLACE
-        info = await self._ask(lambda aio: aio.rename(old, new, replace=replace))
-        self.whole.moved(old, new)
-        moved, replaced = self.inodes.peek(old), self.inodes.peek(new)
-        if replaced is not None and replaced != moved:  # one name fewer
-            self.known.pop(replaced, None)
-        self.inodes.moved(old, new)
-        if moved is not None:  # its new ctime, here: the change feed's row is no news
-            self.told(moved, info)
+        with self.own_change():
+            info = await self._ask(lambda aio: aio.rename(old, new, replace=replace))
+            self.whole.moved(old, new)
+            moved, replaced = self.inodes.peek(old), self.inodes.peek(new)
+            if replaced is not None and replaced != moved:  # one name fewer
+                self.known.pop(replaced, None)
+            self.inodes.moved(old, new)
+            if moved is not None:  # its new ctime, here: the change feed's row is no news
+                self.told(moved, info)
         if replaced is not None and replaced in self._open and not self.inodes.names(replaced):
             self._open[replaced].unlinked = True  # its handles keep what they had
 
@@ -305,17 +322,33 @@ class Operations(FileHandles):
 
     @answers_errno
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
-        health = await self._ask(lambda aio: aio.health())
-        live = [n for n in health.nodes if n.alive]
-        copies = max(1, min(health.replication, len(live) or 1))
+        if self.reach != "/":  # a tenant's token: its quota is its disk
+            total, free = await self._quota_space()
+        else:
+            health = await self._ask(lambda aio: aio.health())
+            live = [n for n in health.nodes if n.alive]
+            copies = max(1, min(health.replication, len(live) or 1))
+            total = sum(n.total for n in live) // copies
+            free = sum(n.free for n in live) // copies
         data = pyfuse3.StatvfsData()
         data.f_bsize = BLKSIZE
         data.f_frsize = 4096
-        data.f_blocks = sum(n.total for n in live) // copies // data.f_frsize
-        data.f_bfree = data.f_bavail = sum(n.free for n in live) // copies // data.f_frsize
+        data.f_blocks = total // data.f_frsize
+        data.f_bfree = data.f_bavail = free // data.f_frsize
         data.f_files = data.f_ffree = data.f_favail = 1 << 32  # no inode table to run out of
         data.f_namemax = NAME_MAX
         return data
+
+    async def _quota_space(self) -> tuple[int, int]:
+        """(total, free) bytes for a tenant's mount, which may not see the nodes' disks:
+        the tightest byte quota at or above its prefix, else ``UNBOUNDED`` (as JuiceFS
+        shows a volume without a capacity quota)."""
+        quotas = await self._ask(lambda aio: aio.quotas(self.reach))
+        limits = [q for q in quotas if q.max_bytes and within(self.reach, q.path)]
+        if not limits:
+            return UNBOUNDED, UNBOUNDED
+        tight = min(limits, key=lambda q: q.max_bytes - q.bytes)
+        return tight.max_bytes, max(0, tight.max_bytes - tight.bytes)
 
 
 def linked(info: FileInfo | None) -> int:

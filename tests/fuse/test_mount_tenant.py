@@ -35,6 +35,9 @@ def test_a_mount_with_a_token_reaches_its_prefix_only(cluster_url: str, tmp_path
         mine = point / "mount-teams" / "a" / "notes.txt"
         mine.write_bytes(b"a's notes")
         assert mine.read_bytes() == b"a's notes"
+        df = os.statvfs(point)  # its quota is its disk: it may not see the nodes'
+        assert df.f_blocks * df.f_frsize == 4 * MiB
+        assert 0 < (4 * MiB - df.f_bavail * df.f_frsize) <= 64 * 1024
         theirs = point / "mount-teams" / "b"
         for attempt in (
             lambda: os.stat(theirs),
@@ -107,6 +110,9 @@ def test_a_write_the_token_may_not_make_fails_at_open(
         for _ in range(5):  # not now, nor once a close could have been refused
             assert name not in _listed(parent)
             time.sleep(0.1)
+        df = subprocess.run(["df", "-P", str(point)], capture_output=True, text=True, check=False)
+        assert df.returncode == 0, df.stderr  # no quota: shown unbounded (1 PiB), as JuiceFS
+        assert os.statvfs(point).f_blocks * os.statvfs(point).f_frsize == 1 << 50
     with connect(cluster_url) as operator:
         assert not operator.exists(f"/{target}")
 
