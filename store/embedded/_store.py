@@ -16,7 +16,6 @@ atomically under content-addressed names.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -45,6 +44,7 @@ from ..node import (
     LocalChunkStore,
     adoption,
     check_sealing,
+    disk_space,
     keep_store_id,
     load_key,
     read_id,
@@ -173,9 +173,7 @@ class LocalMeta:
 
     def _health(self) -> Health:
         # No heartbeats here: the one node is the directory, and always there.
-        free, total = self._capacity()
-        local = NodeState(LOCAL_NODE, "", "local", free, total, time.time(), True)
-        return msgspec.structs.replace(self.namespace.health(), nodes=[local])
+        return msgspec.structs.replace(self.namespace.health(), nodes=[_local(*self._capacity())])
 
     async def _run(self, fn: Callable[..., R], *args: Any) -> R:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -192,9 +190,12 @@ def health_before_made(root: Path) -> Health:
     where = root
     while not where.exists() and where != where.parent:
         where = where.parent
-    st = os.statvfs(where)
-    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-    return Health([NodeState(LOCAL_NODE, "", "local", free, total, time.time(), True)], 0, 0, 1)
+    return Health([_local(*disk_space(where))], 0, 0, 1)
+
+
+def _local(free: int, total: int) -> NodeState:
+    """An embedded store's one node: its directory, always there (no heartbeats)."""
+    return NodeState(LOCAL_NODE, "", "local", free, total, time.time(), True)
 
 
 class LocalChunks:

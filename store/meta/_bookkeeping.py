@@ -24,7 +24,7 @@ from ..transport import ChunkPage, Joined
 from ._leader import GONE_S, fenced_write
 from ._once import write_once
 from ._placement import LOCAL_NODE
-from ._repo import Degraded, Repository, Tx
+from ._repo import Degraded, Repository, Tx, encrypted
 
 PAGE_BYTES = 64 * 1024
 """Most bytes of text in one page whose entries hold paths (up to 4 KiB each)."""
@@ -126,7 +126,7 @@ class Bookkeeping:
         only plaintext at rest: once the store records a key (``recorded``), this service
         keeps nothing inline, tells its writers so (``Settings``) and refuses inline bytes.
         Learned at start, from the heartbeats it answers and each time it lists the nodes."""
-        if recorded not in ("", "none"):
+        if encrypted(recorded):
             self.inline_max = 0
 
     def nodes(self) -> list[NodeState]:

@@ -20,7 +20,7 @@ from ..transport import Placement, Settings
 from ._changes import changed_rows
 from ._once import bind, key_id, misused, record, recorded, replayed_or_error, write_once
 from ._quotas import Delta
-from ._repo import Inode, NewFile, Repository, Tx
+from ._repo import Inode, NewFile, Repository, Tx, encrypted
 from ._walk import Directories, ensure_dirs, info
 
 Touched = dict[int, int]
@@ -268,7 +268,7 @@ class Commits:
         # since, as ``Bookkeeping.heed_sealing`` learns it) looks before it keeps a
         # file's bytes, which would be their only plaintext at rest.
         inline = any(s.data is not None for c in commits for s in c.stored)
-        if self.inline_max and inline and tx.sealed() not in ("", "none"):
+        if self.inline_max and inline and encrypted(tx.sealed()):
             self.inline_max = 0
         checked = [self._checked(commit) for commit in commits]
         if len({clean for _, clean, _ in checked}) < len(checked):

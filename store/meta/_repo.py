@@ -146,6 +146,11 @@ class Lease:
     """Unix time, by the engine's clock, after which another service may take it."""
 
 
+def encrypted(sealed: str) -> bool:
+    """Whether ``Tx.sealed``'s record says the store's chunk files are encrypted at rest."""
+    return sealed not in ("", "none")
+
+
 class Tx(Protocol):
     """One transaction on the three layers."""
 

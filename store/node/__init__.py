@@ -12,7 +12,7 @@ and the store's shared modules; never ``meta``, the ``client`` or anything
 above it.
 """
 
-from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, write_private
+from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, disk_space, write_private
 from ._identity import adoption, check_sealing, keep_store_id, read_id, seal_directory
 from ._sealed import Sealer, load_key
 from ._server import DataNode
@@ -25,6 +25,7 @@ __all__ = [
     "Sealer",
     "adoption",
     "check_sealing",
+    "disk_space",
     "keep_store_id",
     "load_key",
     "read_id",

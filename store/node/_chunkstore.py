@@ -394,8 +394,13 @@ class LocalChunkStore:
 
     def capacity(self) -> tuple[int, int]:
         """(free, total) bytes on the disk holding the chunks."""
-        st = os.statvfs(self.root)
-        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+        return disk_space(self.root)
+
+
+def disk_space(path: Path) -> tuple[int, int]:
+    """(free, total) bytes on the disk holding ``path``."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
 def read_spans(length: int) -> list[tuple[int, int]]:

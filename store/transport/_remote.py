@@ -188,10 +188,10 @@ class Grants:
 
     def __init__(self, fetch: GrantFetcher) -> None:
         self._fetch = fetch
-        self._held: OrderedDict[tuple[str, str], Capability] = OrderedDict()
-        self._renew: dict[tuple[str, str], float] = {}
-        """When to ask for a fresh one: ``REFRESH_BEFORE_S`` before it expires, or half
-        way through its life if that is sooner (a tenant's last seconds, not minutes)."""
+        self._held: OrderedDict[tuple[str, str], tuple[Capability, float]] = OrderedDict()
+        """Each capability, with when to ask for a fresh one: ``REFRESH_BEFORE_S`` before
+        it expires, or half way through its life if that is sooner (a tenant's last
+        seconds, not minutes)."""
         self._fetching: Batchers[Op, str, Capability | None] = Batchers(
             lambda op: Batcher(partial(self._fetch_group, op), max_size=GRANT_GROUP)
         )
@@ -201,17 +201,20 @@ class Grants:
         now = time.time()
         for cap in caps:
             key = (cap.chunk, cap.op)
-            self._held[key] = cap
+            self._held[key] = (cap, cap.expires - min(REFRESH_BEFORE_S, (cap.expires - now) / 2))
             self._held.move_to_end(key)
-            life = cap.expires - now
-            self._renew[key] = cap.expires - min(REFRESH_BEFORE_S, life / 2)
         while len(self._held) > KEEP_GRANTS:
-            self._renew.pop(self._held.popitem(last=False)[0], None)
+            self._held.popitem(last=False)
+
+    def _fresh(self, chunk: str, op: Op) -> Capability | None:
+        """The capability held for ``op`` on ``chunk``, unless it is due for renewal."""
+        cap, renew = self._held.get((chunk, op), (None, 0.0))
+        return cap if time.time() < renew else None
 
     async def get(self, chunk: str, op: Op) -> Capability:
         """A capability for ``op`` on ``chunk`` valid for a while yet."""
-        cap = self._held.get((chunk, op))
-        if cap is None or time.time() >= self._renew.get((chunk, op), 0.0):
+        cap = self._fresh(chunk, op)
+        if cap is None:
             cap = await self._fetching[op].submit(chunk)
             if cap is None:
                 raise PermissionDenied(f"the metadata service granted no {op} of chunk {chunk}")
@@ -226,14 +229,14 @@ class Grants:
                 raise
             return [await self._fetch_one(chunk, op) for chunk in chunks]
         self.add(caps)
-        return [self._held.get((chunk, op)) for chunk in chunks]
+        return [self._fresh(chunk, op) for chunk in chunks]
 
     async def _fetch_one(self, chunk: str, op: Op) -> Capability | Exception | None:
         try:
             self.add(await self._fetch((chunk,), op))
         except PermissionDenied as exc:
             return exc
-        return self._held.get((chunk, op))
+        return self._fresh(chunk, op)
 
 
 class Pool:

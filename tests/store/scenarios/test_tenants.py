@@ -113,8 +113,7 @@ def test_a_capability_of_its_own_does_not_read_bs_chunks(
     own = mine.grants[mine.extents[0].chunk.id]
     node = theirs.replicas[chunk.id][0]
     grants = team_a.aio.meta.grants  # type: ignore[attr-defined]
-    grants._held[(chunk.id, "read")] = own  # its own capability, shown for b's chunk
-    grants._renew[(chunk.id, "read")] = float("inf")  # and never renewed
+    grants._held[(chunk.id, "read")] = (own, float("inf"))  # its own, shown for b's chunk
     with pytest.raises(PermissionDenied, match="another chunk"):
         _loop.run(team_a.aio.chunks.read(node, chunk, memoryview(bytearray(chunk.length))))
 

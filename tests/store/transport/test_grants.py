@@ -42,8 +42,8 @@ def test_a_grant_is_renewed_a_margin_before_expiry_or_at_half_its_life() -> None
     grants, now = Grants(fetch), time.time()
     long, short = Capability("a", "read", now + 600, "m"), Capability("b", "read", now + 10, "m")
     grants.add([long, short])
-    assert grants._renew[("a", "read")] == pytest.approx(long.expires - REFRESH_BEFORE_S, abs=1)
-    assert grants._renew[("b", "read")] == pytest.approx(now + 5, abs=1)
+    assert grants._held[("a", "read")][1] == pytest.approx(long.expires - REFRESH_BEFORE_S, abs=1)
+    assert grants._held[("b", "read")][1] == pytest.approx(now + 5, abs=1)
 
 
 def test_a_grant_that_never_comes_is_a_permission_error() -> None:
