@@ -40,10 +40,12 @@ from . import _exit, _urls
 
 _OPTIONS = frozenset(Options.__dataclass_fields__)
 _FSSPEC_OPTIONS = frozenset(
-    {"use_listings_cache", "listings_expiry_time", "max_paths", "asynchronous", "loop"}
+    {"use_listings_cache", "listings_expiry_time", "max_paths", "asynchronous", "loop", "anon"}
 )
 """fsspec's own options, which any filesystem takes (``skip_instance_cache`` never reaches
-``__init__``)."""
+``__init__``), and ``anon``, which pandas adds when it opens a file again after a
+``PermissionError`` (for public S3 buckets): graben has no anonymous access, so it changes
+nothing and the retry meets the same refusal, not a complaint about ``anon``."""
 _MODES = ("wb", "xb")
 _NOT_SHARED = frozenset({"url", "token", "token_file"})
 """Options a filesystem does not pass on to another store's: its address and its credential."""

@@ -59,6 +59,17 @@ def test_a_token_file_option_is_used_not_the_environments_secret(
             client.get(f"{root}-theirs")
 
 
+def test_pandas_outside_the_prefix_meets_the_refusal_not_a_complaint_about_anon(
+    cluster_url: str, tenant: tuple[str, Path]
+) -> None:
+    """pandas opens a file again with ``anon=True`` after a ``PermissionError``."""
+    pd = pytest.importorskip("pandas")
+    root, token_file = tenant
+    options = {"token_file": str(token_file)}
+    with pytest.raises(PermissionDenied, match="reaches"):
+        pd.read_csv(f"{cluster_url}{root}-theirs", storage_options=options)
+
+
 @pytest.mark.parametrize("option", ["tokne", "token_path", "replicas", "bogus"])
 def test_an_unknown_option_is_a_type_error_naming_those_taken(
     cluster_url: str, option: str
