@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from fsspec import AbstractFileSystem
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
+from fsspec.registry import known_implementations
 from fsspec.transaction import Transaction
 from fsspec.utils import isfilelike, stringify_path
 
@@ -62,7 +63,11 @@ def _check_options(options: dict[str, Any]) -> None:
             "by a host name or the address written out (0:0:0:0:0:0:0:1), or pass the URL "
             "itself: GrabenFileSystem(url='graben://[::1]:7100')"
         )
-    unknown = sorted(set(options) - _OPTIONS - _FSSPEC_OPTIONS)
+    unknown = sorted(
+        name
+        for name in set(options) - _OPTIONS - _FSSPEC_OPTIONS
+        if not _for_another(name, options[name])
+    )
     if not unknown:
         return
     near = {m for name in unknown for m in difflib.get_close_matches(name, _OPTIONS, n=1)}
@@ -72,6 +77,13 @@ def _check_options(options: dict[str, Any]) -> None:
         + f"; it takes url, the fields of graben.store.Options ({', '.join(sorted(_OPTIONS))})"
         f" and fsspec's {', '.join(sorted(_FSSPEC_OPTIONS))}"
     )
+
+
+def _for_another(name: str, value: object) -> bool:
+    """Whether an option is another filesystem's bag of options, keyed by its protocol
+    (fsspec's convention for chained URLs; HF datasets adds ``hf`` to the dict a caller
+    gave it): not ours to take or refuse."""
+    return isinstance(value, dict) and name != _urls.PROTOCOL and name in known_implementations
 
 
 class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]

@@ -70,6 +70,19 @@ def test_pandas_outside_the_prefix_meets_the_refusal_not_a_complaint_about_anon(
         pd.read_csv(f"{cluster_url}{root}-theirs", storage_options=options)
 
 
+def test_another_filesystems_options_are_left_to_it(
+    cluster_url: str, tenant: tuple[str, Path]
+) -> None:
+    """HF datasets adds ``hf: {...}`` to the storage options it is given; fsspec chains
+    put each filesystem's options under its protocol. Neither is a misspelt option."""
+    root, token_file = tenant
+    options = {"token_file": str(token_file), "hf": {"token": None}, "s3": {"anon": True}}
+    with fsspec.open(f"{cluster_url}{root}/mine", "rb", **options) as f:
+        assert f.read() == b"the tenant's own"
+    with pytest.raises(TypeError, match="'s3'"):  # not a bag of options: a mistake
+        fsspec.open(f"{cluster_url}{root}/mine", "rb", s3=True).open()
+
+
 @pytest.mark.parametrize("option", ["tokne", "token_path", "replicas", "bogus"])
 def test_an_unknown_option_is_a_type_error_naming_those_taken(
     cluster_url: str, option: str
