@@ -17,7 +17,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -165,6 +165,8 @@ class Base(pyfuse3.Operations):
         self._changing = 0  # names changes of this mount under way (``own_change``)
         self._quiet = trio.Event()
         self._quiet.set()
+        self._unweighed = trio.Event()  # cleared while the change feed is weighed
+        self._unweighed.set()
         self._uid, self._gid = os.getuid(), os.getgid()
         self.local = client.local
         """The store runs in this process (embedded)."""
@@ -249,11 +251,13 @@ class Base(pyfuse3.Operations):
         path = self.inodes.path(inode) if inode in self.inodes else None
         self._writable(*(() if path is None or is_unlinked(path) else (path,)))
 
-    @contextlib.contextmanager
-    def own_change(self) -> Iterator[None]:
+    @contextlib.asynccontextmanager
+    async def own_change(self) -> AsyncIterator[None]:
         """A change of names or owners this mount is making (rename, link, unlink, rmdir,
-        setattr): from its commit in the store until the daemon has noted the answer, the
-        change feed may already show it, and must not be taken for another client's."""
+        setattr, a commit): from its commit in the store until the daemon has noted the
+        answer, the change feed may already show it, and must not be taken for another
+        client's. It waits while the feed is being weighed (``weighing``)."""
+        await self._unweighed.wait()
         if not self._changing:
             self._quiet = trio.Event()
         self._changing += 1
@@ -264,11 +268,20 @@ class Base(pyfuse3.Operations):
             if not self._changing:
                 self._quiet.set()
 
-    async def settled(self) -> None:
-        """Return once no change of this mount is under way (``SETTLE_S`` at most: a
-        mount never idle still follows others' changes)."""
-        with trio.move_on_after(SETTLE_S):
-            await self._quiet.wait()
+    @contextlib.asynccontextmanager
+    async def weighing(self) -> AsyncIterator[None]:
+        """The change feed's reader deciding what the kernel must forget: once the
+        mount's own changes under way are noted (``SETTLE_S`` at most: a mount never idle
+        still follows others' changes), and with none begun until it has decided, so
+        what it compares (what the mount noted, what the store says now) is of one
+        moment."""
+        self._unweighed = trio.Event()
+        try:
+            with trio.move_on_after(SETTLE_S):
+                await self._quiet.wait()
+            yield
+        finally:
+            self._unweighed.set()
 
     def told(self, inode: int, info: FileInfo) -> None:
         """This mount changed ``inode`` (chown, chmod, rename, link, a commit) and the store

@@ -23,6 +23,7 @@ import os
 import posixpath
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 import pyfuse3
@@ -90,8 +91,8 @@ Ask = Callable[[int, tuple[int, ...]], Awaitable[ChangeFeed]]
 """The store's change feed after a number, with the missing numbers (``AsyncClient.changes``)."""
 Current = Callable[[str], Awaitable[tuple[int, int]]]
 """The store inode and ctime at a path now ((0, 0): nothing there)."""
-Settled = Callable[[], Awaitable[None]]
-"""Returns once no change of the mount's own is under way (``Base.settled``)."""
+Weighing = Callable[[], AbstractAsyncContextManager[None]]
+"""While the feed is weighed, no change of the mount's own is under way (``Base.weighing``)."""
 
 
 async def follow(
@@ -100,13 +101,13 @@ async def follow(
     inodes: InodeTable,
     known: Known,
     whole: WholeDirs,
-    settled: Settled,
+    weighing: Weighing,
     every: float = FOLLOW_S,
 ) -> None:
     """Ask for changes every ``every`` seconds, for ever; drop what the kernel and the
-    daemon hold of each path another client changed. A page is weighed once the mount's
-    own changes under way are noted (``settled``): its own rename, committed and in the
-    feed but not yet answered, would look like another client's."""
+    daemon hold of each path another client changed. A page is weighed with none of the
+    mount's own changes under way (``weighing``): its own rename, committed and in the
+    feed but not yet noted, would look like another client's."""
     cursor, failing = Cursor(), False
     while True:
         more = False
@@ -118,8 +119,8 @@ async def follow(
                 whole.clear()
                 await trio.to_thread.run_sync(_forget_all, inodes)
             elif changes:
-                await settled()
-                work = await _invalidations(changes, current, inodes, known, whole)
+                async with weighing():
+                    work = await _invalidations(changes, current, inodes, known, whole)
                 if work:
                     await trio.to_thread.run_sync(_invalidate, work)
             more = len(feed.changes) >= PAGE

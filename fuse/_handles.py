@@ -252,13 +252,16 @@ class FileHandles(Base):
             stream, file.stream = file.stream, None
             change = Change(file.permissions, file.mtime_set, None, file.uid, file.gid)
             try:
-                done = None if stream is None else await stream.finish(spool)
-                if done is None:
-                    with spool.mapped() as view:
-                        done = await self._ask(lambda aio: aio.put(path, view, attributes=change))
-                elif change != Change():  # a stream commits what a plain open would
-                    done = await self._ask(lambda aio: set_attributes(aio, path, change))
-                self.told(inode, done)
+                async with self.own_change():  # its row in the feed is no other client's
+                    done = None if stream is None else await stream.finish(spool)
+                    if done is None:
+                        with spool.mapped() as view:
+                            done = await self._ask(
+                                lambda aio: aio.put(path, view, attributes=change)
+                            )
+                    elif change != Change():  # a stream commits what a plain open would
+                        done = await self._ask(lambda aio: set_attributes(aio, path, change))
+                    self.told(inode, done)
                 file.permissions = file.uid = file.gid = file.mtime_set = None
             except BaseException:
                 spool.dirty = True

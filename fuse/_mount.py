@@ -323,7 +323,7 @@ async def _main(ops: Operations) -> None:
         nursery.start_soon(_stop_on_signal)
         nursery.start_soon(_widen_read_ahead, ops.device)
         nursery.start_soon(
-            follow, ops.changes, ops.current, ops.inodes, ops.known, ops.whole, ops.settled
+            follow, ops.changes, ops.current, ops.inodes, ops.known, ops.whole, ops.weighing
         )
         await pyfuse3.main()
         nursery.cancel_scope.cancel()

@@ -125,7 +125,7 @@ class Operations(FileHandles):
         if file is not None and file.created:
             return
         path = self._path(inode)
-        with self.own_change():
+        async with self.own_change():
             self.told(inode, await self._ask(lambda aio: set_attributes(aio, path, change)))
 
     @answers_errno
@@ -186,7 +186,7 @@ class Operations(FileHandles):
         if file is not None and (file.created or (file.spool is not None and file.spool.dirty)):
             await self._commit(inode, file)  # the store links what it holds
         old = self._path(inode)
-        with self.own_change():
+        async with self.own_change():
             info = await self._ask(lambda aio: aio.link(old, new))
             self.whole.added(new)
             self.inodes.alias(new, inode)
@@ -208,7 +208,7 @@ class Operations(FileHandles):
         await self._releases.all_settled()
         if not (await self._stat_path(path)).is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        with self.own_change():
+        async with self.own_change():
             await self._ask(lambda aio: aio.rm(path))
             self.whole.removed(path)
             self.inodes.removed(path)
@@ -222,7 +222,7 @@ class Operations(FileHandles):
         if self.known.pop(inode or 0, None) is not None:  # one name fewer
             self.changes_made += 1
         file = self._open.get(inode) if inode is not None else None
-        with self.own_change():
+        async with self.own_change():
             if file is not None and file.created:
                 file.unlinked = True
             else:
@@ -252,7 +252,7 @@ class Operations(FileHandles):
         await self._releases.all_settled()
         await self._commit_below(old)
         replace = not flags & pyfuse3.RENAME_NOREPLACE
-        with self.own_change():
+        async with self.own_change():
             info = await self._ask(lambda aio: aio.rename(old, new, replace=replace))
             self.whole.moved(old, new)
             moved, replaced = self.inodes.peek(old), self.inodes.peek(new)
