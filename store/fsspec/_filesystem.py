@@ -20,7 +20,6 @@ renames, and transactions that publish every file in one commit.
 from __future__ import annotations
 
 import datetime
-import difflib
 import os
 import posixpath
 from collections.abc import Iterator
@@ -28,62 +27,20 @@ from typing import Any, ClassVar
 
 from fsspec import AbstractFileSystem
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
-from fsspec.registry import known_implementations
 from fsspec.transaction import Transaction
 from fsspec.utils import isfilelike, stringify_path
 
 from .._buffers import pump, transfer_buffer
-from .._config import Options, Target, resolve
+from .._config import Target, resolve
 from .._errors import InvalidArgument, IsADirectory, NotFound
 from .._types import Buffer, FileInfo
 from ..client import Client, ReadFile, WriteFile, shared_client
 from . import _exit, _urls
+from ._options import OPTIONS, check_options
 
-_OPTIONS = frozenset(Options.__dataclass_fields__)
-_FSSPEC_OPTIONS = frozenset(
-    {"use_listings_cache", "listings_expiry_time", "max_paths", "asynchronous", "loop", "anon"}
-)
-"""fsspec's own options, which any filesystem takes (``skip_instance_cache`` never reaches
-``__init__``), and ``anon``, which pandas adds when it opens a file again after a
-``PermissionError`` (for public S3 buckets): graben has no anonymous access, so it changes
-nothing and the retry meets the same refusal, not a complaint about ``anon``."""
 _MODES = ("wb", "xb")
 _NOT_SHARED = frozenset({"url", "token", "token_file"})
 """Options a filesystem does not pass on to another store's: its address and its credential."""
-
-
-def _check_options(options: dict[str, Any]) -> None:
-    """Refuse an option graben does not take (``TypeError``, as for any unexpected keyword
-    argument), naming the ones it does: dropped, a misspelt ``tokne`` or an unknown
-    credential would leave the job on the environment's credentials."""
-    if "target_protocol" in options:
-        raise InvalidArgument(
-            "fsspec took a graben URL for a chain of filesystems: it splits URLs at '::', "
-            "so an IPv6 address written with '::' cannot pass through it; name the cluster "
-            "by a host name or the address written out (0:0:0:0:0:0:0:1), or pass the URL "
-            "itself: GrabenFileSystem(url='graben://[::1]:7100')"
-        )
-    unknown = sorted(
-        name
-        for name in set(options) - _OPTIONS - _FSSPEC_OPTIONS
-        if not _for_another(name, options[name])
-    )
-    if not unknown:
-        return
-    near = {m for name in unknown for m in difflib.get_close_matches(name, _OPTIONS, n=1)}
-    raise TypeError(
-        f"graben:// takes no option {', '.join(map(repr, unknown))}"
-        + (f" (did you mean {', '.join(map(repr, sorted(near)))}?)" if near else "")
-        + f"; it takes url, the fields of graben.store.Options ({', '.join(sorted(_OPTIONS))})"
-        f" and fsspec's {', '.join(sorted(_FSSPEC_OPTIONS))}"
-    )
-
-
-def _for_another(name: str, value: object) -> bool:
-    """Whether an option is another filesystem's bag of options, keyed by its protocol
-    (fsspec's convention for chained URLs; HF datasets adds ``hf`` to the dict a caller
-    gave it): not ours to take or refuse."""
-    return isinstance(value, dict) and name != _urls.PROTOCOL and name in known_implementations
 
 
 class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
@@ -101,10 +58,10 @@ class GrabenFileSystem(AbstractFileSystem):  # type: ignore[misc]
     transaction_type: ClassVar[type[Transaction]]
 
     def __init__(self, url: str | None = None, **options: Any) -> None:
-        _check_options(options)
+        check_options(options)
         super().__init__(url=url, **options)
         self.url = url
-        self._options = {k: v for k, v in options.items() if k in _OPTIONS}
+        self._options = {k: v for k, v in options.items() if k in OPTIONS}
         self._client: Client = shared_client(url, **self._options)
         self._target = resolve(url)
         # what this store's URLs start with; None for an embedded store (it has none of its own)
