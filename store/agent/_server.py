@@ -47,7 +47,7 @@ from ..wire import (
     encode,
 )
 from ._segments import Segments
-from ._shelf import room, surplus
+from ._shelf import Room, room, surplus
 from ._tokens import Tokens, allow
 
 log = logging.getLogger("graben.agent")
@@ -154,7 +154,7 @@ class Agent:
 
     async def agent_reserve(self, call: Call, payload: memoryview | None) -> Answer:
         request: Reserve = decode(call.body, Reserve)
-        path = self._make_room(request.key.check(), request.size, False, request.to_store)
+        path = await self._make_room(request.key.check(), request.size, False, request.to_store)
         return Answer(encode(str(path)))
 
     async def agent_done(self, call: Call, payload: memoryview | None) -> Answer:
@@ -249,7 +249,7 @@ class Agent:
         piece: Piece = decode(call.body, Piece)
         key = piece.key.check()
         if piece.offset == 0:
-            self._make_room(key, piece.size, True)
+            await self._make_room(key, piece.size, True)
         held = self.segments.held.get((key, True))
         if held is None or held.complete or held.size != piece.size:
             raise InvalidArgument(f"no copy of {_named(key)} under way at offset {piece.offset}")
@@ -313,13 +313,21 @@ class Agent:
 
     # -- helpers ------------------------------------------------------------------
 
-    def _make_room(self, key: SegmentKey, size: int, peer: bool, to_store: bool = True) -> Path:
+    async def _make_room(
+        self, key: SegmentKey, size: int, peer: bool, to_store: bool = True
+    ) -> Path:
         if not 0 <= size <= self.limit:
             self._count("refused", "Segments refused for want of memory")
             raise NoSpace(f"a segment of {size} bytes is over the agent's limit of {self.limit}")
         self.segments.forget(key, peer)
-        everything = self.segments.held.values()
-        fit = room(key, everything, size, self.limit, self._stored, self.keep, self._pinned)
+        fit = self._room(key, size)
+        for _ in range(3):
+            if fit is not None or not self._sealing:
+                break
+            # a segment being hashed may not go yet; once hashed, it may (a busy host's
+            # rank saving again straight after ``done`` should wait for that, not fail)
+            await asyncio.wait(list(self._sealing.values()))
+            fit = self._room(key, size)
         if fit is None:
             self._count("refused", "Segments refused for want of memory")
             raise NoSpace(
@@ -329,6 +337,10 @@ class Agent:
         for held in fit.drop:
             self.segments.drop(held)
         return self.segments.create(key, size, peer, fit.reuse, to_store)
+
+    def _room(self, key: SegmentKey, size: int) -> Room | None:
+        everything = self.segments.held.values()
+        return room(key, everything, size, self.limit, self._stored, self.keep, self._pinned)
 
     @property
     def _pinned(self) -> set[SegmentKey]:
@@ -390,7 +402,7 @@ class Agent:
     async def _pull_from(self, peer: str, key: SegmentKey) -> Held:
         located: Located = await self._ask(peer, "agent.locate", key, Located)
         size = located.size
-        path = self._make_room(key, size, False)
+        path = await self._make_room(key, size, False)
         conn = await self._conn(peer)
         buffer = bytearray(min(PIECE, size))
         for offset in range(0, size, PIECE):
