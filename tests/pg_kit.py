@@ -26,7 +26,7 @@ from cluster_kit import LocalCluster
 
 from graben.bench._postgres import NoPostgres, PgServer, start
 from graben.store._types import ChunkRef, Extent, FileCommit, StoredChunk
-from graben.store.meta._namespace import Namespace
+from graben.store.meta import Metadata
 from graben.store.meta.engines._sums import FUNCTION, SUMMED, row_sum
 
 MIGRATIONS = 12
@@ -193,6 +193,6 @@ def refs(engine: Engine, c: ChunkRef) -> int:
     return int(engine.sql("SELECT refs FROM chunks WHERE id = %s", c.id)[0][0])
 
 
-def names(ns: Namespace, path: str) -> list[str]:
+def names(ns: Metadata, path: str) -> list[str]:
     """The names in a directory, in the order listed."""
-    return [e.path.rsplit("/", 1)[1] for e in ns.listdir(path, limit=1000).entries]
+    return [e.path.rsplit("/", 1)[1] for e in ns.namespace.listdir(path, limit=1000).entries]

@@ -37,7 +37,7 @@ from .._errors import (
     from_os_error,
 )
 from .._types import ChunkRef, Health, NodeState
-from ..meta import LOCAL_NODE, Namespace, SQLiteRepository
+from ..meta import LOCAL_NODE, Metadata, SQLiteRepository
 from ..node import (
     DIR_MODE,
     GROUP_SYNC_MAX,
@@ -51,30 +51,15 @@ from ..node import (
     seal_directory,
 )
 from ..transport import (
-    Changes,
-    ChunkRefs,
-    ChunkUsers,
     Commit,
     GetHealth,
-    GetLayout,
-    GetSettings,
-    GetStoreId,
-    ListDir,
-    Prepare,
     Request,
-    Stat,
-    Usage,
 )
 
 R = TypeVar("R")
 HINT_THREADS = 4
 READERS = 2
 """Threads answering reads (stat, listings, layouts) beside the one writer."""
-READS = (
-    *(Stat, ListDir, GetLayout, Prepare, Usage, ChunkRefs, ChunkUsers, GetStoreId, GetSettings),
-    Changes,
-)
-"""Requests that only read the namespace."""
 
 
 def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
@@ -97,15 +82,15 @@ def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
         chunks.close()
         raise
     try:
-        namespace = Namespace(repo)
-        _check_identity(root, namespace, chunks)
+        metadata = Metadata(repo)
+        _check_identity(root, metadata, chunks)
         mine = "none" if sealer is None else sealer.check
-        check_sealing(f"the store at {root}", namespace.sealed(mine), sealer)
+        check_sealing(f"the store at {root}", metadata.nodes.sealed(mine), sealer)
     except BaseException:
         repo.close()
         chunks.close()
         raise
-    return LocalMeta(namespace, chunks.capacity), LocalChunks(chunks, io_threads)
+    return LocalMeta(metadata, chunks.capacity), LocalChunks(chunks, io_threads)
 
 
 def _open_engine(root: Path, chunks: LocalChunkStore) -> SQLiteRepository:
@@ -121,33 +106,33 @@ def _open_engine(root: Path, chunks: LocalChunkStore) -> SQLiteRepository:
         ) from None
 
 
-def _check_identity(root: Path, namespace: Namespace, chunks: LocalChunkStore) -> None:
+def _check_identity(root: Path, metadata: Metadata, chunks: LocalChunkStore) -> None:
     """Keep the engine's store id beside the chunks (marked adopted if chunk files are
     already there: nothing shows they are this database's); refuse another store's
     ``meta.db``."""
     path = root / "store-id"
     kept = read_id(path)
     if kept is None:
-        keep_store_id(root, namespace.store_id, chunks)
-    elif kept != namespace.store_id:
+        keep_store_id(root, metadata.store_id, chunks)
+    elif kept != metadata.store_id:
         raise IntegrityError(
-            f"meta.db belongs to another store ({namespace.store_id}); the chunks here "
+            f"meta.db belongs to another store ({metadata.store_id}); the chunks here "
             f"belong to store {kept} (see {path})",
             str(root / "meta.db"),
         )
 
 
 class LocalMeta:
-    """``MetaTransport`` running the namespace logic: mutations on one thread (SQLite has
+    """``MetaTransport`` running the metadata logic: mutations on one thread (SQLite has
     one writer), reads on threads of their own, so a lookup never waits behind a
     commit's fsync (WAL readers do not block on the writer)."""
 
-    def __init__(self, namespace: Namespace, capacity: Callable[[], tuple[int, int]]) -> None:
-        self.namespace = namespace
+    def __init__(self, metadata: Metadata, capacity: Callable[[], tuple[int, int]]) -> None:
+        self.metadata = metadata
         self._capacity = capacity
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="graben-meta")
         self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="graben-meta-read")
-        self._group = Batcher(partial(self._run, namespace.commit_group), size=len)
+        self._group = Batcher(partial(self._run, metadata.commits.commit_group), size=len)
 
     async def request(self, request: Request[R]) -> R:
         if isinstance(request, Commit):
@@ -156,9 +141,9 @@ class LocalMeta:
         if isinstance(request, GetHealth):
             health: Any = await self._run(self._health)
             return cast(R, health)
-        pool = self._readers if isinstance(request, READS) else self._thread
+        pool = self._readers if request.rule.reads else self._thread
         loop = asyncio.get_running_loop()
-        result: R = await loop.run_in_executor(pool, self.namespace.execute, request)
+        result: R = await loop.run_in_executor(pool, self.metadata.execute, request)
         return result
 
     @property
@@ -166,14 +151,14 @@ class LocalMeta:
         return self._read_now
 
     def _read_now(self, request: Request[Any]) -> Any:
-        if not isinstance(request, READS):
+        if not request.rule.reads:
             raise InvalidArgument(f"{type(request).__name__} is not a read")
-        result: Any = self.namespace.execute(cast("Request[Any]", request))
-        return result
+        return self.metadata.execute(request)
 
     def _health(self) -> Health:
         # No heartbeats here: the one node is the directory, and always there.
-        return msgspec.structs.replace(self.namespace.health(), nodes=[_local(*self._capacity())])
+        health = self.metadata.nodes.health()
+        return msgspec.structs.replace(health, nodes=[_local(*self._capacity())])
 
     async def _run(self, fn: Callable[..., R], *args: Any) -> R:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -181,7 +166,7 @@ class LocalMeta:
     async def close(self) -> None:
         self._thread.shutdown(wait=True)
         self._readers.shutdown(wait=True)
-        self.namespace.repo.close()
+        self.metadata.repo.close()
 
 
 def health_before_made(root: Path) -> Health:

@@ -1,8 +1,9 @@
 """The metadata service: names, files and chunks, kept in one engine.
 
-Owns the namespace logic (``_namespace``: every metadata request, each
-mutation one transaction; ``_bookkeeping``: the chunk and node records that
-fsck, collection and repair read; ``_once``: mutations applied once per
+Owns the metadata logic (``_metadata``: the components over one repository,
+each handling its requests, registered beside their code in
+``_operations``: the namespace, commits, quotas, chunk records, the node
+registry, classes and tenants; ``_idempotency``: mutations applied once per
 idempotency key), the repository interface an engine
 implements (``_repo``), the placement of new chunks on nodes (``_placement``:
 a pure function), the service that runs it all for a cluster
@@ -16,9 +17,9 @@ May import: ``transport`` (the service reaches data nodes as a client does),
 anything above it.
 """
 
-from ._commits import INLINE_LIMIT, INLINE_MAX
-from ._namespace import Namespace
+from ._metadata import Metadata
 from ._placement import LOCAL_NODE
+from ._policy import INLINE_LIMIT, INLINE_MAX
 from ._repo import Repository
 from ._service import MetaService
 from .engines import SQLiteRepository, is_postgres, open_postgres
@@ -28,7 +29,7 @@ __all__ = [
     "INLINE_MAX",
     "LOCAL_NODE",
     "MetaService",
-    "Namespace",
+    "Metadata",
     "Repository",
     "SQLiteRepository",
     "is_postgres",

@@ -1,8 +1,7 @@
 """Storage classes as the metadata service keeps them: set on paths, found for the
 leader's conversions, and erasure-coded chunks recorded.
 
-``Classes`` is the third part of ``Namespace`` (with ``Commits`` and
-``Bookkeeping``). A class is set on a directory or a file (``set_class``); a
+A class is set on a directory or a file (``set_class``); a
 file's class is its own, else its nearest directory's (``class_of``), so
 files made under a directory take its class, and so do files moved in. The
 leader asks ``to_convert`` for chunks whose files' class says erasure-coded
@@ -22,9 +21,11 @@ from dataclasses import dataclass
 from .. import _paths
 from .._errors import InvalidArgument
 from .._types import ChunkRef, ClassState, Stripe
+from ..transport import GetClass, SetClass
 from ..transport._classes import StorageClass, parse
+from ._idempotency import write_once
 from ._leader import fenced_write
-from ._once import write_once
+from ._operations import handles
 from ._repo import ROOT_INODE, Repository, Tx
 from ._walk import resolve
 
@@ -45,12 +46,14 @@ class Conversion:
 
 
 class Classes:
-    """Class operations over a repository (``Namespace`` sets ``repo``)."""
+    """Class operations over a repository."""
 
-    repo: Repository
-    kinds: frozenset[str] = frozenset({"replicated", "ec"})
-    """The classes this store can keep (``s3`` too, with an S3 tier)."""
+    def __init__(self, repo: Repository) -> None:
+        self.repo = repo
+        self.kinds = frozenset({"replicated", "ec"})
+        """The classes this store can keep (``s3`` too, with an S3 tier)."""
 
+    @handles(SetClass)
     def set_class(self, path: str, name: str, key: str = "") -> str:
         """Set (``""``: clear) the class of a path; its canonical name."""
         target = parse(name) if name else None
@@ -68,6 +71,7 @@ class Classes:
 
         return write_once(self.repo, key, str, apply)
 
+    @handles(GetClass)
     def class_of(self, path: str) -> ClassState:
         """The class in force at a path, where it was set, and (a file) how far its chunks
         have been converted."""

@@ -1,25 +1,27 @@
 """The write path of the namespace: where new chunks go, and committing files.
 
-``Commits`` is the half of ``Namespace`` that places chunks (``prepare``)
-and makes files visible (``commit``, and ``commit_group`` for the metadata
-service's group commit: many clients' batches in one engine transaction).
-``Namespace`` inherits it and sets the attributes it declares.
+``Commits`` places chunks (``prepare``) and makes files visible
+(``commit``, and ``commit_group`` for the metadata service's group commit:
+many clients' batches in one engine transaction), charging each file to its
+quotas (``Quotas``).
 """
 
 from __future__ import annotations
 
 import stat
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 from .. import _paths
 from .._errors import AlreadyExists, GrabenError, IntegrityError, InvalidArgument, IsADirectory
 from .._hashing import content_id, crc32c
 from .._types import ChunkRef, Extent, FileCommit, FileInfo, StoredChunk
-from ..transport import Placement, Settings
+from ..transport import Commit, GetSettings, Placement, Prepare, Settings
 from ._changes import changed_rows
-from ._once import bind, key_id, misused, record, recorded, replayed_or_error, write_once
-from ._quotas import Delta
+from ._idempotency import bind, key_id, misused, record, recorded, replayed_or_error, write_once
+from ._operations import handles
+from ._policy import Policy
+from ._quotas import Quotas
 from ._repo import Inode, NewFile, Repository, Tx, encrypted
 from ._walk import Directories, ensure_dirs, info
 
@@ -43,31 +45,24 @@ MAX_ID = 2**32 - 2
 """The largest user or group id (``(uid_t)-1`` means "none")."""
 TIME_RANGE = range(-(2**63), 2**63)
 """Times the engines hold (ns since the epoch, 64-bit)."""
-INLINE_MAX = 64 * 1024
-"""Files up to this size are kept in the metadata engine unless a service says otherwise."""
-INLINE_LIMIT = 1 << 20
-"""The most a service's ``inline_max`` may be: larger files belong on the data nodes."""
 
 
 class Commits:
-    """Placing chunks and committing files over a repository (see ``Namespace``, which
-    sets the attributes below)."""
+    """Placing chunks and committing files over a repository: new chunks' copies go where
+    ``place`` says, each file is charged to ``quotas``."""
 
-    repo: Repository
-    """The engine."""
-    _place: Placer
-    """Where a new chunk's copies go."""
-    default_replication: int
-    """Copies of each chunk unless a file asks otherwise."""
-    min_replicas: int
-    """Copies a write needs at least (0: one fewer than it asks for, at least 1)."""
-    inline_max: int
-    """Largest chunk the engine keeps itself (a small file's bytes); 0: none."""
+    def __init__(self, repo: Repository, policy: Policy, quotas: Quotas, place: Placer) -> None:
+        self.repo = repo
+        self._policy = policy
+        self._quotas = quotas
+        self._place = place
 
+    @handles(GetSettings)
     def settings(self) -> Settings:
         """What a writer needs to know: how small a file the engine keeps inline."""
-        return Settings(self.inline_max)
+        return Settings(self._policy.inline_max)
 
+    @handles(Prepare)
     def prepare(
         self,
         chunks: tuple[ChunkRef, ...],
@@ -96,7 +91,7 @@ class Commits:
         copies = self._replication(replication)
         least = self._minimum(copies, min_replicas)
         with self.repo.read() as tx:
-            self.check_room(tx, chunks, paths, sent, copies)
+            self._quotas.check_room(tx, chunks, paths, sent, copies)
             held = tx.referenced(c.id for c in chunks)
             if mine is not None and held:
                 reached = mine(tx, sorted(held))
@@ -122,30 +117,15 @@ class Commits:
         """Copies a write of ``copies`` needs: asked, else the store's, else one fewer."""
         if asked < 0:
             raise InvalidArgument(f"min_replicas must be at least 1, not {asked}")
-        least = asked or self.min_replicas or copies - 1
+        least = asked or self._policy.min_replicas or copies - 1
         return max(1, min(least, copies))
-
-    def charge(self, tx: Tx, deltas: Iterable[Delta]) -> None:
-        raise NotImplementedError  # Quotas'
-
-    def replaced(self, path: str, new: Inode, old: Inode | None) -> Delta:
-        raise NotImplementedError  # Quotas'
-
-    def check_room(
-        self,
-        tx: Tx,
-        chunks: Sequence[ChunkRef],
-        paths: Sequence[str],
-        sent: Sequence[int],
-        copies: int,
-    ) -> None:
-        raise NotImplementedError  # Quotas'
 
     def _replication(self, asked: int) -> int:
         if asked < 0:
             raise InvalidArgument(f"replication must be at least 1, not {asked}")
-        return asked or self.default_replication
+        return asked or self._policy.default_replication
 
+    @handles(Commit)
     def commit(self, files: tuple[FileCommit, ...], *, key: str = "") -> list[FileInfo]:
         """Make each file visible; all of the batch or none of it."""
 
@@ -268,8 +248,8 @@ class Commits:
         # since, as ``Bookkeeping.heed_sealing`` learns it) looks before it keeps a
         # file's bytes, which would be their only plaintext at rest.
         inline = any(s.data is not None for c in commits for s in c.stored)
-        if self.inline_max and inline and encrypted(tx.sealed()):
-            self.inline_max = 0
+        if self._policy.inline_max and inline and encrypted(tx.sealed()):
+            self._policy.inline_max = 0
         checked = [self._checked(commit) for commit in commits]
         if len({clean for _, clean, _ in checked}) < len(checked):
             return [info for c in commits for info in self._commit_files(tx, (c,), known, touched)]
@@ -294,10 +274,10 @@ class Commits:
                 tx.unlink(*name)
             made.append((*name, NewFile(self._attributes(commit, old, size, now), commit.extents)))
         nodes = tx.create_files(made)
-        self.charge(
+        self._quotas.charge(
             tx,
             [
-                self.replaced(clean, node, olds.get(name))
+                self._quotas.replaced(clean, node, olds.get(name))
                 for (_, clean, _), node, name in zip(checked, nodes, names, strict=True)
             ],
         )
@@ -322,7 +302,7 @@ class Commits:
         _check_commit(commit, size, clean)
         for stored in commit.stored:
             if stored.data is not None:
-                _check_inline(stored, self.inline_max, clean)
+                _check_inline(stored, self._policy.inline_max, clean)
         return parts, clean, size
 
     def _attributes(self, commit: FileCommit, old: Inode | None, size: int, now: int) -> Inode:

@@ -38,8 +38,8 @@ from ..transport import ChunkPage, RemoteChunks
 from ..transport import _erasure as erasure
 from ..transport._bucket import Bucket
 from ..transport._classes import StorageClass
-from ._classes import Conversion
-from ._namespace import Namespace
+from ._chunks import ChunkRecords
+from ._classes import Classes, Conversion
 from ._placement import live_first, place
 from ._repo import IN_TIER
 
@@ -54,25 +54,29 @@ class Converter:
 
     def __init__(
         self,
-        namespace: Namespace,
+        classes: Classes,
+        records: ChunkRecords,
         chunks: RemoteChunks,
         run: Run,
         fence: Callable[[], int],
         tier: str | None = None,
     ) -> None:
-        """``tier``: the cluster's S3 tier (``s3://BUCKET/PREFIX``): the namespace then
+        """``tier``: the cluster's S3 tier (``s3://BUCKET/PREFIX``): ``classes`` then
         takes class ``s3`` too."""
-        self._ns, self._chunks, self._run, self._fence = namespace, chunks, run, fence
+        self._classes, self._records = classes, records
+        self._chunks, self._run, self._fence = chunks, run, fence
         self._bucket = None if tier is None else Bucket(tier)
         if self._bucket is not None:
-            namespace.kinds = namespace.kinds | {"s3"}
+            classes.kinds = classes.kinds | {"s3"}
         self.converted = 0
         """Chunks converted since the service started."""
 
     async def convert_once(self, nodes: list[NodeState]) -> int:
         """Convert up to ``CONVERT_CHUNKS`` chunks as their class says; how many."""
         kinds = frozenset({"ec", "s3"} if self._bucket is not None else {"ec"})
-        work: list[Conversion] = await self._run(self._ns.to_convert, CONVERT_CHUNKS, None, kinds)
+        work: list[Conversion] = await self._run(
+            self._classes.to_convert, CONVERT_CHUNKS, None, kinds
+        )
         if not work:
             return 0
         done = await asyncio.gather(
@@ -107,7 +111,7 @@ class Converter:
         await self._write_all(refs, pieces, targets)
         stripe = Stripe(target.k, target.m, tuple(refs), tuple(targets))
         why = f"replaced by its {target.name} stripe"
-        old = await self._run(self._ns.record_stripe, chunk.id, stripe, why, self._fence())
+        old = await self._run(self._classes.record_stripe, chunk.id, stripe, why, self._fence())
         await self._drop_all(chunk.id, old, why)
         return True
 
@@ -121,7 +125,7 @@ class Converter:
         await self._bucket.put(chunk, data)
         stripe = Stripe(1, 0, (chunk,), (IN_TIER,))
         why = f"moved to the S3 tier {self._bucket.url}"
-        old = await self._run(self._ns.record_stripe, chunk.id, stripe, why, self._fence())
+        old = await self._run(self._classes.record_stripe, chunk.id, stripe, why, self._fence())
         await self._drop_all(chunk.id, old, why)
         return True
 
@@ -140,7 +144,7 @@ class Converter:
             await self._chunks.delete(node, chunk, math.inf)
         except GrabenError as exc:
             log.warning("could not delete the copy of %s on %s: %s", chunk, node, exc)
-        await self._run(self._ns.forget_bad, chunk, node, fence)
+        await self._run(self._records.forget_bad, chunk, node, fence)
 
     async def _write_all(
         self, refs: Sequence[ChunkRef], pieces: Sequence[memoryview], targets: Sequence[str]
@@ -164,7 +168,9 @@ class Converter:
                 await self._chunks.read(node, chunk, into)
                 return True
             except (IntegrityError, NotFound) as exc:
-                await self._run(self._ns.report_bad, chunk.id, node, exc.message, self._fence())
+                await self._run(
+                    self._records.report_bad, chunk.id, node, exc.message, self._fence()
+                )
             except GrabenError as exc:
                 log.warning("could not read %s from %s to %s it: %s", chunk.id, node, why, exc)
         return False
@@ -174,7 +180,7 @@ class Converter:
     async def repair_stripes(self, nodes: list[NodeState]) -> int:
         """Make again the pieces of stripes that lost some; pieces made."""
         alive = [n.id for n in nodes if n.alive]
-        short = await self._run(self._ns.short_stripes, alive)
+        short = await self._run(self._classes.short_stripes, alive)
         made = 0
         for chunk, stripe in short:
             try:
@@ -183,7 +189,7 @@ class Converter:
                 log.warning("cannot repair the stripe of %s yet: %s", chunk.id, exc)
                 continue
             if moved:
-                await self._run(self._ns.record_pieces, moved, self._fence())
+                await self._run(self._classes.record_pieces, moved, self._fence())
                 made += len(moved)
         return made
 
@@ -228,7 +234,9 @@ class Converter:
             try:
                 await self._chunks.read(node, piece, into)
             except (IntegrityError, NotFound) as exc:
-                await self._run(self._ns.report_bad, piece.id, node, exc.message, self._fence())
+                await self._run(
+                    self._records.report_bad, piece.id, node, exc.message, self._fence()
+                )
                 failed.append(i)
                 continue
             except GrabenError:

@@ -19,7 +19,8 @@ from .._errors import PermissionDenied
 from .._types import Capability, FileLayout, Op, Stripe
 from ..transport import ChunkPage, Grant, Placement, Prepare, Request
 from ..wire import auth
-from ._namespace import Namespace
+from ._chunks import ChunkRecords
+from ._policy import Policy
 
 TENANT_TTL_S = 10.0
 """How long a tenant's capabilities last: what a revoked token's reads and writes already
@@ -30,24 +31,24 @@ ones at half their life, so hosts' clocks must agree within a few seconds."""
 class Capabilities:
     """Mints capabilities for one store's chunks."""
 
-    def __init__(self, secret: bytes, namespace: Namespace) -> None:
-        self._secret, self._namespace = secret, namespace
+    def __init__(self, secret: bytes, policy: Policy, records: ChunkRecords) -> None:
+        self._secret, self._policy, self._records = secret, policy, records
 
     def caps(
         self, chunks: Iterable[str], op: Op, ttl: float = auth.GRANT_TTL_S
     ) -> list[Capability]:
         """One capability per chunk id for ``op``, valid for ``ttl`` seconds."""
-        now, store = time.time(), self._namespace.store_id
+        now, store = time.time(), self._policy.store_id
         return [auth.grant(self._secret, c, op, ttl, now, store=store) for c in chunks]
 
     def grant(self, request: Grant, ttl: float = auth.GRANT_TTL_S) -> list[Capability]:
         """Runs on an engine thread: a delete is granted only for chunks no metadata names,
         a write only for chunks no live file uses (a live chunk never changes)."""
-        if request.op == "delete" and (named := self._namespace.known(request.chunks)):
+        if request.op == "delete" and (named := self._records.known(request.chunks)):
             raise PermissionDenied(
                 f"chunk {min(named)} is in use or tracked; only orphan copies may be deleted"
             )
-        if request.op == "write" and (live := self._namespace.live(request.chunks)):
+        if request.op == "write" and (live := self._records.live(request.chunks)):
             raise PermissionDenied(
                 f"chunk {min(live)} is in use by a file; a live chunk is never written again"
             )

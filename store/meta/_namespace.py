@@ -1,23 +1,18 @@
-"""The metadata logic: namespace operations over a repository.
+"""The namespace: names, directories and files' attributes over a repository.
 
-Stateless beyond its repository, so an embedded client runs it in-process
-and a metadata service runs the same code for remote clients. Each mutation
-is one function run in a ``repo.transact`` transaction (which the engine may
-run again when a concurrent writer conflicts); one that carries an idempotency key is
-applied once for that key (``_once``). Placement of new chunks is a function
-handed in (embedded: the one local node).
-
-Its parts: path resolution (``_walk``), the write path (``_commits``:
-placing chunks, committing files) and the chunk and node records
-(``_bookkeeping``); ``Namespace`` inherits the last two.
+``Namespace`` resolves paths (``_walk``), lists, makes, links, renames and
+removes names, and changes attributes; each mutation is one function run in a
+``repo.transact`` transaction (which the engine may run again when a
+concurrent writer conflicts), applied once per idempotency key
+(``_idempotency``). What a removal frees goes back to the quotas
+(``Quotas``); a rename may commit files first (``Commits``). ``Metadata``
+(``_metadata.py``) makes it with the other components.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
 
 from .. import _paths
 from .._config import page_entries
@@ -30,56 +25,33 @@ from .._errors import (
     NotADirectory,
     NotFound,
 )
-from .._types import Change, ChunkRef, FileCommit, FileInfo, FileLayout
+from .._types import Change, ChangeFeed, FileCommit, FileInfo, FileLayout
 from ..transport import (
     LAYOUT_PAGE,
     LIST_PAGE,
     MAX_PAGE,
     Changes,
-    CheckMetadata,
-    ChunkRefs,
-    ChunkUsers,
-    Collectable,
-    Commit,
-    GetClass,
-    GetHealth,
     GetLayout,
-    GetSettings,
-    GetStoreId,
-    Heartbeat,
     Link,
     ListDir,
     Listing,
-    ListNodes,
     MakeDir,
-    Prepare,
     Remove,
     Rename,
-    ReportBad,
-    Request,
     SetAttributes,
-    SetClass,
     Stat,
-    Usage,
-    WhoAmI,
 )
-from ._bookkeeping import Bookkeeping
 from ._changes import changed, feed
-from ._classes import Classes
 from ._commits import (
-    INLINE_LIMIT,
-    INLINE_MAX,
     PERMISSION_BITS,
     Commits,
-    Placer,
     check_owner,
     check_time,
 )
-from ._once import bind, write_once
-from ._placement import LOCAL_NODE
+from ._idempotency import write_once
+from ._operations import handles
 from ._quotas import Quotas
 from ._repo import Inode, Repository, Tx
-from ._tenants import Tenants
 from ._walk import (
     DIR_MODE,
     ensure_dirs,
@@ -90,95 +62,25 @@ from ._walk import (
     resolve_dir,
 )
 
-R = TypeVar("R")
 
+class Namespace:
+    """Namespace operations over a repository."""
 
-def local_placement(
-    chunk: ChunkRef, replication: int, minimum: int, avoid: tuple[str, ...]
-) -> tuple[str, ...]:
-    """Embedded placement: every chunk lives on the one local node."""
-    return (LOCAL_NODE,)
-
-
-class Namespace(Quotas, Commits, Bookkeeping, Classes, Tenants):
-    """Executes metadata ``Request``s against a repository."""
-
-    def __init__(
-        self,
-        repo: Repository,
-        place: Placer = local_placement,
-        *,
-        default_replication: int = 1,
-        min_replicas: int = 0,
-        heartbeat_timeout: float = 10.0,
-        inline_max: int = INLINE_MAX,
-    ) -> None:
-        if min_replicas < 0:
-            raise InvalidArgument(f"min_replicas must be at least 1, not {min_replicas}")
+    def __init__(self, repo: Repository, quotas: Quotas, commits: Commits) -> None:
         self.repo = repo
-        self._place = place
-        self.default_replication = default_replication
-        self.min_replicas = min_replicas
-        """Copies a write needs at least (0: one fewer than it asks for, at least 1)."""
-        self.heartbeat_timeout = heartbeat_timeout
-        if not 0 <= inline_max <= INLINE_LIMIT:
-            raise InvalidArgument(f"inline_max must be 0 to {INLINE_LIMIT} bytes, not {inline_max}")
-        self.inline_max = inline_max
-        with repo.read() as tx:
-            self.store_id = tx.store_id()
-            """The store's id: data nodes and capabilities of another store are refused."""
-            self.heed_sealing(tx.sealed())
-        self._handlers: dict[type[Any], Callable[[Any], Any]] = {
-            Stat: lambda r: self.stat(r.path),
-            ListDir: lambda r: self.listdir(r.path, r.after, r.limit, r.directory),
-            MakeDir: lambda r: self.mkdir(
-                r.path, r.parents, r.exist_ok, mode=r.mode, uid=r.uid, gid=r.gid, key=bind(r.key, r)
-            ),
-            Link: lambda r: self.link(r.src, r.dst, key=bind(r.key, r)),
-            Remove: lambda r: self.remove(r.path, r.recursive, key=bind(r.key, r)),
-            Rename: lambda r: self.rename(
-                r.src, r.dst, r.replace, r.replace_tree, key=bind(r.key, r), files=r.files
-            ),
-            SetAttributes: lambda r: self.set_attributes(r.path, r.change, key=bind(r.key, r)),
-            GetLayout: lambda r: self.layout(r.path, r.start, r.limit, r.inode),
-            Prepare: lambda r: self.prepare(
-                r.chunks, r.replication, r.avoid, r.min_replicas, r.paths, r.sent
-            ),
-            Commit: lambda r: self.commit(r.files, key=r.key),
-            Usage: lambda r: self.usage(r.path),
-            ChunkRefs: lambda r: self.chunk_refs(r.after, r.limit),
-            ChunkUsers: lambda r: self.chunk_users(r.chunk, r.after, r.limit),
-            Collectable: lambda r: self.collectable(r.grace_s, r.limit, key=bind(r.key, r)),
-            CheckMetadata: lambda r: self.check_metadata(r.limit),
-            GetStoreId: lambda r: self.store_id,
-            WhoAmI: lambda r: None,  # the cluster's own token (a tenant's: ``_scopes.narrow``)
-            GetSettings: lambda r: self.settings(),
-            Heartbeat: lambda r: self.heartbeat(r.node, r.store_id, r.sealed),
-            ReportBad: lambda r: self.report_bad(r.chunk, r.node, r.reason),
-            GetHealth: lambda r: self.health(),
-            ListNodes: lambda r: self.nodes(),
-            Changes: lambda r: feed(self.repo, r.after, r.missing, r.limit),
-            SetClass: lambda r: self.set_class(r.path, r.name, key=bind(r.key, r)),
-            GetClass: lambda r: self.class_of(r.path),
-            **self.tenant_handlers(),
-        }
-
-    def execute(self, request: Request[R]) -> R:
-        """Run one request and return its response."""
-        handler = self._handlers.get(type(request))
-        if handler is None:
-            raise InvalidArgument(f"unknown metadata request {type(request).__name__}")
-        result: R = handler(request)
-        return result
+        self._quotas = quotas
+        self._commits = commits
 
     # -- reads ----------------------------------------------------------------
 
+    @handles(Stat)
     def stat(self, path: str) -> FileInfo:
         """Attributes of one path."""
         parts = _paths.split(path)
         with self.repo.read() as tx:
             return info(_paths.join_parts(parts), resolve(tx, parts, path))
 
+    @handles(ListDir)
     def listdir(self, path: str, after: str = "", limit: int = 0, directory: int = 0) -> Listing:
         """A page of a directory's entries sorted by name; a file lists as itself.
 
@@ -199,6 +101,12 @@ class Namespace(Quotas, Commits, Bookkeeping, Classes, Tenants):
         entries = [info(f"{prefix}/{name}", child) for name, child in page[:limit]]
         return Listing(entries, node.id, len(page) > limit)
 
+    @handles(Changes)
+    def changes(self, after: int = -1, missing: tuple[int, ...] = (), limit: int = 0) -> ChangeFeed:
+        """The change feed after ``after`` (``_changes.feed``)."""
+        return feed(self.repo, after, missing, limit)
+
+    @handles(GetLayout)
     def layout(self, path: str, start: int = 0, limit: int = 0, inode: int = 0) -> FileLayout:
         """A page of a file's extents from offset ``start``, with attributes and replicas.
 
@@ -230,18 +138,9 @@ class Namespace(Quotas, Commits, Bookkeeping, Classes, Tenants):
             stripes=stripes,
         )
 
-    def known(self, chunks: Iterable[str]) -> set[str]:
-        """Which of these chunk ids any metadata names (a chunk row, an extent, a replica)."""
-        with self.repo.read() as tx:
-            return tx.named(chunks)
-
-    def live(self, chunks: Iterable[str]) -> set[str]:
-        """Which of these chunk ids a file uses."""
-        with self.repo.read() as tx:
-            return set(tx.referenced(chunks))
-
     # -- namespace mutations -----------------------------------------------------
 
+    @handles(MakeDir)
     def mkdir(
         self,
         path: str,
@@ -278,6 +177,7 @@ class Namespace(Quotas, Commits, Bookkeeping, Classes, Tenants):
 
         return write_once(self.repo, key, FileInfo, make)
 
+    @handles(Remove)
     def remove(self, path: str, recursive: bool = False, *, key: str = "") -> int:
         """Remove a file, or a directory (its contents too with ``recursive``)."""
         parts = _paths.split(path)
@@ -318,11 +218,12 @@ class Namespace(Quotas, Commits, Bookkeeping, Classes, Tenants):
             elif tx.touch(current.id, now, links=-1, modified=False) > 0:
                 continue  # another name still leads to it
             else:
-                freed = [a + b for a, b in zip(freed, self.held(current), strict=True)]
+                freed = [a + b for a, b in zip(freed, self._quotas.held(current), strict=True)]
             tx.delete(current.id)
-        self.release(tx, path, (freed[0], freed[1], freed[2]), node.kind == "directory")
+        self._quotas.release(tx, path, (freed[0], freed[1], freed[2]), node.kind == "directory")
         return count
 
+    @handles(Link)
     def link(self, src: str, dst: str, *, key: str = "") -> FileInfo:
         """Give the file at ``src`` another name, ``dst`` (a hard link: one file, two
         names; a new version written at either is what both show). ``dst``'s directory
@@ -339,7 +240,7 @@ class Namespace(Quotas, Commits, Bookkeeping, Classes, Tenants):
             parent = resolve_dir(tx, dparts[:-1], dst)
             if tx.lookup(parent.id, dparts[-1]) is not None:
                 raise AlreadyExists("file exists", clean_dst)
-            self.check_move(tx, clean_src, clean_dst, node)
+            self._quotas.check_move(tx, clean_src, clean_dst, node)
             now = time.time_ns()
             tx.link(parent.id, dparts[-1], node.id)
             tx.touch(parent.id, now)
@@ -350,6 +251,7 @@ class Namespace(Quotas, Commits, Bookkeeping, Classes, Tenants):
 
         return write_once(self.repo, key, FileInfo, add)
 
+    @handles(Rename)
     def rename(
         self,
         src: str,
@@ -373,7 +275,7 @@ class Namespace(Quotas, Commits, Bookkeeping, Classes, Tenants):
 
         def move(tx: Tx) -> FileInfo:
             if files:
-                self.commit_in(tx, files)
+                self._commits.commit_in(tx, files)
             how = ((sparts, src), (dparts, dst), replace, replace_tree)
             try:
                 return self._move(tx, *how, locked=False)
@@ -417,7 +319,7 @@ class Namespace(Quotas, Commits, Bookkeeping, Classes, Tenants):
             self._check_replace(tx, node, target, replace, replace_tree, clean_dst)
             self._unname(tx, dparent.id, dparts[-1], target)
             self._drop(tx, target, clean_dst)
-        self.check_move(tx, clean_src, clean_dst, node)
+        self._quotas.check_move(tx, clean_src, clean_dst, node)
         self._unname(tx, sparent.id, sparts[-1], node)
         now = time.time_ns()
         tx.link(dparent.id, dparts[-1], node.id)
@@ -441,6 +343,7 @@ class Namespace(Quotas, Commits, Bookkeeping, Classes, Tenants):
 
     # -- the write path -------------------------------------------------------
 
+    @handles(SetAttributes)
     def set_attributes(self, path: str, change: Change, *, key: str = "") -> FileInfo:
         """Change mode bits, times or owner in place; the ctime moves to now."""
         parts = _paths.split(path)

@@ -1,6 +1,6 @@
 """Quotas: the files, bytes and bytes on disk a directory's tree may hold.
 
-``Quotas`` is a part of ``Namespace``. A quota is a row of its own, keyed by
+A quota is a row of its own, keyed by
 the directory's path (a tenant's quota is its root's), carrying the usage of
 the tree below it. Every transaction that changes the tree moves that usage
 by its own change (``charge``: a commit adds a file's bytes and takes away
@@ -29,7 +29,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from .. import _paths
 from .._errors import CrossDevice, InvalidArgument, NotADirectory, QuotaExceeded
 from .._types import ChunkRef, QuotaState
-from ._once import write_once
+from ..transport import GetQuotas, SetQuota, Usage
+from ._idempotency import write_once
+from ._operations import handles
+from ._policy import Policy
 from ._repo import Inode, Repository, Tx
 from ._walk import resolve
 
@@ -44,14 +47,16 @@ def above(path: str) -> list[str]:
 
 
 class Quotas:
-    """Quota operations over a repository (``Namespace`` sets ``repo`` and ``inline_max``)."""
+    """Quota operations over a repository; what a small file takes on disk follows
+    ``policy``'s ``inline_max``."""
 
-    repo: Repository
-    inline_max: int
+    def __init__(self, repo: Repository, policy: Policy) -> None:
+        self.repo = repo
+        self._policy = policy
 
     def physical(self, size: int, copies: int) -> int:
         """What a file of ``size`` bytes and ``copies`` copies takes on disk."""
-        return size if size <= self.inline_max else size * copies
+        return size if size <= self._policy.inline_max else size * copies
 
     def charge(self, tx: Tx, deltas: Iterable[Delta]) -> None:
         """Add each file's change to the quotas above it; ``QuotaExceeded`` (and the
@@ -124,6 +129,7 @@ class Quotas:
             tx.drop_quotas(path)
         self.charge(tx, [(path, -freed[0], -freed[1], -freed[2])])
 
+    @handles(SetQuota)
     def set_quota(
         self,
         path: str,
@@ -160,6 +166,7 @@ class Quotas:
 
         return write_once(self.repo, key, QuotaState, apply)
 
+    @handles(Usage)
     def usage(self, path: str) -> tuple[int, int]:
         """(files, bytes) at or below a path, each name counted."""
         parts = _paths.split(path)
@@ -176,6 +183,7 @@ class Quotas:
         now, was = self.held(new), self.held(old) if old is not None else (0, 0, 0)
         return path, now[0] - was[0], now[1] - was[1], now[2] - was[2]
 
+    @handles(GetQuotas)
     def quotas_of(self, path: str) -> list[QuotaState]:
         """The quotas above, at and below ``path`` (every one: ``""``)."""
         with self.repo.read() as tx:

@@ -13,8 +13,8 @@ from .._errors import GrabenError
 from .._types import NodeState
 from ..transport import RemoteChunks
 from ..wire import Metrics
+from ._chunks import ChunkRecords
 from ._convert import Converter
-from ._namespace import Namespace
 from ._placement import place
 from ._repo import Degraded
 
@@ -44,11 +44,11 @@ class RepairMetrics:
 
 
 class Repairs:
-    """Repair rounds over the namespace and the data nodes, fenced by the lease."""
+    """Repair rounds over the chunk records and the data nodes, fenced by the lease."""
 
     def __init__(
         self,
-        namespace: Namespace,
+        records: ChunkRecords,
         chunks: RemoteChunks,
         converter: Converter,
         run: Run,
@@ -56,7 +56,7 @@ class Repairs:
         list_nodes: Callable[[], Awaitable[list[NodeState]]],
         metrics: RepairMetrics | None,
     ) -> None:
-        self._namespace, self._chunks, self._converter = namespace, chunks, converter
+        self._records, self._chunks, self._converter = records, chunks, converter
         self._run, self._fence, self._list_nodes = run, fence, list_nodes
         self._metrics = metrics
 
@@ -76,7 +76,7 @@ class Repairs:
         nodes = await self._list_nodes()
         await self._chunks.nodes()  # fresh addresses: a node back from the dead may have moved
         pieces = await self._converter.repair_stripes(nodes)
-        degraded: list[Degraded] = await self._run(self._namespace.degraded)
+        degraded: list[Degraded] = await self._run(self._records.degraded)
         if not degraded:
             await self._report_round(0, 0, pieces)
             return pieces
@@ -100,7 +100,7 @@ class Repairs:
                 made += len(outcome)
                 left += len(outcome) < chunk.want - len(chunk.live)
             if done:
-                await self._run(self._namespace.record_copies, done, fence)
+                await self._run(self._records.record_copies, done, fence)
         made += pieces
         await self._report_round(len(degraded), left, made)
         # One line per round, not one per chunk: a cluster short of nodes would say
@@ -120,14 +120,14 @@ class Repairs:
     async def _report_round(self, short: int, left: int, made: int) -> None:
         """A repair round's outcome in the metrics, if any."""
         if self._metrics is not None:
-            bad: int = await self._run(self._namespace.bad_count)
+            bad: int = await self._run(self._records.bad_count)
             self._metrics.short.set(short)
             self._metrics.queue.set(left + bad)
             self._metrics.copies.inc(made)
 
     async def _drop_bad(self) -> None:
         """Delete the copies reported damaged (to this service or any other)."""
-        bad: list[tuple[str, str, str]] = await self._run(self._namespace.bad_copies)
+        bad: list[tuple[str, str, str]] = await self._run(self._records.bad_copies)
         for chunk, node, reason in bad:
             await self._converter.drop(chunk, node, reason)
 

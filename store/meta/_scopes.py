@@ -39,36 +39,25 @@ from .. import _paths
 from .._errors import PermissionDenied
 from .._types import ChangeFeed, NodeState, TokenInfo
 from ..transport import (
+    ANY,
+    OPERATOR,
     Changes,
     Commit,
     CommitEach,
-    GetClass,
     GetLayout,
     GetQuotas,
-    GetSettings,
-    GetStoreId,
     Grant,
-    Link,
     ListDir,
     Listing,
     ListNodes,
-    MakeDir,
-    Prepare,
-    Remove,
-    Rename,
     ReportBad,
     Request,
-    SetAttributes,
-    SetClass,
-    SetQuota,
     Stat,
-    Usage,
     WhoAmI,
 )
 from ..wire import auth
 from ._commits import Reached
-from ._namespace import Namespace
-from ._repo import TokenRow, Tx
+from ._repo import Repository, TokenRow, Tx
 from ._tenants import digest, parse_token
 from ._walk import info, resolve
 
@@ -81,9 +70,6 @@ USER_PAGES = 16
 USER_PAGE = 64
 """Files in each such page."""
 _RIGHTS = {"r": "read", "w": "write", "a": "admin"}
-_OPEN = (GetStoreId, GetSettings, ListNodes, Changes, WhoAmI)
-"""What any valid token may ask (node addresses: a client needs them to reach chunks;
-its own scope: a mount refuses at open what the store would refuse at close)."""
 
 
 class Scope(msgspec.Struct, frozen=True):
@@ -122,56 +108,28 @@ class Scope(msgspec.Struct, frozen=True):
 
 def authorize(scope: Scope, request: Request[Any]) -> None:
     """``PermissionDenied`` unless ``scope`` may make ``request`` (what can be told
-    without the engine; ``verify`` tells the rest on an engine thread)."""
-    if isinstance(request, _OPEN):
-        return
+    without the engine; ``verify`` tells the rest on an engine thread): the right and
+    the paths its ``Rule`` names."""
     if isinstance(request, Stat | ListDir) and scope.leads_to(request.path):
         return  # a directory above the prefix: its attributes, the entry on the way
-    if isinstance(request, Grant) and request.op == "delete":
-        raise PermissionDenied(f"token {scope.token} may not delete chunks (collection)")
-    needs = _NEEDS.get(type(request))
-    if needs is None:
+    right, paths = request.needs()
+    if right == ANY:
+        return
+    if right == OPERATOR:
         raise PermissionDenied(
             f"{type(request).__name__} is the operator's: it needs the cluster's secret, "
             f"not tenant {scope.tenant}'s token"
         )
-    right, paths = needs(request)
     scope.need(right, *paths)
-    field = _NOT_THE_PREFIX.get(type(request))
-    if field is not None and _paths.normalize(getattr(request, field)) == scope.prefix:
+    field = request.rule.not_the_prefix
+    if field and _paths.normalize(getattr(request, field)) == scope.prefix:
         raise PermissionDenied(
             f"token {scope.token} may change what is below {scope.prefix}, not it",
             scope.prefix,
         )
 
 
-_NEEDS: dict[type[Any], Callable[[Any], tuple[str, tuple[str, ...]]]] = {
-    Stat: lambda r: ("r", (r.path,)),
-    ListDir: lambda r: ("r", (r.path,)),
-    GetLayout: lambda r: ("r", (r.path,)),
-    Usage: lambda r: ("r", (r.path,)),
-    GetClass: lambda r: ("r", (r.path,)),
-    GetQuotas: lambda r: ("r", (r.path,) if r.path else ()),
-    Remove: lambda r: ("w", (r.path,)),
-    Rename: lambda r: ("w", (r.src, r.dst, *(f.path for f in r.files))),
-    Link: lambda r: ("w", (r.src, r.dst)),
-    MakeDir: lambda r: ("w", (r.path,)),
-    SetAttributes: lambda r: ("w", (r.path,)),
-    Commit: lambda r: ("w", tuple(f.path for f in r.files)),
-    CommitEach: lambda r: ("w", tuple(f.path for b in r.batches for f in b)),
-    Prepare: lambda r: ("w", r.paths),
-    SetClass: lambda r: ("a", (r.path,)),
-    SetQuota: lambda r: ("a", (r.path,)),
-    Grant: lambda r: ("r" if r.op == "read" else "w", ()),
-    ReportBad: lambda r: ("r", ()),
-}
-"""Each request a tenant may make: the right it needs, and the paths it must reach."""
-_NOT_THE_PREFIX = {Remove: "path", Rename: "src", SetQuota: "path"}
-"""Requests that may not name the prefix itself: it is the operator's to move, remove or
-give a quota (a tenant's root quota is the operator's)."""
-
-
-def verify(namespace: Namespace, scope: Scope, request: Request[Any]) -> None:
+def verify(repo: Repository, scope: Scope, request: Request[Any]) -> None:
     """On an engine thread: what ``authorize`` cannot tell from the request alone.
 
     An inode an earlier page pinned must be one the scope reaches; a chunk read
@@ -180,7 +138,7 @@ def verify(namespace: Namespace, scope: Scope, request: Request[Any]) -> None:
     pinned = request.directory if isinstance(request, ListDir) else 0
     pinned = request.inode if isinstance(request, GetLayout) else pinned
     if pinned:
-        with namespace.repo.read() as tx:
+        with repo.read() as tx:
             where = tx.path_of(pinned)
         if where is None or not scope.reaches(where):
             raise PermissionDenied(f"token {scope.token} reaches {scope.prefix} only")
@@ -190,7 +148,7 @@ def verify(namespace: Namespace, scope: Scope, request: Request[Any]) -> None:
     elif isinstance(request, ReportBad):
         chunks = (request.chunk,)
     for chunk in chunks:
-        if not _uses(namespace, scope, chunk):
+        if not _uses(repo, scope, chunk):
             raise PermissionDenied(f"token {scope.token} reaches no file using chunk {chunk}")
 
 
@@ -220,11 +178,11 @@ def narrow(scope: Scope, request: Request[Any], result: Any) -> Any:
     return result
 
 
-def listing_above(namespace: Namespace, scope: Scope, path: str) -> Listing:
+def listing_above(repo: Repository, scope: Scope, path: str) -> Listing:
     """A directory above the prefix as the scope lists it: the entry on the way, if any."""
     parts = _paths.split(path)
     step = _paths.split(scope.prefix)[: len(parts) + 1]
-    with namespace.repo.read() as tx:
+    with repo.read() as tx:
         try:
             node = resolve(tx, step, _paths.join_parts(step))
         except FileNotFoundError:
@@ -232,9 +190,9 @@ def listing_above(namespace: Namespace, scope: Scope, path: str) -> Listing:
     return Listing([info(_paths.join_parts(step), node)])
 
 
-def _uses(namespace: Namespace, scope: Scope, chunk: str) -> bool:
+def _uses(repo: Repository, scope: Scope, chunk: str) -> bool:
     """Whether a file the scope reaches uses ``chunk`` (or the chunk it is a piece of)."""
-    with namespace.repo.read() as tx:
+    with repo.read() as tx:
         return bool(reached(tx, scope, [chunk]))
 
 
@@ -303,10 +261,10 @@ def unproven(secret: bytes, store: str, scope: Scope, request: Commit | CommitEa
     return {x.chunk.id for f in files for x in f.extents} - proven
 
 
-def check_unproven(namespace: Namespace, scope: Scope, chunks: set[str]) -> None:
+def check_unproven(repo: Repository, scope: Scope, chunks: set[str]) -> None:
     """On an engine thread: every chunk in ``chunks`` is used by a file the scope
     reaches. The refusal is the same whether or not anyone else holds the chunk."""
-    with namespace.repo.read() as tx:
+    with repo.read() as tx:
         missing = chunks - reached(tx, scope, sorted(chunks))
     if missing:
         raise PermissionDenied(

@@ -1,4 +1,4 @@
-"""The metadata service: the namespace logic of ``_namespace.py`` served over the wire.
+"""The metadata service: the metadata logic of ``_metadata.py`` served over the wire.
 
 Stateless beyond its engine (node registry included), so several copies may
 serve one engine. One op, ``meta``, carries every ``Request`` of
@@ -12,7 +12,7 @@ round makes to the engine is fenced, so a deposed leader's is refused.
 Mutations carry the client's idempotency keys: a commit group records each
 member's key with its reply in the group's one engine transaction, and a
 repeat (through this service or another) gets the recorded reply
-(``_once.py``). Op ``ping`` is answered on the event loop, never behind the
+(``_idempotency.py``). Op ``ping`` is answered on the event loop, never behind the
 engine, so a client kept waiting can tell a busy service from a hung one.
 
 Every call must carry the cluster's client token, or a tenant's token, whose
@@ -73,12 +73,13 @@ from ..wire import (
 from ..wire import (
     tls as wire_tls,
 )
-from ._commits import INLINE_MAX, Reached
+from ._commits import Reached
 from ._convert import CONVERT_CHUNKS, Converter, for_readers
 from ._grants import TENANT_TTL_S, Capabilities
 from ._leader import BEAT_S, LEASE_S, Deposed, Leadership
-from ._namespace import Namespace
+from ._metadata import Metadata
 from ._placement import place
+from ._policy import INLINE_MAX
 from ._repair import RepairMetrics, Repairs
 from ._repo import Repository
 from ._scopes import (
@@ -119,7 +120,11 @@ def request_label(call: Call) -> str:
 
 
 class MetaService:
-    """Serves a ``Namespace`` on one engine to remote clients and data nodes."""
+    """Serves ``Metadata`` on one engine to remote clients and data nodes."""
+
+    ANSWERED_HERE = frozenset({Grant, CommitEach})
+    """Requests the service answers itself (capabilities it signs, commits it groups);
+    every other one is a ``Metadata`` handler's."""
 
     def __init__(
         self,
@@ -142,7 +147,7 @@ class MetaService:
         ``tier``: the cluster's S3 tier (``s3://BUCKET/PREFIX``), where chunks of class
         ``s3`` go."""
         self._tls = None if tls is None else wire_tls.server_context(tls)
-        self.namespace = Namespace(
+        self.metadata = Metadata(
             repo,
             self._place,
             default_replication=replication,
@@ -170,18 +175,21 @@ class MetaService:
             owns_checker=True,
             tls=None if tls is None else wire_tls.client_context(tls),
         )
-        self.grants = Capabilities(secret, self.namespace)
+        self.grants = Capabilities(secret, self.metadata.policy, self.metadata.records)
         """The capabilities this service hands out."""
-        self.tokens = TokenCache(secret, lambda ids: self._run(self.namespace.token_rows, ids))
+        tokens = self.metadata.tenants.token_rows
+        self.tokens = TokenCache(secret, lambda ids: self._run(tokens, ids))
         """The tenants' tokens, as this service last read them."""
-        self.converter = Converter(self.namespace, self.chunks, self._run, self._fence, tier)
+        self.converter = Converter(
+            self.metadata.classes, self.metadata.records, self.chunks, self._run, self._fence, tier
+        )
         """The leader's conversions (to stripes, to the S3 tier), and stripes' repairs."""
         self._repairing: asyncio.Task[None] | None = None
         self._metrics_at = metrics
         self.metrics = None if metrics is None else Metrics()
         """Served at ``metrics`` (``HOST:PORT``) from ``start`` to ``close``, if given."""
         self.repairs = Repairs(
-            self.namespace,
+            self.metadata.records,
             self.chunks,
             self.converter,
             self._run,
@@ -226,12 +234,12 @@ class MetaService:
         me = ServiceState(
             self.id,
             told if ":" in told else f"{told}:{self.server.port}",
-            self.namespace.repo.location.partition(":")[0],
+            self.metadata.repo.location.partition(":")[0],
             0.0,
             0.0,
         )
         self.leadership = Leadership(
-            self.namespace.repo, me, lease_s=self._lease_s, metrics=self.metrics
+            self.metadata.repo, me, lease_s=self._lease_s, metrics=self.metrics
         )
         await self.leadership.beat()  # a lone service leads before it answers anyone
         self._beating = every(BEAT_S, self.leadership.beat, "heartbeat")
@@ -249,21 +257,21 @@ class MetaService:
             self.metrics.close()
         await self.chunks.close()
         self._threads.shutdown(wait=True)
-        self.namespace.repo.close()
+        self.metadata.repo.close()
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
     async def _commit_group(self, commits: list[Commit]) -> list[list[FileInfo] | GrabenError]:
         """A group of commits in one engine transaction, each batch's key recorded in it."""
-        run = self.namespace.commit_group
+        run = self.metadata.commits.commit_group
         done: list[list[FileInfo] | GrabenError] = await self._run(
             run, [c.files for c in commits], [c.key for c in commits]
         )
         return done
 
     async def _list_nodes(self) -> list[NodeState]:
-        nodes: list[NodeState] = await self._run(self.namespace.nodes)
+        nodes: list[NodeState] = await self._run(self.metadata.nodes.listed)
         return nodes
 
     # -- repair ----------------------------------------------------------------
@@ -314,9 +322,9 @@ class MetaService:
         if scope is not None:  # a tenant's token (``_scopes.py``)
             authorize(scope, request)
             if needs_engine(request):
-                await self._run(verify, self.namespace, scope, request)
+                await self._run(verify, self.metadata.repo, scope, request)
             if isinstance(request, ListDir) and not scope.reaches(request.path):
-                seen = await self._run(listing_above, self.namespace, scope, request.path)
+                seen = await self._run(listing_above, self.metadata.repo, scope, request.path)
                 return Answer(encode(seen))
             if (tenants := await self._serve_tenant(scope, request)) is not None:
                 return Answer(encode(tenants))
@@ -329,9 +337,9 @@ class MetaService:
         writes see and name only the chunks its scope reaches or it proves it holds,
         so nothing it is told depends on another tenant's bytes (``_scopes.py``)."""
         if isinstance(request, Commit | CommitEach):
-            needed = unproven(self._secret, self.namespace.store_id, scope, request)
+            needed = unproven(self._secret, self.metadata.store_id, scope, request)
             if needed:
-                await self._run(check_unproven, self.namespace, scope, needed)
+                await self._run(check_unproven, self.metadata.repo, scope, needed)
             return None
         if isinstance(request, Prepare):
             placed = await self._run(self._prepare, request, mine(scope))
@@ -344,7 +352,7 @@ class MetaService:
 
     def _prepare(self, request: Prepare, within: Reached) -> list[Placement]:
         r = request
-        return self.namespace.prepare(
+        return self.metadata.commits.prepare(
             r.chunks, r.replication, r.avoid, r.min_replicas, r.paths, r.sent, mine=within
         )
 
@@ -373,7 +381,7 @@ class MetaService:
 
     def _execute(self, request: Request[Any]) -> Any:
         """A request on an engine thread; layouts and chunk pages as readers take them."""
-        result = self.namespace.execute(request)
+        result = self.metadata.execute(request)
         if isinstance(result, (FileLayout, ChunkPage)):
             return for_readers(result, self._fresh_nodes())
         return result
@@ -400,7 +408,7 @@ class MetaService:
         """The data nodes, alive or not (on an engine thread; a second old is good enough)."""
         stamp, nodes = self._nodes
         if time.monotonic() - stamp > NODES_TTL_S:
-            nodes = self.namespace.nodes()
+            nodes = self.metadata.nodes.listed()
             self._nodes = (time.monotonic(), nodes)
         return nodes
 

@@ -1,6 +1,6 @@
 """Tenants and their tokens, as the metadata engine keeps them.
 
-``Tenants`` is a part of ``Namespace``. An operator (holding the cluster
+An operator (holding the cluster
 secret) adds a tenant with its root directory and the root's quota
 (``add_tenant``), then issues the tenant tokens (``issue``), each bound to a
 prefix within the root, rights (``r`` read, ``w`` write, ``a`` admin: classes
@@ -19,22 +19,22 @@ import math
 import re
 import secrets
 import time
-from typing import Any
 
 from .. import _paths
 from .._errors import AlreadyExists, InvalidArgument, NotFound
 from .._types import QuotaState, TokenInfo
 from ..transport import (
     AddTenant,
-    GetQuotas,
     IssueToken,
     ListTenants,
     ListTokens,
     RevokeTokens,
-    SetQuota,
+    WhoAmI,
 )
 from ..transport._replies import Issued
-from ._once import bind, write_once
+from ._idempotency import write_once
+from ._operations import handles
+from ._quotas import Quotas
 from ._repo import Repository, TokenRow, Tx
 from ._walk import ensure_dirs
 
@@ -67,41 +67,14 @@ def check_rights(rights: str) -> str:
 
 
 class Tenants:
-    """Tenant and token operations (``Namespace`` sets ``repo``)."""
+    """Tenant and token operations over a repository; a tenant's root quota is set
+    through ``quotas``."""
 
-    repo: Repository
+    def __init__(self, repo: Repository, quotas: Quotas) -> None:
+        self.repo = repo
+        self._quotas = quotas
 
-    def set_quota(
-        self,
-        path: str,
-        max_bytes: int,
-        max_physical: int,
-        max_files: int,
-        *,
-        tenant: str = "",
-        key: str = "",
-    ) -> QuotaState:
-        raise NotImplementedError  # Quotas'
-
-    def quotas_of(self, path: str) -> list[QuotaState]:
-        raise NotImplementedError  # Quotas'
-
-    def tenant_handlers(self) -> dict[type[Any], Any]:
-        """The requests of this part, for ``Namespace.execute``."""
-        return {
-            AddTenant: lambda r: self.add_tenant(
-                r.name, r.root, r.max_bytes, r.max_physical, r.max_files, key=bind(r.key, r)
-            ),
-            ListTenants: lambda r: self.tenants(),
-            IssueToken: lambda r: self.issue(r.tenant, r.prefix, r.rights, r.ttl_s),
-            ListTokens: lambda r: self.tokens(r.tenant),
-            RevokeTokens: lambda r: self.revoke(r.ids, r.tenant),
-            SetQuota: lambda r: self.set_quota(
-                r.path, r.max_bytes, r.max_physical, r.max_files, key=bind(r.key, r)
-            ),
-            GetQuotas: lambda r: self.quotas_of(r.path),
-        }
-
+    @handles(AddTenant)
     def add_tenant(
         self,
         name: str,
@@ -134,13 +107,15 @@ class Tenants:
             tx.add_tenant(name, clean, time.time())
 
         write_once(self.repo, key, type(None), add)
-        return self.set_quota(clean, max_bytes, max_physical, max_files, tenant=name)
+        return self._quotas.set_quota(clean, max_bytes, max_physical, max_files, tenant=name)
 
+    @handles(ListTenants)
     def tenants(self) -> dict[str, str]:
         """Every tenant's root, by name."""
         with self.repo.read() as tx:
             return tx.tenants()
 
+    @handles(IssueToken)
     def issue(self, tenant: str, prefix: str, rights: str, ttl_s: float) -> Issued:
         """A new token of ``tenant`` for ``prefix`` (within its root; ``""``: the root),
         with ``rights``, lasting ``ttl_s`` seconds. Its text is in this reply only."""
@@ -164,12 +139,14 @@ class Tenants:
         with self.repo.read() as tx:
             return tx.tokens(ids)
 
+    @handles(ListTokens)
     def tokens(self, tenant: str = "") -> list[TokenInfo]:
         """Every token (of ``tenant``), revoked and expired ones too, never a secret."""
         with self.repo.read() as tx:
             rows = tx.tokens()
         return [info for info, _ in rows if not tenant or info.tenant == tenant]
 
+    @handles(RevokeTokens)
     def revoke(self, ids: tuple[str, ...], tenant: str = "") -> int:
         """Revoke these tokens, or every token of ``tenant``; how many were live."""
         if not ids and not tenant:
@@ -181,3 +158,9 @@ class Tenants:
         now = time.time()
         count: int = self.repo.transact(lambda tx: tx.revoke(ids, tenant, now))
         return count
+
+    @handles(WhoAmI)
+    def whoami(self) -> TokenInfo | None:
+        """The cluster's own token: ``None`` (a tenant's is answered from its scope,
+        ``_scopes.narrow``)."""
+        return None

@@ -63,34 +63,14 @@ from ._chunk_calls import ChunkCall, NodeClean, NodeQuery, NodeVouch, Written
 from ._endpoints import ANSWER_WITHIN_S, Endpoints, Retry, watched
 from ._replies import ChunkPage, Placement
 from ._requests import (
-    KEYED,
     RETRY_WITHIN_S,
-    Changes,
-    CheckMetadata,
-    ChunkRefs,
-    ChunkUsers,
     Commit,
     CommitEach,
-    GetClass,
-    GetHealth,
-    GetLayout,
-    GetQuotas,
-    GetSettings,
-    GetStoreId,
     Grant,
-    Heartbeat,
-    IssueToken,
-    ListDir,
     ListNodes,
-    ListTenants,
-    ListTokens,
     Prepare,
-    ReportBad,
+    Repeat,
     Request,
-    RevokeTokens,
-    Stat,
-    Usage,
-    WhoAmI,
     with_key,
 )
 
@@ -103,38 +83,6 @@ RETRY_FOR_S = 30.0
 """How long requests keep retrying while the metadata service is away."""
 FIRST_CONTACT_S = 1.0
 """How long a client that has never reached a service keeps trying to."""
-RETRYABLE = frozenset(
-    {
-        Stat,
-        ListDir,
-        GetLayout,
-        Prepare,
-        Usage,
-        ChunkRefs,
-        ChunkUsers,
-        CheckMetadata,
-        GetStoreId,
-        GetSettings,
-        ListNodes,
-        GetHealth,
-        Heartbeat,
-        ReportBad,
-        Grant,
-        Changes,
-        GetClass,
-        ListTenants,
-        ListTokens,
-        WhoAmI,
-        GetQuotas,
-        RevokeTokens,
-        IssueToken,
-    }
-)
-"""Requests that may be repeated as they are: reads, and writes whose repeat changes
-nothing. Mutations (``KEYED``, ``CommitEach``) are repeated too, with their key.
-``IssueToken`` is not keyed (its reply, the token, must not be kept in the engine): a
-repeat issues another token, and the one whose reply was lost is never known to anyone."""
-
 NodeLister = Callable[[], Awaitable[list[NodeState]]]
 GrantFetcher = Callable[[tuple[str, ...], Op], Awaitable[list[Capability]]]
 REFRESH_BEFORE_S = 60.0
@@ -429,11 +377,9 @@ class RemoteMeta:
 
     def _limit(self, request: Request[R]) -> float:
         """How long ``request`` may be retried; 0: not at all."""
-        if type(request) in RETRYABLE:
-            return self.timeout
-        if type(request) in KEYED or isinstance(request, CommitEach):
+        if request.rule.repeat is Repeat.KEYED:
             return min(self.timeout, RETRY_WITHIN_S)
-        return 0.0
+        return self.timeout
 
     async def _call(self, address: str, body: msgspec.Raw, retry: Retry) -> msgspec.Raw:
         """One try at ``address``; notes in ``retry`` whether a failure was the service's

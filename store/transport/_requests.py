@@ -1,22 +1,27 @@
 """The metadata requests: what a client asks of the metadata service.
 
-Each request names its response type; the metadata logic (``meta``)
-executes them, an embedded client hands them over in-process and a remote
-one sends them over the wire (``_remote``). The values they carry and
-return are the public ones of ``graben.store._types`` and the replies of
-``_replies``.
+Each request names its response type and its ``Rule``: whether it only reads,
+how a client may repeat it, and what a tenant's token needs to make it. Every
+part that must know these derives them from the rule (the service's tenant
+checks, the embedded store's reader threads, the client's retries); the code
+that carries a request out is registered beside it in ``meta``
+(``meta/_operations.py``). The values they carry and return are the public
+ones of ``graben.store._types`` and the replies of ``_replies``.
 
-Mutations (``KEYED``, and ``CommitEach`` per batch) carry an idempotency
-key: a remote client gives each logical request one (``with_key``) and keeps
-it across retries; the metadata service records the key with the outcome in
-the transaction that applies the mutation, and answers a repeat with the
-recorded outcome instead of applying it again. An embedded client sends no
-key (it never repeats a request).
+Mutations (``Repeat.KEYED``) carry an idempotency key (``CommitEach``, one per
+batch): a remote client gives each logical request one (``with_key``) and
+keeps it across retries; the metadata service records the key with the
+outcome in the transaction that applies the mutation, and answers a repeat
+with the recorded outcome instead of applying it again. An embedded client
+sends no key (it never repeats a request).
 """
 
 from __future__ import annotations
 
+import enum
 import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 import msgspec
@@ -42,16 +47,64 @@ from ._replies import ChunkPage, Committed, Issued, Joined, Listing, Placement, 
 R = TypeVar("R")
 
 
+class Repeat(enum.Enum):
+    """How a client may send a request again when no reply came."""
+
+    AS_IS = "as is"
+    """A read, or a write whose repeat changes nothing: again until the client's timeout."""
+    KEYED = "keyed"
+    """A mutation: again with the same idempotency key, applied once, within
+    ``RETRY_WITHIN_S`` of the first try (while the service still holds the key)."""
+
+
+AS_IS, KEYED = Repeat.AS_IS, Repeat.KEYED
+READS, WRITES = True, False
+ANY = "any"
+"""The right of a request any valid token may make."""
+OPERATOR = "operator"
+"""The right of a request only the cluster's secret may make, never a tenant's token."""
+
+
+def _no_paths(request: Any) -> tuple[str, ...]:
+    return ()
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """What every part of graben must know of a request kind, declared once with it."""
+
+    reads: bool
+    """Whether it only reads the namespace (an embedded store runs it beside the writer)."""
+    repeat: Repeat
+    """How a client may repeat it."""
+    right: str
+    """What a tenant's token needs to make it: ``r``, ``w`` or ``a`` on ``paths``,
+    ``ANY`` or ``OPERATOR``."""
+    paths: Callable[[Any], tuple[str, ...]] = _no_paths
+    """The paths it names, each of which the token must reach."""
+    not_the_prefix: str = ""
+    """A field naming a path that may not be a tenant's prefix itself (the operator's
+    to move, remove or give a quota)."""
+
+
 class Request(msgspec.Struct, Generic[R], frozen=True, tag=True):
-    """A metadata operation; ``response`` is the type it returns."""
+    """A metadata operation; ``response`` is the type it returns, ``rule`` how it is
+    repeated, run and allowed."""
 
     response: ClassVar[Any]
+    rule: ClassVar[Rule]
+
+    def needs(self) -> tuple[str, tuple[str, ...]]:
+        """The right a tenant's token needs to make this request, and the paths it must
+        reach with it."""
+        return self.rule.right, self.rule.paths(self)
 
 
 class Stat(Request[FileInfo], frozen=True):
     """Attributes of one path."""
 
     response = FileInfo
+    rule = Rule(READS, AS_IS, "r", lambda r: (r.path,))
     path: str
 
 
@@ -63,6 +116,7 @@ class ListDir(Request[Listing], frozen=True):
     """
 
     response = Listing
+    rule = Rule(READS, AS_IS, "r", lambda r: (r.path,))
     path: str
     after: str = ""
     """Only names after this one."""
@@ -76,11 +130,11 @@ class MakeDir(Request[FileInfo], frozen=True):
     """Create a directory."""
 
     response = FileInfo
+    rule = Rule(WRITES, KEYED, "w", lambda r: (r.path,))
     path: str
     parents: bool = False
     exist_ok: bool = False
     key: str = ""
-    """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
     mode: int | None = None
     """Its permission bits; ``None``: 0o755."""
     uid: int = -1
@@ -93,33 +147,39 @@ class Link(Request[FileInfo], frozen=True):
     """Give a file another name (a hard link)."""
 
     response = FileInfo
+    rule = Rule(WRITES, KEYED, "w", lambda r: (r.src, r.dst))
     src: str
     dst: str
     key: str = ""
-    """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
 
 
 class Remove(Request[int], frozen=True):
     """Remove a path; returns how many entries went."""
 
     response = int
+    rule = Rule(WRITES, KEYED, "w", lambda r: (r.path,), not_the_prefix="path")
     path: str
     recursive: bool = False
     key: str = ""
-    """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
 
 
 class Rename(Request[FileInfo], frozen=True):
     """Move a file or directory atomically."""
 
     response = FileInfo
+    rule = Rule(
+        WRITES,
+        KEYED,
+        "w",
+        lambda r: (r.src, r.dst, *(f.path for f in r.files)),
+        not_the_prefix="src",
+    )
     src: str
     dst: str
     replace: bool = True
     replace_tree: bool = False
     """Replace a non-empty directory too, deleting its tree in the same transaction."""
     key: str = ""
-    """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
     files: tuple[FileCommit, ...] = ()
     """Files committed first, in the same transaction (a checkpoint's last files and its
     publishing move at once)."""
@@ -129,11 +189,11 @@ class SetAttributes(Request[FileInfo], frozen=True):
     """Change a file's or directory's mode bits, times or owner in place."""
 
     response = FileInfo
+    rule = Rule(WRITES, KEYED, "w", lambda r: (r.path,))
     path: str
     change: Change = msgspec.field(default_factory=Change)
     """What changes; what it leaves ``None`` stays."""
     key: str = ""
-    """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
 
 
 class GetLayout(Request[FileLayout], frozen=True):
@@ -144,6 +204,7 @@ class GetLayout(Request[FileLayout], frozen=True):
     """
 
     response = FileLayout
+    rule = Rule(READS, AS_IS, "r", lambda r: (r.path,))
     path: str
     start: int = 0
     """First file offset wanted (a page's extents start at or before it)."""
@@ -157,6 +218,7 @@ class Prepare(Request[list[Placement]], frozen=True):
     """Ask, for a batch of chunks, which to upload and where (0: the store's default)."""
 
     response = list[Placement]
+    rule = Rule(READS, AS_IS, "w", lambda r: r.paths)
     chunks: tuple[ChunkRef, ...]
     replication: int = 0
     avoid: tuple[str, ...] = ()
@@ -172,15 +234,16 @@ class Commit(Request[list[FileInfo]], frozen=True):
     """Make a batch of files visible, each atomically."""
 
     response = list[FileInfo]
+    rule = Rule(WRITES, KEYED, "w", lambda r: tuple(f.path for f in r.files))
     files: tuple[FileCommit, ...]
     key: str = ""
-    """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
 
 
 class Usage(Request[tuple[int, int]], frozen=True):
     """(files, bytes) under a path, recursively."""
 
     response = tuple[int, int]
+    rule = Rule(READS, AS_IS, "r", lambda r: (r.path,))
     path: str
 
 
@@ -188,6 +251,7 @@ class ChunkRefs(Request[ChunkPage], frozen=True):
     """A page of the chunks the engine knows, ids after ``after``, for fsck."""
 
     response = ChunkPage
+    rule = Rule(READS, AS_IS, OPERATOR)
     after: str = ""
     limit: int = 0
     """Most chunks in the page; 0 (and anything larger) is the server's page size."""
@@ -198,6 +262,7 @@ class ChunkUsers(Request[list[tuple[int, str]]], frozen=True):
     in inode order; ``path`` is ``""`` for an inode no entry names. Empty: no more."""
 
     response = list[tuple[int, str]]
+    rule = Rule(READS, AS_IS, OPERATOR)
     chunk: str
     after: int = 0
     limit: int = 0
@@ -208,10 +273,10 @@ class Collectable(Request[list[tuple[str, tuple[str, ...]]]], frozen=True):
     ids with the nodes that held them (their copies may go). Empty: none left."""
 
     response = list[tuple[str, tuple[str, ...]]]
+    rule = Rule(WRITES, KEYED, OPERATOR)
     grace_s: float
     limit: int = 0
     key: str = ""
-    """The client's idempotency key: a retry with the same key is applied once (``""``: none)."""
 
 
 class CheckMetadata(Request[list[ChunkProblem]], frozen=True):
@@ -219,6 +284,7 @@ class CheckMetadata(Request[list[ChunkProblem]], frozen=True):
     the first ``limit`` inconsistencies found (0: the server's page size)."""
 
     response = list[ChunkProblem]
+    rule = Rule(READS, AS_IS, OPERATOR)
     limit: int = 0
 
 
@@ -226,6 +292,7 @@ class Changes(Request[ChangeFeed], frozen=True):
     """The change feed after ``after``: what a mount follows to keep its caches true."""
 
     response = ChangeFeed
+    rule = Rule(READS, AS_IS, ANY)
     after: int = -1
     """The last number the reader has (-1: none; the reply only says where the feed is)."""
     missing: tuple[int, ...] = ()
@@ -239,12 +306,14 @@ class GetStoreId(Request[str], frozen=True):
     """The store's id, made when its engine was created."""
 
     response = str
+    rule = Rule(READS, AS_IS, ANY)
 
 
 class Heartbeat(Request[Joined], frozen=True):
     """A data node says it is alive; refused if it belongs to another store."""
 
     response = Joined
+    rule = Rule(WRITES, AS_IS, OPERATOR)
     node: NodeState
     store_id: str = ""
     """The store the node belongs to; ``""`` if it has joined none yet."""
@@ -256,12 +325,14 @@ class ListNodes(Request[list[NodeState]], frozen=True):
     """Every registered data node."""
 
     response = list[NodeState]
+    rule = Rule(READS, AS_IS, ANY)
 
 
 class ReportBad(Request[None], frozen=True):
     """A reader found a copy corrupt or missing: forget it so repair replaces it."""
 
     response = None
+    rule = Rule(WRITES, AS_IS, "r")
     chunk: str
     node: str
     reason: str = ""
@@ -271,18 +342,21 @@ class GetHealth(Request[Health], frozen=True):
     """The store's health at a glance."""
 
     response = Health
+    rule = Rule(READS, AS_IS, OPERATOR)
 
 
 class GetSettings(Request[Settings], frozen=True):
     """What a writer needs to know of the service (asked once per client)."""
 
     response = Settings
+    rule = Rule(READS, AS_IS, ANY)
 
 
 class CommitEach(Request[list[Committed]], frozen=True):
     """Several independent ``Commit`` batches in one round trip; each all or nothing."""
 
     response = list[Committed]
+    rule = Rule(WRITES, KEYED, "w", lambda r: tuple(f.path for b in r.batches for f in b))
     batches: tuple[tuple[FileCommit, ...], ...]
     keys: tuple[str, ...] = ()
     """Each batch's idempotency key (its ``Commit``'s), in order; none if empty."""
@@ -298,13 +372,19 @@ class Grant(Request[list[Capability]], frozen=True):
     """
 
     response = list[Capability]
+    rule = Rule(READS, AS_IS, "r")
     chunks: tuple[str, ...]
     op: Op
+
+    def needs(self) -> tuple[str, tuple[str, ...]]:
+        """Reading a chunk needs ``r``, writing one ``w``; deleting is collection's, the
+        operator's."""
+        return {"read": "r", "write": "w"}.get(self.op, OPERATOR), ()
 
 
 Q = TypeVar("Q", bound="Request[Any]")
 KEY_LIFETIME_S = 600.0
-"""How long the metadata service keeps a mutation's key and reply (``meta/_once.py``)."""
+"""How long the metadata service keeps a mutation's key and reply (``meta/_idempotency.py``)."""
 RETRY_WITHIN_S = KEY_LIFETIME_S / 2
 """A client repeats a mutation only this long after first sending it, whatever its
 timeout: a repeat after the key is gone would be applied again. Half the lifetime
@@ -315,6 +395,7 @@ class SetClass(Request[str], frozen=True):
     """Set the storage class of a path (``""``: clear it); the class's canonical name."""
 
     response = str
+    rule = Rule(WRITES, KEYED, "a", lambda r: (r.path,))
     path: str
     name: str
     key: str = ""
@@ -324,6 +405,7 @@ class GetClass(Request[ClassState], frozen=True):
     """The storage class in force at a path, and how far a file has taken it."""
 
     response = ClassState
+    rule = Rule(READS, AS_IS, "r", lambda r: (r.path,))
     path: str
 
 
@@ -331,6 +413,7 @@ class AddTenant(Request[QuotaState], frozen=True):
     """Add a tenant with its root (made) and the root's quota (0: no limit of a kind)."""
 
     response = QuotaState
+    rule = Rule(WRITES, KEYED, OPERATOR)
     name: str
     root: str
     max_bytes: int = 0
@@ -343,12 +426,14 @@ class ListTenants(Request[dict[str, str]], frozen=True):
     """Every tenant's root, by name."""
 
     response = dict[str, str]
+    rule = Rule(READS, AS_IS, OPERATOR)
 
 
 class IssueToken(Request[Issued], frozen=True):
     """A new token of a tenant, for a prefix within its root (``""``: the root)."""
 
     response = Issued
+    rule = Rule(WRITES, AS_IS, OPERATOR)
     tenant: str
     prefix: str
     rights: str
@@ -359,6 +444,7 @@ class ListTokens(Request[list[TokenInfo]], frozen=True):
     """Every token (of ``tenant``), never its secret."""
 
     response = list[TokenInfo]
+    rule = Rule(READS, AS_IS, OPERATOR)
     tenant: str = ""
 
 
@@ -367,12 +453,14 @@ class WhoAmI(Request["TokenInfo | None"], frozen=True):
     it reaches, its rights), or ``None`` for the cluster's own (everything)."""
 
     response = TokenInfo | None
+    rule = Rule(READS, AS_IS, ANY)
 
 
 class RevokeTokens(Request[int], frozen=True):
     """Revoke tokens by id, or every token of ``tenant``; how many were live."""
 
     response = int
+    rule = Rule(WRITES, AS_IS, OPERATOR)
     ids: tuple[str, ...] = ()
     tenant: str = ""
 
@@ -381,6 +469,7 @@ class SetQuota(Request[QuotaState], frozen=True):
     """Set a directory's quota (0: no limit of a kind; all 0: clear it)."""
 
     response = QuotaState
+    rule = Rule(WRITES, KEYED, "a", lambda r: (r.path,), not_the_prefix="path")
     path: str
     max_bytes: int = 0
     max_physical: int = 0
@@ -392,24 +481,8 @@ class GetQuotas(Request[list[QuotaState]], frozen=True):
     """The quotas above, at and below a path (``""``: every one)."""
 
     response = list[QuotaState]
+    rule = Rule(READS, AS_IS, "r", lambda r: (r.path,) if r.path else ())
     path: str = ""
-
-
-KEYED: frozenset[type[Any]] = frozenset(
-    {
-        MakeDir,
-        Link,
-        Remove,
-        Rename,
-        SetAttributes,
-        Commit,
-        Collectable,
-        SetClass,
-        AddTenant,
-        SetQuota,
-    }
-)
-"""Mutations that carry one idempotency key (``CommitEach`` carries one per batch)."""
 
 
 def new_key() -> str:
@@ -419,11 +492,14 @@ def new_key() -> str:
 
 def with_key(request: Q) -> Q:
     """``request`` with an idempotency key, if it is a mutation without one yet."""
-    if type(request) in KEYED and not getattr(request, "key", ""):
+    if request.rule.repeat is not KEYED:
+        return request
+    if isinstance(request, CommitEach):
+        if len(request.keys) == len(request.batches):
+            return request
+        return msgspec.structs.replace(request, keys=tuple(new_key() for _ in request.batches))
+    if not getattr(request, "key", ""):
         return msgspec.structs.replace(request, key=new_key())
-    if isinstance(request, CommitEach) and len(request.keys) != len(request.batches):
-        keys = tuple(new_key() for _ in request.batches)
-        return msgspec.structs.replace(request, keys=keys)
     return request
 
 

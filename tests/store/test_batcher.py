@@ -13,7 +13,7 @@ from graben.store import AlreadyExists, AsyncClient, FileInfo, IntegrityError, c
 from graben.store._batcher import Batcher, Batchers
 from graben.store._hashing import chunk_ref
 from graben.store._types import FileCommit
-from graben.store.meta._namespace import Namespace
+from graben.store.meta import Metadata
 from graben.store.meta.engines._sqlite import SQLiteRepository
 from graben.store.node._chunkstore import LocalChunkStore
 
@@ -122,19 +122,19 @@ def test_a_caller_that_gives_up_does_not_break_the_group() -> None:
 def test_a_group_commit_keeps_the_batches_that_succeed(tmp_path: Path) -> None:
     with connect(tmp_path / "s") as client:
         client.put("/taken", b"x")
-    namespace = Namespace(SQLiteRepository(tmp_path / "s" / "meta.db"))
+    namespace = Metadata(SQLiteRepository(tmp_path / "s" / "meta.db"))
     try:
         batches = [
             (FileCommit("/a", (), (), "create"),),
             (FileCommit("/b", (), (), "create"), FileCommit("/taken", (), (), "create")),
             (FileCommit("/c", (), (), "create"),),
         ]
-        results = namespace.commit_group(batches)
+        results = namespace.commits.commit_group(batches)
         assert isinstance(results[1], AlreadyExists)
         assert [r[0].path for r in (results[0], results[2]) if isinstance(r, list)] == ["/a", "/c"]
         with pytest.raises(FileNotFoundError):
-            namespace.stat("/b")  # all of its batch or none of it
-        assert namespace.stat("/taken").size == 1
+            namespace.namespace.stat("/b")  # all of its batch or none of it
+        assert namespace.namespace.stat("/taken").size == 1
     finally:
         namespace.repo.close()
 

@@ -96,7 +96,7 @@ MIGRATIONS = (
     CREATE TABLE store (id TEXT NOT NULL);
     INSERT INTO store (id) VALUES ('{store_id}');
     """,
-    # 4: idempotency keys of applied mutations and their replies (see ``meta/_once.py``).
+    # 4: idempotency keys of applied mutations and their replies (see ``meta/_idempotency.py``).
     """
     CREATE TABLE outcomes (
         key {text} PRIMARY KEY,

@@ -21,7 +21,7 @@ from store_kit import SMALL_CHUNK
 from graben.store import AsyncClient, Client, connect
 from graben.store._config import Options
 from graben.store.embedded._store import LocalChunks, LocalMeta
-from graben.store.meta._namespace import Namespace
+from graben.store.meta import Metadata
 from graben.store.meta.engines._postgres import PostgresRepository
 from graben.store.node._chunkstore import LocalChunkStore
 
@@ -35,7 +35,7 @@ globals().update(
 def _embedded(url: str, root: Path) -> Client:
     """The embedded store's parts, with the namespace over PostgreSQL."""
     chunks = LocalChunkStore(root / "chunks")
-    meta = LocalMeta(Namespace(PostgresRepository(url, create=True)), chunks.capacity)
+    meta = LocalMeta(Metadata(PostgresRepository(url, create=True)), chunks.capacity)
     aio = AsyncClient.over(
         meta, LocalChunks(chunks, 4), Options(chunk_size=SMALL_CHUNK), "embedded on PostgreSQL"
     )

@@ -20,12 +20,12 @@ from pg_kit import (  # noqa: F401  (fixtures)
 from graben.fuse._follow import Cursor
 from graben.store import GrabenError
 from graben.store._types import Change
+from graben.store.meta import Metadata
 from graben.store.meta._changes import KEPT_S
-from graben.store.meta._namespace import Namespace
 from graben.store.transport import Changes, PathChange
 
 
-def _feed(ns: Namespace, cursor: Cursor) -> list[PathChange]:
+def _feed(ns: Metadata, cursor: Cursor) -> list[PathChange]:
     fresh, lost = cursor.advance(
         ns.execute(Changes(*cursor.request(time.monotonic()))), time.monotonic()
     )
@@ -39,15 +39,15 @@ def _rows(changes: list[PathChange]) -> list[tuple[str, bool]]:
 
 
 def test_every_kind_of_write_names_what_it_changed(engine: Engine) -> None:
-    ns = Namespace(engine.open())
+    ns = Metadata(engine.open())
     cursor = Cursor()
     assert _feed(ns, cursor) == []  # the first answer says where the feed is
-    ns.commit((file("/a/f", [chunk(1)]), file("/a/g", [chunk(2)])))
-    made = ns.mkdir("/d")
-    ns.rename("/a/f", "/d/f")
-    ns.link("/a/g", "/d/g")
-    attrs = ns.set_attributes("/a/g", Change(mode=0o600))
-    ns.remove("/d", recursive=True)
+    ns.commits.commit((file("/a/f", [chunk(1)]), file("/a/g", [chunk(2)])))
+    made = ns.namespace.mkdir("/d")
+    ns.namespace.rename("/a/f", "/d/f")
+    ns.namespace.link("/a/g", "/d/g")
+    attrs = ns.namespace.set_attributes("/a/g", Change(mode=0o600))
+    ns.namespace.remove("/d", recursive=True)
     changes = _feed(ns, cursor)
     assert _rows(changes) == [
         ("/a/f", True),
@@ -67,12 +67,12 @@ def test_every_kind_of_write_names_what_it_changed(engine: Engine) -> None:
 
 
 def test_a_write_that_fails_names_nothing(engine: Engine) -> None:
-    ns = Namespace(engine.open())
+    ns = Metadata(engine.open())
     cursor = Cursor()
     _feed(ns, cursor)
-    ns.mkdir("/d")
+    ns.namespace.mkdir("/d")
     try:
-        ns.commit((file("/ok", [chunk(1)]), file("/d", [chunk(2)])))  # /d is a directory
+        ns.commits.commit((file("/ok", [chunk(1)]), file("/d", [chunk(2)])))  # /d is a directory
     except GrabenError:
         pass
     else:
@@ -84,7 +84,7 @@ def test_a_number_taken_first_and_committed_last_is_not_missed(engine: Engine) -
     """The writer that took its number first commits after another: a reader that asked
     between the two sees the later number first, and the earlier one when it asks again."""
     repo = engine.open()
-    ns = Namespace(repo)
+    ns = Metadata(repo)
     cursor = Cursor()
     _feed(ns, cursor)
     numbered, release = threading.Event(), threading.Event()
@@ -98,13 +98,13 @@ def test_a_number_taken_first_and_committed_last_is_not_missed(engine: Engine) -
     slow_writer.start()
     assert numbered.wait(30)
     if engine.name == "postgresql":  # SQLite has one writer: the next waits for this one
-        ns.commit((file("/fast", [chunk(1)]),))
+        ns.commits.commit((file("/fast", [chunk(1)]),))
         assert _rows(_feed(ns, cursor)) == [("/fast", True)]
         assert cursor.missing  # the slow one's number, below the last seen
     release.set()
     slow_writer.join(30)
     if engine.name != "postgresql":
-        ns.commit((file("/fast", [chunk(1)]),))
+        ns.commits.commit((file("/fast", [chunk(1)]),))
     got = sorted(c.path for c in _feed(ns, cursor))
     assert got == (["/slow"] if engine.name == "postgresql" else ["/fast", "/slow"])
     assert not cursor.missing
@@ -112,15 +112,15 @@ def test_a_number_taken_first_and_committed_last_is_not_missed(engine: Engine) -
 
 def test_a_reader_behind_the_rows_kept_is_told_it_missed_some(engine: Engine) -> None:
     repo = engine.open()
-    ns = Namespace(repo)
+    ns = Metadata(repo)
     cursor = Cursor()
     _feed(ns, cursor)
-    ns.mkdir("/a")
+    ns.namespace.mkdir("/a")
     assert _feed(ns, cursor)
     for i in range(3):
-        ns.mkdir(f"/b{i}")
+        ns.namespace.mkdir(f"/b{i}")
     repo.transact(lambda tx: tx.forget_changes(time.time_ns() + 1, 100))  # all of them go
-    ns.mkdir("/c")
+    ns.namespace.mkdir("/c")
     feed = ns.execute(Changes(*cursor.request(time.monotonic())))
     fresh, lost = cursor.advance(feed, time.monotonic())
     assert lost and [c.path for c in fresh] == ["/c"]
@@ -129,10 +129,10 @@ def test_a_reader_behind_the_rows_kept_is_told_it_missed_some(engine: Engine) ->
 
 def test_old_rows_are_pruned_as_writes_go_on(engine: Engine) -> None:
     repo = engine.open()
-    ns = Namespace(repo)
+    ns = Metadata(repo)
     repo.transact(lambda tx: tx.record_changes([("/old", 0, 0)] * 50, 1))  # made long ago
     for i in range(200):  # a write prunes one time in PRUNE_ONE_IN
-        ns.mkdir(f"/d{i}")
+        ns.namespace.mkdir(f"/d{i}")
     oldest, newest = ns.execute(Changes(-1)).oldest, ns.execute(Changes(-1)).newest
     assert oldest > 50 and newest == 250
     assert KEPT_S >= 60  # past any kernel cache a mount keeps by default

@@ -335,40 +335,40 @@ def test_the_engine_lets_in_only_nodes_sealed_as_the_store_is_and_keeps_no_bytes
 ) -> None:
     from graben.store._hashing import chunk_ref
     from graben.store._types import Extent, FileCommit, NodeState, StoredChunk
-    from graben.store.meta import Namespace, SQLiteRepository
+    from graben.store.meta import Metadata, SQLiteRepository
 
     def small(path: str, data: bytes) -> FileCommit:
         ref = chunk_ref(data)
         return FileCommit(path, (Extent(0, len(data), ref),), (StoredChunk(ref, (), data),))
 
-    namespace = Namespace(SQLiteRepository(tmp_path / "meta.db", create=True))
-    unaware = Namespace(SQLiteRepository(tmp_path / "meta.db"))  # a second service, started
+    namespace = Metadata(SQLiteRepository(tmp_path / "meta.db", create=True))
+    unaware = Metadata(SQLiteRepository(tmp_path / "meta.db"))  # a second service, started
     try:
-        assert namespace.settings().inline_max > 0
+        assert namespace.commits.settings().inline_max > 0
 
         def beat(node: str, sealed: str) -> str:
             state = NodeState(node, f"{node}:1", "rack", 1 << 30, 1 << 30)
-            return namespace.heartbeat(state, namespace.store_id, sealed).sealed
+            return namespace.nodes.heartbeat(state, namespace.store_id, sealed).sealed
 
         assert beat("a", "c0ffee") == "c0ffee"  # the first node decides
         assert beat("b", "none") == beat("c", "d00d") == "c0ffee"
         assert beat("a", "c0ffee") == "c0ffee"
-        assert [n.id for n in namespace.nodes()] == ["a"]
-        assert namespace.sealed("none") == "c0ffee"
-        assert namespace.settings().inline_max == 0  # an encrypted store's bytes: on nodes
+        assert [n.id for n in namespace.nodes.listed()] == ["a"]
+        assert namespace.nodes.sealed("none") == "c0ffee"
+        assert namespace.commits.settings().inline_max == 0  # an encrypted store's bytes: on nodes
         with pytest.raises(InvalidArgument, match="inline limit of 0"):
-            namespace.commit((small("/small", b"would be plaintext in the engine"),))
+            namespace.commits.commit((small("/small", b"would be plaintext in the engine"),))
         # Before the store was encrypted and told of it by no heartbeat nor listing since:
         # it looks in the engine before it keeps a file's bytes.
-        assert unaware.settings().inline_max > 0
+        assert unaware.commits.settings().inline_max > 0
         with pytest.raises(InvalidArgument, match="inline limit of 0"):
-            unaware.commit((small("/unaware", b"would be plaintext in the engine too"),))
+            unaware.commits.commit((small("/unaware", b"would be plaintext in the engine too"),))
         assert b"plaintext in the engine" not in (tmp_path / "meta.db").read_bytes()
     finally:
         namespace.repo.close()
         unaware.repo.close()
-    again = Namespace(SQLiteRepository(tmp_path / "meta.db"))  # another service, later
+    again = Metadata(SQLiteRepository(tmp_path / "meta.db"))  # another service, later
     try:
-        assert again.settings().inline_max == 0
+        assert again.commits.settings().inline_max == 0
     finally:
         again.repo.close()

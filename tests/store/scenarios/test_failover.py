@@ -425,13 +425,3 @@ def test_a_node_takes_several_metadata_services() -> None:
         check=False,
     )
     assert done.returncode == 2 and "'h2' is not HOST:PORT" in done.stderr
-
-
-def test_every_request_says_how_a_client_may_repeat_it() -> None:
-    """A request missing from both lists would get one try of 0.1 s: a busy service
-    (256 ranks asking at once) would look dead to it."""
-    from graben.store.transport import KEYED, CommitEach, request_types
-    from graben.store.transport._remote import RETRYABLE
-
-    unsure = [t.__name__ for t in request_types() if t not in RETRYABLE | KEYED | {CommitEach}]
-    assert unsure == []

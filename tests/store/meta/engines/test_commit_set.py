@@ -17,7 +17,7 @@ from pg_kit import (  # noqa: F401  (fixtures)
 )
 
 from graben.store import AlreadyExists, DirectoryNotEmpty, NotADirectory, NotFound
-from graben.store.meta._namespace import Namespace
+from graben.store.meta import Metadata
 from graben.store.meta.engines._sql_tx import SqlTx
 
 
@@ -41,22 +41,22 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 def test_a_group_of_new_files_costs_the_same_few_statements_whatever_its_size(
     engine: Engine, statements: Counter[str], count: int
 ) -> None:
-    ns = Namespace(engine.open())
-    ns.mkdir("/run")
+    ns = Metadata(engine.open())
+    ns.namespace.mkdir("/run")
     statements.clear()
     batches = [(file(f"/run/{i}", [chunk(i)]),) for i in range(count)]
-    outcome = ns.commit_group(batches, [f"key-{i}" for i in range(count)])
+    outcome = ns.commits.commit_group(batches, [f"key-{i}" for i in range(count)])
     assert all(isinstance(o, list) for o in outcome)
     assert sum(statements.values()) <= 16, statements
-    assert len(ns.listdir("/run").entries) == count
+    assert len(ns.namespace.listdir("/run").entries) == count
 
 
 def test_a_group_replaces_files_keeps_their_links_and_refuses_one_alone(engine: Engine) -> None:
-    ns = Namespace(engine.open())
-    ns.commit((file("/d/a", [chunk(1)]), file("/d/b", [chunk(2)])))
-    ns.link("/d/a", "/d/a-link")
-    before = ns.stat("/d/a")
-    outcome = ns.commit_group(
+    ns = Metadata(engine.open())
+    ns.commits.commit((file("/d/a", [chunk(1)]), file("/d/b", [chunk(2)])))
+    ns.namespace.link("/d/a", "/d/a-link")
+    before = ns.namespace.stat("/d/a")
+    outcome = ns.commits.commit_group(
         [
             (file("/d/a", [chunk(3)]),),  # replaces, and its other name sees it too
             (file("/d/b", [chunk(4)], mode="create"),),  # refused: the rest goes on
@@ -64,36 +64,38 @@ def test_a_group_replaces_files_keeps_their_links_and_refuses_one_alone(engine: 
         ]
     )
     assert isinstance(outcome[1], AlreadyExists)
-    assert ns.layout("/d/a").extents[0].chunk == chunk(6)
-    assert ns.layout("/d/a-link").extents[0].chunk == chunk(6)
-    assert ns.stat("/d/a").generation == before.generation + 2
-    assert ns.layout("/d/b").extents[0].chunk == chunk(2)
-    assert ns.layout("/d/c").extents[0].chunk == chunk(5)
-    assert ns.check_metadata() == []
+    assert ns.namespace.layout("/d/a").extents[0].chunk == chunk(6)
+    assert ns.namespace.layout("/d/a-link").extents[0].chunk == chunk(6)
+    assert ns.namespace.stat("/d/a").generation == before.generation + 2
+    assert ns.namespace.layout("/d/b").extents[0].chunk == chunk(2)
+    assert ns.namespace.layout("/d/c").extents[0].chunk == chunk(5)
+    assert ns.records.check_metadata() == []
     assert engine.sql("SELECT refs FROM chunks WHERE id = %s", chunk(1).id) == [(0,)]
 
 
 def test_files_and_a_move_commit_together_or_not_at_all(engine: Engine) -> None:
     """How a checkpoint is published: its last files and its name in one transaction."""
-    ns = Namespace(engine.open())
-    ns.commit((file("/.step.saving/rank0", [chunk(1)]), file("/step/old", [chunk(9)])))
+    ns = Metadata(engine.open())
+    ns.commits.commit((file("/.step.saving/rank0", [chunk(1)]), file("/step/old", [chunk(9)])))
     last = (file("/.step.saving/.metadata", [chunk(2)]),)
     with pytest.raises(DirectoryNotEmpty):  # the old checkpoint is there, not to be replaced
-        ns.rename("/.step.saving", "/step", files=last)
-    assert [e.name for e in ns.listdir("/.step.saving").entries] == ["rank0"]  # undone too
-    ns.rename("/.step.saving", "/step", replace_tree=True, files=last)
-    assert [e.name for e in ns.listdir("/step").entries] == [".metadata", "rank0"]
-    assert ns.check_metadata() == []
+        ns.namespace.rename("/.step.saving", "/step", files=last)
+    assert [e.name for e in ns.namespace.listdir("/.step.saving").entries] == [
+        "rank0"
+    ]  # undone too
+    ns.namespace.rename("/.step.saving", "/step", replace_tree=True, files=last)
+    assert [e.name for e in ns.namespace.listdir("/step").entries] == [".metadata", "rank0"]
+    assert ns.records.check_metadata() == []
 
 
 def test_a_deep_path_is_found_in_one_statement(engine: Engine, statements: Counter[str]) -> None:
-    ns = Namespace(engine.open())
-    ns.commit((file("/a/b/c/d/e/f/g/h", [chunk(1)]),))
+    ns = Metadata(engine.open())
+    ns.commits.commit((file("/a/b/c/d/e/f/g/h", [chunk(1)]),))
     statements.clear()
-    assert ns.stat("/a/b/c/d/e/f/g/h").size == chunk(1).length
+    assert ns.namespace.stat("/a/b/c/d/e/f/g/h").size == chunk(1).length
     if engine.name == "postgresql":  # across a network: one round trip, not eight
         assert sum(statements.values()) == 1, statements
     with pytest.raises(NotADirectory):
-        ns.stat("/a/b/c/d/e/f/g/h/i")
+        ns.namespace.stat("/a/b/c/d/e/f/g/h/i")
     with pytest.raises(NotFound):
-        ns.stat("/a/b/c/x/e")
+        ns.namespace.stat("/a/b/c/x/e")

@@ -33,24 +33,24 @@ from graben.store import (
     NotFound,
 )
 from graben.store._types import Change, Extent, FileCommit, NodeState
-from graben.store.meta._namespace import Namespace
+from graben.store.meta import Metadata
 from graben.store.meta._repo import Inode, Tx
 
 
 @pytest.fixture
-def ns(engine: Engine) -> Namespace:
-    return Namespace(engine.open())
+def ns(engine: Engine) -> Metadata:
+    return Metadata(engine.open())
 
 
 # -- the store itself ---------------------------------------------------------------------
 
 
 def test_a_new_store_has_a_root_an_id_and_the_latest_schema(engine: Engine) -> None:
-    first = Namespace(engine.open())
-    assert first.stat("/").kind == "directory"
+    first = Metadata(engine.open())
+    assert first.namespace.stat("/").kind == "directory"
     assert len(first.store_id) == 32 and int(first.store_id, 16)
     assert engine.version() == MIGRATIONS
-    again = Namespace(engine.open(create=False))
+    again = Metadata(engine.open(create=False))
     assert again.store_id == first.store_id
     assert engine.version() == MIGRATIONS
 
@@ -98,111 +98,113 @@ def test_a_failed_transaction_rolls_back_everything(engine: Engine) -> None:
 # -- names -----------------------------------------------------------------------------------
 
 
-def test_directories_give_the_same_outcomes(ns: Namespace) -> None:
-    assert ns.mkdir("/a/b/c", parents=True).path == "/a/b/c"
+def test_directories_give_the_same_outcomes(ns: Metadata) -> None:
+    assert ns.namespace.mkdir("/a/b/c", parents=True).path == "/a/b/c"
     with pytest.raises(AlreadyExists):
-        ns.mkdir("/a/b")
-    assert ns.mkdir("/a/b", exist_ok=True).kind == "directory"
+        ns.namespace.mkdir("/a/b")
+    assert ns.namespace.mkdir("/a/b", exist_ok=True).kind == "directory"
     with pytest.raises(NotFound):
-        ns.mkdir("/x/y")
-    ns.commit((file("/a/f", [chunk(1)]),))
+        ns.namespace.mkdir("/x/y")
+    ns.commits.commit((file("/a/f", [chunk(1)]),))
     with pytest.raises(NotADirectory):
-        ns.mkdir("/a/f/g", parents=True)
+        ns.namespace.mkdir("/a/f/g", parents=True)
     with pytest.raises(DirectoryNotEmpty):
-        ns.remove("/a")
-    assert [e.path for e in ns.listdir("/a/f").entries] == ["/a/f"]  # a file lists as itself
-    assert ns.usage("/") == (1, 1000)
-    assert ns.remove("/a", recursive=True) == 4  # a, b, c and f
-    assert ns.listdir("/").entries == []
+        ns.namespace.remove("/a")
+    assert [e.path for e in ns.namespace.listdir("/a/f").entries] == [
+        "/a/f"
+    ]  # a file lists as itself
+    assert ns.quotas.usage("/") == (1, 1000)
+    assert ns.namespace.remove("/a", recursive=True) == 4  # a, b, c and f
+    assert ns.namespace.listdir("/").entries == []
     with pytest.raises(InvalidPath):
-        ns.remove("/")
+        ns.namespace.remove("/")
 
 
-def test_renames_give_the_same_outcomes(ns: Namespace) -> None:
-    ns.commit((file("/d/one", [chunk(1)]), file("/d/two", [chunk(2)])))
-    ns.mkdir("/e/sub", parents=True)
-    moved = ns.rename("/d/one", "/d/two")  # os.replace: the old /d/two goes
+def test_renames_give_the_same_outcomes(ns: Metadata) -> None:
+    ns.commits.commit((file("/d/one", [chunk(1)]), file("/d/two", [chunk(2)])))
+    ns.namespace.mkdir("/e/sub", parents=True)
+    moved = ns.namespace.rename("/d/one", "/d/two")  # os.replace: the old /d/two goes
     assert (moved.path, moved.size) == ("/d/two", 1000)
     assert names(ns, "/d") == ["two"]
-    ns.commit((file("/e/two", [chunk(3)]),))
+    ns.commits.commit((file("/e/two", [chunk(3)]),))
     with pytest.raises(AlreadyExists):
-        ns.rename("/d/two", "/e/two", replace=False)
+        ns.namespace.rename("/d/two", "/e/two", replace=False)
     with pytest.raises(IsADirectory):
-        ns.rename("/d/two", "/e/sub")
+        ns.namespace.rename("/d/two", "/e/sub")
     with pytest.raises(NotADirectory):
-        ns.rename("/e/sub", "/d/two")
+        ns.namespace.rename("/e/sub", "/d/two")
     with pytest.raises(InvalidPath, match="into itself"):
-        ns.rename("/e", "/e/sub/inner")
-    ns.rename("/e", "/moved/e")  # a whole tree, parents made on the way
+        ns.namespace.rename("/e", "/e/sub/inner")
+    ns.namespace.rename("/e", "/moved/e")  # a whole tree, parents made on the way
     assert names(ns, "/moved/e") == ["sub", "two"]
     with pytest.raises(NotFound):
-        ns.stat("/e")
+        ns.namespace.stat("/e")
     with pytest.raises(DirectoryNotEmpty):
-        ns.rename("/d", "/moved/e")
-    ns.rename("/d", "/moved/e", replace_tree=True)
+        ns.namespace.rename("/d", "/moved/e")
+    ns.namespace.rename("/d", "/moved/e", replace_tree=True)
     assert names(ns, "/moved/e") == ["two"]
-    assert ns.check_metadata() == []
+    assert ns.records.check_metadata() == []
 
 
-def test_listings_sort_by_code_point_and_pages_agree(ns: Namespace) -> None:
+def test_listings_sort_by_code_point_and_pages_agree(ns: Metadata) -> None:
     wanted = ["b", "B", "a", "é", "Z", "_x", "10", "9", "ä", "日本", "a b", "A", "~"]
     for name in wanted:
-        ns.mkdir(f"/d/{name}", parents=True)
+        ns.namespace.mkdir(f"/d/{name}", parents=True)
     seen: list[str] = []
-    page = ns.listdir("/d", limit=3)
+    page = ns.namespace.listdir("/d", limit=3)
     while True:
         seen += [e.path.rsplit("/", 1)[1] for e in page.entries]
         if not page.more:
             break
-        page = ns.listdir("/d", seen[-1], 3, page.directory)
+        page = ns.namespace.listdir("/d", seen[-1], 3, page.directory)
     assert seen == sorted(wanted)  # Python's order: code points, as SQLite's BINARY
 
 
-def test_attributes_change_in_place(ns: Namespace) -> None:
-    ns.commit((file("/f", [chunk(1)]),))
-    changed = ns.set_attributes("/f", Change(mode=0o600, mtime_ns=12345))
+def test_attributes_change_in_place(ns: Metadata) -> None:
+    ns.commits.commit((file("/f", [chunk(1)]),))
+    changed = ns.namespace.set_attributes("/f", Change(mode=0o600, mtime_ns=12345))
     assert (changed.mode, changed.mtime_ns, changed.generation) == (0o600, 12345, 1)
-    assert ns.stat("/f").mode == 0o600
+    assert ns.namespace.stat("/f").mode == 0o600
 
 
 # -- files and chunks ---------------------------------------------------------------------------
 
 
 def test_commits_count_references_and_overwrites_release_them(engine: Engine) -> None:
-    ns = Namespace(engine.open())
+    ns = Metadata(engine.open())
     shared, a, b = chunk(1), chunk(2), chunk(3)
-    first = ns.commit((file("/f", [shared, a, shared]),))[0]
+    first = ns.commits.commit((file("/f", [shared, a, shared]),))[0]
     assert (first.size, first.generation) == (3000, 1)
     assert (refs(engine, shared), refs(engine, a)) == (2, 1)
-    layout = ns.layout("/f")
+    layout = ns.namespace.layout("/f")
     assert [x.chunk.id for x in layout.extents] == [shared.id, a.id, shared.id]
     assert layout.replicas == {shared.id: ("n1",), a.id: ("n1",)}
-    ns.commit((file("/g", [shared]),))
-    second = ns.commit((file("/f", [b]),))[0]
+    ns.commits.commit((file("/g", [shared]),))
+    second = ns.commits.commit((file("/f", [b]),))[0]
     assert second.generation == 2
     assert (refs(engine, shared), refs(engine, a), refs(engine, b)) == (1, 0, 1)
-    assert ns.check_metadata() == []
-    assert [c for c, _ in ns.collectable(0)] == [a.id]  # the one chunk no file uses
-    assert ns.collectable(0) == []
-    ns.remove("/g")
-    assert ns.check_metadata() == []
+    assert ns.records.check_metadata() == []
+    assert [c for c, _ in ns.records.collectable(0)] == [a.id]  # the one chunk no file uses
+    assert ns.records.collectable(0) == []
+    ns.namespace.remove("/g")
+    assert ns.records.check_metadata() == []
 
 
-def test_exclusive_commits_and_unknown_chunks_are_refused(ns: Namespace) -> None:
-    ns.commit((file("/f", [chunk(1)]),))
+def test_exclusive_commits_and_unknown_chunks_are_refused(ns: Metadata) -> None:
+    ns.commits.commit((file("/f", [chunk(1)]),))
     with pytest.raises(AlreadyExists):
-        ns.commit((file("/f", [chunk(2)], mode="create"),))
+        ns.commits.commit((file("/f", [chunk(2)], mode="create"),))
     missing = FileCommit("/g", (Extent(0, 1000, chunk(9), 0),))  # no stored chunk either
     with pytest.raises(IntegrityError, match="does not hold"):
-        ns.commit((missing,))
+        ns.commits.commit((missing,))
     with pytest.raises(IsADirectory):
-        ns.commit((file("/", [chunk(1)]),))
+        ns.commits.commit((file("/", [chunk(1)]),))
     assert names(ns, "/") == ["f"]
 
 
-def test_a_commit_group_keeps_each_batch_whole(ns: Namespace) -> None:
-    ns.commit((file("/taken", [chunk(1)]),))
-    results = ns.commit_group(
+def test_a_commit_group_keeps_each_batch_whole(ns: Metadata) -> None:
+    ns.commits.commit((file("/taken", [chunk(1)]),))
+    results = ns.commits.commit_group(
         [
             (file("/a", [chunk(2)]),),
             (file("/b", [chunk(3)]), file("/taken", [chunk(4)], mode="create")),
@@ -212,12 +214,12 @@ def test_a_commit_group_keeps_each_batch_whole(ns: Namespace) -> None:
     assert isinstance(results[1], AlreadyExists)
     assert [r[0].path for r in (results[0], results[2]) if isinstance(r, list)] == ["/a", "/c"]
     assert names(ns, "/") == ["a", "c", "taken"]  # /b went with its batch
-    assert ns.check_metadata() == []
+    assert ns.records.check_metadata() == []
 
 
-def test_a_failed_batch_takes_its_new_directories_with_it(ns: Namespace) -> None:
-    ns.commit((file("/taken", [chunk(1)]),))
-    results = ns.commit_group(
+def test_a_failed_batch_takes_its_new_directories_with_it(ns: Metadata) -> None:
+    ns.commits.commit((file("/taken", [chunk(1)]),))
+    results = ns.commits.commit_group(
         [
             (file("/d/e/a", [chunk(2)]), file("/taken", [chunk(3)], mode="create")),
             (file("/d/e/b", [chunk(4)]),),  # its directories are made again, not remembered
@@ -226,14 +228,14 @@ def test_a_failed_batch_takes_its_new_directories_with_it(ns: Namespace) -> None
     assert isinstance(results[0], AlreadyExists)
     assert isinstance(results[1], list)
     assert names(ns, "/d/e") == ["b"]
-    assert ns.check_metadata() == []
+    assert ns.records.check_metadata() == []
 
 
 def test_pages_of_extents_and_chunks(engine: Engine) -> None:
-    ns = Namespace(engine.open())
+    ns = Metadata(engine.open())
     chunks = [chunk(i) for i in range(10)]
-    ns.commit((file("/big", chunks),))
-    ns.commit((file("/other", chunks[:2]),))
+    ns.commits.commit((file("/big", chunks),))
+    ns.commits.commit((file("/other", chunks[:2]),))
     with engine.open().read() as tx:
         node = tx.lookup(1, "big")
         assert node is not None
@@ -246,7 +248,7 @@ def test_pages_of_extents_and_chunks(engine: Engine) -> None:
         assert tx.path_of(node.id) == "/big"
     seen, after = [], ""
     while True:
-        page_ = ns.chunk_refs(after, 3)
+        page_ = ns.records.chunk_refs(after, 3)
         seen += [c.id for c, _ in page_.chunks]
         if not page_.after:
             break
@@ -254,48 +256,52 @@ def test_pages_of_extents_and_chunks(engine: Engine) -> None:
     assert seen == sorted(c.id for c in chunks)
 
 
-def test_nodes_heartbeats_and_repair_bookkeeping(ns: Namespace) -> None:
+def test_nodes_heartbeats_and_repair_bookkeeping(ns: Metadata) -> None:
     for i in (1, 2, 3):
-        ns.heartbeat(NodeState(f"n{i}", f"127.0.0.1:{9000 + i}", f"rack{i}", 10, 20))
-    assert [(n.id, n.alive) for n in ns.nodes()] == [("n1", True), ("n2", True), ("n3", True)]
+        ns.nodes.heartbeat(NodeState(f"n{i}", f"127.0.0.1:{9000 + i}", f"rack{i}", 10, 20))
+    assert [(n.id, n.alive) for n in ns.nodes.listed()] == [
+        ("n1", True),
+        ("n2", True),
+        ("n3", True),
+    ]
     c = chunk(1)
-    ns.commit((file("/f", [c], nodes=("n2", "n1"), replication=3),))
-    short = ns.degraded()
+    ns.commits.commit((file("/f", [c], nodes=("n2", "n1"), replication=3),))
+    short = ns.records.degraded()
     assert [(d.chunk.id, d.live, d.want) for d in short] == [(c.id, ("n1", "n2"), 3)]
-    ns.record_copies({c.id: ("n3",)})
-    assert ns.degraded() == []
-    ns.report_bad(c.id, "n2", "crc mismatch")
-    assert [d.live for d in ns.degraded()] == [("n1", "n3")]
-    assert ns.health().degraded == 1
+    ns.records.record_copies({c.id: ("n3",)})
+    assert ns.records.degraded() == []
+    ns.records.report_bad(c.id, "n2", "crc mismatch")
+    assert [d.live for d in ns.records.degraded()] == [("n1", "n3")]
+    assert ns.nodes.health().degraded == 1
 
 
 # -- damage made behind graben's back ---------------------------------------------------------
 
 
 @pytest.fixture
-def damaged(engine: Engine) -> Namespace:
+def damaged(engine: Engine) -> Metadata:
     """A store of five files in /d, each of three chunks, ready to be damaged."""
-    ns = Namespace(engine.open())
+    ns = Metadata(engine.open())
     for i in range(5):
-        ns.commit((file(f"/d/file-{i}", [chunk(10 * i + j) for j in range(3)]),))
-    assert ns.check_metadata() == []
+        ns.commits.commit((file(f"/d/file-{i}", [chunk(10 * i + j) for j in range(3)]),))
+    assert ns.records.check_metadata() == []
     return ns
 
 
-def _details(ns: Namespace) -> str:
-    return " / ".join(p.detail for p in ns.check_metadata())
+def _details(ns: Metadata) -> str:
+    return " / ".join(p.detail for p in ns.records.check_metadata())
 
 
-def test_an_extent_naming_a_chunk_the_store_lacks(engine: Engine, damaged: Namespace) -> None:
+def test_an_extent_naming_a_chunk_the_store_lacks(engine: Engine, damaged: Metadata) -> None:
     engine.sql("UPDATE extents SET chunk = %s WHERE chunk = %s", "f" * 64, chunk(21).id)
     with pytest.raises(IntegrityError, match=r"chunk row.*/d/file-2"):
-        damaged.layout("/d/file-2")
-    assert damaged.layout("/d/file-1").info.size == 3000
+        damaged.namespace.layout("/d/file-2")
+    assert damaged.namespace.layout("/d/file-1").info.size == 3000
     details = _details(damaged)
     assert "no chunk row" in details and "refs" in details
 
 
-def test_a_changed_file_size_is_found(engine: Engine, damaged: Namespace) -> None:
+def test_a_changed_file_size_is_found(engine: Engine, damaged: Metadata) -> None:
     engine.sql(
         "UPDATE inodes SET size = size + 16384 WHERE size = 3000 AND id = "
         "(SELECT inode FROM entries WHERE name = 'file-0')"
@@ -308,9 +314,9 @@ def test_a_changed_file_size_is_found(engine: Engine, damaged: Namespace) -> Non
     assert "size is 19384" in _details(damaged)
 
 
-def test_an_entry_naming_a_missing_inode_is_found(engine: Engine, damaged: Namespace) -> None:
+def test_an_entry_naming_a_missing_inode_is_found(engine: Engine, damaged: Metadata) -> None:
     engine.sql("UPDATE entries SET inode = 999999 WHERE name = 'file-2'")  # sum made anew
-    for look in (lambda: names(damaged, "/d"), lambda: damaged.stat("/d/file-2")):
+    for look in (lambda: names(damaged, "/d"), lambda: damaged.namespace.stat("/d/file-2")):
         with pytest.raises(IntegrityError, match="names inode 999999, which does not exist"):
             look()  # never a listing that leaves it out, nor "no such file"
     details = _details(damaged)
@@ -319,16 +325,16 @@ def test_an_entry_naming_a_missing_inode_is_found(engine: Engine, damaged: Names
 
 
 def test_a_wrong_reference_count_is_found_and_never_collected(
-    engine: Engine, damaged: Namespace
+    engine: Engine, damaged: Metadata
 ) -> None:
     engine.sql("UPDATE chunks SET refs = 0 WHERE id = %s", chunk(31).id)
     assert "counts 0 refs but 1" in _details(damaged)
-    assert damaged.collectable(0) == []  # an extent still names it
-    assert damaged.layout("/d/file-3").info.size == 3000
+    assert damaged.records.collectable(0) == []  # an extent still names it
+    assert damaged.namespace.layout("/d/file-3").info.size == 3000
 
 
-def test_a_row_that_does_not_decode_is_found(engine: Engine, damaged: Namespace) -> None:
+def test_a_row_that_does_not_decode_is_found(engine: Engine, damaged: Metadata) -> None:
     engine.sql("UPDATE chunks SET id = %s WHERE id = %s", "not-a-chunk-id", chunk(41).id)
     assert "does not decode" in _details(damaged)
-    listed = [c.id for c, _ in damaged.chunk_refs("", 1000).chunks]
+    listed = [c.id for c, _ in damaged.records.chunk_refs("", 1000).chunks]
     assert len(listed) == 14 and "not-a-chunk-id" not in listed

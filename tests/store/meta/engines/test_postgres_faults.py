@@ -1,6 +1,6 @@
 """Several metadata services on one engine, and an engine that fails under them.
 
-Two ``Namespace``s on one store stand for two metadata services: each has
+Two ``Metadata``s on one store stand for two metadata services: each has
 its own repository (its own connections), as two processes on two hosts
 would. They race on the same directory, the same path, the same chunks; the
 races run on SQLite too, whose single writer is the behaviour PostgreSQL
@@ -36,7 +36,7 @@ from pg_kit import (  # noqa: F401  (fixtures)
 )
 
 from graben.store import AlreadyExists, GrabenError, NotFound, PermissionDenied, Unavailable
-from graben.store.meta._namespace import Namespace
+from graben.store.meta import Metadata
 from graben.store.meta._repo import ROOT_INODE
 from graben.store.meta.engines._postgres import PostgresRepository
 from graben.store.meta.engines._postgres_schema import (
@@ -50,8 +50,8 @@ WORKERS = 6
 ROUNDS = 5
 
 
-def _services(engine: Engine) -> list[Namespace]:
-    return [Namespace(engine.open()), Namespace(engine.open())]
+def _services(engine: Engine) -> list[Metadata]:
+    return [Metadata(engine.open()), Metadata(engine.open())]
 
 
 def _together(work: Callable[[int], Any], workers: int = WORKERS) -> list[Any]:
@@ -66,9 +66,9 @@ def _together(work: Callable[[int], Any], workers: int = WORKERS) -> list[Any]:
         return list(pool.map(run, range(workers)))
 
 
-def _reachable(ns: Namespace, path: str = "/") -> int:
+def _reachable(ns: Metadata, path: str = "/") -> int:
     """Inodes reachable from ``path`` (itself included)."""
-    entries = ns.listdir(path, limit=10_000).entries
+    entries = ns.namespace.listdir(path, limit=10_000).entries
     if entries and entries[0].path == path:  # a file lists as itself
         return 1
     return 1 + sum(_reachable(ns, e.path) if e.is_dir else 1 for e in entries)
@@ -88,11 +88,11 @@ def test_two_services_commit_into_one_directory_without_losing_an_entry(engine: 
         for i in range(0, files, 2):  # half alone, half as a group commit of two batches
             one, two = (file(p, [shared, chunk(zlib.crc32(p.encode()))]) for p in paths[i : i + 2])
             if i % 4:
-                ns.commit((one,))
-                ns.commit((two,))
+                ns.commits.commit((one,))
+                ns.commits.commit((two,))
             else:
-                assert all(isinstance(r, list) for r in ns.commit_group([(one,), (two,)]))
-        ns.commit((file(f"{base}/deep/a/b/c/w{worker}", [shared]),))  # parents made by all
+                assert all(isinstance(r, list) for r in ns.commits.commit_group([(one,), (two,)]))
+        ns.commits.commit((file(f"{base}/deep/a/b/c/w{worker}", [shared]),))  # parents made by all
         return paths
 
     for round_ in range(ROUNDS):
@@ -103,7 +103,7 @@ def test_two_services_commit_into_one_directory_without_losing_an_entry(engine: 
         assert names(services[0], f"{base}/deep/a/b") == ["c"]
         assert len(names(services[1], f"{base}/deep/a/b/c")) == WORKERS
     assert refs(engine, shared) == ROUNDS * WORKERS * (files + 1)
-    assert services[0].check_metadata() == []
+    assert services[0].records.check_metadata() == []
 
 
 def test_racing_exclusive_creates_have_one_winner(engine: Engine) -> None:
@@ -113,17 +113,17 @@ def test_racing_exclusive_creates_have_one_winner(engine: Engine) -> None:
 
         def attempt(worker: int, path: str = path) -> int | None:
             try:
-                services[worker % 2].commit((file(path, [chunk(worker)], mode="create"),))
+                services[worker % 2].commits.commit((file(path, [chunk(worker)], mode="create"),))
             except AlreadyExists:
                 return None
             return worker
 
         winners = [w for w in _together(attempt) if w is not None]
         assert len(winners) == 1
-        layout = services[1].layout(path)
+        layout = services[1].namespace.layout(path)
         assert layout.info.generation == 1
         assert [x.chunk.id for x in layout.extents] == [chunk(winners[0]).id]
-    assert services[0].check_metadata() == []
+    assert services[0].records.check_metadata() == []
 
 
 def test_racing_overwrites_count_every_version(engine: Engine) -> None:
@@ -132,27 +132,27 @@ def test_racing_overwrites_count_every_version(engine: Engine) -> None:
 
     def overwrite(worker: int) -> None:
         for _ in range(versions):
-            services[worker % 2].commit((file("/hot", [chunk(worker)]),))
+            services[worker % 2].commits.commit((file("/hot", [chunk(worker)]),))
 
     _together(overwrite)
-    info = services[0].stat("/hot")
+    info = services[0].namespace.stat("/hot")
     assert info.generation == WORKERS * versions  # no version lost its increment
     assert sorted(refs(engine, chunk(w)) for w in range(WORKERS)) == [0] * (WORKERS - 1) + [1]
-    assert services[1].check_metadata() == []
-    assert len(services[1].collectable(0)) == WORKERS - 1
+    assert services[1].records.check_metadata() == []
+    assert len(services[1].records.collectable(0)) == WORKERS - 1
 
 
 def test_racing_directory_renames_never_cut_a_tree_loose(engine: Engine) -> None:
     services = _services(engine)
     for round_ in range(4 * ROUNDS):
         base = f"/c{round_}"
-        services[0].mkdir(f"{base}/a/inside", parents=True)
-        services[0].mkdir(f"{base}/b")
+        services[0].namespace.mkdir(f"{base}/a/inside", parents=True)
+        services[0].namespace.mkdir(f"{base}/b")
         moves = [(f"{base}/a", f"{base}/b/a"), (f"{base}/b", f"{base}/a/b")]
 
         def move(worker: int, moves: list[tuple[str, str]] = moves) -> str:
             try:
-                services[worker].rename(*moves[worker])
+                services[worker].namespace.rename(*moves[worker])
             except GrabenError as exc:
                 return type(exc).__name__
             return "moved"
@@ -160,30 +160,30 @@ def test_racing_directory_renames_never_cut_a_tree_loose(engine: Engine) -> None
         assert "moved" in _together(move, 2)
     (total,) = engine.sql("SELECT COUNT(*) FROM inodes")[0]
     assert _reachable(services[0]) == total  # no cycle hangs loose from the root
-    assert services[1].check_metadata() == []
+    assert services[1].records.check_metadata() == []
 
 
 def test_collection_never_takes_a_chunk_a_racing_commit_uses(engine: Engine) -> None:
     services = _services(engine)
     for round_ in range(4 * ROUNDS):
         reused = chunk(10_000 + round_)
-        services[0].commit((file(f"/gc/old{round_}", [reused]),))
-        services[0].remove(f"/gc/old{round_}")  # unreferenced now, collectable at once
+        services[0].commits.commit((file(f"/gc/old{round_}", [reused]),))
+        services[0].namespace.remove(f"/gc/old{round_}")  # unreferenced now, collectable at once
 
         def race(worker: int, round_: int = round_, reused: Any = reused) -> None:
             if worker == 0:
-                services[0].collectable(0)
+                services[0].records.collectable(0)
             else:
-                services[1].commit((file(f"/gc/new{round_}", [reused]),))
+                services[1].commits.commit((file(f"/gc/new{round_}", [reused]),))
 
         _together(race, 2)
-        assert services[1].layout(f"/gc/new{round_}").extents[0].chunk == reused
+        assert services[1].namespace.layout(f"/gc/new{round_}").extents[0].chunk == reused
         assert refs(engine, reused) == 1
-    assert services[0].check_metadata() == []
+    assert services[0].records.check_metadata() == []
 
 
 def test_services_starting_together_on_a_new_database_make_one_store(engine: Engine) -> None:
-    ids = _together(lambda _: Namespace(engine.open()).store_id, 4)
+    ids = _together(lambda _: Metadata(engine.open()).store_id, 4)
     assert len(set(ids)) == 1
     assert engine.version() == MIGRATIONS
 
@@ -192,10 +192,10 @@ def test_services_starting_together_on_a_new_database_make_one_store(engine: Eng
 
 
 @pytest.fixture
-def pg_services(pg_url: str) -> Iterator[list[Namespace]]:
+def pg_services(pg_url: str) -> Iterator[list[Metadata]]:
     repos = [PostgresRepository(pg_url, create=True) for _ in range(2)]
     try:
-        yield [Namespace(repo) for repo in repos]
+        yield [Metadata(repo) for repo in repos]
     finally:
         for repo in repos:
             repo.close()
@@ -211,20 +211,20 @@ def _kill_connections(server: PgServer, database: str) -> int:
 
 
 def test_connections_killed_while_idle_are_replaced_unseen(
-    pg_server: PgServer, pg_database: str, pg_services: list[Namespace]
+    pg_server: PgServer, pg_database: str, pg_services: list[Metadata]
 ) -> None:
     one, two = pg_services
-    one.mkdir("/before")
-    two.stat("/before")
+    one.namespace.mkdir("/before")
+    two.namespace.stat("/before")
     for round_ in range(ROUNDS):
         assert _kill_connections(pg_server, pg_database) >= 2  # each service's pooled one
-        one.mkdir(f"/after-{round_}")  # a write, then a read, each on a new connection
-        assert two.stat(f"/after-{round_}").kind == "directory"
+        one.namespace.mkdir(f"/after-{round_}")  # a write, then a read, each on a new connection
+        assert two.namespace.stat(f"/after-{round_}").kind == "directory"
     assert len(names(two, "/")) == ROUNDS + 1
 
 
 def test_writes_through_a_restart_are_whole_or_absent(
-    pg_server: PgServer, pg_services: list[Namespace]
+    pg_server: PgServer, pg_services: list[Metadata]
 ) -> None:
     committed: list[str] = []
     refused: list[tuple[str, Unavailable]] = []
@@ -236,7 +236,7 @@ def test_writes_through_a_restart_are_whole_or_absent(
             path = f"/w{worker}/f{i}"
             parts = [chunk(worker * 10**6 + i), chunk(worker * 10**6 + i + 500_000)]
             try:
-                pg_services[worker % 2].commit((file(path, parts),))
+                pg_services[worker % 2].commits.commit((file(path, parts),))
                 committed.append(path)
             except Unavailable as exc:
                 refused.append((path, exc))
@@ -253,37 +253,37 @@ def test_writes_through_a_restart_are_whole_or_absent(
     assert committed
     ns = pg_services[0]
     for path in committed:
-        assert len(ns.layout(path).extents) == 2
+        assert len(ns.namespace.layout(path).extents) == 2
     for path, exc in refused:  # whole if the commit got through before the cut, else absent
         assert pg_server.password not in str(exc)
         with contextlib.suppress(NotFound):
-            assert len(ns.layout(path).extents) == 2
-    assert ns.check_metadata() == []
+            assert len(ns.namespace.layout(path).extents) == 2
+    assert ns.records.check_metadata() == []
     for service in pg_services:  # both serve again at once
-        service.commit((file(f"/after/{uuid.uuid4().hex}", [chunk(1)]),))
+        service.commits.commit((file(f"/after/{uuid.uuid4().hex}", [chunk(1)]),))
 
 
 def test_a_server_that_stays_down_is_a_clear_unavailable(pg_server: PgServer, pg_url: str) -> None:
     repo = PostgresRepository(pg_url, create=True, wait_s=1.0)
-    ns = Namespace(repo)
+    ns = Metadata(repo)
     try:
-        ns.mkdir("/a")
+        ns.namespace.mkdir("/a")
         pg_server.stop()
         try:
             started = time.monotonic()
             with pytest.raises(Unavailable) as info:
-                ns.mkdir("/b")
+                ns.namespace.mkdir("/b")
             assert time.monotonic() - started < 10
             assert display_url(pg_url) in str(info.value)
             assert pg_server.password not in str(info.value)
             with pytest.raises(Unavailable):
-                ns.stat("/a")
+                ns.namespace.stat("/a")
         finally:
             pg_server.start()
         deadline = time.monotonic() + 30
         while True:  # the pool connects again by itself
             try:
-                ns.mkdir("/b")
+                ns.namespace.mkdir("/b")
                 break
             except Unavailable:
                 assert time.monotonic() < deadline
@@ -294,19 +294,21 @@ def test_a_server_that_stays_down_is_a_clear_unavailable(pg_server: PgServer, pg
 
 
 def test_writers_wait_only_for_the_rows_they_change(
-    pg_url: str, pg_services: list[Namespace]
+    pg_url: str, pg_services: list[Metadata]
 ) -> None:
     one, two = pg_services
-    one.mkdir("/busy")
-    one.mkdir("/free")
-    busy = one.stat("/busy").inode
+    one.namespace.mkdir("/busy")
+    one.namespace.mkdir("/free")
+    busy = one.namespace.stat("/busy").inode
     with psycopg.connect(pg_url) as outside:  # a transaction holding /busy's row
         outside.execute("SELECT 1 FROM inodes WHERE id = %s FOR UPDATE", (busy,))
-        writing = threading.Thread(target=one.commit, args=((file("/busy/f", [chunk(1)]),),))
+        writing = threading.Thread(
+            target=one.commits.commit, args=((file("/busy/f", [chunk(1)]),),)
+        )
         writing.start()
         writing.join(0.5)
         assert writing.is_alive()  # a writer into /busy waits for the row ...
-        two.commit((file("/free/g", [chunk(2)]),))  # ... one elsewhere does not wait
+        two.commits.commit((file("/free/g", [chunk(2)]),))  # ... one elsewhere does not wait
         assert names(two, "/free") == ["g"]
         assert names(two, "/busy") == []  # ... nor do readers
         outside.rollback()
@@ -336,7 +338,7 @@ def test_a_missing_database_is_made_only_when_asked(pg_server: PgServer) -> None
     assert not pg_server.sql("postgres", "SELECT 1 FROM pg_database WHERE datname = %s", name)
     try:
         repo = PostgresRepository(pg_server.url(name), create=True)
-        assert len(Namespace(repo).store_id) == 32
+        assert len(Metadata(repo).store_id) == 32
         repo.close()
     finally:
         pg_server.drop_database(name)
@@ -366,26 +368,26 @@ def test_a_url_of_several_hosts_connects_only_to_the_one_that_takes_writes() -> 
 
 
 def test_amcheck_runs_with_fsck_where_installed(
-    pg_server: PgServer, pg_database: str, pg_services: list[Namespace]
+    pg_server: PgServer, pg_database: str, pg_services: list[Metadata]
 ) -> None:
     pg_server.sql(pg_database, "CREATE EXTENSION amcheck")
     ns = pg_services[0]
     for i in range(20):
-        ns.commit((file(f"/d/f{i}", [chunk(i), chunk(i + 100)]),))
-    assert ns.check_metadata() == []
+        ns.commits.commit((file(f"/d/f{i}", [chunk(i), chunk(i + 100)]),))
+    assert ns.records.check_metadata() == []
 
 
 def test_a_writer_kept_waiting_too_long_is_told_the_engine_is_busy(pg_url: str) -> None:
     repo = PostgresRepository(pg_url, create=True, busy_s=0.5)
-    ns = Namespace(repo)
+    ns = Metadata(repo)
     try:
         with psycopg.connect(pg_url) as outside:  # a transaction holding the root's row
             outside.execute("SELECT 1 FROM inodes WHERE id = 1 FOR UPDATE")
             with pytest.raises(Unavailable, match="busy"):
-                ns.mkdir("/late")
+                ns.namespace.mkdir("/late")
             assert names(ns, "/") == []
             outside.rollback()
-        ns.mkdir("/late")
+        ns.namespace.mkdir("/late")
         assert names(ns, "/") == ["late"]
     finally:
         repo.close()
@@ -399,12 +401,12 @@ def test_a_service_paused_mid_transaction_holds_nobody_up_for_long(engine: Engin
         pytest.skip("SQLite has one writer in one process: no other service to wait")
     paused = psycopg.connect(engine.location, **connect_options(engine.location))
     configure(paused)
-    other = Namespace(engine.open())
+    other = Metadata(engine.open())
     try:
         paused.execute("BEGIN")
         paused.execute("SELECT id FROM inodes WHERE id = %s FOR UPDATE", (ROOT_INODE,))
         started = time.monotonic()
-        other.mkdir("/made-while-the-other-slept")  # needs the root's row
+        other.namespace.mkdir("/made-while-the-other-slept")  # needs the root's row
         waited = time.monotonic() - started
         assert IDLE_IN_TRANSACTION_S - 1 < waited < IDLE_IN_TRANSACTION_S + 3, waited
         with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):  # its tx is gone

@@ -1,30 +1,27 @@
-"""The chunk layer's and the node registry's records, as the metadata service keeps them.
+"""The chunk layer's records, as the metadata service keeps them.
 
-``Bookkeeping`` is the half of ``Namespace`` that works below names and
-files: pages of the chunk records and of a chunk's users (fsck), the
-engine's own consistency check, heartbeats and the node registry, health,
-copies reported bad, repair's new copies and collection. ``Namespace``
-inherits it, so one object executes every metadata request. The writes
-repair makes take the leader's fence (``_leader.py``): a deposed leader's
-are refused.
+``ChunkRecords`` works below names and files: pages of the chunk records and
+of a chunk's users (fsck), the engine's own consistency check, copies
+reported bad, repair's new copies and collection. The writes repair makes
+take the leader's fence (``_leader.py``): a deposed leader's are refused.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from itertools import accumulate
 
-import msgspec
-
 from .._config import page_entries
-from .._errors import InvalidArgument, PermissionDenied
-from .._types import ChunkProblem, Health, NodeState
-from ..transport import ChunkPage, Joined
-from ._leader import GONE_S, fenced_write
-from ._once import write_once
-from ._placement import LOCAL_NODE
-from ._repo import Degraded, Repository, Tx, encrypted
+from .._errors import InvalidArgument
+from .._types import ChunkProblem
+from ..transport import CheckMetadata, ChunkPage, ChunkRefs, ChunkUsers, Collectable, ReportBad
+from ._idempotency import write_once
+from ._leader import fenced_write
+from ._nodes import NodeRegistry
+from ._operations import handles
+from ._repo import Degraded, Repository, Tx
 
 PAGE_BYTES = 64 * 1024
 """Most bytes of text in one page whose entries hold paths (up to 4 KiB each)."""
@@ -32,21 +29,24 @@ PAGE_INLINE_BYTES = 16 << 20
 """Bytes of chunks the engine keeps that one page of the chunk layer carries at most."""
 
 
-class Bookkeeping:
-    """Chunk and node operations over a repository (see ``Namespace``, which sets the
-    attributes below)."""
+class ChunkRecords:
+    """Chunk operations over a repository; ``degraded`` asks ``nodes`` which are alive."""
 
-    repo: Repository
-    """The engine."""
-    store_id: str
-    """The store's id: data nodes and capabilities of another store are refused."""
-    default_replication: int
-    """Copies of each chunk unless a file asks otherwise."""
-    heartbeat_timeout: float
-    """Seconds after its last heartbeat a node counts as dead."""
-    inline_max: int
-    """Largest chunk the engine keeps itself (a small file's bytes); 0: none."""
+    def __init__(self, repo: Repository, nodes: NodeRegistry) -> None:
+        self.repo = repo
+        self._nodes = nodes
 
+    def known(self, chunks: Iterable[str]) -> set[str]:
+        """Which of these chunk ids any metadata names (a chunk row, an extent, a replica)."""
+        with self.repo.read() as tx:
+            return tx.named(chunks)
+
+    def live(self, chunks: Iterable[str]) -> set[str]:
+        """Which of these chunk ids a file uses."""
+        with self.repo.read() as tx:
+            return set(tx.referenced(chunks))
+
+    @handles(ChunkRefs)
     def chunk_refs(self, after: str = "", limit: int = 0) -> ChunkPage:
         """A page of the chunk layer: chunks with ids after ``after``."""
         with self.repo.read() as tx:
@@ -64,6 +64,7 @@ class Bookkeeping:
                 return ChunkPage(kept, chunk.id, inline=held, stripes=striped)
         return ChunkPage(chunks, last, inline=inline, stripes=stripes)
 
+    @handles(ChunkUsers)
     def chunk_users(self, chunk: str, after: int = 0, limit: int = 0) -> list[tuple[int, str]]:
         """A page of the files using a chunk: ``(inode, path)``, ``""`` for an unnamed inode.
 
@@ -80,6 +81,7 @@ class Bookkeeping:
                     break
         return page
 
+    @handles(CheckMetadata)
     def check_metadata(self, limit: int = 0) -> list[ChunkProblem]:
         """Where the engine's tables contradict each other (the first page of it, at most
         ``PAGE_BYTES`` of text: paths may be long)."""
@@ -88,55 +90,7 @@ class Bookkeeping:
         sizes = accumulate(len(p.detail) + sum(map(len, p.paths)) + 200 for p in found)
         return [p for p, size in zip(found, sizes, strict=True) if size <= PAGE_BYTES] or found[:1]
 
-    def heartbeat(self, node: NodeState, store_id: str = "", sealed: str = "none") -> Joined:
-        """Record that a data node is alive, unless it belongs to another store or its
-        encryption at rest (``sealed``: its key's check value, or ``"none"``) is not the
-        store's. The first node to join records the store's (a store that is encrypted
-        stays so); one that differs is not recorded, so nothing is placed on it, and the
-        reply says what the store's is (the node refuses to serve)."""
-        if store_id and store_id != self.store_id:
-            raise PermissionDenied(
-                f"data node {node.id} at {node.address} belongs to store {store_id}, but "
-                f"this metadata service serves store {self.store_id}: is its --engine the "
-                "right database? The node was not let in"
-            )
-        seen = msgspec.structs.replace(node, last_seen=time.time())
-
-        def beat(tx: Tx) -> str:
-            recorded = tx.sealed() or tx.seal(sealed)
-            if recorded == sealed:
-                tx.upsert_node(seen)
-            return recorded
-
-        recorded = self.repo.transact(beat)
-        self.heed_sealing(recorded)
-        return Joined(self.store_id, self.default_replication, sealed=recorded)
-
-    def sealed(self, check: str) -> str:
-        """The store's encryption at rest (a key's check value, or ``"none"``), ``check``
-        recorded first if nothing is yet (an embedded store's first open)."""
-        with self.repo.read() as tx:
-            recorded = tx.sealed()
-        recorded = recorded or self.repo.transact(lambda tx: tx.seal(check))
-        self.heed_sealing(recorded)
-        return recorded
-
-    def heed_sealing(self, recorded: str) -> None:
-        """An encrypted store keeps no file's bytes in its engine, where they would be its
-        only plaintext at rest: once the store records a key (``recorded``), this service
-        keeps nothing inline, tells its writers so (``Settings``) and refuses inline bytes.
-        Learned at start, from the heartbeats it answers and each time it lists the nodes."""
-        if encrypted(recorded):
-            self.inline_max = 0
-
-    def nodes(self) -> list[NodeState]:
-        """Registered data nodes, ``alive`` if heard from within the timeout."""
-        with self.repo.read() as tx:
-            found = tx.nodes()
-            self.heed_sealing(tx.sealed())
-        cutoff = time.time() - self.heartbeat_timeout
-        return [msgspec.structs.replace(n, alive=n.last_seen >= cutoff) for n in found]
-
+    @handles(ReportBad)
     def report_bad(self, chunk: str, node: str, reason: str, fence: int | None = None) -> None:
         """Forget a copy a reader found damaged; repair will delete it and place a new one.
 
@@ -166,31 +120,9 @@ class Bookkeeping:
 
     def degraded(self, limit: int = 1000) -> list[Degraded]:
         """Referenced chunks short of copies on live nodes (what repair works on)."""
-        alive = [n.id for n in self.nodes() if n.alive]
+        alive = [n.id for n in self._nodes.listed() if n.alive]
         with self.repo.read() as tx:
             return tx.degraded(alive, limit)
-
-    def health(self) -> Health:
-        """Nodes, how many chunks are short of copies or of pieces (counted up to 100,000
-        each), the metadata services and which of them leads."""
-        nodes = self.nodes()
-        alive = [n.id for n in nodes if n.alive]
-        with self.repo.read() as tx:
-            # Embedded stores have no registry: their one node is always there.
-            short = len(tx.degraded(alive or [LOCAL_NODE], 100_000))
-            short += len(tx.short_stripes(alive or [LOCAL_NODE], 100_000))
-            bad, now, lease, services = tx.bad_count(), tx.now(), tx.lease(), tx.services()
-        return Health(
-            nodes,
-            short,
-            bad,
-            self.default_replication,
-            self.store_id,
-            [msgspec.structs.replace(s, alive=s.last_seen >= now - GONE_S) for s in services],
-            lease.holder if lease.expires > now else "",
-            lease.fence,
-            self.repo.location,
-        )
 
     def record_copies(self, made: dict[str, tuple[str, ...]], fence: int | None = None) -> None:
         """Record the copies a round of repair has made, chunk -> new nodes, in one
@@ -204,6 +136,7 @@ class Bookkeeping:
 
         fenced_write(self.repo, fence, f"recording {what}", record)
 
+    @handles(Collectable)
     def collectable(
         self, grace_s: float, limit: int = 0, *, key: str = ""
     ) -> list[tuple[str, tuple[str, ...]]]:
