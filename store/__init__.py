@@ -19,6 +19,7 @@ import importlib
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (and re)
 
 if TYPE_CHECKING:
+    from ._classes import check as check_class
     from ._config import (
         TLS,
         Options,
@@ -79,7 +80,6 @@ if TYPE_CHECKING:
     )
     from .fsspec import GrabenFileSystem
     from .transport import Held, SegmentKey
-    from .transport._classes import check as check_class
     from .wire import serve_metrics
     from .wire._auth import read_token_file
 
@@ -104,7 +104,7 @@ _MODULES = {
     ),
     ".fsspec": "GrabenFileSystem",
     ".transport": "Held SegmentKey",
-    ".transport._classes": "check_class=check",
+    "._classes": "check_class=check",
     ".wire": "serve_metrics",
     ".wire._auth": "read_token_file",
 }

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .. import _paths
+from .._classes import StorageClass, parse
 from .._errors import InvalidArgument
 from .._types import ChunkRef, ClassState, Stripe
-from ..transport._classes import StorageClass, parse
 from ._leader import fenced_write
 from ._once import write_once
 from ._repo import ROOT_INODE, Repository, Tx
