@@ -44,6 +44,10 @@ def normalize(path: str) -> str:
     return join_parts(split(path))
 
 
+normalize_path = normalize
+"""``normalize`` by the name ``graben.store`` exports it under."""
+
+
 def split(path: str) -> tuple[str, ...]:
     """The names from the root down to ``path``; ``()`` for the root itself."""
     if not isinstance(path, str):

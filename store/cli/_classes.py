@@ -1,7 +1,7 @@
 """``graben class set|show|clear``: storage classes on store paths.
 
 A class set on a directory rules every file below it that has none nearer
-(``transport/_classes.py`` says what the names mean); the leading metadata
+(``store/_classes/_names.py`` says what the names mean); the leading metadata
 service converts their chunks in the background, once each file is
 unchanged for the class's age.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .._classes import parse
 from .._paths import normalize
-from ..transport._classes import parse
 from . import _render as out
 from ._cmds import Subparsers, _command, _json_flag
 from ._stores import locate, open_client

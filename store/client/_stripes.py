@@ -1,6 +1,6 @@
 """Reading a chunk kept erasure-coded: its K data pieces, or any K pieces and a decode.
 
-The data pieces are the chunk's bytes (``transport/_erasure.py``), so a read
+The data pieces are the chunk's bytes (``store/_classes/_erasure.py``), so a read
 of a healthy stripe fetches them side by side from their K nodes straight
 into the caller's buffer (only the last, padded piece lands in a scratch
 buffer first) and decodes nothing. A piece that is missing, damaged or on a
@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from .._classes import erasure
 from .._errors import GrabenError, IntegrityError, NotFound, Timeout, Unavailable
 from .._types import Extent, Stripe
 from ..transport import ChunkTransport
-from ..transport import _erasure as erasure
 from ._slow import SlowNodes
 
 _RETRYABLE = (IntegrityError, NotFound, Unavailable, Timeout)

@@ -19,10 +19,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .. import _paths
+from .._classes import StorageClass, parse
 from .._errors import InvalidArgument
 from .._types import ChunkRef, ClassState, Stripe
 from ..transport import GetClass, SetClass
-from ..transport._classes import StorageClass, parse
 from ._idempotency import write_once
 from ._leader import fenced_write
 from ._operations import handles

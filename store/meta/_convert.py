@@ -31,13 +31,12 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from .._classes import StorageClass, erasure
 from .._errors import GrabenError, IntegrityError, NotFound
 from .._hashing import content_id, crc32c
 from .._types import ChunkRef, FileLayout, NodeState, Stripe
+from ..tier import Bucket
 from ..transport import ChunkPage, RemoteChunks
-from ..transport import _erasure as erasure
-from ..transport._bucket import Bucket
-from ..transport._classes import StorageClass
 from ._chunks import ChunkRecords
 from ._classes import Classes, Conversion
 from ._placement import live_first, place

@@ -48,6 +48,7 @@ from .._buffers import BufferPool
 from .._config import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, RESERVE, TLS, page_entries
 from .._errors import GrabenError, NoSpace, PermissionDenied, ProtocolError
 from .._types import Capability, ChunkRef, Op, Receipt
+from ..tier import Bucket
 from ..transport import (
     ChunkCall,
     NodeClean,
@@ -58,7 +59,6 @@ from ..transport import (
     ReportBad,
     Written,
 )
-from ..transport._bucket import Bucket
 from ..wire import (
     DEFAULT_IDLE_TIMEOUT,
     Answer,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .._types import ChunkRef
-from ..transport._bucket import Bucket
+from ..tier import Bucket
 from ._chunkstore import LocalChunkStore
 from ._sealed import Sealer
 

@@ -167,7 +167,7 @@ MIGRATIONS = (
     );
     CREATE INDEX changes_by_age ON changes (made_ns);
     """,
-    # 10: storage classes (``transport/_classes.py``): the class set on a directory or
+    # 10: storage classes (``store/_classes/_names.py``): the class set on a directory or
     # file, by inode; and the pieces of each chunk kept erasure-coded, each a chunk file
     # of its own on one node ('' while none holds it), with its stripe's shape.
     """

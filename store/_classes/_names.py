@@ -68,7 +68,7 @@ def parse(text: str) -> StorageClass:
     return StorageClass("ec", k=k, m=m, after_s=after)
 
 
-def check(text: str) -> str:
+def check_class(text: str) -> str:
     """The canonical name of the class ``text`` names; ``InvalidArgument`` if none."""
     return parse(text).name
 

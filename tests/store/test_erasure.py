@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graben.store.transport import _erasure as erasure
+from graben.store._classes import erasure
 
 
 @pytest.mark.parametrize("length", [1, 5, 6, 4095, 1 << 20, (1 << 20) + 7])

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from graben.store import InvalidArgument
-from graben.store.transport._classes import MAX_PIECES, StorageClass, parse
+from graben.store._classes import MAX_PIECES, StorageClass, parse
 
 
 @pytest.mark.parametrize(
