@@ -50,10 +50,10 @@ class Bookkeeping:
     def chunk_refs(self, after: str = "", limit: int = 0) -> ChunkPage:
         """A page of the chunk layer: chunks with ids after ``after``."""
         with self.repo.read() as tx:
-            chunks, last = tx.chunk_page(after, page_entries(limit))
+            chunks, last = tx.chunks.chunk_page(after, page_entries(limit))
             nowhere = [chunk.id for chunk, nodes in chunks if not nodes]
-            stripes = tx.stripes(nowhere) if nowhere else {}
-            inline = tx.inline(c for c in nowhere if c not in stripes)
+            stripes = tx.stripes.stripes(nowhere) if nowhere else {}
+            inline = tx.chunks.inline(c for c in nowhere if c not in stripes)
         size = 0
         for index, (chunk, _) in enumerate(chunks):  # a page of bytes stays a page
             size += len(inline.get(chunk.id, b""))
@@ -72,8 +72,8 @@ class Bookkeeping:
         page: list[tuple[int, str]] = []
         size = 0
         with self.repo.read() as tx:
-            for inode in tx.chunk_users(chunk, after, page_entries(limit)):
-                path = tx.path_of(inode) or ""
+            for inode in tx.files.chunk_users(chunk, after, page_entries(limit)):
+                path = tx.tree.path_of(inode) or ""
                 page.append((inode, path))
                 size += len(path) + 16
                 if size >= PAGE_BYTES:
@@ -103,9 +103,9 @@ class Bookkeeping:
         seen = msgspec.structs.replace(node, last_seen=time.time())
 
         def beat(tx: Tx) -> str:
-            recorded = tx.sealed() or tx.seal(sealed)
+            recorded = tx.identity.sealed() or tx.identity.seal(sealed)
             if recorded == sealed:
-                tx.upsert_node(seen)
+                tx.nodes.upsert_node(seen)
             return recorded
 
         recorded = self.repo.transact(beat)
@@ -116,8 +116,8 @@ class Bookkeeping:
         """The store's encryption at rest (a key's check value, or ``"none"``), ``check``
         recorded first if nothing is yet (an embedded store's first open)."""
         with self.repo.read() as tx:
-            recorded = tx.sealed()
-        recorded = recorded or self.repo.transact(lambda tx: tx.seal(check))
+            recorded = tx.identity.sealed()
+        recorded = recorded or self.repo.transact(lambda tx: tx.identity.seal(check))
         self.heed_sealing(recorded)
         return recorded
 
@@ -132,8 +132,8 @@ class Bookkeeping:
     def nodes(self) -> list[NodeState]:
         """Registered data nodes, ``alive`` if heard from within the timeout."""
         with self.repo.read() as tx:
-            found = tx.nodes()
-            self.heed_sealing(tx.sealed())
+            found = tx.nodes.nodes()
+            self.heed_sealing(tx.identity.sealed())
         cutoff = time.time() - self.heartbeat_timeout
         return [msgspec.structs.replace(n, alive=n.last_seen >= cutoff) for n in found]
 
@@ -144,31 +144,31 @@ class Bookkeeping:
         """
 
         def forget(tx: Tx) -> None:
-            tx.drop_replica(chunk, node)
-            tx.add_bad(chunk, node, reason)
+            tx.chunks.drop_replica(chunk, node)
+            tx.bad.add_bad(chunk, node, reason)
 
         fenced_write(self.repo, fence, f"forgetting the copy of {chunk} on {node}", forget)
 
     def bad_copies(self, limit: int = 1000) -> list[tuple[str, str, str]]:
         """Copies reported damaged and not yet deleted: (chunk, node, reason)."""
         with self.repo.read() as tx:
-            return tx.bad_copies(limit)
+            return tx.bad.bad_copies(limit)
 
     def bad_count(self) -> int:
         """How many copies reported damaged await deletion."""
         with self.repo.read() as tx:
-            return tx.bad_count()
+            return tx.bad.bad_count()
 
     def forget_bad(self, chunk: str, node: str, fence: int | None = None) -> None:
         """Repair has dealt with a damaged copy (under ``fence``, if given)."""
         what = f"forgetting the damaged copy of {chunk}"
-        fenced_write(self.repo, fence, what, lambda tx: tx.forget_bad(chunk, node))
+        fenced_write(self.repo, fence, what, lambda tx: tx.bad.forget_bad(chunk, node))
 
     def degraded(self, limit: int = 1000) -> list[Degraded]:
         """Referenced chunks short of copies on live nodes (what repair works on)."""
         alive = [n.id for n in self.nodes() if n.alive]
         with self.repo.read() as tx:
-            return tx.degraded(alive, limit)
+            return tx.chunks.degraded(alive, limit)
 
     def health(self) -> Health:
         """Nodes, how many chunks are short of copies or of pieces (counted up to 100,000
@@ -177,9 +177,14 @@ class Bookkeeping:
         alive = [n.id for n in nodes if n.alive]
         with self.repo.read() as tx:
             # Embedded stores have no registry: their one node is always there.
-            short = len(tx.degraded(alive or [LOCAL_NODE], 100_000))
-            short += len(tx.short_stripes(alive or [LOCAL_NODE], 100_000))
-            bad, now, lease, services = tx.bad_count(), tx.now(), tx.lease(), tx.services()
+            short = len(tx.chunks.degraded(alive or [LOCAL_NODE], 100_000))
+            short += len(tx.stripes.short_stripes(alive or [LOCAL_NODE], 100_000))
+            bad, now, lease, services = (
+                tx.bad.bad_count(),
+                tx.services.now(),
+                tx.services.lease(),
+                tx.services.services(),
+            )
         return Health(
             nodes,
             short,
@@ -200,7 +205,7 @@ class Bookkeeping:
 
         def record(tx: Tx) -> None:
             for chunk, copies in made.items():
-                tx.add_replicas(chunk, copies)
+                tx.chunks.add_replicas(chunk, copies)
 
         fenced_write(self.repo, fence, f"recording {what}", record)
 
@@ -216,7 +221,7 @@ class Bookkeeping:
         cutoff = time.time_ns() - int(grace_s * 1e9)
 
         def forget(tx: Tx) -> list[tuple[str, tuple[str, ...]]]:
-            gone = tx.forget_unreferenced(cutoff, page_entries(limit))
+            gone = tx.chunks.forget_unreferenced(cutoff, page_entries(limit))
             return [(chunk.id, nodes) for chunk, nodes in gone]
 
         return write_once(self.repo, key, list[tuple[str, tuple[str, ...]]], forget)
