@@ -42,17 +42,17 @@ def changed(tx: Tx, *paths: tuple[str, Inode | None]) -> None:
 def changed_rows(tx: Tx, rows: Sequence[tuple[str, int, int]]) -> None:
     """Record (path, inode, ctime_ns) rows; now and then, forget the oldest."""
     now = time.time_ns()
-    tx.record_changes(rows, now)
+    tx.feed.record_changes(rows, now)
     if random.randrange(PRUNE_ONE_IN) == 0:
-        tx.forget_changes(now - int(KEPT_S * 1e9), PRUNE_ROWS + PRUNE_ONE_IN * len(rows))
+        tx.feed.forget_changes(now - int(KEPT_S * 1e9), PRUNE_ROWS + PRUNE_ONE_IN * len(rows))
 
 
 def feed(repo: Repository, after: int, missing: Sequence[int], limit: int) -> ChangeFeed:
     """The rows numbered after ``after`` and the ``missing`` ones still kept."""
     with repo.read() as tx:
-        oldest, newest = tx.change_bounds()
+        oldest, newest = tx.feed.change_bounds()
         if after < 0:
             return ChangeFeed((), newest, oldest)
         page = min(limit or LIST_PAGE, MAX_PAGE)
-        rows = tx.changes_after(after, missing[:MAX_PAGE], page)
+        rows = tx.feed.changes_after(after, missing[:MAX_PAGE], page)
     return ChangeFeed(tuple(rows), newest, oldest)

@@ -39,21 +39,21 @@ class ChunkRecords:
     def known(self, chunks: Iterable[str]) -> set[str]:
         """Which of these chunk ids any metadata names (a chunk row, an extent, a replica)."""
         with self.repo.read() as tx:
-            return tx.named(chunks)
+            return tx.chunks.named(chunks)
 
     def live(self, chunks: Iterable[str]) -> set[str]:
         """Which of these chunk ids a file uses."""
         with self.repo.read() as tx:
-            return set(tx.referenced(chunks))
+            return set(tx.chunks.referenced(chunks))
 
     @handles(ChunkRefs)
     def chunk_refs(self, after: str = "", limit: int = 0) -> ChunkPage:
         """A page of the chunk layer: chunks with ids after ``after``."""
         with self.repo.read() as tx:
-            chunks, last = tx.chunk_page(after, page_entries(limit))
+            chunks, last = tx.chunks.chunk_page(after, page_entries(limit))
             nowhere = [chunk.id for chunk, nodes in chunks if not nodes]
-            stripes = tx.stripes(nowhere) if nowhere else {}
-            inline = tx.inline(c for c in nowhere if c not in stripes)
+            stripes = tx.stripes.stripes(nowhere) if nowhere else {}
+            inline = tx.chunks.inline(c for c in nowhere if c not in stripes)
         size = 0
         for index, (chunk, _) in enumerate(chunks):  # a page of bytes stays a page
             size += len(inline.get(chunk.id, b""))
@@ -73,8 +73,8 @@ class ChunkRecords:
         page: list[tuple[int, str]] = []
         size = 0
         with self.repo.read() as tx:
-            for inode in tx.chunk_users(chunk, after, page_entries(limit)):
-                path = tx.path_of(inode) or ""
+            for inode in tx.files.chunk_users(chunk, after, page_entries(limit)):
+                path = tx.tree.path_of(inode) or ""
                 page.append((inode, path))
                 size += len(path) + 16
                 if size >= PAGE_BYTES:
@@ -98,31 +98,31 @@ class ChunkRecords:
         """
 
         def forget(tx: Tx) -> None:
-            tx.drop_replica(chunk, node)
-            tx.add_bad(chunk, node, reason)
+            tx.chunks.drop_replica(chunk, node)
+            tx.bad.add_bad(chunk, node, reason)
 
         fenced_write(self.repo, fence, f"forgetting the copy of {chunk} on {node}", forget)
 
     def bad_copies(self, limit: int = 1000) -> list[tuple[str, str, str]]:
         """Copies reported damaged and not yet deleted: (chunk, node, reason)."""
         with self.repo.read() as tx:
-            return tx.bad_copies(limit)
+            return tx.bad.bad_copies(limit)
 
     def bad_count(self) -> int:
         """How many copies reported damaged await deletion."""
         with self.repo.read() as tx:
-            return tx.bad_count()
+            return tx.bad.bad_count()
 
     def forget_bad(self, chunk: str, node: str, fence: int | None = None) -> None:
         """Repair has dealt with a damaged copy (under ``fence``, if given)."""
         what = f"forgetting the damaged copy of {chunk}"
-        fenced_write(self.repo, fence, what, lambda tx: tx.forget_bad(chunk, node))
+        fenced_write(self.repo, fence, what, lambda tx: tx.bad.forget_bad(chunk, node))
 
     def degraded(self, limit: int = 1000) -> list[Degraded]:
         """Referenced chunks short of copies on live nodes (what repair works on)."""
         alive = [n.id for n in self._nodes.listed() if n.alive]
         with self.repo.read() as tx:
-            return tx.degraded(alive, limit)
+            return tx.chunks.degraded(alive, limit)
 
     def record_copies(self, made: dict[str, tuple[str, ...]], fence: int | None = None) -> None:
         """Record the copies a round of repair has made, chunk -> new nodes, in one
@@ -132,7 +132,7 @@ class ChunkRecords:
 
         def record(tx: Tx) -> None:
             for chunk, copies in made.items():
-                tx.add_replicas(chunk, copies)
+                tx.chunks.add_replicas(chunk, copies)
 
         fenced_write(self.repo, fence, f"recording {what}", record)
 
@@ -149,7 +149,7 @@ class ChunkRecords:
         cutoff = time.time_ns() - int(grace_s * 1e9)
 
         def forget(tx: Tx) -> list[tuple[str, tuple[str, ...]]]:
-            gone = tx.forget_unreferenced(cutoff, page_entries(limit))
+            gone = tx.chunks.forget_unreferenced(cutoff, page_entries(limit))
             return [(chunk.id, nodes) for chunk, nodes in gone]
 
         return write_once(self.repo, key, list[tuple[str, tuple[str, ...]]], forget)

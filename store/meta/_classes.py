@@ -66,7 +66,7 @@ class Classes:
         parts = _paths.split(path)
 
         def apply(tx: Tx) -> str:
-            tx.set_class(resolve(tx, parts, path).id, canonical)
+            tx.stripes.set_class(resolve(tx, parts, path).id, canonical)
             return canonical
 
         return write_once(self.repo, key, str, apply)
@@ -77,18 +77,18 @@ class Classes:
         have been converted."""
         parts = _paths.split(path)
         with self.repo.read() as tx:
-            chain = tx.walk(parts) if parts else []
+            chain = tx.tree.walk(parts) if parts else []
             node = resolve(tx, parts, path)
             ids = [ROOT_INODE, *(n.id for n in chain)]
-            set_on = tx.classes(ids)
+            set_on = tx.stripes.classes(ids)
             depth = max((d for d, i in enumerate(ids) if i in set_on), default=-1)
             name = set_on[ids[depth]] if depth >= 0 else ""
             source = _paths.join_parts(parts[:depth]) if depth >= 0 else ""
             if node.kind != "file":
                 return ClassState(name, source)
-            chunks = {x.chunk.id for x in tx.extents(node.id)}
-            chunks -= tx.inline(chunks).keys()  # a small file's: the engine's, no class
-            converted = len(tx.stripes(chunks)) if chunks else 0
+            chunks = {x.chunk.id for x in tx.files.extents(node.id)}
+            chunks -= tx.chunks.inline(chunks).keys()  # a small file's: the engine's, no class
+            converted = len(tx.stripes.stripes(chunks)) if chunks else 0
         return ClassState(name, source, len(chunks), converted)
 
     def to_convert(
@@ -99,14 +99,16 @@ class Classes:
         now = time.time_ns() if now_ns is None else now_ns
         found: list[Conversion] = []
         with self.repo.read() as tx:
-            classed = dict(tx.classed())
+            classed = dict(tx.stripes.classed())
             for inode, name in classed.items():
                 target = parse(name)
                 if target.kind not in kinds:
                     continue
                 cutoff = now - target.after_s * 1_000_000_000
                 files = list(_files(tx, inode, classed, cutoff))
-                for chunk, nodes in tx.unstriped(files, limit - len(found)) if files else ():
+                for chunk, nodes in (
+                    tx.stripes.unstriped(files, limit - len(found)) if files else ()
+                ):
                     found.append(Conversion(chunk, nodes, target))
                 if len(found) >= limit:
                     break
@@ -120,9 +122,9 @@ class Classes:
         chunk was striped already)."""
 
         def swap(tx: Tx) -> tuple[str, ...]:
-            old = tx.stripe(chunk, stripe)
+            old = tx.stripes.stripe(chunk, stripe)
             for node in old:
-                tx.add_bad(chunk, node, why)
+                tx.bad.add_bad(chunk, node, why)
             return old
 
         return fenced_write(self.repo, fence, f"recording the stripe of {chunk}", swap)
@@ -132,7 +134,7 @@ class Classes:
     ) -> list[tuple[ChunkRef, Stripe]]:
         """Referenced erasure-coded chunks with a piece on no live node."""
         with self.repo.read() as tx:
-            return tx.short_stripes(alive, limit)
+            return tx.stripes.short_stripes(alive, limit)
 
     def record_pieces(
         self, moved: list[tuple[str, int, str, str]], fence: int | None = None
@@ -141,7 +143,7 @@ class Classes:
 
         def record(tx: Tx) -> None:
             for chunk, index, was, node in moved:
-                tx.place_piece(chunk, index, was, node)
+                tx.stripes.place_piece(chunk, index, was, node)
 
         fenced_write(self.repo, fence, f"recording {len(moved)} pieces made again", record)
 
@@ -149,7 +151,7 @@ class Classes:
 def _files(tx: Tx, top: int, classed: dict[int, str], cutoff_ns: int) -> Iterator[int]:
     """Files at or below inode ``top`` unchanged since ``cutoff_ns``, not below another
     directory with a class of its own (that one's class rules them)."""
-    node = tx.get(top)
+    node = tx.tree.get(top)
     if node is None:
         return
     if node.kind == "file":
@@ -158,7 +160,7 @@ def _files(tx: Tx, top: int, classed: dict[int, str], cutoff_ns: int) -> Iterato
         return
     pending, seen = [top], 0
     while pending and seen < WALK_MAX:
-        for _, child in tx.children(pending.pop()):
+        for _, child in tx.tree.children(pending.pop()):
             seen += 1
             if child.id in classed:
                 continue

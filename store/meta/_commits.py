@@ -92,7 +92,7 @@ class Commits:
         least = self._minimum(copies, min_replicas)
         with self.repo.read() as tx:
             self._quotas.check_room(tx, chunks, paths, sent, copies)
-            held = tx.referenced(c.id for c in chunks)
+            held = tx.chunks.referenced(c.id for c in chunks)
             if mine is not None and held:
                 reached = mine(tx, sorted(held))
                 held = {c: nodes for c, nodes in held.items() if c in reached}
@@ -248,18 +248,18 @@ class Commits:
         # since, as ``Bookkeeping.heed_sealing`` learns it) looks before it keeps a
         # file's bytes, which would be their only plaintext at rest.
         inline = any(s.data is not None for c in commits for s in c.stored)
-        if self._policy.inline_max and inline and encrypted(tx.sealed()):
+        if self._policy.inline_max and inline and encrypted(tx.identity.sealed()):
             self._policy.inline_max = 0
         checked = [self._checked(commit) for commit in commits]
         if len({clean for _, clean, _ in checked}) < len(checked):
             return [info for c in commits for info in self._commit_files(tx, (c,), known, touched)]
-        tx.add_chunks([s for c in commits for s in c.stored])
+        tx.chunks.add_chunks([s for c in commits for s in c.stored])
         _check_held(tx, commits, checked)
         names = []
         for commit, (parts, _, _) in zip(commits, checked, strict=True):
             parent = ensure_dirs(tx, parts[:-1], commit.path, known)
             names.append((parent.id, parts[-1]))
-        olds = tx.locked_entries(names)  # their modes, owners and names carry over
+        olds = tx.tree.locked_entries(names)  # their modes, owners and names carry over
         now = time.time_ns()
         made = []
         for commit, (_, clean, size), name in zip(commits, checked, names, strict=True):
@@ -271,9 +271,9 @@ class Commits:
             if old is None:
                 touched[name[0]] = now  # its times move once, at the end (see ``_touch``)
             else:
-                tx.unlink(*name)
+                tx.tree.unlink(*name)
             made.append((*name, NewFile(self._attributes(commit, old, size, now), commit.extents)))
-        nodes = tx.create_files(made)
+        nodes = tx.files.create_files(made)
         self._quotas.charge(
             tx,
             [
@@ -285,8 +285,8 @@ class Commits:
             old = olds.get(name)
             if old is not None:  # after the new one is numbered: SQLite would reuse its number
                 if old.nlink > 1:
-                    tx.relink(old.id, node.id)  # its other names see the new version too
-                tx.delete(old.id)
+                    tx.tree.relink(old.id, node.id)  # its other names see the new version too
+                tx.files.delete(old.id)
         changed_rows(
             tx, [(c, n.id, n.ctime_ns) for (_, c, _), n in zip(checked, nodes, strict=True)]
         )
@@ -328,7 +328,7 @@ def _touch(tx: Tx, touched: Touched) -> None:
     not 64 times, and holds that row's lock only from here to the commit, so writers of
     other services wait for it a moment, not a whole transaction."""
     for directory in sorted(touched):
-        tx.touch(directory, touched[directory])
+        tx.tree.touch(directory, touched[directory])
 
 
 def _check_held(
@@ -339,7 +339,7 @@ def _check_held(
     stored = {s.chunk.id for c in commits for s in c.stored}
     missing = {x.chunk.id for c in commits for x in c.extents} - stored
     if missing:
-        missing -= tx.known(missing)
+        missing -= tx.chunks.known(missing)
     if not missing:
         return
     gone = min(missing)

@@ -85,7 +85,7 @@ def write_once(repo: Repository, key: str, kind: Any, apply: Callable[[Tx], R]) 
 def recorded(tx: Tx, keys: Iterable[str]) -> dict[str, bytes]:
     """The recorded replies of those of ``keys`` (bound) that were applied, by key id."""
     wanted = [key_id(key) for key in keys if key]
-    return tx.outcomes(wanted) if wanted else {}
+    return tx.keys.outcomes(wanted) if wanted else {}
 
 
 def replayed(reply: bytes, kind: Any, key: str) -> Any:
@@ -114,8 +114,8 @@ def replayed_or_error(reply: bytes, kind: Any, key: str) -> Any:
 def record(tx: Tx, done: list[tuple[str, object]]) -> None:
     """Record each (bound) key's reply in ``tx``; prune keys past their lifetime."""
     now = time.time_ns()
-    tx.record_outcomes(((key_id(key), _stored(key, reply)) for key, reply in done), now)
-    tx.forget_outcomes(now - int(KEY_LIFETIME_S * 1e9), 2 * len(done) + PRUNE_EXTRA)
+    tx.keys.record_outcomes(((key_id(key), _stored(key, reply)) for key, reply in done), now)
+    tx.keys.forget_outcomes(now - int(KEY_LIFETIME_S * 1e9), 2 * len(done) + PRUNE_EXTRA)
 
 
 def _stored(key: str, reply: object) -> bytes:

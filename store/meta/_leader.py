@@ -63,13 +63,13 @@ class Deposed(PermissionDenied):
 
 def claim(tx: Tx, holder: str, now: float, lease_s: float) -> Lease:
     """Renew ``holder``'s lease, or take it if it has expired; the lease as it stands after."""
-    held = tx.lease()
+    held = tx.services.lease()
     if held.holder != holder and held.expires > now:
         return held
     # Its own lease renewed keeps its fence even after lapsing: nobody else held it between.
     fence = held.fence if held.holder == holder else held.fence + 1
     taken = Lease(holder, fence, now + lease_s)
-    tx.set_lease(taken)
+    tx.services.set_lease(taken)
     return taken
 
 
@@ -77,9 +77,9 @@ def beat(repo: Repository, me: ServiceState, lease_s: float) -> Lease:
     """Record the service as alive and claim the lease, in one write transaction."""
 
     def record(tx: Tx) -> Lease:
-        now = tx.now()
-        tx.upsert_service(msgspec.structs.replace(me, started=now, last_seen=now))
-        tx.forget_services(seen_before=now - PRUNE_S)
+        now = tx.services.now()
+        tx.services.upsert_service(msgspec.structs.replace(me, started=now, last_seen=now))
+        tx.services.forget_services(seen_before=now - PRUNE_S)
         return claim(tx, me.id, now, lease_s)
 
     return repo.transact(record)
@@ -89,10 +89,10 @@ def resign(repo: Repository, holder: str) -> None:
     """A service stopping cleanly: give the lease up (if held) and leave the registry."""
 
     def leave(tx: Tx) -> None:
-        held = tx.lease()
+        held = tx.services.lease()
         if held.holder == holder:
-            tx.set_lease(Lease(holder, held.fence, 0.0))
-        tx.forget_services(ids=(holder,))
+            tx.services.set_lease(Lease(holder, held.fence, 0.0))
+        tx.services.forget_services(ids=(holder,))
 
     repo.transact(leave)
 
@@ -103,7 +103,7 @@ def fenced_write(repo: Repository, fence: int | None, what: str, work: Callable[
 
     def run(tx: Tx) -> R:
         if fence is not None:
-            held = tx.lease()  # locked till the commit: nobody takes the lease meanwhile
+            held = tx.services.lease()  # locked till the commit: nobody takes the lease meanwhile
             if held.fence != fence:
                 raise Deposed(
                     f"{what} refused: this service led under fence {fence}, but service "

@@ -51,7 +51,7 @@ class Metadata:
         inline_max: int = INLINE_MAX,
     ) -> None:
         with repo.read() as tx:
-            store_id = tx.store_id()
+            store_id = tx.identity.store_id()
         self.repo = repo
         self.policy = Policy(
             store_id, default_replication, min_replicas, heartbeat_timeout, inline_max

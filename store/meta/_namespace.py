@@ -91,12 +91,12 @@ class Namespace:
         base = _paths.join_parts(parts)
         limit = _page(limit, LIST_PAGE)
         with self.repo.read() as tx:
-            node = tx.get(directory) if directory else resolve(tx, parts, path)
+            node = tx.tree.get(directory) if directory else resolve(tx, parts, path)
             if node is None or (directory and node.kind != "directory"):
                 raise NotFound("the directory was removed while being listed", base)
             if node.kind == "file":
                 return Listing([info(base, node)])
-            page = tx.children_page(node.id, after, limit + 1)
+            page = tx.tree.children_page(node.id, after, limit + 1)
         prefix = base.rstrip("/")
         entries = [info(f"{prefix}/{name}", child) for name, child in page[:limit]]
         return Listing(entries, node.id, len(page) > limit)
@@ -117,17 +117,17 @@ class Namespace:
         clean = _paths.join_parts(parts)
         limit = _page(limit, LAYOUT_PAGE)
         with self.repo.read() as tx:
-            node = tx.get(inode) if inode else resolve(tx, parts, path)
+            node = tx.tree.get(inode) if inode else resolve(tx, parts, path)
             if node is None:
                 raise NotFound("the file was replaced while being opened", clean)
             if node.kind == "directory":
                 raise IsADirectory("is a directory", clean)
-            extents = tx.extents_page(node.id, start, limit + 1)
+            extents = tx.files.extents_page(node.id, start, limit + 1)
             ids = {x.chunk.id for x in extents[:limit]}
-            replicas = tx.replicas(ids)
-            inline = tx.inline(ids - replicas.keys())  # only a chunk no node holds
+            replicas = tx.chunks.replicas(ids)
+            inline = tx.chunks.inline(ids - replicas.keys())  # only a chunk no node holds
             rest = ids - replicas.keys() - inline.keys()
-            stripes = tx.stripes(rest) if rest else {}
+            stripes = tx.stripes.stripes(rest) if rest else {}
         more = len(extents) > limit
         return FileLayout(
             info(clean, node),
@@ -166,7 +166,7 @@ class Namespace:
         def make(tx: Tx) -> FileInfo:
             find = ensure_dirs if parents else resolve_dir
             parent = find(tx, parts[:-1], path)
-            found = tx.lookup(parent.id, parts[-1])
+            found = tx.tree.lookup(parent.id, parts[-1])
             if found is not None:
                 if exist_ok and found.kind == "directory":
                     return info(clean, found)
@@ -188,10 +188,10 @@ class Namespace:
     def _remove(self, tx: Tx, parts: tuple[str, ...], path: str, recursive: bool) -> int:
         clean = _paths.join_parts(parts)
         parent = resolve_dir(tx, parts[:-1], path)
-        node = tx.locked_entry(parent.id, parts[-1])  # a directory: no entry added meanwhile
+        node = tx.tree.locked_entry(parent.id, parts[-1])  # a directory: no entry added meanwhile
         if node is None:
             raise NotFound("no such file or directory", clean)
-        if node.kind == "directory" and not recursive and tx.has_children(node.id):
+        if node.kind == "directory" and not recursive and tx.tree.has_children(node.id):
             raise DirectoryNotEmpty("directory not empty (use recursive)", clean)
         self._unname(tx, parent.id, parts[-1], node)
         changed(tx, (clean, None))
@@ -200,8 +200,8 @@ class Namespace:
     @staticmethod
     def _unname(tx: Tx, parent: int, name: str, node: Inode) -> None:
         """Drop the entry ``name`` (naming ``node``) from ``parent``, which changes."""
-        tx.unlink(parent, name)
-        tx.touch(parent, time.time_ns(), links=-1 if node.kind == "directory" else 0)
+        tx.tree.unlink(parent, name)
+        tx.tree.touch(parent, time.time_ns(), links=-1 if node.kind == "directory" else 0)
 
     def _drop(self, tx: Tx, node: Inode, path: str) -> int:
         """``node`` lost its name ``path``: a file with none left goes, a directory goes
@@ -212,14 +212,14 @@ class Namespace:
             count += 1
             if current.kind == "directory":
                 lock(tx, current)  # no entry is added to it while it goes
-                for name, child in tx.children(current.id):
-                    tx.unlink(current.id, name)
+                for name, child in tx.tree.children(current.id):
+                    tx.tree.unlink(current.id, name)
                     pending.append(child)
-            elif tx.touch(current.id, now, links=-1, modified=False) > 0:
+            elif tx.tree.touch(current.id, now, links=-1, modified=False) > 0:
                 continue  # another name still leads to it
             else:
                 freed = [a + b for a, b in zip(freed, self._quotas.held(current), strict=True)]
-            tx.delete(current.id)
+            tx.files.delete(current.id)
         self._quotas.release(tx, path, (freed[0], freed[1], freed[2]), node.kind == "directory")
         return count
 
@@ -238,13 +238,13 @@ class Namespace:
             if node.kind == "directory":
                 raise IsADirectory("a directory cannot have another name", clean_src)
             parent = resolve_dir(tx, dparts[:-1], dst)
-            if tx.lookup(parent.id, dparts[-1]) is not None:
+            if tx.tree.lookup(parent.id, dparts[-1]) is not None:
                 raise AlreadyExists("file exists", clean_dst)
             self._quotas.check_move(tx, clean_src, clean_dst, node)
             now = time.time_ns()
-            tx.link(parent.id, dparts[-1], node.id)
-            tx.touch(parent.id, now)
-            links = tx.touch(node.id, now, links=1, modified=False)
+            tx.tree.link(parent.id, dparts[-1], node.id)
+            tx.tree.touch(parent.id, now)
+            links = tx.tree.touch(node.id, now, links=1, modified=False)
             linked = dataclasses.replace(node, nlink=links, ctime_ns=max(now, node.ctime_ns))
             changed(tx, (clean_src, linked), (clean_dst, linked))
             return info(clean_dst, linked)
@@ -281,7 +281,7 @@ class Namespace:
                 return self._move(tx, *how, locked=False)
             except _MovesDirectory:
                 # Directories move one at a time; the paths are resolved again under the lock.
-                tx.lock_tree()
+                tx.tree.lock_tree()
                 return self._move(tx, *how, locked=True)
 
         return write_once(self.repo, key, FileInfo, move)
@@ -299,20 +299,20 @@ class Namespace:
         (sparts, src), (dparts, dst) = source, destination
         clean_src, clean_dst = _paths.join_parts(sparts), _paths.join_parts(dparts)
         sparent = resolve_dir(tx, sparts[:-1], src)
-        node = tx.lookup(sparent.id, sparts[-1])
+        node = tx.tree.lookup(sparent.id, sparts[-1])
         if node is None:
             raise NotFound("no such file or directory", clean_src)
         if clean_src == clean_dst:
             return info(clean_dst, node)
         if node.kind == "directory" and not locked:
             raise _MovesDirectory
-        node = tx.locked_entry(sparent.id, sparts[-1])
+        node = tx.tree.locked_entry(sparent.id, sparts[-1])
         if node is None:
             raise NotFound("no such file or directory", clean_src)
         if _paths.is_within(clean_dst, clean_src):
             raise InvalidPath(f"cannot move {clean_src} into itself", clean_dst)
         dparent = ensure_dirs(tx, dparts[:-1], dst)
-        target = tx.locked_entry(dparent.id, dparts[-1])  # a directory: no entry added
+        target = tx.tree.locked_entry(dparent.id, dparts[-1])  # a directory: no entry added
         if target is not None and target.id == node.id:
             return info(clean_dst, node)  # two names of one file: nothing to do (POSIX)
         if target is not None:
@@ -322,9 +322,9 @@ class Namespace:
         self._quotas.check_move(tx, clean_src, clean_dst, node)
         self._unname(tx, sparent.id, sparts[-1], node)
         now = time.time_ns()
-        tx.link(dparent.id, dparts[-1], node.id)
-        tx.touch(dparent.id, now, links=1 if node.kind == "directory" else 0)
-        tx.touch(node.id, now, modified=False)
+        tx.tree.link(dparent.id, dparts[-1], node.id)
+        tx.tree.touch(dparent.id, now, links=1 if node.kind == "directory" else 0)
+        tx.tree.touch(node.id, now, modified=False)
         moved = dataclasses.replace(node, ctime_ns=max(now, node.ctime_ns))
         changed(tx, (clean_src, None), (clean_dst, moved))
         return info(clean_dst, moved)
@@ -338,7 +338,7 @@ class Namespace:
             raise IsADirectory("cannot replace a directory with a file", dst)
         if node.kind == "directory" and target.kind == "file":
             raise NotADirectory("cannot replace a file with a directory", dst)
-        if target.kind == "directory" and not replace_tree and tx.has_children(target.id):
+        if target.kind == "directory" and not replace_tree and tx.tree.has_children(target.id):
             raise DirectoryNotEmpty("destination directory is not empty", dst)
 
     # -- the write path -------------------------------------------------------
@@ -353,7 +353,7 @@ class Namespace:
         def apply(tx: Tx) -> FileInfo:
             node = lock(tx, resolve(tx, parts, clean))
             after = changed_inode(node, change, time.time_ns())
-            tx.update(after)
+            tx.tree.update(after)
             changed(tx, (clean, after))
             return info(clean, after)
 

@@ -29,7 +29,7 @@ class NodeRegistry:
         self.repo = repo
         self.policy = policy
         with repo.read() as tx:
-            self.heed_sealing(tx.sealed())
+            self.heed_sealing(tx.identity.sealed())
 
     @handles(GetStoreId)
     def store_id(self) -> str:
@@ -52,9 +52,9 @@ class NodeRegistry:
         seen = msgspec.structs.replace(node, last_seen=time.time())
 
         def beat(tx: Tx) -> str:
-            recorded = tx.sealed() or tx.seal(sealed)
+            recorded = tx.identity.sealed() or tx.identity.seal(sealed)
             if recorded == sealed:
-                tx.upsert_node(seen)
+                tx.nodes.upsert_node(seen)
             return recorded
 
         recorded = self.repo.transact(beat)
@@ -65,8 +65,8 @@ class NodeRegistry:
         """The store's encryption at rest (a key's check value, or ``"none"``), ``check``
         recorded first if nothing is yet (an embedded store's first open)."""
         with self.repo.read() as tx:
-            recorded = tx.sealed()
-        recorded = recorded or self.repo.transact(lambda tx: tx.seal(check))
+            recorded = tx.identity.sealed()
+        recorded = recorded or self.repo.transact(lambda tx: tx.identity.seal(check))
         self.heed_sealing(recorded)
         return recorded
 
@@ -82,8 +82,8 @@ class NodeRegistry:
     def listed(self) -> list[NodeState]:
         """Registered data nodes, ``alive`` if heard from within the timeout."""
         with self.repo.read() as tx:
-            found = tx.nodes()
-            self.heed_sealing(tx.sealed())
+            found = tx.nodes.nodes()
+            self.heed_sealing(tx.identity.sealed())
         cutoff = time.time() - self.policy.heartbeat_timeout
         return [msgspec.structs.replace(n, alive=n.last_seen >= cutoff) for n in found]
 
@@ -95,9 +95,14 @@ class NodeRegistry:
         alive = [n.id for n in nodes if n.alive]
         with self.repo.read() as tx:
             # Embedded stores have no registry: their one node is always there.
-            short = len(tx.degraded(alive or [LOCAL_NODE], 100_000))
-            short += len(tx.short_stripes(alive or [LOCAL_NODE], 100_000))
-            bad, now, lease, services = tx.bad_count(), tx.now(), tx.lease(), tx.services()
+            short = len(tx.chunks.degraded(alive or [LOCAL_NODE], 100_000))
+            short += len(tx.stripes.short_stripes(alive or [LOCAL_NODE], 100_000))
+            bad, now, lease, services = (
+                tx.bad.bad_count(),
+                tx.services.now(),
+                tx.services.lease(),
+                tx.services.services(),
+            )
         return Health(
             nodes,
             short,

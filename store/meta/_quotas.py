@@ -65,7 +65,7 @@ class Quotas:
         if not changes:
             return
         over = {path: above(path) for path, *_ in changes}
-        quotas = {q.path for q in tx.quotas({d for dirs in over.values() for d in dirs})}
+        quotas = {q.path for q in tx.quotas.quotas({d for dirs in over.values() for d in dirs})}
         totals: dict[str, list[int]] = {}
         first: dict[str, str] = {}
         for path, *delta in changes:
@@ -76,7 +76,7 @@ class Quotas:
                     first.setdefault(directory, path)
         for directory in sorted(totals):  # one order for every writer: none waits in a ring
             files, size, physical = totals[directory]
-            after = tx.add_usage(directory, files, size, physical)
+            after = tx.quotas.add_usage(directory, files, size, physical)
             if after is not None:
                 used = (after.files, after.bytes, after.physical)
                 _refuse_over(after, used, (files, size, physical), first[directory])
@@ -97,7 +97,7 @@ class Quotas:
         if len(paths) != len(chunks) or len(sent) != len(chunks):
             raise InvalidArgument(f"{len(chunks)} chunks to place with {len(paths)} paths")
         clean = [_paths.normalize(p) for p in paths]
-        quotas = {q.path: q for q in tx.quotas({d for p in clean for d in above(p)})}
+        quotas = {q.path: q for q in tx.quotas.quotas({d for p in clean for d in above(p)})}
         if not quotas:
             return
         for ref, path, before in zip(chunks, clean, sent, strict=True):
@@ -112,7 +112,7 @@ class Quotas:
         """``CrossDevice`` unless ``src`` and ``dst`` are under the same quotas; a
         directory's own quotas go with it."""
         froms, tos = set(above(src)), set(above(dst))
-        quotas = {q.path for q in tx.quotas(froms | tos)}
+        quotas = {q.path for q in tx.quotas.quotas(froms | tos)}
         if quotas & froms != quotas & tos:
             raise CrossDevice(
                 f"{src} and {dst} are under different quotas "
@@ -120,13 +120,13 @@ class Quotas:
                 dst,
             )
         if node.kind == "directory":
-            tx.move_quotas(src, dst)
+            tx.quotas.move_quotas(src, dst)
 
     def release(self, tx: Tx, path: str, freed: tuple[int, int, int], directory: bool) -> None:
         """What a removal at ``path`` freed goes back to the quotas above it; a removed
         directory's own quotas go with it."""
         if directory:
-            tx.drop_quotas(path)
+            tx.quotas.drop_quotas(path)
         self.charge(tx, [(path, -freed[0], -freed[1], -freed[2])])
 
     @handles(SetQuota)
@@ -152,16 +152,16 @@ class Quotas:
             node = resolve(tx, parts, clean)
             if node.kind != "directory":
                 raise NotADirectory("a quota is set on a directory", clean)
-            was = tx.quotas([clean])
+            was = tx.quotas.quotas([clean])
             owner = tenant or (was[0].tenant if was else "")
             if not (max_bytes or max_physical or max_files or owner):
-                tx.drop_quotas(clean, tree=False)
+                tx.quotas.drop_quotas(clean, tree=False)
                 return QuotaState(clean, "", 0, 0, 0, 0, 0, 0)
             files, size, physical = self._tree(tx, node)
             quota = QuotaState(
                 clean, owner, max_bytes, max_physical, max_files, size, physical, files
             )
-            tx.set_quota(quota)
+            tx.quotas.set_quota(quota)
             return quota
 
         return write_once(self.repo, key, QuotaState, apply)
@@ -188,9 +188,9 @@ class Quotas:
         """The quotas above, at and below ``path`` (every one: ``""``)."""
         with self.repo.read() as tx:
             if not path:
-                return tx.quotas()
+                return tx.quotas.quotas()
             clean = _paths.normalize(path)
-            return tx.quotas(above(clean)) + tx.quotas_within(clean)
+            return tx.quotas.quotas(above(clean)) + tx.quotas.quotas_within(clean)
 
     def _tree(self, tx: Tx, node: Inode) -> tuple[int, int, int]:
         """(files, bytes, bytes on disk) at and below ``node``, each file once."""
@@ -207,7 +207,7 @@ def _files(tx: Tx, node: Inode) -> Iterator[Inode]:
         if current.kind == "file":
             yield current
         else:
-            pending.extend(child for _, child in tx.children(current.id))
+            pending.extend(child for _, child in tx.tree.children(current.id))
 
 
 def _refuse_over(

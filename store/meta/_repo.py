@@ -2,9 +2,17 @@
 
 An engine (SQLite for one host, PostgreSQL for several) offers transactions
 over three layers: names ``(parent, name) -> inode``, files ``inode ->
-attributes, extents`` and chunks ``id -> length, crc32c, refs, replicas``.
-The namespace logic in ``_namespace.py`` is written once against these
-primitives.
+attributes, extents`` and chunks ``id -> length, crc32c, refs, replicas``,
+and the records beside them. A transaction (``Tx``) holds one narrow
+protocol per concern as an attribute: ``tx.tree`` (names, inodes, locks),
+``tx.files`` (extents), ``tx.chunks`` (chunks and replicas), ``tx.stripes``
+(classes and pieces), in ``_repo_tree.py``; ``tx.tenants``, ``tx.quotas``,
+``tx.feed`` (the change feed), ``tx.keys`` (idempotency keys), ``tx.nodes``,
+``tx.services`` (services, the lease, the clock), ``tx.bad`` (damaged
+copies) and ``tx.identity`` (the store's id, its sealing), in
+``_repo_records.py``. The namespace logic in ``_namespace.py`` is written
+once against these primitives. This module is the interface's one door:
+the engines import all of it from here.
 
 Call order: open a read with ``read()`` and use the returned ``Tx`` only
 inside the ``with`` block. A write is a function of a ``Tx``, handed to
@@ -15,42 +23,80 @@ lets writers of several services commit side by side); so the function
 keeps no state outside its transaction between runs, and its last run's
 result is the one returned. The namespace logic looks, then acts, inside one
 function; what it relies on stays true to the commit because each primitive
-below either takes a row lock or raises ``Conflict`` when a concurrent writer
+either takes a row lock or raises ``Conflict`` when a concurrent writer
 got there first (see docs/architecture.md, "Writes side by side").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
-import msgspec
-
-from .._types import (
-    ChunkProblem,
-    ChunkRef,
-    Extent,
-    Kind,
-    NodeState,
-    PathChange,
-    QuotaState,
-    ServiceState,
-    StoredChunk,
-    Stripe,
-    TokenInfo,
+from .._types import ChunkProblem
+from ._repo_records import (
+    BadCopies,
+    ChangeFeed,
+    Identity,
+    Keys,
+    Lease,
+    Nodes,
+    Quotas,
+    Services,
+    Tenants,
+    TokenRow,
+    encrypted,
+)
+from ._repo_tree import (
+    IN_TIER,
+    INODE_COLUMNS,
+    NEW_INODE_COLUMNS,
+    ROOT_INODE,
+    ChunkRecord,
+    Chunks,
+    Degraded,
+    Files,
+    Inode,
+    NewFile,
+    Stripes,
+    Tree,
+    new_values,
+    tiling_problem,
 )
 
-ROOT_INODE = 1
-IN_TIER = "@s3"
-"""The node a chunk in the S3 tier is recorded on: a stripe of one piece, the chunk itself
-(``Stripe(1, 0, (chunk,), (IN_TIER,))``); no data node holds it for good."""
+__all__ = [
+    "INODE_COLUMNS",
+    "IN_TIER",
+    "NEW_INODE_COLUMNS",
+    "ROOT_INODE",
+    "BadCopies",
+    "ChangeFeed",
+    "ChunkRecord",
+    "Chunks",
+    "Conflict",
+    "Degraded",
+    "Files",
+    "Identity",
+    "Inode",
+    "Keys",
+    "Lease",
+    "NewFile",
+    "Nodes",
+    "Quotas",
+    "R",
+    "Repository",
+    "Services",
+    "Stripes",
+    "Tenants",
+    "TokenRow",
+    "Tree",
+    "Tx",
+    "encrypted",
+    "new_values",
+    "tiling_problem",
+]
+
 R = TypeVar("R")
-ChunkRecord = tuple[ChunkRef, tuple[str, ...]]
-"""A chunk and the nodes holding it."""
-TokenRow = tuple[TokenInfo, str]
-"""A token as the engine keeps it: what ``token ls`` shows, and the digest of its secret."""
 
 
 class Conflict(Exception):
@@ -59,371 +105,63 @@ class Conflict(Exception):
     the transaction again. Never seen outside an engine's ``transact``."""
 
 
-@dataclass(frozen=True, slots=True)
-class Inode:
-    """A row of the file layer."""
-
-    id: int
-    """Inode number, unique for the life of the store."""
-    kind: Kind
-    """``"file"`` or ``"directory"``."""
-    size: int
-    """Bytes in the file."""
-    mode: int
-    """Permission bits (with the type bits of a symbolic link, fifo, socket or device)."""
-    mtime_ns: int
-    """Modification time, ns since the epoch."""
-    generation: int
-    """Version count of the path it was committed to."""
-    replication: int
-    """Copies kept of each chunk."""
-    uid: int = -1
-    """Owner's user id; -1 for none recorded (whoever mounts the store)."""
-    gid: int = -1
-    """Owner's group id; -1 for none recorded."""
-    ctime_ns: int = 0
-    """When its attributes or names last changed, ns since the epoch; never goes back."""
-    atime_ns: int = 0
-    """Access time, ns since the epoch (set by ``touch -a`` and copies; reads leave it)."""
-    nlink: int = 1
-    """Names a file has (hard links); a directory's is 2 plus its subdirectories."""
-    rdev: int = 0
-    """The device number of a device node."""
-
-
-INODE_COLUMNS = (
-    "id, kind, size, mode, mtime_ns, generation, replication, "
-    "uid, gid, ctime_ns, atime_ns, nlink, rdev"
-)
-"""An inode row's columns, in ``Inode``'s field order."""
-NEW_INODE_COLUMNS = INODE_COLUMNS.removeprefix("id, ")
-"""The columns a new inode's row is given (its number is the engine's)."""
-
-
-def new_values(node: Inode) -> tuple[object, ...]:
-    """A new inode's values for ``NEW_INODE_COLUMNS``."""
-    n = node
-    return (
-        *(n.kind, n.size, n.mode, n.mtime_ns, n.generation, n.replication),
-        *(n.uid, n.gid, n.ctime_ns, n.atime_ns, n.nlink, n.rdev),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class NewFile:
-    """What ``Tx.create_file`` makes: a file inode's attributes and content."""
-
-    attributes: Inode
-    """Its row (its ``id`` is ignored: the engine numbers it)."""
-    extents: tuple[Extent, ...]
-    """Its content, tiling it from offset 0."""
-
-    def inode(self, number: int) -> Inode:
-        """The inode it is, once numbered."""
-        return replace(self.attributes, id=number)
-
-
-class Degraded(msgspec.Struct, frozen=True):
-    """A chunk with fewer live copies than its files ask for."""
-
-    chunk: ChunkRef
-    """The chunk."""
-    live: tuple[str, ...]
-    """Alive nodes holding a copy."""
-    want: int
-    """Copies its most demanding file asks for."""
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """The one row saying which metadata service runs the background duties."""
-
-    holder: str
-    """The service id holding it; ``""`` before any has."""
-    fence: int
-    """Grows by one each time the lease passes to another holder."""
-    expires: float
-    """Unix time, by the engine's clock, after which another service may take it."""
-
-
-def encrypted(sealed: str) -> bool:
-    """Whether ``Tx.sealed``'s record says the store's chunk files are encrypted at rest."""
-    return sealed not in ("", "none")
-
-
 class Tx(Protocol):
-    """One transaction on the three layers."""
+    """One transaction: a narrow protocol per concern, all in the one transaction."""
+
+    @property
+    def tree(self) -> Tree:
+        """Names and the inodes they name, and their locks."""
+
+    @property
+    def files(self) -> Files:
+        """Files' extents and their chunk references."""
+
+    @property
+    def chunks(self) -> Chunks:
+        """Chunks, their replicas, their collection."""
+
+    @property
+    def stripes(self) -> Stripes:
+        """Storage classes and erasure-coded chunks' pieces."""
+
+    @property
+    def tenants(self) -> Tenants:
+        """Tenants and their tokens."""
+
+    @property
+    def quotas(self) -> Quotas:
+        """Directories' quotas and their usage."""
+
+    @property
+    def feed(self) -> ChangeFeed:
+        """The change feed."""
+
+    @property
+    def keys(self) -> Keys:
+        """Idempotency keys and their replies."""
+
+    @property
+    def nodes(self) -> Nodes:
+        """The data nodes."""
+
+    @property
+    def services(self) -> Services:
+        """The metadata services, the leader's lease, the engine's clock."""
+
+    @property
+    def bad(self) -> BadCopies:
+        """Copies reported damaged."""
+
+    @property
+    def identity(self) -> Identity:
+        """The store's id and its sealing."""
 
     def savepoint(self) -> AbstractContextManager[None]:
         """A nested unit: an exception in the block undoes the block's changes only."""
 
-    def lookup(self, parent: int, name: str) -> Inode | None:
-        """The inode named ``name`` in directory ``parent``."""
-
-    def walk(self, parts: Sequence[str]) -> list[Inode]:
-        """The inodes ``parts`` names from the root down, one per part, as far as they
-        exist: ``parts[0]`` in the root, ``parts[1]`` in that, and so on (ends at the
-        first name missing, or past a file)."""
-
-    def get(self, inode: int) -> Inode | None:
-        """The inode with this number."""
-
-    def locked(self, inode: int) -> Inode | None:
-        """The inode with this number as it is now, no other writer changing or deleting
-        it until this transaction ends (read it so before a change computed from it)."""
-
-    def locked_entry(self, parent: int, name: str) -> Inode | None:
-        """The inode ``name`` names in ``parent``, locked as ``locked`` and still named so:
-        a writer that replaced, moved or removed it meanwhile is waited for and what it left
-        read again, so writers of one name take turns instead of all running again. Lock an
-        inode so before changing its names: one order for every writer, so none deadlock."""
-
-    def locked_entries(self, names: Sequence[tuple[int, str]]) -> dict[tuple[int, str], Inode]:
-        """``locked_entry`` for many ``(parent, name)`` at once: those that name an inode,
-        each locked and still so named (one round trip or two where the engine is across
-        a network, not two per name)."""
-
-    def lock_tree(self) -> None:
-        """Hold the store's one directory-move lock until this transaction ends: directories
-        move one at a time, so no two moves together make a cycle (Linux's rename lock)."""
-
-    def children(self, parent: int) -> list[tuple[str, Inode]]:
-        """Entries of a directory, sorted by name."""
-
-    def children_page(self, parent: int, after: str, limit: int) -> list[tuple[str, Inode]]:
-        """At most ``limit`` entries of a directory named after ``after``, sorted by name."""
-
-    def has_children(self, parent: int) -> bool:
-        """Whether a directory has any entry."""
-
-    def create(self, node: Inode) -> Inode:
-        """A new inode with ``node``'s attributes (its ``id`` ignored), not yet linked anywhere."""
-
-    def create_file(self, parent: int, name: str, file: NewFile) -> Inode:
-        """A new file inode with its extents (a reference taken on each chunk), linked
-        at ``name`` in ``parent`` (the name must be free): ``create``, ``set_extents``
-        and ``link`` at once (one round trip where the engine is across a network)."""
-
-    def create_files(self, files: Sequence[tuple[int, str, NewFile]]) -> list[Inode]:
-        """``create_file`` for each ``(parent, name, file)``, in order (each name free):
-        a statement per table for all of them where the engine is across a network."""
-
-    def update(self, node: Inode) -> None:
-        """Set an inode's mode, times and owner to ``node``'s (``Conflict`` if it is gone)."""
-
-    def touch(self, inode: int, now_ns: int, *, links: int = 0, modified: bool = True) -> int:
-        """An inode's names or entries changed: its ctime moves to ``now_ns`` (never back),
-        its link count by ``links``, and with ``modified`` (a directory's entries) its mtime
-        to ``now_ns``; the link count it has now (``Conflict`` if the inode is gone)."""
-
-    def relink(self, old: int, new: int) -> None:
-        """Every entry naming inode ``old`` names ``new`` instead (a new version of a file
-        with several names)."""
-
-    def link(self, parent: int, name: str, inode: int) -> None:
-        """Add an entry; the name must be free."""
-
-    def unlink(self, parent: int, name: str) -> None:
-        """Drop an entry (the inode stays until ``delete``); ``Conflict`` if it is gone."""
-
-    def delete(self, inode: int) -> None:
-        """Drop an inode and its extents, releasing its chunk references."""
-
-    def extents(self, inode: int) -> list[Extent]:
-        """A file's extents in file order."""
-
-    def extents_page(self, inode: int, start: int, limit: int) -> list[Extent]:
-        """At most ``limit`` extents of a file in order, the first covering offset ``start``."""
-
-    def set_extents(self, inode: int, extents: Iterable[Extent]) -> None:
-        """Attach extents to a new file inode, taking a reference on each chunk."""
-
-    def add_chunks(self, chunks: Iterable[StoredChunk]) -> None:
-        """Record chunks (if new) and the nodes holding them, or the bytes of those the
-        engine keeps itself (``data``)."""
-
-    def inline(self, ids: Iterable[str]) -> dict[str, bytes]:
-        """Of these chunk ids, those the engine keeps itself, with their bytes."""
-
-    def referenced(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
-        """Of these chunk ids, those some file uses, with their replicas (none for a chunk
-        the engine keeps itself)."""
-
-    def known(self, ids: Iterable[str]) -> set[str]:
-        """Of these chunk ids, those the chunk layer holds at all."""
-
-    def replicas(self, ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
-        """Nodes holding each chunk."""
-
-    def named(self, ids: Iterable[str]) -> set[str]:
-        """Of these chunk ids, those any table names (chunks, extents, replicas)."""
-
-    def chunk_page(self, after: str, limit: int) -> tuple[list[ChunkRecord], str]:
-        """Up to ``limit`` chunks with ids after ``after``, in id order, with their
-        replicas; and the cursor of the next page (``""`` after the last).
-
-        Rows that do not decode are left out (``inconsistencies`` names them).
-        """
-
-    def chunk_users(self, chunk: str, after: int, limit: int) -> list[int]:
-        """Up to ``limit`` inodes after ``after`` whose extents use the chunk, in order."""
-
-    def path_of(self, inode: int) -> str | None:
-        """A path naming the inode, if it is linked."""
-
-    def forget_unreferenced(self, older_than_ns: int, limit: int) -> list[ChunkRecord]:
-        """Delete up to ``limit`` chunk rows without references since before
-        ``older_than_ns`` (and no extent naming them, and their bytes if the engine kept
-        them); they and their former replicas, then the pieces of those kept
-        erasure-coded that no other stripe uses, each with its node."""
-
     def inconsistencies(self, limit: int) -> list[ChunkProblem]:
         """Up to ``limit`` places where the tables contradict each other or hold
         values that do not decode (what fsck reports as ``metadata``)."""
-
-    def store_id(self) -> str:
-        """The store's id, made with the engine."""
-
-    def sealed(self) -> str:
-        """Whether the store's chunk files are encrypted at rest: its key's check value,
-        ``"none"``, or ``""`` while nothing is recorded."""
-
-    def seal(self, check: str) -> str:
-        """Record ``check`` (a key's check value, or ``"none"``) as the store's encryption,
-        unless one is recorded already; the one recorded."""
-
-    def add_replicas(self, chunk: str, nodes: Iterable[str]) -> None:
-        """Record more nodes holding a copy of a chunk."""
-
-    def drop_replica(self, chunk: str, node: str) -> None:
-        """Forget one node's copy of a chunk, or of a piece (``chunk`` is the piece's id)."""
-
-    def degraded(self, alive: Iterable[str], limit: int) -> list[Degraded]:
-        """Referenced chunks with fewer copies on ``alive`` nodes than their files want
-        (never one the engine keeps itself and no node holds: it is as safe as the
-        metadata)."""
-
-    def set_class(self, inode: int, name: str) -> None:
-        """Set the storage class of an inode (``""``: clear it)."""
-
-    def classes(self, inodes: Iterable[int]) -> dict[int, str]:
-        """Of these inodes, those with a class set, with its name."""
-
-    def classed(self) -> list[tuple[int, str]]:
-        """Every inode with a class set, by number: (inode, class name)."""
-
-    def stripes(self, ids: Iterable[str]) -> dict[str, Stripe]:
-        """Of these chunk ids, those kept erasure-coded, with their pieces."""
-
-    def unstriped(self, inodes: Iterable[int], limit: int) -> list[ChunkRecord]:
-        """Up to ``limit`` chunks these files use that nodes hold as copies (not striped
-        yet), in id order, with the nodes holding them."""
-
-    def stripe(self, chunk: str, stripe: Stripe) -> tuple[str, ...]:
-        """Replace a chunk's copies with its stripe; the nodes whose copies it forgot (none
-        if the chunk was striped already; ``Conflict`` if the chunk is gone)."""
-
-    def short_stripes(self, alive: Iterable[str], limit: int) -> list[tuple[ChunkRef, Stripe]]:
-        """Up to ``limit`` referenced striped chunks with a piece on no node of ``alive``."""
-
-    def striped(self, pieces: Iterable[str]) -> dict[str, str]:
-        """Of these ids, those that are pieces of a stripe, each with its chunk's id."""
-
-    def place_piece(self, chunk: str, index: int, was: str, node: str) -> None:
-        """Record that piece ``index`` of a chunk is now on ``node`` (if still on ``was``)."""
-
-    def add_tenant(self, name: str, root: str, made: float) -> bool:
-        """Record a tenant and its root; ``False`` if the name is taken."""
-
-    def tenants(self) -> dict[str, str]:
-        """Every tenant's root, by name."""
-
-    def add_token(self, row: TokenRow) -> None:
-        """Record a new token (its id is new)."""
-
-    def tokens(self, ids: Iterable[str] | None = None) -> list[TokenRow]:
-        """These tokens (every one: ``None``), revoked ones too."""
-
-    def revoke(self, ids: Sequence[str], tenant: str, now: float) -> int:
-        """Revoke these tokens, or every token of ``tenant``; how many were live."""
-
-    def quotas(self, paths: Iterable[str] | None = None) -> list[QuotaState]:
-        """The quotas set at these paths (every one: ``None``), by path."""
-
-    def quotas_within(self, path: str) -> list[QuotaState]:
-        """The quotas at and below ``path``."""
-
-    def set_quota(self, quota: QuotaState) -> None:
-        """Set (or replace) the quota at ``quota.path``, with its usage."""
-
-    def drop_quotas(self, path: str, *, tree: bool = True) -> int:
-        """Forget the quota at ``path``, and (``tree``) those below it; how many."""
-
-    def move_quotas(self, src: str, dst: str) -> None:
-        """The quotas at and below ``src`` are now at and below ``dst`` (a rename)."""
-
-    def add_usage(self, path: str, files: int, size: int, physical: int) -> QuotaState | None:
-        """Add to the usage of the quota at ``path`` under its row's lock; the row after
-        (``None``: no quota there)."""
-
-    def outcomes(self, keys: Iterable[str]) -> dict[str, bytes]:
-        """Of these idempotency keys, those recorded, each with its recorded reply."""
-
-    def record_outcomes(self, outcomes: Iterable[tuple[str, bytes]], made_ns: int) -> None:
-        """Record each key's reply (applied at ``made_ns``); a key already recorded is an
-        error, so a mutation can never be recorded, and applied, twice."""
-
-    def forget_outcomes(self, older_than_ns: int, limit: int) -> int:
-        """Delete up to ``limit`` recorded replies made before ``older_than_ns``, oldest
-        first; how many went."""
-
-    def record_changes(self, changes: Sequence[tuple[str, int, int]], made_ns: int) -> None:
-        """Add (path, inode, ctime_ns) rows to the change feed, numbered in order."""
-
-    def forget_changes(self, older_than_ns: int, limit: int) -> int:
-        """Delete up to ``limit`` feed rows made before ``older_than_ns``; how many went."""
-
-    def changes_after(self, after: int, missing: Sequence[int], limit: int) -> list[PathChange]:
-        """Feed rows numbered past ``after`` or in ``missing``, by number, at most ``limit``."""
-
-    def change_bounds(self) -> tuple[int, int]:
-        """The feed's first and last numbers kept (0, 0 when empty)."""
-
-    def upsert_node(self, node: NodeState) -> None:
-        """Register a data node or refresh what is known of it."""
-
-    def nodes(self) -> list[NodeState]:
-        """Every registered data node."""
-
-    def now(self) -> float:
-        """Unix time by the engine's clock: every service judges leases and liveness by it."""
-
-    def lease(self) -> Lease:
-        """The leader's lease as it stands."""
-
-    def set_lease(self, lease: Lease) -> None:
-        """Replace the lease (the caller has looked at it in this transaction)."""
-
-    def upsert_service(self, service: ServiceState) -> None:
-        """Record a metadata service, or refresh what is known of it."""
-
-    def services(self) -> list[ServiceState]:
-        """Every recorded metadata service, by id."""
-
-    def forget_services(self, ids: Iterable[str] = (), seen_before: float = 0.0) -> None:
-        """Drop the services named, and those last seen before ``seen_before``."""
-
-    def add_bad(self, chunk: str, node: str, reason: str) -> None:
-        """Remember a copy reported damaged, for the leader to delete."""
-
-    def bad_copies(self, limit: int) -> list[tuple[str, str, str]]:
-        """Up to ``limit`` copies reported damaged: (chunk, node, reason)."""
-
-    def bad_count(self) -> int:
-        """How many copies reported damaged await deletion."""
-
-    def forget_bad(self, chunk: str, node: str) -> None:
-        """Drop one reported copy (the leader has dealt with it)."""
 
 
 class Repository(Protocol):
@@ -443,17 +181,3 @@ class Repository(Protocol):
 
     def close(self) -> None:
         """Release the engine's connections."""
-
-
-def tiling_problem(size: int, extents: Iterable[Extent]) -> str | None:
-    """What is wrong with extents that should tile ``[0, size)`` in order, or ``None``."""
-    end = 0
-    for x in extents:
-        if x.offset != end:
-            return f"extents leave a gap or overlap at offset {end} (next starts at {x.offset})"
-        if x.length <= 0 or x.chunk_offset < 0 or x.chunk_offset + x.length > x.chunk.length:
-            return f"the extent at offset {x.offset} does not fit its chunk {x.chunk.id}"
-        end += x.length
-    if end != size:
-        return f"extents cover {end} bytes but the file's size is {size}"
-    return None

@@ -139,7 +139,7 @@ def verify(repo: Repository, scope: Scope, request: Request[Any]) -> None:
     pinned = request.inode if isinstance(request, GetLayout) else pinned
     if pinned:
         with repo.read() as tx:
-            where = tx.path_of(pinned)
+            where = tx.tree.path_of(pinned)
         if where is None or not scope.reaches(where):
             raise PermissionDenied(f"token {scope.token} reaches {scope.prefix} only")
     chunks: Iterable[str] = ()
@@ -202,13 +202,13 @@ def reached(tx: Tx, scope: Scope, chunks: Sequence[str]) -> set[str]:
     Looks through the first ``USER_PAGES`` pages of each chunk's files only: a chunk
     shared by more files than that may be missed, and its writer uploads it again.
     """
-    whole = tx.striped(chunks)
+    whole = tx.stripes.striped(chunks)
     seen: dict[int, bool] = {}  # inode -> reached (a file's chunks share its path)
     found = set()
     for chunk in chunks:
         target, after = whole.get(chunk, chunk), 0
         for _ in range(USER_PAGES):
-            page = tx.chunk_users(target, after, USER_PAGE)
+            page = tx.files.chunk_users(target, after, USER_PAGE)
             if not page:
                 break
             if any(_reaches_inode(tx, scope, inode, seen) for inode in page):
@@ -220,7 +220,7 @@ def reached(tx: Tx, scope: Scope, chunks: Sequence[str]) -> set[str]:
 
 def _reaches_inode(tx: Tx, scope: Scope, inode: int, seen: dict[int, bool]) -> bool:
     if inode not in seen:
-        path = tx.path_of(inode)
+        path = tx.tree.path_of(inode)
         seen[inode] = path is not None and scope.reaches(path)
     return seen[inode]
 

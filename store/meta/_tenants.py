@@ -97,14 +97,14 @@ class Tenants:
             raise InvalidArgument("a tenant's root is a directory below /", clean)
 
         def add(tx: Tx) -> None:
-            known = tx.tenants()
+            known = tx.tenants.tenants()
             if name in known:
                 raise AlreadyExists(f"tenant {name} exists (root {known[name]})", clean)
             for other, at in known.items():
                 if _paths.is_within(clean, at) or _paths.is_within(at, clean):
                     raise InvalidArgument(f"{clean} overlaps tenant {other}'s root {at}", clean)
             ensure_dirs(tx, parts, clean)
-            tx.add_tenant(name, clean, time.time())
+            tx.tenants.add_tenant(name, clean, time.time())
 
         write_once(self.repo, key, type(None), add)
         return self._quotas.set_quota(clean, max_bytes, max_physical, max_files, tenant=name)
@@ -113,7 +113,7 @@ class Tenants:
     def tenants(self) -> dict[str, str]:
         """Every tenant's root, by name."""
         with self.repo.read() as tx:
-            return tx.tenants()
+            return tx.tenants.tenants()
 
     @handles(IssueToken)
     def issue(self, tenant: str, prefix: str, rights: str, ttl_s: float) -> Issued:
@@ -123,7 +123,7 @@ class Tenants:
         if not (math.isfinite(ttl_s) and 0 < ttl_s <= MAX_TTL_S):
             raise InvalidArgument(f"a token lasts 1 s to 10 years, not {ttl_s!r} s")
         with self.repo.read() as tx:
-            root = tx.tenants().get(tenant)
+            root = tx.tenants.tenants().get(tenant)
         if root is None:
             raise NotFound(f"no tenant {tenant!r}: add it first (graben tenant add)")
         clean = _paths.normalize(prefix or root)
@@ -131,19 +131,19 @@ class Tenants:
             raise InvalidArgument(f"tenant {tenant}'s tokens reach within {root} only", clean)
         ident, secret, now = secrets.token_hex(6), secrets.token_hex(32), time.time()
         info = TokenInfo(ident, tenant, clean, rights, now + ttl_s, now)
-        self.repo.transact(lambda tx: tx.add_token((info, digest(secret))))
+        self.repo.transact(lambda tx: tx.tenants.add_token((info, digest(secret))))
         return Issued(info, f"{PREFIX}{ident}_{secret}")
 
     def token_rows(self, ids: list[str] | None) -> list[TokenRow]:
         """The tokens with these ids (every one: ``None``), with their secrets' digests."""
         with self.repo.read() as tx:
-            return tx.tokens(ids)
+            return tx.tenants.tokens(ids)
 
     @handles(ListTokens)
     def tokens(self, tenant: str = "") -> list[TokenInfo]:
         """Every token (of ``tenant``), revoked and expired ones too, never a secret."""
         with self.repo.read() as tx:
-            rows = tx.tokens()
+            rows = tx.tenants.tokens()
         return [info for info, _ in rows if not tenant or info.tenant == tenant]
 
     @handles(RevokeTokens)
@@ -152,11 +152,11 @@ class Tenants:
         if not ids and not tenant:
             raise InvalidArgument("name the tokens to revoke, or their tenant")
         with self.repo.read() as tx:
-            known = {info.id for info, _ in tx.tokens(ids)}
+            known = {info.id for info, _ in tx.tenants.tokens(ids)}
         if missing := sorted(set(ids) - known):
             raise NotFound(f"no token {missing[0]}")
         now = time.time()
-        count: int = self.repo.transact(lambda tx: tx.revoke(ids, tenant, now))
+        count: int = self.repo.transact(lambda tx: tx.tenants.revoke(ids, tenant, now))
         return count
 
     @handles(WhoAmI)

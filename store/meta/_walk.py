@@ -32,8 +32,8 @@ def info(path: str, inode: Inode) -> FileInfo:
 def resolve(tx: Tx, parts: tuple[str, ...], path: str) -> Inode:
     """The inode ``parts`` names (``NotFound``, ``NotADirectory`` on the way)."""
     if not parts:
-        return tx.get(ROOT_INODE) or ROOT
-    found = tx.walk(parts)  # one query where the engine is across a network
+        return tx.tree.get(ROOT_INODE) or ROOT
+    found = tx.tree.walk(parts)  # one query where the engine is across a network
     for depth, node in enumerate(found, start=1):
         if depth < len(parts) and node.kind != "directory":
             where = _paths.join_parts(parts[:depth])
@@ -70,7 +70,7 @@ def ensure_dirs(
         if known is not None and parts[: depth + 1] in known:
             node = known[parts[: depth + 1]]
             continue
-        found = tx.lookup(node.id, name)
+        found = tx.tree.lookup(node.id, name)
         if found is None:
             found = new_directory(tx, node.id, name)
         elif found.kind != "directory":
@@ -85,7 +85,7 @@ def ensure_dirs(
 def lock(tx: Tx, node: Inode) -> Inode:
     """``node`` as it is now, locked until the transaction ends (``Conflict`` if gone):
     before a change computed from it, or before its entries are counted to remove it."""
-    found = tx.locked(node.id)
+    found = tx.tree.locked(node.id)
     if found is None:
         raise Conflict(f"inode {node.id} went before it could be locked")
     return found
@@ -96,7 +96,7 @@ def new_directory(
 ) -> Inode:
     """Make a directory named ``name`` in ``parent`` (the name must be free)."""
     now = time.time_ns()
-    node = tx.create(Inode(0, "directory", 0, mode, now, 1, 1, uid, gid, now, now, nlink=2))
-    tx.link(parent, name, node.id)
-    tx.touch(parent, now, links=1)
+    node = tx.tree.create(Inode(0, "directory", 0, mode, now, 1, 1, uid, gid, now, now, nlink=2))
+    tx.tree.link(parent, name, node.id)
+    tx.tree.touch(parent, now, links=1)
     return node

@@ -16,6 +16,18 @@ May import: ``wire`` and the store's shared modules.
 """
 
 from .._types import ChangeFeed, PathChange
+from ._admin_requests import (
+    AddTenant,
+    GetClass,
+    GetQuotas,
+    IssueToken,
+    ListTenants,
+    ListTokens,
+    RevokeTokens,
+    SetClass,
+    SetQuota,
+    WhoAmI,
+)
 from ._agent_calls import Done, Held, JobRank, Located, Piece, Reserve, SegmentKey, Status, Stored
 from ._chunk_calls import ChunkCall, NodeClean, NodeQuery, NodeVouch, Written
 from ._endpoints import Endpoints
@@ -38,7 +50,6 @@ from ._requests import (
     KEY_LIFETIME_S,
     OPERATOR,
     RETRY_WITHIN_S,
-    AddTenant,
     Changes,
     CheckMetadata,
     ChunkRefs,
@@ -46,20 +57,15 @@ from ._requests import (
     Collectable,
     Commit,
     CommitEach,
-    GetClass,
     GetHealth,
     GetLayout,
-    GetQuotas,
     GetSettings,
     GetStoreId,
     Grant,
     Heartbeat,
-    IssueToken,
     Link,
     ListDir,
     ListNodes,
-    ListTenants,
-    ListTokens,
     MakeDir,
     Prepare,
     Remove,
@@ -67,14 +73,10 @@ from ._requests import (
     Repeat,
     ReportBad,
     Request,
-    RevokeTokens,
     Rule,
     SetAttributes,
-    SetClass,
-    SetQuota,
     Stat,
     Usage,
-    WhoAmI,
     new_key,
     request_types,
     with_key,

@@ -32,17 +32,14 @@ from .._types import (
     ChangeFeed,
     ChunkProblem,
     ChunkRef,
-    ClassState,
     FileCommit,
     FileInfo,
     FileLayout,
     Health,
     NodeState,
     Op,
-    QuotaState,
-    TokenInfo,
 )
-from ._replies import ChunkPage, Committed, Issued, Joined, Listing, Placement, Settings
+from ._replies import ChunkPage, Committed, Joined, Listing, Placement, Settings
 
 R = TypeVar("R")
 
@@ -389,100 +386,6 @@ RETRY_WITHIN_S = KEY_LIFETIME_S / 2
 """A client repeats a mutation only this long after first sending it, whatever its
 timeout: a repeat after the key is gone would be applied again. Half the lifetime
 leaves room for clocks that disagree and requests that wait in a queue."""
-
-
-class SetClass(Request[str], frozen=True):
-    """Set the storage class of a path (``""``: clear it); the class's canonical name."""
-
-    response = str
-    rule = Rule(WRITES, KEYED, "a", lambda r: (r.path,))
-    path: str
-    name: str
-    key: str = ""
-
-
-class GetClass(Request[ClassState], frozen=True):
-    """The storage class in force at a path, and how far a file has taken it."""
-
-    response = ClassState
-    rule = Rule(READS, AS_IS, "r", lambda r: (r.path,))
-    path: str
-
-
-class AddTenant(Request[QuotaState], frozen=True):
-    """Add a tenant with its root (made) and the root's quota (0: no limit of a kind)."""
-
-    response = QuotaState
-    rule = Rule(WRITES, KEYED, OPERATOR)
-    name: str
-    root: str
-    max_bytes: int = 0
-    max_physical: int = 0
-    max_files: int = 0
-    key: str = ""
-
-
-class ListTenants(Request[dict[str, str]], frozen=True):
-    """Every tenant's root, by name."""
-
-    response = dict[str, str]
-    rule = Rule(READS, AS_IS, OPERATOR)
-
-
-class IssueToken(Request[Issued], frozen=True):
-    """A new token of a tenant, for a prefix within its root (``""``: the root)."""
-
-    response = Issued
-    rule = Rule(WRITES, AS_IS, OPERATOR)
-    tenant: str
-    prefix: str
-    rights: str
-    ttl_s: float
-
-
-class ListTokens(Request[list[TokenInfo]], frozen=True):
-    """Every token (of ``tenant``), never its secret."""
-
-    response = list[TokenInfo]
-    rule = Rule(READS, AS_IS, OPERATOR)
-    tenant: str = ""
-
-
-class WhoAmI(Request["TokenInfo | None"], frozen=True):
-    """The token this request is signed with: a tenant's, as ``token ls`` shows it (what
-    it reaches, its rights), or ``None`` for the cluster's own (everything)."""
-
-    response = TokenInfo | None
-    rule = Rule(READS, AS_IS, ANY)
-
-
-class RevokeTokens(Request[int], frozen=True):
-    """Revoke tokens by id, or every token of ``tenant``; how many were live."""
-
-    response = int
-    rule = Rule(WRITES, AS_IS, OPERATOR)
-    ids: tuple[str, ...] = ()
-    tenant: str = ""
-
-
-class SetQuota(Request[QuotaState], frozen=True):
-    """Set a directory's quota (0: no limit of a kind; all 0: clear it)."""
-
-    response = QuotaState
-    rule = Rule(WRITES, KEYED, "a", lambda r: (r.path,), not_the_prefix="path")
-    path: str
-    max_bytes: int = 0
-    max_physical: int = 0
-    max_files: int = 0
-    key: str = ""
-
-
-class GetQuotas(Request[list[QuotaState]], frozen=True):
-    """The quotas above, at and below a path (``""``: every one)."""
-
-    response = list[QuotaState]
-    rule = Rule(READS, AS_IS, "r", lambda r: (r.path,) if r.path else ())
-    path: str = ""
 
 
 def new_key() -> str:

@@ -1,19 +1,23 @@
 """The metadata engines: where the namespace's transactions become durable.
 
 Each engine implements ``meta._repo.Repository`` and checks its own tables
-for fsck. Their SQL is written once: the transactions (``_sql_tx``), the
-schema's migrations (``_schema``) and the cross-checks (``_checks``); each
-engine overrides only what its dialect does differently. SQLite
-(``_sqlite``: one file, WAL, one writer; ``_sqlite_tx``, its words;
-``_sqlite_checks``) serves one host. PostgreSQL (``_postgres``: a pool,
-writers side by side, run again on a conflict; ``_postgres_tx``, many rows
-in one statement; ``_postgres_schema``, its database and cross-checks)
+for fsck. Their SQL is written once: the transaction (``_sql_tx``), an
+object per concern of ``meta._repo.Tx`` over the connection's statements
+(``_statements``): ``_sql_tree``, ``_sql_files``, ``_sql_chunks``,
+``_sql_stripes``, ``_sql_tenants``, ``_sql_records``; the schema's
+migrations (``_schema``) and the cross-checks (``_checks``). Each engine
+gives its statements and its own class only for a concern its dialect does
+differently. SQLite (``_sqlite``: one file, WAL, one writer; ``_sqlite_tx``,
+its words; ``_sqlite_checks``) serves one host. PostgreSQL (``_postgres``: a
+pool, writers side by side, run again on a conflict; ``_postgres_tx``, many
+rows in one statement; ``_postgres_schema``, its database and cross-checks)
 serves several metadata services sharing one database; it needs psycopg, an optional
 dependency, so the door names it only through ``open_postgres``
 (``_optional``), which imports it when a ``postgresql://`` engine is
 opened, and ``is_postgres`` (``_postgres_url``), which needs no psycopg.
 
-May import: the repository interface (``meta._repo``) and the store's shared
+May import: the repository interface (``meta._repo``, the door of ``meta._repo_tree``
+and ``meta._repo_records``) and the store's shared
 modules; nothing else of the store.
 """
 

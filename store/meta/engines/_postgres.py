@@ -11,7 +11,7 @@ Writers: SQLite lets one writer in at a time; here several metadata
 services share the engine and their writes commit side by side. A write
 runs at READ COMMITTED (each statement sees every commit before it) and
 keeps the namespace's invariants with the database's own row locks, taken
-by the primitives (``_sql_tx.py``): names are unique by the primary key, a
+by the primitives (``_sql_tree.py``): names are unique by the primary key, a
 row changed or deleted is locked till the commit, a change computed from a
 row reads it ``FOR UPDATE``, a directory moves under one advisory lock (no
 two moves make a cycle), and a primitive whose row a concurrent writer
@@ -30,7 +30,7 @@ connection if the server's default is weaker.
 
 Connections come from a pool (psycopg_pool) shared by the threads of one
 service; a transaction holds one for its duration. The queries are
-``PostgresTx``'s (``_postgres_tx.py``).
+those of ``_sql_tx.py``, with PostgreSQL's own where it differs (``_postgres_tx.py``).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from ._postgres_schema import (
     open_database,
     prepare,
 )
-from ._postgres_tx import PostgresTx, alive
+from ._postgres_tx import alive, postgres_tx
 from ._postgres_url import SCHEMES, display_url
 
 log = logging.getLogger("graben.postgres")
@@ -145,15 +145,15 @@ class PostgresRepository:
             raise Unavailable(f"cannot reach the metadata database: {exc}", self.where) from exc
 
     @contextmanager
-    def read(self) -> Iterator[PostgresTx]:
+    def read(self) -> Iterator[Tx]:
         with self._transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as db:
-            yield PostgresTx(db)
+            yield postgres_tx(db)
 
     def transact(self, work: Callable[[Tx], R]) -> R:
         for attempt in range(1, CONFLICT_RETRIES + 1):
             try:
                 with self._transaction("BEGIN ISOLATION LEVEL READ COMMITTED") as db:
-                    return work(PostgresTx(db, writing=True))
+                    return work(postgres_tx(db, writing=True))
             except Conflict as exc:
                 if attempt == CONFLICT_RETRIES:
                     raise Unavailable(

@@ -1,12 +1,15 @@
-"""The PostgreSQL engine's transactions: ``SqlTx``'s queries, and many rows in one statement.
+"""The PostgreSQL engine's transactions: the shared queries, and many rows in one statement.
 
-``PostgresTx`` is what ``PostgresRepository.read()`` and ``write()`` yield
-(see ``Tx`` in ``meta/_repo.py``), on one pooled connection; opening,
-locking and committing the transaction is ``_postgres.py``'s. The queries
-are ``_sql_tx.py``'s, which PostgreSQL takes as written. What it overrides
-is where the server is across a network: a call that touches many rows
-sends them as arrays (``unnest``) in one statement, and a new file or a
-deleted one is one statement, not one per table: one round trip each.
+``postgres_tx`` makes what ``PostgresRepository.read()`` and ``transact()``
+give (``SqlTx``, see ``Tx`` in ``meta/_repo.py``), on one pooled connection
+(``PostgresStatements``); opening, locking and committing the transaction is
+``_postgres.py``'s. The queries are the concerns' (``_sql_tx.py``), which
+PostgreSQL takes as written. Where the server is across a network, its own
+class for a concern (``PostgresTree``, ``PostgresFiles``, ``PostgresChunks``,
+``PostgresKeys``) overrides what touches many rows: it sends them as arrays
+(``unnest``) in one statement, and a new file or a deleted one is one
+statement, not one per table: one round trip each. ``PostgresServices`` reads
+the server's clock, and the lease locked in a write.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from psycopg.pq import TransactionStatus
@@ -22,8 +27,13 @@ from ..._errors import IntegrityError
 from ..._types import ChunkProblem, Extent, StoredChunk
 from .._repo import NEW_INODE_COLUMNS, ROOT_INODE, Conflict, Inode, Lease, NewFile, new_values
 from ._postgres_schema import Connection, inconsistencies
-from ._rows import check_entry, checked_inode, named_entry
-from ._sql_tx import JOINED_INODE, LOCK_TRIES, SqlTx
+from ._rows import PathOf, check_entry, checked_inode, named_entry
+from ._sql_chunks import SqlChunks
+from ._sql_files import SqlFiles, check_counted
+from ._sql_records import SqlKeys, SqlServices
+from ._sql_tree import JOINED_INODE, LOCK_TRIES, SqlTree
+from ._sql_tx import Parts, SqlTx
+from ._statements import Statements
 
 TREE_LOCK = 0x67726162656F
 """The advisory lock a directory's move holds (``lock_tree``)."""
@@ -58,28 +68,87 @@ def _extent_arrays(extents: Sequence[Extent]) -> tuple[list[Any], ...]:
     )
 
 
-class PostgresTx(SqlTx):
-    """A transaction on one pooled connection (see ``Tx`` in ``meta/_repo.py``)."""
+class PostgresStatements(Statements):
+    """One pooled connection's statements, as written."""
 
-    def __init__(self, db: Connection, *, writing: bool = False) -> None:
-        self._db = db
-        self._writing = writing
+    def __init__(self, db: Connection) -> None:
+        self.db = db
 
-    def _execute(self, query: str, params: Any = None) -> Any:
-        return self._db.execute(query, params)
+    def execute(self, query: str, params: Any = None) -> Any:
+        return self.db.execute(query, params)
 
-    def _many(self, query: str, rows: Sequence[Any]) -> int:
+    def many(self, query: str, rows: Sequence[Any]) -> int:
         if not rows:
             return 0
-        with self._db.cursor() as cur:  # psycopg pipelines them: one round trip
+        with self.db.cursor() as cur:  # psycopg pipelines them: one round trip
             cur.executemany(query, rows)
             return cur.rowcount
 
-    def _in_transaction(self) -> bool:
-        return alive(self._db)
+    def in_transaction(self) -> bool:
+        return alive(self.db)
+
+    def inconsistencies(self, path_of: PathOf, limit: int) -> list[ChunkProblem]:
+        return inconsistencies(self.db, path_of, limit)
+
+
+class PostgresTree(SqlTree):
+    """The tree with a path in one query, names locked in one, and moves taking turns."""
+
+    def walk(self, parts: Sequence[str]) -> list[Inode]:
+        # One round trip for the whole path, not one per name.
+        if len(parts) < 2:
+            return super().walk(parts)
+        rows = self.sql.rows(
+            "WITH RECURSIVE down (depth, id, kind, parent, name, sum) AS ("
+            f"SELECT 0, {ROOT_INODE}::bigint, 'directory'::text, 0::bigint, "
+            "''::text COLLATE \"C\", 0::bigint UNION ALL "
+            "SELECT d.depth + 1, e.inode, i.kind, e.parent, e.name, e.sum FROM down d "
+            "JOIN entries e ON e.parent = d.id AND e.name = (%(parts)s::text[])[d.depth + 1] "
+            "LEFT JOIN inodes i ON i.id = e.inode "
+            "WHERE d.kind = 'directory' AND d.depth < %(depth)s) "
+            f"SELECT d.parent, d.name, d.sum, d.id, {JOINED_INODE} FROM down d "
+            "LEFT JOIN inodes i ON i.id = d.id "
+            "WHERE d.depth > 0 ORDER BY d.depth",
+            {"parts": list(parts), "depth": len(parts)},
+        )
+        return [named_entry(row[0], row[1], row[2:], self.path_of) for row in rows]
+
+    def locked_entries(self, names: Sequence[tuple[int, str]]) -> dict[tuple[int, str], Inode]:
+        # Two round trips for any number of names: lock the inodes they name, then read the
+        # names again (one may have moved, or gone and been replaced, meanwhile).
+        if len(names) < 2:
+            return super().locked_entries(names)
+        wanted = ([parent for parent, _ in names], [name for _, name in names])
+        for _ in range(LOCK_TRIES):
+            rows = self.sql.rows(
+                f"SELECT w.parent, w.name, {JOINED_INODE} FROM "
+                "unnest(%s::bigint[], %s::text[]) AS w (parent, name) "
+                "JOIN entries e ON e.parent = w.parent AND e.name = w.name "
+                "JOIN inodes i ON i.id = e.inode FOR UPDATE OF i",
+                wanted,
+            )
+            named = self.sql.rows(
+                "SELECT w.parent, w.name, e.inode, e.sum FROM "
+                "unnest(%s::bigint[], %s::text[]) AS w (parent, name) "
+                "JOIN entries e ON e.parent = w.parent AND e.name = w.name",
+                wanted,
+            )
+            locked = {(row[0], row[1]): checked_inode(row[2:], self.path_of) for row in rows}
+            for parent, name, inode, total in named:
+                check_entry(parent, name, inode, total, self.path_of)
+            if {(p, n): i for p, n, i, _ in named} == {k: v.id for k, v in locked.items()}:
+                return locked
+        raise Conflict("the names a commit replaces kept changing")
+
+    def lock_tree(self) -> None:
+        self.sql.execute("SELECT pg_advisory_xact_lock(%s)", (TREE_LOCK,))
+
+
+class PostgresFiles(SqlFiles):
+    """Files made and deleted in one statement each, numbered by the server."""
 
     def create_file(self, parent: int, name: str, file: NewFile) -> Inode:
-        row = self._one(
+        row = self.sql.one(
             f"WITH node AS (INSERT INTO inodes ({NEW_INODE_COLUMNS}) "
             f"VALUES ({', '.join(['%s'] * 12)}) RETURNING id), "
             "named AS (INSERT INTO entries (parent, name, inode) SELECT %s, %s, id FROM node), "
@@ -88,18 +157,18 @@ class PostgresTx(SqlTx):
             (*new_values(file.attributes), parent, name, *_extent_arrays(file.extents)),
         )
         assert row is not None
-        self._check_counted(row[1], len({x.chunk.id for x in file.extents}))
+        check_counted(row[1], len({x.chunk.id for x in file.extents}))
         return file.inode(row[0])
 
     def create_files(self, files: Sequence[tuple[int, str, NewFile]]) -> list[Inode]:
         # Two round trips for any number: their numbers, then one statement for every table.
         if len(files) < 2:
             return super().create_files(files)
-        numbers = self._new_ids(len(files))
+        numbers = self.new_ids(len(files))
         rows = [(n, *new_values(f.attributes)) for n, (_, _, f) in zip(numbers, files, strict=True)]
         extents = [x for _, _, f in files for x in f.extents]
         owners = [n for n, (_, _, f) in zip(numbers, files, strict=True) for _ in f.extents]
-        row = self._one(
+        row = self.sql.one(
             "WITH node AS (INSERT INTO inodes (id, " + NEW_INODE_COLUMNS + ") SELECT * FROM "
             "unnest(%s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::bigint[], "
             "%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], "
@@ -118,65 +187,19 @@ class PostgresTx(SqlTx):
             ),
         )
         assert row is not None
-        self._check_counted(row[0], len({x.chunk.id for x in extents}))
+        check_counted(row[0], len({x.chunk.id for x in extents}))
         return [f.inode(n) for n, (_, _, f) in zip(numbers, files, strict=True)]
 
-    def walk(self, parts: Sequence[str]) -> list[Inode]:
-        # One round trip for the whole path, not one per name.
-        if len(parts) < 2:
-            return super().walk(parts)
-        rows = self._rows(
-            "WITH RECURSIVE down (depth, id, kind, parent, name, sum) AS ("
-            f"SELECT 0, {ROOT_INODE}::bigint, 'directory'::text, 0::bigint, "
-            "''::text COLLATE \"C\", 0::bigint UNION ALL "
-            "SELECT d.depth + 1, e.inode, i.kind, e.parent, e.name, e.sum FROM down d "
-            "JOIN entries e ON e.parent = d.id AND e.name = (%(parts)s::text[])[d.depth + 1] "
-            "LEFT JOIN inodes i ON i.id = e.inode "
-            "WHERE d.kind = 'directory' AND d.depth < %(depth)s) "
-            f"SELECT d.parent, d.name, d.sum, d.id, {JOINED_INODE} FROM down d "
-            "LEFT JOIN inodes i ON i.id = d.id "
-            "WHERE d.depth > 0 ORDER BY d.depth",
-            {"parts": list(parts), "depth": len(parts)},
-        )
-        return [named_entry(row[0], row[1], row[2:], self.path_of) for row in rows]
-
-    def _new_ids(self, count: int) -> list[int]:
-        rows = self._rows(
+    def new_ids(self, count: int) -> list[int]:
+        rows = self.sql.rows(
             "SELECT nextval(pg_get_serial_sequence('inodes', 'id')) FROM generate_series(1, %s)",
             (count,),
         )
         return [number for (number,) in rows]
 
-    def locked_entries(self, names: Sequence[tuple[int, str]]) -> dict[tuple[int, str], Inode]:
-        # Two round trips for any number of names: lock the inodes they name, then read the
-        # names again (one may have moved, or gone and been replaced, meanwhile).
-        if len(names) < 2:
-            return super().locked_entries(names)
-        wanted = ([parent for parent, _ in names], [name for _, name in names])
-        for _ in range(LOCK_TRIES):
-            rows = self._rows(
-                f"SELECT w.parent, w.name, {JOINED_INODE} FROM "
-                "unnest(%s::bigint[], %s::text[]) AS w (parent, name) "
-                "JOIN entries e ON e.parent = w.parent AND e.name = w.name "
-                "JOIN inodes i ON i.id = e.inode FOR UPDATE OF i",
-                wanted,
-            )
-            named = self._rows(
-                "SELECT w.parent, w.name, e.inode, e.sum FROM "
-                "unnest(%s::bigint[], %s::text[]) AS w (parent, name) "
-                "JOIN entries e ON e.parent = w.parent AND e.name = w.name",
-                wanted,
-            )
-            locked = {(row[0], row[1]): checked_inode(row[2:], self.path_of) for row in rows}
-            for parent, name, inode, total in named:
-                check_entry(parent, name, inode, total, self.path_of)
-            if {(p, n): i for p, n, i, _ in named} == {k: v.id for k, v in locked.items()}:
-                return locked
-        raise Conflict("the names a commit replaces kept changing")
-
     def delete(self, inode: int) -> None:
         # One round trip: the extents go, their chunks lose a reference each, the inode goes.
-        self._execute(
+        self.sql.execute(
             "WITH gone AS (DELETE FROM extents WHERE inode = %(inode)s RETURNING chunk), "
             "node AS (DELETE FROM inodes WHERE id = %(inode)s), "
             "uses AS (SELECT chunk, COUNT(*) AS n FROM gone GROUP BY chunk) "
@@ -188,18 +211,22 @@ class PostgresTx(SqlTx):
 
     def set_extents(self, inode: int, extents: Iterable[Extent]) -> None:
         extents = list(extents)
-        row = self._one(
+        row = self.sql.one(
             "WITH " + _ADD_EXTENTS.format(inode="%s") + "SELECT COUNT(*) FROM counted",
             (inode, *_extent_arrays(extents)),
         )
         assert row is not None
-        self._check_counted(row[0], len({x.chunk.id for x in extents}))
+        check_counted(row[0], len({x.chunk.id for x in extents}))
+
+
+class PostgresChunks(SqlChunks):
+    """New chunks recorded in one statement."""
 
     def add_chunks(self, chunks: Iterable[StoredChunk]) -> None:
         chunks = list(chunks)
         held = [(s.chunk.id, node) for s in chunks for node in s.nodes]
         kept = [(s.chunk.id, s.data) for s in chunks if s.data is not None]
-        self._execute(
+        self.sql.execute(
             "WITH added AS (INSERT INTO chunks (id, length, crc32c, refs, zero_since_ns) "
             "SELECT id, length, crc, 0, %s FROM "
             "unnest(%s::text[], %s::bigint[], %s::bigint[]) AS n (id, length, crc) "
@@ -220,33 +247,56 @@ class PostgresTx(SqlTx):
             ),
         )
 
+
+class PostgresKeys(SqlKeys):
+    """Many keys' replies recorded in one statement."""
+
     def record_outcomes(self, outcomes: Iterable[tuple[str, bytes]], made_ns: int) -> None:
         pairs = list(outcomes)
-        self._execute(
+        self.sql.execute(
             "INSERT INTO outcomes (key, made_ns, reply) "
             "SELECT key, %s, reply FROM unnest(%s::text[], %b::bytea[]) AS n (key, reply)",
             (made_ns, [key for key, _ in pairs], [reply for _, reply in pairs]),
         )
 
+
+class PostgresServices(SqlServices):
+    """The lease held from a write's read of it to its commit; the server's clock."""
+
+    def __init__(self, sql: Statements, *, writing: bool = False) -> None:
+        super().__init__(sql)
+        self.writing = writing
+
     def now(self) -> float:
         # The server's clock, not this host's: services on several hosts judge by one.
-        row = self._one("SELECT extract(epoch FROM clock_timestamp())::float8")
+        row = self.sql.one("SELECT extract(epoch FROM clock_timestamp())::float8")
         assert row is not None
         return float(row[0])
 
-    def lock_tree(self) -> None:
-        self._execute("SELECT pg_advisory_xact_lock(%s)", (TREE_LOCK,))
-
     def lease(self) -> Lease:
         # Read to be changed or relied on (a fenced write): held till the commit.
-        lock = " FOR UPDATE" if self._writing else ""
-        row = self._one("SELECT holder, fence, expires FROM lease WHERE id = 1" + lock)
+        lock = " FOR UPDATE" if self.writing else ""
+        row = self.sql.one("SELECT holder, fence, expires FROM lease WHERE id = 1" + lock)
         if row is None:
             raise IntegrityError("metadata damaged: the leader's lease row is missing")
         return Lease(*row)
 
-    def inconsistencies(self, limit: int) -> list[ChunkProblem]:
-        return inconsistencies(self._db, self.path_of, limit)
+
+READING = Parts(
+    tree=PostgresTree,
+    files=PostgresFiles,
+    chunks=PostgresChunks,
+    keys=PostgresKeys,
+    services=PostgresServices,
+)
+"""The concerns PostgreSQL does its own way, in a read."""
+WRITING = replace(READING, services=partial(PostgresServices, writing=True))
+"""The same in a write: the lease read is locked."""
+
+
+def postgres_tx(db: Connection, *, writing: bool = False) -> SqlTx:
+    """A transaction on ``db``, which has begun one (see ``Tx`` in ``meta/_repo.py``)."""
+    return SqlTx(PostgresStatements(db), WRITING if writing else READING)
 
 
 def alive(db: Connection) -> bool:

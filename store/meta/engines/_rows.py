@@ -103,47 +103,42 @@ def chunk_ref(chunk: object, length: object, crc: object, total: object) -> Chun
     return ChunkRef(chunk, length, crc) if ok else None  # type: ignore[arg-type]
 
 
-class CheckedRows:
-    """Row checks for a transaction class that can name an inode's path."""
+def damaged(inode: int, problem: str, path_of: PathOf) -> IntegrityError:
+    """The error for a file whose rows contradict each other, naming it."""
+    where = path_of(inode) or f"inode {inode} (no path names it)"
+    return IntegrityError(f"metadata damaged: {problem} (inode {inode})", where)
 
-    def path_of(self, inode: int) -> str | None:
-        raise NotImplementedError
 
-    def _damaged(self, inode: int, problem: str) -> IntegrityError:
-        """The error for a file whose rows contradict each other, naming it."""
-        where = self.path_of(inode) or f"inode {inode} (no path names it)"
-        return IntegrityError(f"metadata damaged: {problem} (inode {inode})", where)
+def extent_of(inode: int, row: Sequence[object], path_of: PathOf) -> Extent:
+    """One ``extents`` row joined with its chunk row (``EXTENT_ROWS``: the extent's offset,
+    length and chunk, the chunk's length and crc32c, the extent's chunk offset, the two
+    rows' sums) as a value, or ``IntegrityError``."""
+    offset, length, chunk, chunk_length, crc, chunk_offset, total, chunk_total = row
+    if not isinstance(chunk, str) or chunk_length is None:
+        raise damaged(
+            inode,
+            f"the extent at offset {offset} names chunk {chunk!r}, which has no chunk row",
+            path_of,
+        )
+    ref = chunk_ref(chunk, chunk_length, crc, chunk_total)
+    if (
+        ref is None
+        or type(offset) is not int
+        or type(length) is not int
+        or type(chunk_offset) is not int
+    ):
+        raise damaged(inode, f"the extent at offset {offset!r} does not decode", path_of)
+    if row_sum(inode, offset, length, chunk, chunk_offset) != total:
+        raise damaged(inode, f"the extent at offset {offset} does not match its checksum", path_of)
+    return Extent(offset, length, ref, chunk_offset)
 
-    def _extent(
-        self, inode: int, offset: object, length: object, chunk: object, *rest: object
-    ) -> Extent:
-        """One ``extents`` row joined with its chunk row (``EXTENT_ROWS``: the chunk's
-        length and crc32c, the extent's chunk offset, the two rows' sums) as a value, or
-        ``IntegrityError``."""
-        chunk_length, crc, chunk_offset, total, chunk_total = rest
-        if not isinstance(chunk, str) or chunk_length is None:
-            raise self._damaged(
-                inode,
-                f"the extent at offset {offset} names chunk {chunk!r}, which has no chunk row",
-            )
-        ref = chunk_ref(chunk, chunk_length, crc, chunk_total)
-        if (
-            ref is None
-            or type(offset) is not int
-            or type(length) is not int
-            or type(chunk_offset) is not int
-        ):
-            raise self._damaged(inode, f"the extent at offset {offset!r} does not decode")
-        if row_sum(inode, offset, length, chunk, chunk_offset) != total:
-            raise self._damaged(inode, f"the extent at offset {offset} does not match its checksum")
-        return Extent(offset, length, ref, chunk_offset)
 
-    def _tiled(
-        self, inode: int, extents: list[Extent], size: Sequence[object] | None
-    ) -> list[Extent]:
-        """A whole file's extents, if they tile its size (the inode row's ``size``)."""
-        length = size[0] if size else 0
-        problem = tiling_problem(length if isinstance(length, int) else -1, extents)
-        if problem is not None:
-            raise self._damaged(inode, f"{problem}; the file's size says {length}")
-        return extents
+def tiled(
+    inode: int, extents: list[Extent], size: Sequence[object] | None, path_of: PathOf
+) -> list[Extent]:
+    """A whole file's extents, if they tile its size (the inode row's ``size``)."""
+    length = size[0] if size else 0
+    problem = tiling_problem(length if isinstance(length, int) else -1, extents)
+    if problem is not None:
+        raise damaged(inode, f"{problem}; the file's size says {length}", path_of)
+    return extents

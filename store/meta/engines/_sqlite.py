@@ -9,9 +9,10 @@ exclusive transaction.
 
 A database is created only when asked (``create=True``): a mistyped path or
 an emptied file must not pass for a new, empty store. The files are the
-owner's alone (0600). The queries are ``SQLiteTx``'s (``_sqlite_tx.py``),
-which checks rows as they become values: damage in the file is an
-``IntegrityError`` naming the inode and path, never a wrong answer.
+owner's alone (0600). The queries are the transaction's concerns
+(``_sql_tx.py``) in SQLite's words (``_sqlite_tx.py``), which check rows as
+they become values: damage in the file is an ``IntegrityError`` naming the
+inode and path, never a wrong answer.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from ..._errors import GrabenError, IntegrityError, NoSpace, NotFound, Unavailable
 from .._repo import Conflict, R, Tx
 from ._schema import MIGRATIONS, SQLITE, scripts
-from ._sqlite_tx import SQLiteTx
+from ._sqlite_tx import sqlite_tx
 from ._sums import FUNCTION, row_sum
 
 BUSY_TIMEOUT_S = 60.0
@@ -160,10 +161,10 @@ class SQLiteRepository:
             raise
 
     @contextmanager
-    def read(self) -> Iterator[SQLiteTx]:
+    def read(self) -> Iterator[Tx]:
         try:
             with self._transaction("BEGIN DEFERRED") as db:
-                yield SQLiteTx(db)
+                yield sqlite_tx(db)
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
 
@@ -172,7 +173,7 @@ class SQLiteRepository:
         # Conflict means the tables contradict themselves, and running again cannot help.
         try:
             with self._transaction("BEGIN IMMEDIATE") as db:
-                return work(SQLiteTx(db))
+                return work(sqlite_tx(db))
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
         except Conflict as exc:

@@ -90,7 +90,7 @@ def test_a_number_taken_first_and_committed_last_is_not_missed(engine: Engine) -
     numbered, release = threading.Event(), threading.Event()
 
     def slow(tx: object) -> None:
-        tx.record_changes([("/slow", 7, 7)], time.time_ns())  # type: ignore[attr-defined]
+        tx.feed.record_changes([("/slow", 7, 7)], time.time_ns())  # type: ignore[attr-defined]
         numbered.set()
         assert release.wait(30)
 
@@ -119,7 +119,7 @@ def test_a_reader_behind_the_rows_kept_is_told_it_missed_some(engine: Engine) ->
     assert _feed(ns, cursor)
     for i in range(3):
         ns.namespace.mkdir(f"/b{i}")
-    repo.transact(lambda tx: tx.forget_changes(time.time_ns() + 1, 100))  # all of them go
+    repo.transact(lambda tx: tx.feed.forget_changes(time.time_ns() + 1, 100))  # all of them go
     ns.namespace.mkdir("/c")
     feed = ns.execute(Changes(*cursor.request(time.monotonic())))
     fresh, lost = cursor.advance(feed, time.monotonic())
@@ -130,7 +130,7 @@ def test_a_reader_behind_the_rows_kept_is_told_it_missed_some(engine: Engine) ->
 def test_old_rows_are_pruned_as_writes_go_on(engine: Engine) -> None:
     repo = engine.open()
     ns = Metadata(repo)
-    repo.transact(lambda tx: tx.record_changes([("/old", 0, 0)] * 50, 1))  # made long ago
+    repo.transact(lambda tx: tx.feed.record_changes([("/old", 0, 0)] * 50, 1))  # made long ago
     for i in range(200):  # a write prunes one time in PRUNE_ONE_IN
         ns.namespace.mkdir(f"/d{i}")
     oldest, newest = ns.execute(Changes(-1)).oldest, ns.execute(Changes(-1)).newest

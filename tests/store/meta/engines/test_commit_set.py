@@ -18,18 +18,20 @@ from pg_kit import (  # noqa: F401  (fixtures)
 
 from graben.store import AlreadyExists, DirectoryNotEmpty, NotADirectory, NotFound
 from graben.store.meta import Metadata
-from graben.store.meta.engines._sql_tx import SqlTx
+from graben.store.meta.engines._statements import Statements
 
 
 @pytest.fixture
 def statements(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """How many statements (or statement batches) the engines are sent."""
     sent: Counter[str] = Counter()
-    for name in ("_execute", "_many"):
-        for cls in SqlTx.__subclasses__():
+    for name in ("execute", "many"):
+        for cls in Statements.__subclasses__():
             real = getattr(cls, name)
 
-            def counted(self: SqlTx, *args: object, _real: object = real, _n: str = name) -> object:
+            def counted(
+                self: Statements, *args: object, _real: object = real, _n: str = name
+            ) -> object:
                 sent[_n] += 1
                 return _real(self, *args)  # type: ignore[operator]
 

@@ -84,15 +84,15 @@ def test_a_failed_transaction_rolls_back_everything(engine: Engine) -> None:
     made: list[Inode] = []
 
     def half(tx: Tx) -> None:
-        made.append(tx.create(Inode(0, "directory", 0, 0o755, 0, 1, 1)))
-        tx.link(1, "half", made[0].id)
+        made.append(tx.tree.create(Inode(0, "directory", 0, 0o755, 0, 1, 1)))
+        tx.tree.link(1, "half", made[0].id)
         raise RuntimeError("crash mid-transaction")
 
     with pytest.raises(RuntimeError):
         repo.transact(half)
     with repo.read() as tx:
-        assert tx.lookup(1, "half") is None
-        assert tx.get(made[0].id) is None
+        assert tx.tree.lookup(1, "half") is None
+        assert tx.tree.get(made[0].id) is None
 
 
 # -- names -----------------------------------------------------------------------------------
@@ -237,15 +237,15 @@ def test_pages_of_extents_and_chunks(engine: Engine) -> None:
     ns.commits.commit((file("/big", chunks),))
     ns.commits.commit((file("/other", chunks[:2]),))
     with engine.open().read() as tx:
-        node = tx.lookup(1, "big")
+        node = tx.tree.lookup(1, "big")
         assert node is not None
-        page = tx.extents_page(node.id, 2500, 3)  # from the extent covering 2500
+        page = tx.files.extents_page(node.id, 2500, 3)  # from the extent covering 2500
         assert [x.offset for x in page] == [2000, 3000, 4000]
-        assert len(tx.extents(node.id)) == 10
-        assert tx.chunk_users(chunks[0].id, 0, 10) == sorted(
-            i.id for i in (node, tx.lookup(1, "other")) if i is not None
+        assert len(tx.files.extents(node.id)) == 10
+        assert tx.files.chunk_users(chunks[0].id, 0, 10) == sorted(
+            i.id for i in (node, tx.tree.lookup(1, "other")) if i is not None
         )
-        assert tx.path_of(node.id) == "/big"
+        assert tx.tree.path_of(node.id) == "/big"
     seen, after = [], ""
     while True:
         page_ = ns.records.chunk_refs(after, 3)
@@ -307,10 +307,10 @@ def test_a_changed_file_size_is_found(engine: Engine, damaged: Metadata) -> None
         "(SELECT inode FROM entries WHERE name = 'file-0')"
     )
     with damaged.repo.read() as tx:
-        node = tx.lookup(tx.lookup(1, "d").id, "file-0")  # type: ignore[union-attr]
+        node = tx.tree.lookup(tx.tree.lookup(1, "d").id, "file-0")  # type: ignore[union-attr]
         assert node is not None
         with pytest.raises(IntegrityError, match=r"size.*/d/file-0"):
-            tx.extents(node.id)
+            tx.files.extents(node.id)
     assert "size is 19384" in _details(damaged)
 
 

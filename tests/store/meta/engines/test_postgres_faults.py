@@ -323,7 +323,7 @@ def test_commits_are_durable_whatever_the_server_default(
     pg_server.sql(pg_database, f'ALTER DATABASE "{pg_database}" SET synchronous_commit = off')
     repo = PostgresRepository(pg_url, create=True)
     try:
-        shown = repo.transact(lambda tx: tx._db.execute("SHOW synchronous_commit").fetchone())
+        shown = repo.transact(lambda tx: tx.sql.one("SHOW synchronous_commit"))
         assert shown == ("on",)
     finally:
         repo.close()

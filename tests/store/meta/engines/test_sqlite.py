@@ -46,14 +46,14 @@ def test_failed_transaction_rolls_back_everything(tmp_path: Path) -> None:
     made: list[Inode] = []
 
     def half(tx: Tx) -> None:
-        made.append(tx.create(Inode(0, "directory", 0, 0o755, 0, 1, 1)))
-        tx.link(1, "half", made[0].id)
+        made.append(tx.tree.create(Inode(0, "directory", 0, 0o755, 0, 1, 1)))
+        tx.tree.link(1, "half", made[0].id)
         raise RuntimeError("crash mid-transaction")
 
     with pytest.raises(RuntimeError):
         repo.transact(half)
     with repo.read() as tx:
-        assert tx.lookup(1, "half") is None
+        assert tx.tree.lookup(1, "half") is None
     repo.close()
 
 
