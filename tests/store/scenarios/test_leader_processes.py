@@ -33,8 +33,8 @@ from pg_kit import (  # noqa: F401  (fixtures)
 from ranks_kit import free_port
 
 from graben.store import connect
-from graben.store.cli._local import _spawn, _stop
 from graben.store.client import _loop
+from graben.store.local import spawn, stop
 from graben.store.meta.engines._postgres_url import display_url
 from graben.store.transport._requests import GetLayout
 
@@ -101,7 +101,7 @@ class Meta:
 
     def close(self) -> None:
         self.signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-        _stop([self.proc])
+        stop([self.proc])
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -168,7 +168,7 @@ def test_two_services_one_leads_and_status_shows_both_and_the_engine(
 
 def _node(root: Path, i: int, meta: Meta) -> tuple[subprocess.Popen[str], str]:
     """Data node ``i`` heartbeating to ``meta``, and its address."""
-    return _spawn(
+    return spawn(
         *("node", "serve", "--data", str(root / f"node{i}"), "--meta", meta.address),
         *("--rack", f"rack{i}", "--listen", "127.0.0.1:0"),
     )
@@ -223,7 +223,7 @@ def test_the_leader_killed_the_other_takes_over_and_repairs(
             eventually(lambda: not leader.me(other.health())["alive"], 10.0)  # silent 5 s: gone
             assert "GONE" in other.status().stdout
     finally:
-        _stop(nodes)
+        stop(nodes)
 
 
 def test_a_leader_stopped_past_its_lease_is_deposed_and_stays_so(
@@ -296,4 +296,4 @@ def test_a_deposed_leaders_late_repair_write_is_refused_by_the_fence(
     finally:
         for proc in nodes:
             proc.send_signal(signal.SIGCONT)
-        _stop(nodes)
+        stop(nodes)
