@@ -34,7 +34,7 @@ from ranks_kit import free_port
 
 from graben.store import connect
 from graben.store.client import _loop
-from graben.store.local import spawn, stop
+from graben.store.local import kill, spawn, stop
 from graben.store.meta.engines._postgres_url import display_url
 from graben.store.transport._requests import GetLayout
 
@@ -189,13 +189,6 @@ def _talks_to(pid: int, port: int) -> bool:
     return False
 
 
-def _kill(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
-
-
 def test_the_leader_killed_the_other_takes_over_and_repairs(
     two: tuple[Meta, Meta], tmp_path: Path
 ) -> None:
@@ -205,12 +198,12 @@ def test_the_leader_killed_the_other_takes_over_and_repairs(
     try:
         with connect(other.url, chunk_size=MiB) as client:
             eventually(lambda: alive(client) == 3)
-            _kill(nodes[1])
+            kill(nodes[1])
             data = os.urandom(4 * MiB)
             client.put("/during", data)  # replication 3, at least 2 copies: 2 now
             assert copies(client, "/during") == [2, 2, 2, 2]
 
-            _kill(leader.proc)
+            kill(leader.proc)
             took = eventually(lambda: _leads(other, other.health()), TAKEOVER_S)
             print(f"the other service took over in {took:.1f} s")
             assert other.health()["fence"] == fence + 1
@@ -271,7 +264,7 @@ def test_a_deposed_leaders_late_repair_write_is_refused_by_the_fence(
             (chunk,) = _loop.run(client.aio.meta.request(GetLayout("/f"))).replicas
         port = int(node3.rpartition(":")[2])
         nodes[3].send_signal(signal.SIGSTOP)  # a copy sent to it waits
-        _kill(nodes[0])
+        kill(nodes[0])
         sql = (
             Engine("postgresql", engine)
             if engine.startswith("postgresql")
