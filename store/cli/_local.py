@@ -96,7 +96,7 @@ def add_cluster(sub: Subparsers) -> None:
 
 
 def _cluster_up(args: argparse.Namespace) -> int:
-    if args.nodes < 1:
+    if args.nodes < 1:  # refused before the root is made (LocalCluster refuses it too)
         raise InvalidArgument("a cluster needs at least one data node")
     root: Path = args.root
     root.mkdir(0o700, parents=True, exist_ok=True)
