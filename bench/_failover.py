@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graben.store import GrabenError, connect
-from graben.store.cli._local import local_cluster, make_secret_file
+from graben.store.local import cluster_up, make_secret_file
 
 from ._kit import environ
 from ._postgres import USER, PgServer, start
@@ -176,7 +176,7 @@ def failover(pair: Pair, root: Path, promote_after_s: float = 0.0) -> Outcome:
     secret = make_secret_file(root / "secret")
     with (
         environ({"GRABEN_SECRET_FILE": str(secret)}),
-        local_cluster(
+        cluster_up(
             root,
             3,
             secret,

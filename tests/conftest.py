@@ -19,7 +19,7 @@ from cluster_kit import three_nodes
 from store_kit import SMALL_CHUNK
 
 from graben.store import Client, clear_shared_clients, connect
-from graben.store.cli._local import make_secret_file
+from graben.store.local import make_secret_file
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -21,8 +21,8 @@ import signal
 from time import sleep
 
 from graben.store import Client, connect
-from graben.store.cli._local import local_cluster, make_secret_file
 from graben.store.cli._trees import physical
+from graben.store.local import cluster_up, make_secret_file
 
 from .._context import Context
 from .._kit import block_buffer, drain, environ, gbps, random_data
@@ -51,7 +51,7 @@ def cluster_ec(ctx: Context) -> list[Result]:
     secret = make_secret_file(root / "secret")
     with (
         environ({"GRABEN_SECRET_FILE": str(secret)}),
-        local_cluster(root, NODES, secret) as url,
+        cluster_up(root, NODES, secret) as url,
         connect(url) as client,
         memoryview(buffer) as into,
     ):
@@ -116,7 +116,7 @@ def cluster_s3_tier(ctx: Context) -> list[Result]:
     tier = ("--s3-tier", "s3://bench/tier")
     with (
         environ({"GRABEN_SECRET_FILE": str(secret), **aws_env(dict(s3.storage_options))}),
-        local_cluster(root, 3, secret, extra=tier) as url,
+        cluster_up(root, 3, secret, extra=tier) as url,
         connect(url) as client,
         memoryview(buffer) as into,
     ):

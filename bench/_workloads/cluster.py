@@ -24,8 +24,7 @@ from graben.store import AsyncClient, Client, Unavailable, connect
 from graben.store._config import cluster_url
 from graben.store._config import endpoints as parse_endpoints
 from graben.store._hashing import chunk_ref
-from graben.store.cli._local import local_cluster as running_cluster
-from graben.store.cli._local import make_secret_file
+from graben.store.local import cluster_up, make_secret_file
 from graben.store.transport._remote import RemoteChunks
 from graben.store.transport._requests import Prepare
 
@@ -64,7 +63,7 @@ def local_cluster(ctx: Context) -> Iterator[str]:
     try:
         with (
             environ({"GRABEN_SECRET_FILE": str(secret)}),
-            running_cluster(root, 3, secret_file=secret) as url,
+            cluster_up(root, 3, secret_file=secret) as url,
         ):
             yield url
     except Unavailable as exc:
@@ -279,7 +278,7 @@ def _pg_cluster(services: int) -> Callable[[Context], AbstractContextManager[str
         root = ctx.shared / f"cluster-pg-{services}"
         root.mkdir(parents=True, exist_ok=True)
         secret = Path(os.environ["GRABEN_SECRET_FILE"])  # the SQLite cluster's, made first
-        with running_cluster(root, 3, secret, engine=engine, services=services) as url:
+        with cluster_up(root, 3, secret, engine=engine, services=services) as url:
             yield url
 
     return cluster

@@ -15,7 +15,7 @@ from pathlib import Path
 from time import perf_counter
 
 from graben.store import Client, connect
-from graben.store.cli._local import local_cluster, make_secret_file
+from graben.store.local import cluster_up, make_secret_file
 
 from .._context import Context
 from .._failover import failover, sync_pair
@@ -43,7 +43,7 @@ def cluster_hung_node(ctx: Context) -> list[Result]:
     secret = make_secret_file(root / "secret")
     with (
         environ({"GRABEN_SECRET_FILE": str(secret)}),
-        local_cluster(root, 3, secret) as url,
+        cluster_up(root, 3, secret) as url,
         connect(url, timeout=20, chunk_size=MiB) as client,
     ):
         client.put("/warm", os.urandom(MiB))  # connections open to every node

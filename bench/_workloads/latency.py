@@ -27,8 +27,7 @@ from time import perf_counter
 from urllib.parse import urlsplit
 
 from graben.store import AsyncClient, Unavailable
-from graben.store.cli._local import local_cluster as running_cluster
-from graben.store.cli._local import make_secret_file
+from graben.store.local import cluster_up, make_secret_file
 from graben.store.wire import auth
 
 from .._context import Context
@@ -118,7 +117,7 @@ def _delayed_cluster(services: int) -> Callable[[Context], AbstractContextManage
         secret = make_secret_file(root / "secret")
         token = auth.client_token(auth.load_secret(secret))
         try:
-            with running_cluster(root, 3, secret, engine=engine, services=services) as url:
+            with cluster_up(root, 3, secret, engine=engine, services=services) as url:
                 yield url, token
         except Unavailable as exc:
             raise Skip(str(exc)) from None

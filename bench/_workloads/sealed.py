@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from graben.store import Client, connect
-from graben.store.cli._local import local_cluster, make_secret_file
+from graben.store.local import cluster_up, make_secret_file
 
 from .._context import Context
 from .._kit import block_buffer, environ, gbps, random_data
@@ -65,7 +65,7 @@ def _cluster(ctx: Context, system: str, key: Path | None) -> Iterator[Client]:
     sealed = () if key is None else ("--encryption-key-file", str(key))
     with (
         environ({"GRABEN_SECRET_FILE": str(secret)}),
-        local_cluster(root, 3, secret, extra=sealed) as url,
+        cluster_up(root, 3, secret, extra=sealed) as url,
         connect(url, replication=1) as client,
     ):
         yield client

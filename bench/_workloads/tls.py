@@ -17,7 +17,7 @@ from pathlib import Path
 from time import perf_counter
 
 from graben.store import TLS, Client, Unavailable, connect
-from graben.store.cli._local import local_cluster as running_cluster
+from graben.store.local import cluster_up
 
 from .._context import Context
 from .._kit import block_buffer, drain, gbps, random_data
@@ -52,7 +52,7 @@ def tls_cluster(ctx: Context) -> Iterator[tuple[str, TLS]]:
     )
     secret = Path(os.environ["GRABEN_SECRET_FILE"])
     try:
-        with running_cluster(root / "data", 3, secret_file=secret, extra=flags) as url:
+        with cluster_up(root / "data", 3, secret_file=secret, extra=flags) as url:
             yield url, TLS(ca=root / "ca.pem")
     except Unavailable as exc:
         raise Skip(str(exc)) from None

@@ -7,7 +7,8 @@ errors as one line; ``_configfile``: servers' flags from a TOML file), the
 store's commands (``_cmds``: ls stat du mkdir rm mv cp fsck; ``_transfer``: cat get
 put; ``_trees``: walking a tree for cp, get -r and du --physical), the
 cluster's (``_cluster``: meta serve, node serve, status; ``_local``: cluster
-up) and what they print (``_render``). ``python -m graben.store.cli`` runs it.
+up's flags, its servers started by ``graben.store.local``) and what they print
+(``_render``). ``python -m graben.store.cli`` runs it.
 
 May import: every layer of the store (it is the top one); nothing below
 imports it.

@@ -6,8 +6,8 @@ others are told to dial: ``--advertise`` if given, else ``--listen``'s.
 Default ports: the metadata service 7100, a data node the first free one from
 7200 upward on its ``--listen`` host; ``--listen HOST:0`` picks any free port
 (tests do, to run side by side).
-``cluster up`` (``_local``) starts them on this machine. ``meta serve``
-creates a new store only with ``--init``.
+``cluster up`` (``_local``, with ``graben.store.local``) starts them on this
+machine. ``meta serve`` creates a new store only with ``--init``.
 
 Every server needs the cluster secret: ``--secret-file``, else
 ``$GRABEN_SECRET`` / ``$GRABEN_SECRET_FILE``.
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from ..meta import Repository, SQLiteRepository
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-READY_TIMEOUT_S = 30.0
 OPEN_FILES = 65536
 """Descriptors a server asks for at start: each client connection holds one, and a
 thousand-rank job holds a thousand connections to the metadata service and to each

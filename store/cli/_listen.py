@@ -73,15 +73,6 @@ def metrics_arg(parser: argparse.ArgumentParser, where: str = "") -> None:
     )
 
 
-def metrics_at(metrics: tuple[str, int] | None, offset: int) -> tuple[str, ...]:
-    """``cluster up``'s ``--metrics`` for its server number ``offset`` (0: the metadata
-    service, 1 + i: node i); port 0 stays 0 (any free port) for each."""
-    if metrics is None:
-        return ()
-    host, port = metrics
-    return ("--metrics", f"{host}:{port + offset if port else 0}")
-
-
 def check_advertise(listen: tuple[str, int | None], advertise: object) -> None:
     """Refuse, before binding, a wildcard address nobody could dial."""
     if listen[0] in WILDCARDS and advertise is None:

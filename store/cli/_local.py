@@ -1,6 +1,6 @@
-"""``graben cluster up``: a metadata service (or several) and N data nodes on this
-machine, as child processes; and the helpers that start and stop such servers
-(the tests and the bench use them too).
+"""``graben cluster up``: its flags, and the foreground wait. The servers are
+``graben.store.local``'s ``LocalCluster``: a metadata service (or several) and N
+data nodes on this machine, as child processes.
 
 ``cluster up`` prints the cluster's URL on stdout once every node has
 heartbeated (every metadata service's address in it), and stops them all on
@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from .._config import TLS
-from .._errors import IntegrityError, InvalidArgument, Unavailable
-from ..wire import auth
-from ._cluster import READY_TIMEOUT_S, Subparsers
-from ._listen import META_PORT, NODE_PORT, metrics_arg, metrics_at
+from .._errors import InvalidArgument
+from ..local import LocalCluster, is_new_store, make_secret_file
+from ._cluster import Subparsers
+from ._listen import META_PORT, NODE_PORT, metrics_arg
 from ._logs import log_arg
 from ._main import config_arg
 from ._tls import server_tls, server_tls_args, tls_flags, tls_hint
@@ -99,97 +95,14 @@ def add_cluster(sub: Subparsers) -> None:
     up.set_defaults(run=_cluster_up)
 
 
-def _node_listen(args: argparse.Namespace, i: int) -> tuple[str, ...]:
-    """Node ``i``'s ``--listen``: ``--node-port`` + i, any port with ``--port 0``, else
-    none (the first free from the default)."""
-    if args.node_port is not None:
-        return ("--listen", f"127.0.0.1:{args.node_port + i if args.node_port else 0}")
-    return ("--listen", "127.0.0.1:0") if args.port == 0 else ()
-
-
-def _spawn(*argv: str) -> tuple[subprocess.Popen[str], str]:
-    """Start a ``graben`` server process; returns it and the address it listens on."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "graben.store.cli", *argv],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    try:
-        line = proc.stdout.readline().strip()
-    except BaseException:  # interrupted: leave nothing of it behind
-        _abandon(proc)
-        raise
-    if not line.startswith("listening on "):
-        _abandon(proc)
-        raise Unavailable(f"graben {argv[0]} did not start (said {line!r})")
-    return proc, line.removeprefix("listening on ")
-
-
-def _abandon(proc: subprocess.Popen[str]) -> None:
-    """A server that did not start: killed, reaped, and its pipe closed."""
-    proc.kill()
-    proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
-
-
-@contextlib.contextmanager
-def local_cluster(
-    root: Path,
-    nodes: int = 3,
-    secret_file: Path | None = None,
-    *,
-    engine: str | None = None,
-    services: int = 1,
-    extra: tuple[str, ...] = (),
-) -> Iterator[str]:
-    """``graben cluster up`` in a child process for the block, on any free ports;
-    yields the cluster's URL (every metadata service's address in it). ``extra``:
-    more of its flags (``--tls-cert ...``).
-
-    Its secret is ``secret_file``, else ``root/secret``; clients need it too.
-    """
-    secret = ("--secret-file", str(secret_file)) if secret_file else ()
-    metadata = ("--services", str(services), *(("--engine", engine) if engine else ()))
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "graben.store.cli", "cluster", "up"),
-            *(
-                "--nodes",
-                str(nodes),
-                "--root",
-                str(root),
-                "--port",
-                "0",
-                *secret,
-                *metadata,
-                *extra,
-            ),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
-        if not url.startswith("graben://"):
-            raise Unavailable(f"the local cluster did not start (said {url!r})")
-        yield url
-    finally:
-        _stop([proc])
-
-
 def _cluster_up(args: argparse.Namespace) -> int:
-    if args.nodes < 1:
+    if args.nodes < 1:  # refused before the root is made (LocalCluster refuses it too)
         raise InvalidArgument("a cluster needs at least one data node")
     root: Path = args.root
     root.mkdir(0o700, parents=True, exist_ok=True)
-    replication = args.replication or min(3, args.nodes)
     secret_file: Path = (args.secret_file or make_secret_file(root / "secret")).resolve()
     tls = server_tls(args)
-    shared: tuple[str, ...] = ("--secret-file", str(secret_file), *tls_flags(args))
-    shared = (*shared, "--log-level", args.log_level)
+    shared = (*tls_flags(args), "--log-level", args.log_level)
     if args.s3_tier is not None:  # the same tier for the metadata service and every node
         shared = (*shared, "--s3-tier", args.s3_tier)
     sealed = (
@@ -199,117 +112,40 @@ def _cluster_up(args: argparse.Namespace) -> int:
     )
     if args.config is not None:  # the servers take their own tables of it
         shared = (*shared, "--config", str(args.config.resolve()))
-    procs: list[subprocess.Popen[str]] = []
-    started = time.time()
-    try:
-        addresses = []
-        for i, first in enumerate(_services(args.services, _first_start(root, args.engine))):
-            meta, address = _spawn(
-                "meta",
-                "serve",
-                *first,
-                "--engine",
-                args.engine or f"sqlite:///{root.resolve() / 'meta.db'}",
-                "--listen",
-                f"127.0.0.1:{args.port + i if args.port else 0}",
-                "--replication",
-                str(replication),
-                "--heartbeat-timeout",
-                str(args.heartbeat_timeout),
-                *metrics_at(args.metrics, i and args.nodes + i),  # after the nodes' ports
-                *shared,
-            )
-            procs.append(meta)
-            addresses.append(address)
-        address = addresses[0]
-        for i in range(args.nodes):
-            node, _ = _spawn(
-                "node",
-                "serve",
-                "--data",
-                str(root / f"node{i}"),
-                "--meta",
-                ",".join(addresses),
-                "--rack",
-                f"rack{i}",
-                *_node_listen(args, i),
-                *metrics_at(args.metrics, 1 + i),
-                *sealed,
-                *shared,
-            )
-            procs.append(node)
-        token = auth.client_token(auth.load_secret(secret_file))
-        _wait_for_nodes(f"graben://{address}", args.nodes, token, started, tls=tls)
-        print(f"graben://{','.join(addresses)}", flush=True)
+    with LocalCluster(
+        root,
+        args.nodes,
+        metas=args.services,
+        engine=args.engine,
+        init=is_new_store(root, args.engine),
+        replication=args.replication,
+        heartbeat_timeout=args.heartbeat_timeout,
+        port=args.port,
+        node_port=_node_port(args),
+        metrics=args.metrics,
+        secret_file=secret_file,
+        meta_args=shared,
+        node_args=(*sealed, *shared),
+        tls=tls,
+    ) as cluster:
+        print(cluster.url, flush=True)
         print(
-            f"graben cluster: {args.nodes} data nodes, replication {replication}; Ctrl-C stops it\n"
+            f"graben cluster: {args.nodes} data nodes, replication {cluster.replication}; "
+            "Ctrl-C stops it\n"
             f"clients need its secret: export GRABEN_SECRET_FILE={secret_file}" + tls_hint(tls),
             file=sys.stderr,
             flush=True,
         )
         _wait_for_signal()
-    finally:
-        _stop(procs)
     return 0
 
 
-def _services(count: int, first: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
-    """The extra arguments of each of ``count`` metadata services: ``first``'s for the
-    first (which makes the store if it is new), none for the others."""
-    if count < 1:
-        raise InvalidArgument("a cluster needs at least one metadata service")
-    yield first
-    for _ in range(count - 1):
-        yield ()
-
-
-def _first_start(root: Path, engine: str | None = None) -> tuple[str, ...]:
-    """``("--init",)`` when the cluster in ``root`` is new; refuse a lost ``meta.db``
-    beside data nodes that already belong to a store. With another ``engine``, the
-    store is new if no data node in ``root`` belongs to one."""
-    joined = sorted(str(p.parent) for p in root.glob("node*/store-id"))
-    if engine is not None:
-        return () if joined else ("--init",)
-    if (root / "meta.db").exists():
-        return ()
-    if joined:
-        raise IntegrityError(
-            f"the metadata database is missing, but data nodes already belong to a store "
-            f"({', '.join(joined)}); refusing to start a new, empty store over their "
-            "chunks (restore meta.db)",
-            str(root / "meta.db"),
-        )
-    return ("--init",)
-
-
-def make_secret_file(path: Path) -> Path:
-    """A new random secret in a 0600 file at ``path``, unless one is there already."""
-    with contextlib.suppress(FileExistsError):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(auth.new_secret() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-    return path
-
-
-def _wait_for_nodes(
-    url: str, count: int, token: str | None = None, since: float = 0.0, *, tls: TLS | None = None
-) -> None:
-    """Return once ``count`` data nodes have heartbeated to the cluster at ``url`` (at or
-    after unix time ``since``: a restarted cluster's engine still lists its nodes' old
-    addresses, alive for a while yet). ``tls``: the servers' own TLS (``None``:
-    plaintext, whatever the environment says)."""
-    from ..client import connect
-
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    with connect(url, token=token, tls=tls, wait=READY_TIMEOUT_S) as client:
-        while time.monotonic() < deadline:
-            nodes = client.health().nodes
-            if sum(n.alive and n.last_seen >= since for n in nodes) >= count:
-                return
-            time.sleep(0.1)
-    raise Unavailable(f"the data nodes did not all report to {url} within {READY_TIMEOUT_S} s")
+def _node_port(args: argparse.Namespace) -> int | None:
+    """The nodes' first port: ``--node-port``; any with ``--port 0``; else none (each
+    the first free from the default)."""
+    if args.node_port is not None:
+        return int(args.node_port)
+    return 0 if args.port == 0 else None
 
 
 def _wait_for_signal() -> None:
@@ -323,17 +159,3 @@ def _wait_for_signal() -> None:
     with contextlib.suppress(KeyboardInterrupt):
         while not stop:
             time.sleep(0.2)
-
-
-def _stop(procs: list[subprocess.Popen[str]]) -> None:
-    for proc in reversed(procs):
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()

@@ -12,8 +12,8 @@ import pytest
 
 from graben.store import InvalidArgument, connect
 from graben.store.cli._configfile import config_defaults, load_config
-from graben.store.cli._local import _stop
 from graben.store.cli._main import apply_config, build_parser
+from graben.store.local import stop
 
 GRABEN = (sys.executable, "-m", "graben.store.cli")
 
@@ -48,7 +48,7 @@ scrub-interval = 600
             client.put("/from-config", b"x" * 100_000)
             assert client.get("/from-config") == b"x" * 100_000
     finally:
-        _stop([proc])
+        stop([proc])
     assert sorted(p.name for p in (tmp_path / "cluster").glob("node*")) == [
         "node0",
         "node1",

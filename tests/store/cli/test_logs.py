@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from graben.store import connect
-from graben.store.cli._local import _spawn, _stop, _wait_for_nodes
 from graben.store.cli._logs import Repeats
+from graben.store.local import spawn, stop, wait_for_nodes
 
 LINE = re.compile(
     r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (DEBUG|INFO|WARNING|ERROR) graben\.\w+: "
@@ -88,21 +88,21 @@ def test_a_meta_service_that_cannot_repair_logs_a_few_lines_not_one_per_chunk(
         started = time.time()
         for i in range(3):
             nodes.append(
-                _spawn(
+                spawn(
                     *("node", "serve", "--data", str(tmp_path / f"n{i}"), "--meta", address),
                     *("--rack", f"r{i}", "--listen", "127.0.0.1:0"),
                 )[0]
             )
         url = f"graben://{address}"
-        _wait_for_nodes(url, 3, since=started)
+        wait_for_nodes(url, 3, since=started)
         with connect(url, chunk_size=4096) as client:
             client.put("/fourteen-chunks", os.urandom(14 * 4096))
-        _stop(nodes[1:])  # two of three gone: no chunk can get its copies back
+        stop(nodes[1:])  # two of three gone: no chunk can get its copies back
         time.sleep(8.0)  # past the heartbeat timeout, then ~25 repair rounds
         meta.send_signal(signal.SIGTERM)
         meta.wait(10)
     finally:
-        _stop([meta, *nodes])
+        stop([meta, *nodes])
     lines = log.read_text().splitlines()
     repairs = [line for line in lines if "cannot repair" in line]
     assert 1 <= len(repairs) <= 2, lines

@@ -26,7 +26,7 @@ import pytest
 from ranks_kit import free_port
 
 from graben.store import Client, GrabenFileSystem, InvalidArgument, NotFound, connect
-from graben.store.cli._local import local_cluster
+from graben.store.local import cluster_up
 
 DECOY = b"decoy: the wrong store"
 TRUTH = b"truth: the store the URL names " * 3
@@ -36,7 +36,7 @@ TRUTH = b"truth: the store the URL names " * 3
 def cluster_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A second real cluster on loopback, beside the session's."""
     secret = Path(os.environ["GRABEN_SECRET_FILE"])
-    with local_cluster(tmp_path_factory.mktemp("cluster-b"), nodes=1, secret_file=secret) as url:
+    with cluster_up(tmp_path_factory.mktemp("cluster-b"), nodes=1, secret_file=secret) as url:
         yield url
 
 

@@ -187,7 +187,7 @@ def test_a_flipped_byte_in_one_encrypted_copy_is_read_past_reported_listed_and_r
             assert (problem.kind, problem.paths) == ("corrupt", ("/listed",))
             assert victim.name in problem.where and "authentication tag" in problem.detail
             assert client.health().bad == 2
-            cluster.restart_meta(repair=0.5)
+            cluster.restart_meta(extra=("--repair-interval", "0.5"))
             eventually(lambda: copies(client, "/read") == copies(client, "/listed") == [3])
             eventually(lambda: client.health().bad == 0 and not client.fsck().problems)
             assert client.get("/read") == read and client.get("/listed") == listed

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from graben.store.cli._local import _spawn, _stop
+from graben.store.local import spawn, stop
 
 GRABEN = (sys.executable, "-m", "graben.store.cli")
 
@@ -17,7 +17,7 @@ GRABEN = (sys.executable, "-m", "graben.store.cli")
 def _meta(root: Path) -> None:
     """A metadata service given no port takes 7100; a second one says it is taken."""
     engine = ("--engine", f"sqlite:///{root / 'meta.db'}")
-    first, address = _spawn("meta", "serve", "--init", *engine)
+    first, address = spawn("meta", "serve", "--init", *engine)
     try:
         assert address == "127.0.0.1:7100", address
         second = subprocess.run(
@@ -31,12 +31,12 @@ def _meta(root: Path) -> None:
         assert "cannot listen on 127.0.0.1:7100" in second.stderr, second.stderr
         assert "Traceback" not in second.stderr, second.stderr
     finally:
-        _stop([first])
+        stop([first])
 
 
 def _node(root: Path) -> None:
     """A node given no port takes the first free one from 7200."""
-    meta, address = _spawn(
+    meta, address = spawn(
         "meta",
         "serve",
         "--init",
@@ -47,16 +47,16 @@ def _node(root: Path) -> None:
     )
     held = socket.create_server(("127.0.0.1", 7200))
     try:
-        node, where = _spawn("node", "serve", "--data", str(root / "n"), "--meta", address)
+        node, where = spawn("node", "serve", "--data", str(root / "n"), "--meta", address)
         try:
             host, port = where.rsplit(":", 1)
             assert host == "127.0.0.1", where
             assert 7200 < int(port) < 7300, where  # 7200 is ours: the next free one
         finally:
-            _stop([node])
+            stop([node])
     finally:
         held.close()
-        _stop([meta])
+        stop([meta])
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ from cluster_kit import three_nodes
 from graben.store import Client, PermissionDenied, Unavailable, connect
 from graben.store._hashing import chunk_ref
 from graben.store._types import Capability, ChunkRef
-from graben.store.cli._local import local_cluster
 from graben.store.client import _loop
+from graben.store.local import cluster_up
 from graben.store.transport import ChunkCall, NodeQuery, Written
 from graben.store.transport._remote import RemoteChunks
 from graben.store.transport._requests import GetLayout, Grant, Prepare
@@ -212,7 +212,7 @@ def test_servers_refuse_to_start_without_a_secret(tmp_path: Path) -> None:
 def test_cluster_up_makes_a_private_secret_that_clients_need(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with local_cluster(tmp_path, nodes=1) as url:
+    with cluster_up(tmp_path, nodes=1) as url:
         secret = tmp_path / "secret"
         assert stat.S_IMODE(secret.stat().st_mode) == 0o600
         with connect(url) as client, pytest.raises(PermissionDenied):  # the session's secret

@@ -32,9 +32,8 @@ from cluster_kit import LocalCluster
 from pg_kit import pg_database_fixture, pg_server_fixture, pg_url_fixture  # noqa: F401
 from store_kit import SMALL_CHUNK
 
-from graben.store import Client, InvalidArgument, connect, split_url
+from graben.store import Client, InvalidArgument, connect, local, split_url
 from graben.store._config import resolve
-from graben.store.cli._local import _spawn, _stop
 from graben.store.cli._main import build_parser
 from graben.store.fsspec._urls import url_of
 
@@ -318,14 +317,14 @@ def test_a_name_with_several_addresses_is_several_services(
     serve = ("meta", "serve", "--init", "--engine", engine, "--replication", "3")
     procs: list[subprocess.Popen[str]] = []
     try:
-        first, address = _spawn(*serve, "--listen", "127.0.0.2:0")
+        first, address = local.spawn(*serve, "--listen", "127.0.0.2:0")
         procs.append(first)
         port = int(address.rpartition(":")[2])
-        second, _ = _spawn(*serve, "--listen", f"127.0.0.3:{port}")
+        second, _ = local.spawn(*serve, "--listen", f"127.0.0.3:{port}")
         procs.append(second)
         metas = f"127.0.0.2:{port},127.0.0.3:{port}"
         for i in range(3):
-            node, _ = _spawn(
+            node, _ = local.spawn(
                 *("node", "serve", "--data", str(tmp_path / f"n{i}"), "--meta", metas),
                 *("--rack", f"r{i}", "--listen", "127.0.0.1:0"),
             )
@@ -344,7 +343,7 @@ def test_a_name_with_several_addresses_is_several_services(
         assert len(moves) == 1 and f"127.0.0.2:{port}" in moves[0]
         assert f"moving to 127.0.0.3:{port}" in moves[0]
     finally:
-        _stop(procs)
+        local.stop(procs)
 
 
 def _wait_for(check: Any, within: float = 30.0) -> None:

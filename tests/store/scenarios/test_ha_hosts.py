@@ -30,7 +30,7 @@ from ranks_kit import stacks
 from graben.bench._postgres import NoPostgres, PgServer
 from graben.bench._postgres import start as start_postgres
 from graben.store import AsyncClient, GrabenError, connect
-from graben.store.cli._local import make_secret_file
+from graben.store.local import make_secret_file
 
 pytestmark = [needs_netns, pytest.mark.slow]
 MiB = 1 << 20

@@ -255,19 +255,19 @@ def test_the_cli_says_why_it_refuses_and_force_overrides(tmp_path: Path) -> None
 
 
 def test_cluster_up_creates_its_store_once_and_restarts_on_it(tmp_path: Path) -> None:
-    from graben.store.cli._local import local_cluster
+    from graben.store.local import cluster_up
 
     secret = Path(os.environ["GRABEN_SECRET_FILE"])
-    with local_cluster(tmp_path, nodes=1, secret_file=secret) as url, connect(url) as client:
+    with cluster_up(tmp_path, nodes=1, secret_file=secret) as url, connect(url) as client:
         client.put("/first", b"first")
         first_id = client.health().store_id
-    with local_cluster(tmp_path, nodes=1, secret_file=secret) as url, connect(url) as client:
+    with cluster_up(tmp_path, nodes=1, secret_file=secret) as url, connect(url) as client:
         assert client.get("/first") == b"first"
         assert client.health().store_id == first_id
     (tmp_path / "meta.db").unlink()
     for suffix in ("-wal", "-shm"):
         Path(f"{tmp_path / 'meta.db'}{suffix}").unlink(missing_ok=True)
-    with pytest.raises(Unavailable), local_cluster(tmp_path, nodes=1, secret_file=secret):
+    with pytest.raises(Unavailable), cluster_up(tmp_path, nodes=1, secret_file=secret):
         pass
     assert not (tmp_path / "meta.db").exists()
 

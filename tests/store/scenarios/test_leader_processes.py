@@ -33,8 +33,8 @@ from pg_kit import (  # noqa: F401  (fixtures)
 from ranks_kit import free_port
 
 from graben.store import connect
-from graben.store.cli._local import _spawn, _stop
 from graben.store.client import _loop
+from graben.store.local import kill, spawn, stop
 from graben.store.meta.engines._postgres_url import display_url
 from graben.store.transport._requests import GetLayout
 
@@ -101,7 +101,7 @@ class Meta:
 
     def close(self) -> None:
         self.signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-        _stop([self.proc])
+        stop([self.proc])
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -168,7 +168,7 @@ def test_two_services_one_leads_and_status_shows_both_and_the_engine(
 
 def _node(root: Path, i: int, meta: Meta) -> tuple[subprocess.Popen[str], str]:
     """Data node ``i`` heartbeating to ``meta``, and its address."""
-    return _spawn(
+    return spawn(
         *("node", "serve", "--data", str(root / f"node{i}"), "--meta", meta.address),
         *("--rack", f"rack{i}", "--listen", "127.0.0.1:0"),
     )
@@ -189,13 +189,6 @@ def _talks_to(pid: int, port: int) -> bool:
     return False
 
 
-def _kill(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
-
-
 def test_the_leader_killed_the_other_takes_over_and_repairs(
     two: tuple[Meta, Meta], tmp_path: Path
 ) -> None:
@@ -205,12 +198,12 @@ def test_the_leader_killed_the_other_takes_over_and_repairs(
     try:
         with connect(other.url, chunk_size=MiB) as client:
             eventually(lambda: alive(client) == 3)
-            _kill(nodes[1])
+            kill(nodes[1])
             data = os.urandom(4 * MiB)
             client.put("/during", data)  # replication 3, at least 2 copies: 2 now
             assert copies(client, "/during") == [2, 2, 2, 2]
 
-            _kill(leader.proc)
+            kill(leader.proc)
             took = eventually(lambda: _leads(other, other.health()), TAKEOVER_S)
             print(f"the other service took over in {took:.1f} s")
             assert other.health()["fence"] == fence + 1
@@ -223,7 +216,7 @@ def test_the_leader_killed_the_other_takes_over_and_repairs(
             eventually(lambda: not leader.me(other.health())["alive"], 10.0)  # silent 5 s: gone
             assert "GONE" in other.status().stdout
     finally:
-        _stop(nodes)
+        stop(nodes)
 
 
 def test_a_leader_stopped_past_its_lease_is_deposed_and_stays_so(
@@ -271,7 +264,7 @@ def test_a_deposed_leaders_late_repair_write_is_refused_by_the_fence(
             (chunk,) = _loop.run(client.aio.meta.request(GetLayout("/f"))).replicas
         port = int(node3.rpartition(":")[2])
         nodes[3].send_signal(signal.SIGSTOP)  # a copy sent to it waits
-        _kill(nodes[0])
+        kill(nodes[0])
         sql = (
             Engine("postgresql", engine)
             if engine.startswith("postgresql")
@@ -296,4 +289,4 @@ def test_a_deposed_leaders_late_repair_write_is_refused_by_the_fence(
     finally:
         for proc in nodes:
             proc.send_signal(signal.SIGCONT)
-        _stop(nodes)
+        stop(nodes)

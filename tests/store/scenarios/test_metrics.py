@@ -16,7 +16,7 @@ from cluster_kit import LocalCluster, scrape, sum_of
 from ranks_kit import free_port
 
 from graben.store import connect
-from graben.store.cli._local import _spawn, _stop
+from graben.store.local import spawn, stop
 
 MiB = 1 << 20
 
@@ -108,7 +108,7 @@ def test_cluster_up_serves_each_servers_metrics_on_ports_in_a_row(tmp_path: Path
         assert any(k.startswith('graben_requests_total{op="meta.Heartbeat"') for k in meta)
         assert all(n["graben_free_bytes"] > 0 for n in nodes)
     finally:
-        _stop([proc])
+        stop([proc])
 
 
 def test_a_metrics_port_taken_is_a_clear_error(tmp_path: Path) -> None:
@@ -139,11 +139,11 @@ def test_metrics_from_the_config_file(tmp_path: Path) -> None:
         f'[meta]\nengine = "sqlite:///{tmp_path / "meta.db"}"\ninit = true\n'
         f'listen = "127.0.0.1:0"\nmetrics = "127.0.0.1:{port}"\n'
     )
-    proc, _ = _spawn("meta", "serve", "--config", str(config))
+    proc, _ = spawn("meta", "serve", "--config", str(config))
     try:
         assert "graben_repair_queue" in scrape(port)
     finally:
-        _stop([proc])
+        stop([proc])
 
 
 def test_stats_shows_the_rates_of_each_server(

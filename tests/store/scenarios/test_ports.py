@@ -15,7 +15,7 @@ import pytest
 from cluster_kit import LocalCluster
 
 from graben.store import connect
-from graben.store.cli._local import _spawn, _stop, local_cluster
+from graben.store.local import cluster_up, spawn, stop
 
 GRABEN = (sys.executable, "-m", "graben.store.cli")
 
@@ -84,7 +84,7 @@ def test_a_wildcard_listen_address_needs_an_advertised_one(tmp_path: Path) -> No
 
 def test_a_node_heartbeats_its_advertised_address(cluster: LocalCluster, tmp_path: Path) -> None:
     # 127.0.0.2 is loopback too: the node binds every interface and is told to be dialled there.
-    proc, address = _spawn(
+    proc, address = spawn(
         *("node", "serve", "--data", str(tmp_path / "n"), "--meta", cluster.meta_address),
         *("--listen", "0.0.0.0:0", "--advertise", "127.0.0.2"),
     )
@@ -97,7 +97,7 @@ def test_a_node_heartbeats_its_advertised_address(cluster: LocalCluster, tmp_pat
         with connect(cluster.url) as client:
             assert address in {n.address for n in client.health().nodes if n.alive}
     finally:
-        _stop([proc])
+        stop([proc])
 
 
 def test_a_server_raises_its_open_file_limit_for_a_thousand_clients(tmp_path: Path) -> None:
@@ -153,7 +153,7 @@ def test_cluster_up_puts_its_nodes_on_node_port_and_up(
     """``--port N`` moved the metadata service but left the nodes on 7200 and up."""
     first = _free_run(3)
     ports = ("--port", str(first), "--node-port", str(first + 1))
-    with local_cluster(tmp_path, 2, extra=ports) as url:
+    with cluster_up(tmp_path, 2, extra=ports) as url:
         assert url == f"graben://127.0.0.1:{first}"
         monkeypatch.setenv("GRABEN_SECRET_FILE", str(tmp_path / "secret"))
         with connect(url) as client:

@@ -26,9 +26,8 @@ from pg_kit import (  # noqa: F401  (fixtures)
 )
 from store_kit import SMALL_CHUNK
 
-from graben.store import NotFound, Unavailable, connect
+from graben.store import NotFound, Unavailable, connect, local
 from graben.store._types import DAMAGE
-from graben.store.cli._local import _spawn, _stop, make_secret_file
 from graben.store.meta.engines._postgres_url import display_url
 
 GRABEN = (sys.executable, "-m", "graben.store.cli")
@@ -84,7 +83,7 @@ def test_without_psycopg_meta_serve_says_what_to_install(tmp_path: Path) -> None
     # psycopg is optional: the store and its command line import without it.
     hide = "import sys; sys.modules['psycopg'] = sys.modules['psycopg_pool'] = None; "
     run = "from graben.store.cli import main; sys.exit(main(sys.argv[1:]))"
-    secret = make_secret_file(tmp_path / "secret")
+    secret = local.make_secret_file(tmp_path / "secret")
     engine = "postgresql://graben@127.0.0.1:1/graben"
     done = subprocess.run(
         [
@@ -128,7 +127,7 @@ def test_a_cluster_on_postgresql_serves_every_operation(
 
 
 def test_two_metadata_services_serve_one_store(cluster: LocalCluster) -> None:
-    second, address = _spawn(
+    second, address = local.spawn(
         *("meta", "serve", "--engine", cluster.engine, "--replication", "3"),
         *("--listen", "127.0.0.1:0"),
     )
@@ -148,7 +147,7 @@ def test_two_metadata_services_serve_one_store(cluster: LocalCluster) -> None:
             assert one.health().store_id == two.health().store_id
             assert two.fsck().ok
     finally:
-        _stop([second])
+        local.stop([second])
 
 
 def test_puts_through_a_postgresql_restart_are_whole_or_refused(

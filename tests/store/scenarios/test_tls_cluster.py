@@ -23,8 +23,8 @@ from store_kit import SMALL_CHUNK
 from tls_kit import Pki, make_pki
 
 from graben.store import TLS, Client, TLSError, connect
-from graben.store.cli._local import _stop
 from graben.store.client import _loop
+from graben.store.local import stop
 from graben.store.transport._requests import GetLayout
 
 MiB = 1 << 20
@@ -267,7 +267,7 @@ def test_a_tls_cluster_starts_from_a_config_file_alone(pki: Pki, tmp_path: Path)
                 plain.ls("/")
     finally:
         proc.send_signal(signal.SIGTERM)
-        _stop([proc])
+        stop([proc])
         assert proc.stderr is not None
         proc.stderr.close()
 
@@ -294,7 +294,7 @@ def test_a_flood_of_failed_handshakes_is_one_log_line(pki: Pki, tmp_path: Path) 
         with connect(f"graben://{address}", tls=TLS(ca=pki.ca)) as client:
             assert client.ls("/") == []  # still serving
     finally:
-        _stop([proc])
+        stop([proc])
     assert proc.stderr is not None
     log = proc.stderr.read()
     proc.stderr.close()
