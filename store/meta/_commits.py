@@ -245,7 +245,7 @@ class Commits:
         round trip each across a network), not per file. A path twice: one at a time, in
         order, each version replacing the last."""
         # A service that has not yet seen this store become encrypted (no node listed
-        # since, as ``Bookkeeping.heed_sealing`` learns it) looks before it keeps a
+        # since, as ``NodeRegistry.heed_sealing`` learns it) looks before it keeps a
         # file's bytes, which would be their only plaintext at rest.
         inline = any(s.data is not None for c in commits for s in c.stored)
         if self._policy.inline_max and inline and encrypted(tx.identity.sealed()):
