@@ -158,6 +158,15 @@ def _mounts_under(path: Path) -> list[str]:
     return [p for p in points if p.startswith(f"{path}/")]
 
 
+def _kill_group(group: int) -> bool:
+    """Kill what is left of a session's process group; whether anything was."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _gone(pid: int, within: float = 10.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -172,8 +181,7 @@ def _gone(pid: int, within: float = 10.0) -> bool:
 def _leave_nothing(group: int, tmp_path: Path, daemons: list[int]) -> None:
     """What a failed session left: its processes (its own group) and its mounts (whose
     daemons run in sessions of their own, by the pids ``graben mount`` printed)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(group, signal.SIGKILL)
+    _kill_group(group)
     for point in _mounts_under(tmp_path):
         subprocess.run(["fusermount3", "-u", "-z", point], check=False, capture_output=True)
     for pid in daemons:
@@ -202,14 +210,15 @@ def _run(script: str, tmp_path: Path) -> tuple[int, str, str]:
     try:
         out, err = proc.communicate(timeout=SESSION_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        _kill_group(proc.pid)  # its commands hold the pipes too
         out, err = proc.communicate()
         err += f"\n(the session took more than {SESSION_TIMEOUT_S} s)"
     finally:
         daemons = [int(pid) for pid in re.findall(r"daemon pid (\d+)", out)]
         left = _mounts_under(tmp_path)
+        running = _kill_group(proc.pid)
         _leave_nothing(proc.pid, tmp_path, daemons)
-    assert left == [], f"the session left {left} mounted"
+    assert (left, running) == ([], False), f"the session left {left} mounted, processes: {running}"
     return proc.returncode, out, err
 
 
