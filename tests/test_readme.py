@@ -297,6 +297,12 @@ def test_a_pip_line_names_what_exists(words: list[str]) -> None:
             importlib.metadata.version(word)
 
 
+def test_the_install_table_names_every_extra() -> None:
+    """The README's table of extras is the one in pyproject.toml (``dev`` aside)."""
+    table = set(re.findall(r"^\| `([\w-]+)` \|", README.split("## Quickstart")[0], re.M))
+    assert table == _extras().keys() - {"", "dev"}
+
+
 @pytest.mark.parametrize("block", PYTHON, ids=[b.section for b in PYTHON])
 def test_a_section_installs_what_its_python_imports(block: Block) -> None:
     """A Python block imports only what the Install section's pip line and its own
