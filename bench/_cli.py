@@ -46,7 +46,10 @@ def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"a run of under a minute: {QUICK_GIB:g} GiB unless a size is given",
+        help=(
+            f"small sizes ({QUICK_GIB:g} GiB unless a size is given) and short runs; "
+            "every workload takes about 20 minutes even so: name the ones you want"
+        ),
     )
     sizes = parser.add_mutually_exclusive_group()
     sizes.add_argument(

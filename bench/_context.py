@@ -65,7 +65,7 @@ class Context:
     size: int
     """Bytes each sequential workload moves."""
     quick: bool
-    """Whether the user asked for a run of under a minute (``--quick``)."""
+    """Whether the user asked for small sizes and short runs (``--quick``)."""
     trial: int
     """Index of this trial from 0 (alternate the order of systems with it)."""
     console: Console

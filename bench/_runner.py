@@ -30,7 +30,7 @@ class Settings:
     size: int
     """Bytes each sequential workload moves."""
     quick: bool
-    """Whether the run should take under a minute."""
+    """Whether the run should be short (``--quick``: small sizes, fewer repeats)."""
     repeat: int
     """Trials per workload; each system's figure is the median of its trials."""
     target: str | None = None

@@ -1,4 +1,4 @@
-"""One rank of a DDP training loop saving asynchronously every step, as the README does.
+"""One rank of a DDP training loop saving asynchronously every step, as users write one.
 
 ``python ddp_ranks.py train URL RANK WORLD PORT``: ``STEPS`` steps of a small
 model under ``DistributedDataParallel`` (gloo), ``CheckpointManager(URL,

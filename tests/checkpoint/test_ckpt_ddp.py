@@ -1,4 +1,4 @@
-"""Asynchronous saves in a DDP training loop: the README's loop, with real gloo ranks."""
+"""Asynchronous saves in a DDP training loop: a user's loop, with real gloo ranks."""
 
 from __future__ import annotations
 
