@@ -73,6 +73,7 @@ if TYPE_CHECKING:
         ReadFile,
         Upload,
         WriteFile,
+        WriteOptions,
         clear_shared_clients,
         connect,
         shared_client,
@@ -100,7 +101,7 @@ _MODULES = {
     ),
     ".client": (
         "AgentClient AsyncClient AsyncReadFile AsyncWriteFile Client ReadFile Upload WriteFile"
-        " clear_shared_clients connect shared_client"
+        " WriteOptions clear_shared_clients connect shared_client"
     ),
     ".fsspec": "GrabenFileSystem",
     ".transport": "Held SegmentKey",
@@ -175,6 +176,7 @@ __all__ = [
     "Unavailable",
     "Upload",
     "WriteFile",
+    "WriteOptions",
     "aws_environment",
     "cache_home",
     "check_class",
