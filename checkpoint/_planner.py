@@ -18,13 +18,13 @@ Both work with any storage; the savings need ``GrabenWriter``/``GrabenReader``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, SavePlan
-from torch.distributed.checkpoint.planner_helpers import _create_chunk_list
 
 from graben.store import InvalidArgument
 
@@ -165,8 +165,23 @@ def _wants(state_dict: dict[str, Any]) -> Wants:
 
 
 def _chunks(value: Any) -> list[ChunkStorageMetadata] | None:
-    """The chunks of ``value`` this rank holds, as DCP plans them; None for bytes."""
-    if not hasattr(value, "__create_chunk_list__") and not isinstance(value, torch.Tensor):
+    """The chunks of ``value`` this rank holds, as DCP plans them; None for bytes.
+
+    A DTensor (any checkpointable tensor) names its own; a ShardedTensor's are its
+    local shards; any other tensor is one chunk from its origin.
+    """
+    if hasattr(value, "__create_chunk_list__"):
+        chunks: list[ChunkStorageMetadata] = value.__create_chunk_list__()
+        return chunks
+    if not isinstance(value, torch.Tensor):
         return None
-    chunks: list[ChunkStorageMetadata] = _create_chunk_list(value)
-    return chunks
+    if hasattr(value, "local_shards"):  # a ShardedTensor, known without its private module
+        return [
+            _chunk(shard.metadata.shard_offsets, shard.metadata.shard_sizes)
+            for shard in value.local_shards()
+        ]
+    return [_chunk([0] * value.dim(), value.size())]
+
+
+def _chunk(offsets: Sequence[int], sizes: Sequence[int]) -> ChunkStorageMetadata:
+    return ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))

@@ -17,7 +17,14 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from graben.store import AlreadyExists, AsyncClient, Client, InvalidArgument, Upload
+from graben.store import (
+    AlreadyExists,
+    AsyncClient,
+    Client,
+    InvalidArgument,
+    Upload,
+    WriteOptions,
+)
 
 from ._format import (
     INDEX_DIR,
@@ -190,8 +197,9 @@ class GrabenWriter(OnStore, StorageWriter):
 
         async def save(aio: AsyncClient) -> None:
             # each part's crc32c comes from the store's chunk checksums: no pass of our own
+            write = WriteOptions(replication=copies)
             data, sums = await aio.stage_parts(
-                join(target.staging, target.file), parts, replication=copies
+                join(target.staging, target.file), parts, write=write
             )
             index = {}
             for (_, record), first, result in zip(records, firsts, results, strict=True):
@@ -250,9 +258,8 @@ class GrabenWriter(OnStore, StorageWriter):
 
 async def _staged(aio: AsyncClient, files: dict[str, bytes], copies: int | None) -> list[Upload]:
     """Uploads of small files, finished and not yet committed."""
-    return [
-        (await aio.stage_parts(path, [data], replication=copies))[0] for path, data in files.items()
-    ]
+    write = WriteOptions(replication=copies)
+    return [(await aio.stage_parts(path, [data], write=write))[0] for path, data in files.items()]
 
 
 def _result(

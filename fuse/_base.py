@@ -161,12 +161,13 @@ class Base(pyfuse3.Operations):
         """What the kernel was last told of each inode: a file's attributes are answered
         from here until the change feed says another client changed it (``_follow``)."""
         self.changes_made = 0
-        """Changes this mount made to inodes so far (``told``)."""
-        self._changing = 0  # names changes of this mount under way (``own_change``)
+        """Changes this mount made to inodes so far (``note_own_change``)."""
+        self._own_changes = 0
+        """Changes of names or owners this mount has under way (``own_change``)."""
         self._quiet = trio.Event()
         self._quiet.set()
-        self._unweighed = trio.Event()  # cleared while the change feed is weighed
-        self._unweighed.set()
+        self._not_weighing = trio.Event()
+        self._not_weighing.set()
         self._uid, self._gid = os.getuid(), os.getgid()
         self.local = client.local
         """The store runs in this process (embedded)."""
@@ -257,15 +258,15 @@ class Base(pyfuse3.Operations):
         setattr, a commit): from its commit in the store until the daemon has noted the
         answer, the change feed may already show it, and must not be taken for another
         client's. It waits while the feed is being weighed (``weighing``)."""
-        await self._unweighed.wait()
-        if not self._changing:
+        await self._not_weighing.wait()
+        if not self._own_changes:
             self._quiet = trio.Event()
-        self._changing += 1
+        self._own_changes += 1
         try:
             yield
         finally:
-            self._changing -= 1
-            if not self._changing:
+            self._own_changes -= 1
+            if not self._own_changes:
                 self._quiet.set()
 
     @contextlib.asynccontextmanager
@@ -275,15 +276,15 @@ class Base(pyfuse3.Operations):
         still follows others' changes), and with none begun until it has decided, so
         what it compares (what the mount noted, what the store says now) is of one
         moment."""
-        self._unweighed = trio.Event()
+        self._not_weighing = trio.Event()
         try:
             with trio.move_on_after(SETTLE_S):
                 await self._quiet.wait()
             yield
         finally:
-            self._unweighed.set()
+            self._not_weighing.set()
 
-    def told(self, inode: int, info: FileInfo) -> None:
+    def note_own_change(self, inode: int, info: FileInfo) -> None:
         """This mount changed ``inode`` (chown, chmod, rename, link, a commit) and the store
         answered ``info``: the kernel learns it (a change with these is no news), and a
         store read begun before now may be older (``since``)."""

@@ -63,7 +63,8 @@ class Blocks:
         self._blocks: OrderedDict[int, _Block] = OrderedDict()
         self._spare: list[mmap.mmap] = []
         self._lock = threading.Lock()  # one fetch at a time on the file object
-        self._next = 0  # where a reader going forward asks next
+        self._sequential_offset = 0
+        """Where a reader going forward asks next."""
 
     async def read(self, offset: int, size: int) -> bytes | memoryview:
         """Up to ``size`` bytes from ``offset`` (fewer only at the end of the file).
@@ -75,8 +76,8 @@ class Blocks:
         end = min(offset + size, self._size)
         if offset >= end:
             return b""
-        forward = offset == self._next
-        self._next = end
+        forward = offset == self._sequential_offset
+        self._sequential_offset = end
         pieces: list[memoryview] = []
         pos = offset
         while pos < end:

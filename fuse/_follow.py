@@ -163,14 +163,14 @@ async def _invalidations(
                 work.append((parent, None))  # but its directory's mtime and links moved
             continue
         was = known.get(inode)
-        told = None if was is None else (was.inode, was.ctime_ns)
-        if told == now or told == (now := await current(path)):
+        kernel_saw = None if was is None else (was.inode, was.ctime_ns)
+        if kernel_saw == now or kernel_saw == (now := await current(path)):
             continue
         whole.elsewhere(path, there=now[0] != 0)
         known.pop(inode, None)
         work.append((inode, None))
         if parent is not None:
-            if told is None or told[0] != now[0]:
+            if kernel_saw is None or kernel_saw[0] != now[0]:
                 work.append((parent, os.fsencode(name)))  # gone, or another file now
             work.append((parent, None))
     return work

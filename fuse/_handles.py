@@ -69,7 +69,7 @@ class FileHandles(Base):
         written. If the kernel holds another version's attributes (a write elsewhere the
         change feed has not brought yet), it forgets them: its reads ask for the size."""
         was = self.known.get(inode)
-        self.told(inode, info)
+        self.note_own_change(inode, info)
         if was is not None and (was.inode, was.ctime_ns, was.size) != (
             info.inode,
             info.ctime_ns,
@@ -261,7 +261,7 @@ class FileHandles(Base):
                             )
                     elif change != Change():  # a stream commits what a plain open would
                         done = await self._ask(lambda aio: set_attributes(aio, path, change))
-                    self.told(inode, done)
+                    self.note_own_change(inode, done)
                 file.permissions = file.uid = file.gid = file.mtime_set = None
             except BaseException:
                 spool.dirty = True

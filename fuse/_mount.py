@@ -135,10 +135,10 @@ def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = 
             ops = _mounted(stack, url, target, options)
         except Exception as exc:
             if ready_fd is not None:
-                _tell(ready_fd, b"0" + _one_line(exc).encode(errors="replace"))
+                _send_ready(ready_fd, b"0" + _one_line(exc).encode(errors="replace"))
             raise
         if ready_fd is not None:
-            _tell(ready_fd, b"1")
+            _send_ready(ready_fd, b"1")
         log.info("mounted %s on %s", url, target)
         trio.run(_main, ops)
 
@@ -193,7 +193,7 @@ def _unmounted(target: Path) -> None:
     log.info("unmounted %s", target)
 
 
-def _tell(fd: int, message: bytes) -> None:
+def _send_ready(fd: int, message: bytes) -> None:
     try:
         os.write(fd, message[:4096])  # one write under PIPE_BUF: the reader gets it whole
     finally:
@@ -388,8 +388,8 @@ def _wait_ready(read: int, process: subprocess.Popen[bytes], wait: float) -> tup
     while time.monotonic() < deadline:
         ready, _, _ = select.select([read], [], [], 0.2)
         if ready:
-            said = os.read(read, 4096)  # b"" if it died first
-            return said == b"1", said[1:].decode(errors="replace")
+            answer = os.read(read, 4096)  # b"" if it died first
+            return answer == b"1", answer[1:].decode(errors="replace")
         if process.poll() is not None:
             return False, ""
     return False, f"not mounted after {patience:.0f} s"

@@ -126,7 +126,9 @@ class Operations(FileHandles):
             return
         path = self._path(inode)
         async with self.own_change():
-            self.told(inode, await self._ask(lambda aio: set_attributes(aio, path, change)))
+            self.note_own_change(
+                inode, await self._ask(lambda aio: set_attributes(aio, path, change))
+            )
 
     @answers_errno
     async def mkdir(
@@ -191,7 +193,7 @@ class Operations(FileHandles):
             self.whole.added(new)
             self.inodes.alias(new, inode)
             self.inodes.lookup(new, info.inode)
-            self.told(inode, info)  # one more link, a new ctime
+            self.note_own_change(inode, info)  # one more link, a new ctime
         return self._attrs(inode, info, file)
 
     @answers_errno
@@ -260,7 +262,7 @@ class Operations(FileHandles):
                 self.known.pop(replaced, None)
             self.inodes.moved(old, new)
             if moved is not None:  # its new ctime, here: the change feed's row is no news
-                self.told(moved, info)
+                self.note_own_change(moved, info)
         if replaced is not None and replaced in self._open and not self.inodes.names(replaced):
             self._open[replaced].unlinked = True  # its handles keep what they had
 

@@ -35,6 +35,7 @@ from ..wire import DEFAULT_IDLE_TIMEOUT, auth
 from ._listen import (
     META_PORT,
     NODE_PORT,
+    advertise_address,
     advertised,
     check_advertise,
     endpoints_arg,
@@ -42,7 +43,6 @@ from ._listen import (
     metrics_arg,
     size_arg,
     start_node,
-    told,
 )
 from ._logs import log_arg
 from ._main import config_arg
@@ -297,7 +297,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
             tier=args.s3_tier,
         )
         server = await service.start(
-            host, META_PORT if port is None else port, advertise=told(args.advertise)
+            host, META_PORT if port is None else port, advertise=advertise_address(args.advertise)
         )
         return advertised(args.listen, server.port, args.advertise), service.close
 

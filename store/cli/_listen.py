@@ -87,11 +87,11 @@ def advertised(listen: tuple[str, int | None], port: int, advertise: Any) -> str
     one), else the bound host and port."""
     if advertise is None:
         return f"{listen[0]}:{port}"
-    host, told = advertise
-    return f"{host}:{port if told is None else told}"
+    host, advertised_port = advertise
+    return f"{host}:{port if advertised_port is None else advertised_port}"
 
 
-def told(advertise: tuple[str, int | None] | None) -> str | None:
+def advertise_address(advertise: tuple[str, int | None] | None) -> str | None:
     """``--advertise`` as the node takes it: ``HOST`` alone means its bound port."""
     if advertise is None:
         return None
@@ -106,7 +106,7 @@ async def start_node(node: DataNode, listen: tuple[str, int | None], advertise: 
     ports = range(NODE_PORT, NODE_PORT + NODE_PORTS) if port is None else (port,)
     for p in ports:
         try:
-            await node.start(host, p, advertise=told(advertise))
+            await node.start(host, p, advertise=advertise_address(advertise))
             return
         except Unavailable:
             if port is not None:

@@ -21,7 +21,7 @@ from ._client import Client, connect
 from ._files import ReadFile, WriteFile
 from ._shared import clear_shared_clients, shared_client
 from ._unmade import made as store_made
-from ._upload import Staging, Upload
+from ._upload import Staging, Upload, WriteOptions
 
 __all__ = [
     "AgentClient",
@@ -33,6 +33,7 @@ __all__ = [
     "Staging",
     "Upload",
     "WriteFile",
+    "WriteOptions",
     "clear_shared_clients",
     "connect",
     "shared_client",

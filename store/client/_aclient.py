@@ -68,7 +68,7 @@ from ._parts import finished, stage_parts
 from ._reader import Reader, Report
 from ._slow import SlowNodes
 from ._unmade import made, unmade
-from ._upload import Upload
+from ._upload import DEFAULT_WRITE, Upload, WriteOptions
 
 Progress = Callable[[int], None]
 
@@ -347,15 +347,15 @@ class AsyncClient:
         sets the mode bits; ``None`` keeps those of the file replaced (0o644 if
         new). ``attributes`` sets an owner or a modification time as well.
         """
-        return await self.put_parts(
-            path,
-            [data],
+        write = WriteOptions(
             exclusive=exclusive,
             replication=replication,
             min_replicas=min_replicas,
             permissions=permissions,
             attributes=attributes,
         )
+        info, _ = await self.put_parts_checked(path, [data], write=write)
+        return info
 
     async def put_parts(
         self,
@@ -368,7 +368,8 @@ class AsyncClient:
         permissions: int | None = None,
         attributes: Change | None = None,
     ) -> FileInfo:
-        """Store the concatenation of ``parts`` at ``path`` in one commit.
+        """Store the concatenation of ``parts`` at ``path`` in one commit (the keywords
+        are ``put``'s).
 
         Parts of ``DIRECT_PART`` bytes or more are uploaded from the caller's
         memory, without a copy, as chunks of their own (cut at the chunk
@@ -378,69 +379,35 @@ class AsyncClient:
         goes uncopied whatever its size). Keep ``parts`` unchanged until this
         returns.
         """
-        info, _ = await self.put_parts_checked(
-            path,
-            parts,
+        write = WriteOptions(
             exclusive=exclusive,
             replication=replication,
             min_replicas=min_replicas,
             permissions=permissions,
             attributes=attributes,
         )
+        info, _ = await self.put_parts_checked(path, parts, write=write)
         return info
 
     async def put_parts_checked(
-        self,
-        path: str,
-        parts: Sequence[Buffer],
-        *,
-        exclusive: bool = False,
-        replication: int | None = None,
-        min_replicas: int | None = None,
-        permissions: int | None = None,
-        attributes: Change | None = None,
+        self, path: str, parts: Sequence[Buffer], *, write: WriteOptions = DEFAULT_WRITE
     ) -> tuple[FileInfo, list[int]]:
-        """``put_parts``, and the crc32c of each part.
+        """``put_parts``, and the crc32c of each part; ``write`` holds ``put``'s keywords.
 
         A large part's comes from its chunks' own (which the store computes
         anyway), without another pass over its bytes.
         """
-        upload, sums = await self.stage_parts(
-            path,
-            parts,
-            exclusive=exclusive,
-            replication=replication,
-            min_replicas=min_replicas,
-            permissions=permissions,
-            attributes=attributes,
-        )
+        upload, sums = await self.stage_parts(path, parts, write=write)
         return await upload.commit(), sums
 
     async def stage_parts(
-        self,
-        path: str,
-        parts: Sequence[Buffer],
-        *,
-        exclusive: bool = False,
-        replication: int | None = None,
-        min_replicas: int | None = None,
-        permissions: int | None = None,
-        attributes: Change | None = None,
+        self, path: str, parts: Sequence[Buffer], *, write: WriteOptions = DEFAULT_WRITE
     ) -> tuple[Upload, list[int]]:
         """``put_parts_checked`` up to its commit: the finished ``Upload`` (commit it, with
         others in one transaction through ``commit_uploads``) and each part's crc32c."""
         # No early check: the bytes are already here and the commit checks
         # atomically; a stat first would cost a round trip per small file.
-        mode: WriteMode = "create" if exclusive else "overwrite"
-        upload = await self._open_upload(
-            path,
-            mode,
-            replication,
-            check=False,
-            min_replicas=min_replicas,
-            permissions=permissions,
-            attributes=attributes,
-        )
+        upload = await self._open_upload(path, write, check=False)
         return upload, await stage_parts(upload, parts, self.pool, self.options.chunk_size)
 
     async def get(self, path: str) -> bytes:
@@ -481,40 +448,33 @@ class AsyncClient:
         )
 
     async def _open_upload(
-        self,
-        path: str,
-        mode: WriteMode = "overwrite",
-        replication: int | None = None,
-        *,
-        check: bool = True,
-        min_replicas: int | None = None,
-        permissions: int | None = None,
-        attributes: Change | None = None,
+        self, path: str, write: WriteOptions = DEFAULT_WRITE, *, check: bool = True
     ) -> Upload:
-        """An ``Upload`` to ``path``.
+        """An ``Upload`` to ``path``, written as ``write`` says.
 
         With ``check``, fail before any byte moves if the path cannot be
         written (what a file opened for a long stream wants); the commit
-        checks the same again, atomically, either way. ``replication`` and
-        ``min_replicas`` (copies the write needs while nodes are down) are this
-        file's; unset, the client's options', then the store's defaults.
+        checks the same again, atomically, either way. Unset, ``replication``
+        and ``min_replicas`` are the client's options', then the store's defaults.
         """
-        if min_replicas is not None and min_replicas < 1:
-            raise InvalidArgument(f"min_replicas must be at least 1, not {min_replicas}", path)
+        if write.min_replicas is not None and write.min_replicas < 1:
+            raise InvalidArgument(
+                f"min_replicas must be at least 1, not {write.min_replicas}", path
+            )
         clean = _paths.normalize(path)
         if check:
-            await self._check_writable(clean, mode)
+            await self._check_writable(clean, write.mode)
         return Upload(
             self.meta,
             self.chunks,
             self._hasher,
             clean,
-            mode=mode,
-            replication=replication or self.replication,
-            min_replicas=min_replicas or self.options.min_replicas or 0,
+            mode=write.mode,
+            replication=write.replication or self.replication,
+            min_replicas=write.min_replicas or self.options.min_replicas or 0,
             max_inflight=self.options.max_inflight,
-            permissions=permissions,
-            attributes=attributes,
+            permissions=write.permissions,
+            attributes=write.attributes,
             inline_max=await self._inline_max(),
             slow=self._slow,
         )

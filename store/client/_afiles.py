@@ -14,16 +14,16 @@ from typing import Any, Protocol
 
 from .._buffers import BufferPool
 from .._errors import InvalidArgument
-from .._types import Buffer, FileInfo, WriteMode
+from .._types import Buffer, FileInfo
 from ._reader import Reader
-from ._upload import Staging, Upload
+from ._upload import Staging, Upload, WriteOptions
 
 MODES = ("rb", "wb", "xb")
 
 
-def write_mode(mode: str) -> WriteMode:
-    """What a commit of a file opened ``wb`` or ``xb`` does to an existing one."""
-    return "create" if mode == "xb" else "overwrite"
+def write_options(mode: str) -> WriteOptions:
+    """How a file opened ``wb`` or ``xb`` is written (``xb``: ``exclusive``)."""
+    return WriteOptions(exclusive=mode == "xb")
 
 
 def check_mode(mode: str) -> None:
@@ -206,7 +206,7 @@ class Opens(Protocol):
     async def _open_reader(self, path: str) -> Reader:
         """A reader of the file's current version."""
 
-    async def _open_upload(self, path: str, mode: WriteMode = "overwrite") -> Upload:
+    async def _open_upload(self, path: str, write: WriteOptions = ...) -> Upload:
         """An upload that commits a new version at ``path``."""
 
 
@@ -222,7 +222,7 @@ class AsyncFileOpener:
     async def _open(self) -> AsyncReadFile | AsyncWriteFile:
         if self._mode == "rb":
             return AsyncReadFile(await self._client._open_reader(self._path), self._path)
-        upload = await self._client._open_upload(self._path, write_mode(self._mode))
+        upload = await self._client._open_upload(self._path, write_options(self._mode))
         return AsyncWriteFile(upload, Staging(self._client.pool), autocommit=self._autocommit)
 
     def __await__(self) -> Generator[Any, None, AsyncReadFile | AsyncWriteFile]:

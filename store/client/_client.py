@@ -17,7 +17,7 @@ from .._types import FileInfo
 from ..transport import ChunkTransport, MetaTransport, Stat
 from . import _loop
 from ._aclient import AsyncClient
-from ._afiles import check_mode, write_mode
+from ._afiles import check_mode, write_options
 from ._files import ReadFile, WriteFile
 from ._upload import Staging
 
@@ -180,7 +180,7 @@ class Client:
         aio = self.aio
         if mode == "rb":
             return ReadFile(_loop.run(aio._open_reader(path)), path)
-        upload = _loop.run(aio._open_upload(path, write_mode(mode)))
+        upload = _loop.run(aio._open_upload(path, write_options(mode)))
         return WriteFile(upload, Staging(aio.pool), autocommit=autocommit)
 
     # Every other method is AsyncClient's, run on the loop: written once, they cannot

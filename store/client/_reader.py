@@ -37,9 +37,9 @@ from ._stripes import Striped
 
 _RETRYABLE = (IntegrityError, NotFound, Unavailable, Timeout)
 Report = Callable[[str, str, str], Awaitable[None]]
+"""(chunk, node, reason): tell the store a copy is damaged."""
 Relocate = Callable[[int], Awaitable[FileLayout]]
 """A page of the same file version's layout from an offset: where its chunks are now."""
-"""(chunk, node, reason): tell the store a copy is damaged."""
 CACHED_CHUNKS = 2
 MAX_FETCHES = 4
 """Chunks one large read fetches at once. Reading 512 MiB of a cluster file in one
@@ -75,7 +75,7 @@ class Reader:
         self._skip = 0
         self._reports: set[asyncio.Task[None]] = set()
         self._next_offset = 0
-        self._striped = Striped(chunks, self._tell, self._failure, slow)
+        self._striped = Striped(chunks, self._report_damage, self._failure, slow)
         self._lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
 
@@ -239,7 +239,7 @@ class Reader:
         return True
 
     async def _fetch_from(self, extent: Extent, into: memoryview) -> None:
-        if self._kept(extent.chunk, into):
+        if self._read_inline(extent.chunk, into):
             return
         stripe = self.layout.stripes.get(extent.chunk.id)
         if stripe is not None:
@@ -259,7 +259,7 @@ class Reader:
             except _RETRYABLE as exc:
                 errors.append(exc)
                 if isinstance(exc, (IntegrityError, NotFound)):
-                    self._tell(chunk.id, node, exc.message)
+                    self._report_damage(chunk.id, node, exc.message)
         raise self._failure(extent, errors)
 
     def _replicas(self, chunk: str) -> list[str]:
@@ -268,7 +268,7 @@ class Reader:
         nodes = self.layout.replicas.get(chunk, ())
         return list(nodes) if self._slow is None else self._slow.order(nodes)
 
-    def _kept(self, chunk: ChunkRef, into: memoryview) -> bool:
+    def _read_inline(self, chunk: ChunkRef, into: memoryview) -> bool:
         """Fill ``into`` with a chunk the metadata engine keeps, checked; whether it is one."""
         data = self.layout.inline.get(chunk.id)
         if data is None:
@@ -281,7 +281,7 @@ class Reader:
         into[: chunk.length] = data
         return True
 
-    def _tell(self, chunk: str, node: str, reason: str) -> None:
+    def _report_damage(self, chunk: str, node: str, reason: str) -> None:
         """Report a damaged copy so it is repaired; the read does not wait for it."""
         if self._report is None:
             return
@@ -311,7 +311,7 @@ class Reader:
             return None
         if index in self._cache:
             return None
-        if self._kept(extent.chunk, into):
+        if self._read_inline(extent.chunk, into):
             self._next_offset = offset + n
             return n
         if read is None:

@@ -126,13 +126,13 @@ class SlowNodes:
         """``call``, given up (``Timeout``) as soon as ``node`` is noted slow: the chunks
         queued behind a hung node's first contact must not each wait for one of their own."""
         noted = self._noted.setdefault(node, asyncio.Event())
-        task, told = asyncio.ensure_future(call), asyncio.ensure_future(noted.wait())
+        task, noted_slow = asyncio.ensure_future(call), asyncio.ensure_future(noted.wait())
         try:
-            await asyncio.wait((task, told), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((task, noted_slow), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for waiting in (task, told):
+            for waiting in (task, noted_slow):
                 waiting.cancel()
-            await asyncio.gather(task, told, return_exceptions=True)
+            await asyncio.gather(task, noted_slow, return_exceptions=True)
         if task.cancelled():
             raise Timeout(f"data node {node} fell behind another call of this client: passed over")
         task.result()  # its error, if it failed

@@ -24,7 +24,7 @@ from ..transport import ChunkTransport
 from ._slow import SlowNodes
 
 _RETRYABLE = (IntegrityError, NotFound, Unavailable, Timeout)
-Tell = Callable[[str, str, str], None]
+ReportDamage = Callable[[str, str, str], None]
 """(piece id, node, reason): report a damaged piece; the read does not wait."""
 Failure = Callable[[Extent, list[GrabenError]], GrabenError]
 """The one error to raise when a chunk cannot be read, from the errors met."""
@@ -34,9 +34,13 @@ class Striped:
     """Reads of erasure-coded chunks over the data nodes' transport."""
 
     def __init__(
-        self, chunks: ChunkTransport, tell: Tell, failure: Failure, slow: SlowNodes | None = None
+        self,
+        chunks: ChunkTransport,
+        report_damage: ReportDamage,
+        failure: Failure,
+        slow: SlowNodes | None = None,
     ) -> None:
-        self._chunks, self._tell, self._failure = chunks, tell, failure
+        self._chunks, self._report_damage, self._failure = chunks, report_damage, failure
         self._slow = slow
         """Nodes that missed a deadline or refused a read lately: their pieces are left
         for parity at once (a second round trip per chunk saved)."""
@@ -106,7 +110,7 @@ class Striped:
         except _RETRYABLE as exc:
             errors.append(exc)
             if isinstance(exc, (IntegrityError, NotFound)):
-                self._tell(piece.id, node, exc.message)
+                self._report_damage(piece.id, node, exc.message)
             elif self._slow is not None:
                 self._slow.note(node)  # refused or gone: ask others first for a while
             return False

@@ -7,7 +7,9 @@ transaction. Nothing is visible before the commit; a writer that dies leaves
 only unreferenced chunk files, which collection removes after a grace period.
 
 ``Staging`` is the buffering in front of it for file objects: it copies
-writes into pooled buffers and hands full ones on.
+writes into pooled buffers and hands full ones on. ``WriteOptions`` is how
+one file is written, gathered once from the keywords of ``put`` and
+``put_parts``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import mmap
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
+from dataclasses import dataclass
 
 import msgspec
 
@@ -44,6 +47,31 @@ MAX_REPLACEMENTS = 3
 """Rounds of new placements for a chunk whose replica writes fail."""
 _REPLACEABLE = (Unavailable, Timeout, NoSpace, IntegrityError)
 """Failures of one node that another node may not have."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteOptions:
+    """How one file is written: the keywords of ``AsyncClient.put``, as one value."""
+
+    exclusive: bool = False
+    """Fail with ``AlreadyExists`` if the path exists at commit time."""
+    replication: int | None = None
+    """Copies of each chunk; ``None``: the client's options', then the store's default."""
+    min_replicas: int | None = None
+    """Copies the write needs while nodes are down; ``None``: the client's, then the store's."""
+    permissions: int | None = None
+    """Mode bits; ``None`` keeps those of the file replaced (0o644 if new)."""
+    attributes: Change | None = None
+    """An owner or a modification time to set as well."""
+
+    @property
+    def mode(self) -> WriteMode:
+        """What the commit does to an existing file."""
+        return "create" if self.exclusive else "overwrite"
+
+
+DEFAULT_WRITE = WriteOptions()
+"""Every keyword of ``put`` at its default."""
 
 
 class Upload:

@@ -45,7 +45,7 @@ class Membership:
         is stored before (a node that lost its record must not write plaintext into an
         encrypted store)."""
 
-    async def tell(self, request: Request[Any]) -> Any:
+    async def request(self, request: Request[Any]) -> Any:
         """A request to whichever metadata service answers."""
         return await self.meta.request(request)
 
@@ -70,7 +70,7 @@ class Membership:
         state = NodeState(self.node, self.address, self.rack, free, total)
         beat = Heartbeat(state, self.store_id or "", sealed=self._sealed)
         try:
-            joined: Joined = await self.tell(beat)
+            joined: Joined = await self.request(beat)
         except PermissionDenied as exc:  # another store's metadata, or the wrong secret
             log.error(
                 "the metadata service at %s refused this node: %s", self.meta.address, exc.message

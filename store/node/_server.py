@@ -128,7 +128,8 @@ class DataNode:
         root.mkdir(DIR_MODE, parents=True, exist_ok=True)
         self.root, self.rack = root, rack
         self.id = node_id(root)
-        self._landing = 0  # bytes of writes accepted and not yet stored
+        self._accepted_unstored = 0
+        """Bytes of writes accepted and not yet stored."""
         self._secret = secret
         self._token = auth.client_token(secret)
         self.store = LocalChunkStore(root / "chunks", sealer=sealer)
@@ -186,8 +187,8 @@ class DataNode:
             metrics=self.metrics,
             tls=self._tls,
         )
-        told = advertise or host
-        self.address = told if ":" in told else f"{told}:{self.server.port}"
+        dialled = advertise or host
+        self.address = dialled if ":" in dialled else f"{dialled}:{self.server.port}"
         self.membership.address = self.address
         try:
             await self.membership.beat(first=True)
@@ -321,18 +322,18 @@ class DataNode:
         show in the disk's free space: refusing a little early beats
         overshooting the reserve when many land at once.
         """
-        free = self.store.capacity()[0] - self._landing
+        free = self.store.capacity()[0] - self._accepted_unstored
         if free - length < RESERVE:
             raise NoSpace(
                 f"data node {self.id} at {self.address}: {max(free, 0)} bytes free (writes "
                 f"in flight counted); a {length}-byte chunk would leave less than its "
                 f"{RESERVE >> 20} MiB reserve; not stored"
             )
-        self._landing += length
+        self._accepted_unstored += length
         try:
             yield
         finally:
-            self._landing -= length
+            self._accepted_unstored -= length
 
     async def _store_and_forward(self, request: ChunkCall, data: memoryview) -> list[Receipt]:
         """Chain replication: our copy and the rest of the chain's, at once."""
@@ -445,7 +446,7 @@ class DataNode:
                 if not await self._run(self.store.intact, chunk_id):
                     bad += 1
                     reason = "scrub: content does not match its name"
-                    await self.membership.tell(ReportBad(chunk_id, self.id, reason))
+                    await self.membership.request(ReportBad(chunk_id, self.id, reason))
             after = page[-1][0]
         return bad
 
