@@ -109,18 +109,38 @@ def test_every_code_block_is_fenced_python_or_sh_so_it_runs() -> None:
 
 @pytest.mark.parametrize("code", [b.code for b in PYTHON], ids=[b.section for b in PYTHON])
 def test_a_python_block_runs_as_pasted(code: str, tmp_path: Path) -> None:
-    env = _env(tmp_path)
+    env = {**_env(tmp_path), "PYTHONFAULTHANDLER": "1"}
     for _ in range(2):
-        ran = subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-            check=False,
-        )
-        assert ran.returncode == 0, ran.stderr[-3000:]
+        returncode, _, err = _python(code, tmp_path, env)
+        assert returncode == 0, err[-6000:]
+
+
+def _python(code: str, tmp_path: Path, env: dict[str, str]) -> tuple[int, str, str]:
+    """Run ``code`` as a reader would; one that hangs is made to print where each of its
+    threads (and its children's) stood (faulthandler, on SIGABRT), then killed."""
+    with subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            exited = proc.poll()  # not None: a process it left holds its output open
+            os.killpg(proc.pid, signal.SIGABRT)
+            try:
+                out, err = proc.communicate(timeout=10)
+            finally:
+                _kill_group(proc.pid)
+            what = "hung" if exited is None else f"exited {exited} but left a process"
+            return -1, out, f"{what} for 240 s; where each stood:\n{err}"
+        finally:
+            _kill_group(proc.pid)
+        return proc.returncode, out, err
 
 
 # The shell sessions.

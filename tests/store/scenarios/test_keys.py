@@ -54,19 +54,25 @@ def test_a_reused_key_never_fails_the_commits_grouped_with_it(cluster: LocalClus
     """One client keeps sending commits under a key already spent on a Remove while
     others put files: their commits share group transactions with the bad ones."""
     key = os.urandom(16).hex()
-    stop = threading.Event()
+    stop, abusing = threading.Event(), threading.Event()
     refused: list[int] = []
+    failed: list[BaseException] = []
 
     def abuse() -> None:
-        with connect(cluster.url) as client:
-            client.put("/spent", b"s")
-            _loop.run(client.aio.meta.request(Remove("/spent", key=key)))
-            staged = _loop.run(_staged(client.aio, "/abuse", b"abuse"))
-            while not stop.is_set():
-                try:
-                    _loop.run(client.aio.meta.request(Commit((staged,), key=key)))
-                except InvalidArgument:
-                    refused.append(1)
+        try:
+            with connect(cluster.url) as client:
+                client.put("/spent", b"s")
+                _loop.run(client.aio.meta.request(Remove("/spent", key=key)))
+                staged = _loop.run(_staged(client.aio, "/abuse", b"abuse"))
+                while not stop.is_set():
+                    try:
+                        _loop.run(client.aio.meta.request(Commit((staged,), key=key)))
+                    except InvalidArgument:
+                        refused.append(1)
+                        abusing.set()
+        except BaseException as exc:
+            failed.append(exc)
+            abusing.set()
 
     def honest(i: int) -> None:
         with connect(cluster.url) as client:
@@ -76,6 +82,7 @@ def test_a_reused_key_never_fails_the_commits_grouped_with_it(cluster: LocalClus
     bad = threading.Thread(target=abuse)
     bad.start()
     try:
+        assert abusing.wait(60)  # the bad commits are under way before the good ones start
         writers = [threading.Thread(target=honest, args=(i,)) for i in range(6)]
         for writer in writers:
             writer.start()
@@ -84,6 +91,7 @@ def test_a_reused_key_never_fails_the_commits_grouped_with_it(cluster: LocalClus
     finally:
         stop.set()
         bad.join()
+    assert not failed, failed
     assert refused
     with connect(cluster.url) as client:
         for i in range(6):
