@@ -26,8 +26,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,15 +86,25 @@ SESSIONS = {
 """The sections with shell blocks that do more than install."""
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary directory with a short path: a reader's ``$TMPDIR`` is ``/tmp``-short,
+    and sockets made in it must fit ``AF_UNIX``'s 108 bytes (torch's DataLoader workers
+    share tensors through one; under pytest-xdist's deep ``tmp_path`` the bind failed in
+    their feeder thread and the first batch never came)."""
+    made = Path(tempfile.mkdtemp(prefix="readme-"))
+    yield made
+    shutil.rmtree(made, ignore_errors=True)
+
+
+def _env(tmp_path: Path, tmp: Path) -> dict[str, str]:
     """A reader's environment: nothing of graben's set, the venv's commands first."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRABEN_")}
-    (tmp_path / "tmp").mkdir(exist_ok=True)
     return {
         **env,
         "GRABEN_HOME": str(tmp_path / "home"),
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
-        "TMPDIR": str(tmp_path / "tmp"),
+        "TMPDIR": str(tmp),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
     }
 
@@ -108,11 +120,11 @@ def test_every_code_block_is_fenced_python_or_sh_so_it_runs() -> None:
 
 
 @pytest.mark.parametrize("code", [b.code for b in PYTHON], ids=[b.section for b in PYTHON])
-def test_a_python_block_runs_as_pasted(code: str, tmp_path: Path) -> None:
-    env = {**_env(tmp_path), "PYTHONFAULTHANDLER": "1"}
+def test_a_python_block_runs_as_pasted(code: str, tmp_path: Path, short_tmp: Path) -> None:
+    env = {**_env(tmp_path, short_tmp), "PYTHONFAULTHANDLER": "1"}
     for _ in range(2):
         returncode, _, err = _python(code, tmp_path, env)
-        assert returncode == 0, err[-6000:]
+        assert returncode == 0, err if len(err) < 30_000 else f"{err[:20_000]}...{err[-10_000:]}"
 
 
 def _python(code: str, tmp_path: Path, env: dict[str, str]) -> tuple[int, str, str]:
@@ -210,13 +222,13 @@ def _leave_nothing(group: int, tmp_path: Path, daemons: list[int]) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _run(script: str, tmp_path: Path) -> tuple[int, str, str]:
+def _run(script: str, tmp_path: Path, short_tmp: Path) -> tuple[int, str, str]:
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     argv = ["bash", "-c", script]
     if OWN_NETWORK:
         argv = ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv]
-    env = {**_env(tmp_path), "SESSION": str(tmp_path)}
+    env = {**_env(tmp_path, short_tmp), "SESSION": str(tmp_path)}
     proc = subprocess.Popen(
         argv,
         cwd=cwd,
@@ -260,8 +272,10 @@ def _needs(codes: list[str]) -> list[pytest.MarkDecorator]:
 @pytest.mark.parametrize(
     "codes", [pytest.param(c, id=s, marks=_needs(c)) for s, c in SESSIONS.items()]
 )
-def test_a_sections_shell_blocks_run_as_pasted(codes: list[str], tmp_path: Path) -> None:
-    code, out, err = _run(_script(codes), tmp_path)
+def test_a_sections_shell_blocks_run_as_pasted(
+    codes: list[str], tmp_path: Path, short_tmp: Path
+) -> None:
+    code, out, err = _run(_script(codes), tmp_path, short_tmp)
     assert code == 0, (out[-2000:], err[-4000:])
 
 
