@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from .._errors import InvalidArgument
-from ..transport import Repeat, Request, request_types
+from ..transport import Repeat, Request
 from ._idempotency import bind
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -68,10 +68,6 @@ class Handlers:
     def kinds(self) -> frozenset[type[Any]]:
         """The request kinds handled."""
         return frozenset(self._by_kind)
-
-    def missing(self) -> list[str]:
-        """The request kinds no component handles, by name."""
-        return sorted(k.__name__ for k in request_types() if k not in self._by_kind)
 
     def run(self, request: Request[R]) -> R:
         """Carry out ``request`` with its handler."""
