@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from ..._config import child_environment
 from ..._errors import GrabenError, InvalidArgument, NotFound, Unavailable
 from .._repo import Repository, Tx
 from ._optional import open_postgres
@@ -75,6 +76,8 @@ def backup(engine: str, out: Path, *, keep_s: float = DEFAULT_KEEP_S) -> Backup:
         raise InvalidArgument(f"a backup must hold collection off for more than 0 s, not {keep_s}")
     if out.exists():
         raise InvalidArgument("the backup file exists already; name a new one", str(out))
+    if not out.parent.is_dir():
+        raise NotFound("no such directory for the backup", str(out.parent))
     taken = time.time_ns()
     until = taken + int(keep_s * 1e9)
     repo = _open(engine)
@@ -211,11 +214,9 @@ def _pg_run(tool: str, *args: str) -> None:
     program = shutil.which(tool)
     if program is None:
         raise Unavailable(f"{tool} is not installed (PostgreSQL's client tools: postgresql-client)")
-    env = dict(os.environ)
     parts = urlsplit(engine)
     password = parts.password or dict(parse_qsl(parts.query)).get("password")
-    if password is not None:
-        env["PGPASSWORD"] = unquote(password)
+    env = child_environment(**({} if password is None else {"PGPASSWORD": unquote(password)}))
     where = display_url(engine)
     done = subprocess.run(
         [program, *rest, f"--dbname={where}"],
