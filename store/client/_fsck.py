@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .._buffers import BufferPool
-from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound
+from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound, ProtocolError
 from .._hashing import content_id, crc32c
 from .._types import ChunkProblem, ChunkRef, FsckReport, Stripe
 from ..transport import (
@@ -96,7 +96,7 @@ class Fsck:
         if not grace >= 0:
             raise InvalidArgument(f"the grace period must be 0 seconds or more, not {grace}")
         self._store = await self._meta.request(GetStoreId())
-        self._restored = await self._meta.request(RestorePoint()) / 1e9
+        self._restored = await self._restore_point()
         await self._check_chunks()
         inconsistent = await self._check_metadata()
         nodes = await self._chunks.nodes()
@@ -114,6 +114,12 @@ class Fsck:
                 await self._chunks.adoption(node, self._store, vouch=True)
         found = self._found
         return FsckReport(found.chunks, found.bytes, tuple(found.problems), collected)
+
+    async def _restore_point(self) -> float:
+        try:
+            return await self._meta.request(RestorePoint()) / 1e9
+        except ProtocolError:  # a service older than restores: one never restored (stricter)
+            return 0.0
 
     # -- the metadata's chunks -----------------------------------------------------
 
