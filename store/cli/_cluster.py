@@ -32,6 +32,7 @@ from .._config import encryption_key_file, resolve
 from .._errors import InvalidArgument, NotFound
 from ..meta import INLINE_LIMIT, INLINE_MAX
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
+from ._backup import add_backup
 from ._listen import (
     META_PORT,
     NODE_PORT,
@@ -89,9 +90,10 @@ def secret_arg(serve: argparse.ArgumentParser) -> None:
 
 
 def add_meta(sub: Subparsers) -> None:
-    """``graben meta serve``."""
-    meta = sub.add_parser("meta", help="Run the metadata service.")
-    serve = meta.add_subparsers(metavar="ACTION", required=True).add_parser(
+    """``graben meta serve``, ``backup`` and ``restore``."""
+    meta = sub.add_parser("meta", help="Run the metadata service; back its engine up.")
+    actions = meta.add_subparsers(metavar="ACTION", required=True)
+    serve = actions.add_parser(
         "serve", help="Serve the namespace of an engine to clients and data nodes."
     )
     serve.add_argument(
@@ -131,6 +133,7 @@ def add_meta(sub: Subparsers) -> None:
     _tier_arg(serve, "chunks of class s3 are uploaded there")
     _server_args(serve, "meta")
     serve.set_defaults(run=_meta_serve)
+    add_backup(actions)
 
 
 def add_node(sub: Subparsers) -> None:

@@ -14,7 +14,10 @@ missing and taken from the metadata over chunks already there), or if far more
 chunk files are orphans than a crashed writer leaves (more than
 ``REFUSE_SHARE`` of all copies, and more than ``REFUSE_FEW``): that is what a
 wrong, empty or restored-from-old metadata database looks like, and
-collecting then would delete live data. ``force`` overrides both.
+collecting then would delete live data. ``force`` overrides both. A
+metadata database restored from a backup (``graben meta restore``) says when
+that backup was taken: the chunk files written after it are orphans as
+expected and do not count towards the refusal.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .._buffers import BufferPool
-from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound
+from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound, ProtocolError
 from .._hashing import content_id, crc32c
 from .._types import ChunkProblem, ChunkRef, FsckReport, Stripe
 from ..transport import (
@@ -38,6 +41,7 @@ from ..transport import (
     Collectable,
     GetStoreId,
     MetaTransport,
+    RestorePoint,
 )
 from ._reader import Report
 
@@ -84,12 +88,15 @@ class Fsck:
         self._report, self._progress = report, progress
         self._found = _Found()
         self._store = ""
+        self._restored = 0.0
+        """When the backup the metadata was restored from was taken (0: never restored)."""
 
     async def run(self, *, collect: bool, grace: float, force: bool) -> FsckReport:
         """Check everything; with ``collect``, delete what is older than ``grace`` seconds."""
         if not grace >= 0:
             raise InvalidArgument(f"the grace period must be 0 seconds or more, not {grace}")
         self._store = await self._meta.request(GetStoreId())
+        self._restored = await self._restore_point()
         await self._check_chunks()
         inconsistent = await self._check_metadata()
         nodes = await self._chunks.nodes()
@@ -107,6 +114,12 @@ class Fsck:
                 await self._chunks.adoption(node, self._store, vouch=True)
         found = self._found
         return FsckReport(found.chunks, found.bytes, tuple(found.problems), collected)
+
+    async def _restore_point(self) -> float:
+        try:
+            return await self._meta.request(RestorePoint()) / 1e9
+        except ProtocolError:  # a service older than restores: one never restored (stricter)
+            return 0.0
 
     # -- the metadata's chunks -----------------------------------------------------
 
@@ -262,7 +275,7 @@ class Fsck:
                 f"problem(s), first: {inconsistent[0].detail}); collecting now could delete "
                 "live chunks (--force deletes anyway)"
             )
-        doomed = sum(1 for _, _, mtime in self._found.orphans if mtime < cutoff)
+        doomed = sum(1 for _, _, mtime in self._found.orphans if self._unexplained(mtime, cutoff))
         held = self._found.held
         if doomed > REFUSE_FEW and doomed > REFUSE_SHARE * held:
             raise IntegrityError(
@@ -270,6 +283,12 @@ class Fsck:
                 f"({doomed / held:.0%}) are named by no metadata: is this the store's right "
                 "metadata database, restored whole? (--force deletes them anyway)"
             )
+
+    def _unexplained(self, mtime: float, cutoff: float) -> bool:
+        """Whether an orphan that collection would delete is not explained by a restore:
+        a chunk file written after the backup the metadata came from is no metadata's,
+        as expected, however many there are."""
+        return mtime < cutoff and not (self._restored and mtime >= self._restored)
 
     async def _collect(self, nodes: tuple[str, ...], grace: float, cutoff: float) -> int:
         """Delete old orphan copies, forget long-unreferenced chunks and delete their

@@ -22,16 +22,28 @@ from ._placement import LOCAL_NODE
 from ._policy import INLINE_LIMIT, INLINE_MAX
 from ._repo import Repository
 from ._service import MetaService
-from .engines import SQLiteRepository, is_postgres, open_postgres
+from .engines import (
+    DEFAULT_KEEP_S,
+    Backup,
+    SQLiteRepository,
+    backup,
+    is_postgres,
+    open_postgres,
+    restore,
+)
 
 __all__ = [
+    "DEFAULT_KEEP_S",
     "INLINE_LIMIT",
     "INLINE_MAX",
     "LOCAL_NODE",
+    "Backup",
     "MetaService",
     "Metadata",
     "Repository",
     "SQLiteRepository",
+    "backup",
     "is_postgres",
     "open_postgres",
+    "restore",
 ]

@@ -14,7 +14,7 @@ import msgspec
 
 from .._errors import PermissionDenied
 from .._types import Health, NodeState
-from ..transport import GetHealth, GetStoreId, Heartbeat, Joined, ListNodes
+from ..transport import GetHealth, GetStoreId, Heartbeat, Joined, ListNodes, RestorePoint
 from ._leader import GONE_S
 from ._operations import handles
 from ._placement import LOCAL_NODE
@@ -35,6 +35,12 @@ class NodeRegistry:
     def store_id(self) -> str:
         """The store's id: data nodes and capabilities of another store are refused."""
         return self.policy.store_id
+
+    @handles(RestorePoint)
+    def restore_point(self) -> int:
+        """When the backup this store was restored from was taken (0: never restored)."""
+        with self.repo.read() as tx:
+            return tx.identity.restored_ns()
 
     @handles(Heartbeat)
     def heartbeat(self, node: NodeState, store_id: str = "", sealed: str = "none") -> Joined:

@@ -172,3 +172,14 @@ class Identity(Protocol):
     def seal(self, check: str) -> str:
         """Record ``check`` (a key's check value, or ``"none"``) as the store's encryption,
         unless one is recorded already; the one recorded."""
+
+    def hold(self, name: str, taken_ns: int, until_ns: int) -> None:
+        """Record a backup taken at ``taken_ns``: chunks unreferenced since then are not
+        forgotten before ``until_ns``."""
+
+    def restored_ns(self) -> int:
+        """When the backup this store was restored from was taken (0: never restored)."""
+
+    def mark_restored(self) -> int:
+        """In a store just restored from a backup: remember when that backup (the newest
+        hold) was taken and drop its hold; when it was taken (0: the backup has none)."""

@@ -306,6 +306,14 @@ class GetStoreId(Request[str], frozen=True):
     rule = Rule(READS, AS_IS, ANY)
 
 
+class RestorePoint(Request[int], frozen=True):
+    """When the backup this store's metadata was restored from was taken (ns since the
+    epoch; 0: never restored): chunk files written since are no metadata's, as expected."""
+
+    response = int
+    rule = Rule(READS, AS_IS, OPERATOR)
+
+
 class Heartbeat(Request[Joined], frozen=True):
     """A data node says it is alive; refused if it belongs to another store."""
 

@@ -223,6 +223,18 @@ MIGRATIONS = (
     """
     ALTER TABLE store ADD COLUMN sealed TEXT NOT NULL DEFAULT '';
     """,
+    # 13: metadata backups. Each backup holds collection off the chunks that become
+    # unreferenced after it was taken, until its hold runs out (``backups``); a store
+    # restored from one remembers when that backup was taken (``restored_ns``, 0: never),
+    # so fsck knows the chunk files written after it for what they are.
+    """
+    CREATE TABLE backups (
+        name {text} PRIMARY KEY,
+        taken_ns {int} NOT NULL,
+        until_ns {int} NOT NULL
+    ){rowid};
+    ALTER TABLE store ADD COLUMN restored_ns {int} NOT NULL DEFAULT 0;
+    """,
 )
 
 

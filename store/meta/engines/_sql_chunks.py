@@ -16,6 +16,7 @@ from typing import Any
 from ..._types import ChunkRef, StoredChunk
 from .._repo import IN_TIER, ChunkRecord, Degraded
 from ._rows import PAGE_ROWS_MAX, chunk_ref
+from ._sql_records import held_since
 from ._statements import Statements
 
 
@@ -98,6 +99,11 @@ class SqlChunks:
         return [(ref, held.get(ref.id, ())) for ref in refs], last if isinstance(last, str) else ""
 
     def forget_unreferenced(self, older_than_ns: int, limit: int) -> list[ChunkRecord]:
+        # A chunk unreferenced since a backup was taken may be what that backup's files
+        # need: it stays while the backup's hold lasts, whoever collects.
+        backup = held_since(self.sql, time.time_ns())
+        if backup is not None:
+            older_than_ns = min(older_than_ns, backup)
         # An extent naming the chunk means its refs count is wrong, not that it is free.
         rows = self.sql.rows(
             "SELECT id, length, crc32c, sum FROM chunks c WHERE refs = 0 AND zero_since_ns < %s "

@@ -183,6 +183,30 @@ class SqlIdentity:
         self.sql.execute("UPDATE store SET sealed = %s WHERE sealed = ''", (check,))
         return self.sealed()
 
+    def hold(self, name: str, taken_ns: int, until_ns: int) -> None:
+        self.sql.execute(
+            "INSERT INTO backups (name, taken_ns, until_ns) VALUES (%s, %s, %s)",
+            (name, taken_ns, until_ns),
+        )
+
+    def restored_ns(self) -> int:
+        row = self.sql.one("SELECT restored_ns FROM store")
+        return int(row[0]) if row else 0
+
+    def mark_restored(self) -> int:
+        row = self.sql.one("SELECT name, taken_ns FROM backups ORDER BY taken_ns DESC LIMIT 1")
+        if row is None:
+            return 0
+        self.sql.execute("DELETE FROM backups WHERE name = %s", (row[0],))
+        self.sql.execute("UPDATE store SET restored_ns = %s", (row[1],))
+        return int(row[1])
+
+
+def held_since(sql: Statements, now_ns: int) -> int | None:
+    """When the oldest backup still holding collection off at ``now_ns`` was taken."""
+    row = sql.one("SELECT MIN(taken_ns) FROM backups WHERE until_ns > %s", (now_ns,))
+    return None if row is None or row[0] is None else int(row[0])
+
 
 def forget_oldest(sql: Statements, table: str, key: str, older_than_ns: int, limit: int) -> int:
     """Delete up to ``limit`` rows of ``table`` made before ``older_than_ns``, oldest
