@@ -30,7 +30,7 @@ from rich.progress import (
 )
 
 from .._config import env
-from .._types import ChunkProblem, ClassState, FileInfo, FsckReport, Health
+from .._types import DAMAGE, ChunkProblem, ClassState, FileInfo, FsckReport, Health
 
 LARGE = 64 << 20
 """Work smaller than this finishes before a progress bar would help."""
@@ -200,6 +200,8 @@ def _verdict(report: FsckReport) -> str:
     counts = _count_kinds(report.problems)
     found = ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "no problems"
     verdict = "OK" if report.ok else "DAMAGED"
+    if set(counts) & DAMAGE == {"unreachable"}:
+        verdict = "INCOMPLETE"  # nothing found wrong, but not everything checked
     collected = f"; {report.collected} collected" if report.collected else ""
     return f"{verdict}: {found}{collected}"
 

@@ -15,6 +15,11 @@ chunk files are orphans than a crashed writer leaves (more than
 ``REFUSE_SHARE`` of all copies, and more than ``REFUSE_FEW``): that is what a
 wrong, empty or restored-from-old metadata database looks like, and
 collecting then would delete live data. ``force`` overrides both.
+
+A data node that is dead (no heartbeat within the timeout) or stops answering
+is not waited on: the run checks the rest, and reports each such node once, as
+an ``unreachable`` problem with how many of its copies went unchecked; nothing
+is deleted from it.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .._buffers import BufferPool
-from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound
+from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound, Timeout, Unavailable
 from .._hashing import content_id, crc32c
 from .._types import ChunkProblem, ChunkRef, FsckReport, Stripe
 from ..transport import (
@@ -37,6 +42,7 @@ from ..transport import (
     ChunkUsers,
     Collectable,
     GetStoreId,
+    ListNodes,
     MetaTransport,
 )
 from ._reader import Report
@@ -63,6 +69,8 @@ class _Found:
     """(node, chunk id, mtime) of each orphan copy."""
     held: int = 0
     """Chunk files on the nodes, all of them."""
+    unreachable: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Node -> why it is not checked (dead, or not answering) and its copies unchecked."""
 
 
 class Fsck:
@@ -84,15 +92,18 @@ class Fsck:
         self._report, self._progress = report, progress
         self._found = _Found()
         self._store = ""
+        self._addresses: dict[str, str] = {}
+        """Each registered data node's address."""
 
     async def run(self, *, collect: bool, grace: float, force: bool) -> FsckReport:
         """Check everything; with ``collect``, delete what is older than ``grace`` seconds."""
         if not grace >= 0:
             raise InvalidArgument(f"the grace period must be 0 seconds or more, not {grace}")
         self._store = await self._meta.request(GetStoreId())
+        await self._skip_dead()
         await self._check_chunks()
         inconsistent = await self._check_metadata()
-        nodes = await self._chunks.nodes()
+        nodes = tuple(n for n in await self._chunks.nodes() if n not in self._found.unreachable)
         for node in nodes:
             await self._find_orphans(node)
         cutoff = time.time() - grace
@@ -106,7 +117,23 @@ class Fsck:
             for node in adopted:  # forced: whoever forced it vouched for them
                 await self._chunks.adoption(node, self._store, vouch=True)
         found = self._found
+        for node, (why, unchecked) in found.unreachable.items():
+            where = f"{node}@{self._addresses.get(node, '?')}"
+            detail = f"data node {node} is {why}: {unchecked} copies on it not checked"
+            found.problems.append(ChunkProblem("unreachable", "", where, (), detail))
         return FsckReport(found.chunks, found.bytes, tuple(found.problems), collected)
+
+    async def _skip_dead(self) -> None:
+        """Nodes that are dead now are not waited on: their copies go unchecked."""
+        for state in await self._meta.request(ListNodes()):
+            self._addresses[state.id] = state.address
+            if not state.alive:
+                quiet = time.time() - state.last_seen
+                self._unreachable(state.id, f"dead (no heartbeat for {quiet:.0f} s)")
+
+    def _unreachable(self, node: str, why: str) -> None:
+        """Check nothing more on ``node``: it is dead, or did not answer."""
+        self._found.unreachable.setdefault(node, (why, 0))
 
     # -- the metadata's chunks -----------------------------------------------------
 
@@ -140,7 +167,12 @@ class Fsck:
         await asyncio.gather(*(self._check(piece, node, chunk) for piece, node in held if node))
 
     async def _check(self, chunk: ChunkRef, node: str, whose: str = "") -> None:
-        """One copy of a chunk (or, with ``whose``, a piece of that chunk) read and hashed."""
+        """One copy of a chunk (or, with ``whose``, a piece of that chunk) read and hashed;
+        one on an unreachable node counted, unchecked."""
+        if node in self._found.unreachable:
+            why, unchecked = self._found.unreachable[node]
+            self._found.unreachable[node] = (why, unchecked + 1)
+            return
         async with self._slots:
             buffer = self._pool.get(chunk.length)
             try:
@@ -151,6 +183,9 @@ class Fsck:
                     "missing" if isinstance(exc, NotFound) else "corrupt"
                 )
                 await self._damaged(chunk, node, kind, exc.message, whose)
+            except (Unavailable, Timeout) as exc:
+                self._unreachable(node, f"not answering ({exc.message})")
+                await self._check(chunk, node, whose)  # counted unchecked
             finally:
                 self._pool.put(buffer)
             if self._progress:
@@ -285,7 +320,7 @@ class Fsck:
 
     async def _delete(self, copies: Iterable[tuple[str, str]], cutoff: float) -> int:
         """Delete copies a page at a time; one that cannot be reached stays, an orphan."""
-        pending = list(copies)
+        pending = [(n, c) for n, c in copies if n not in self._found.unreachable]
         gone = 0
         for start in range(0, len(pending), 500):
             outcomes = await asyncio.gather(
