@@ -336,6 +336,11 @@ class NodeState(msgspec.Struct, frozen=True):
     """Unix time of its last heartbeat."""
     alive: bool = True
     """Heard from within the heartbeat timeout."""
+    stored: int = 0
+    """Bytes graben's files take on its disk (chunk files and temporaries, as ``du``
+    counts them), apart from what else fills the disk."""
+    scrubbed: float = 0.0
+    """Unix time its last full scrub pass ended; 0: none since it started."""
 
 
 class ServiceState(msgspec.Struct, frozen=True):
