@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Literal
@@ -103,12 +103,12 @@ class Fsck:
         await self._skip_dead()
         await self._check_chunks()
         inconsistent = await self._check_metadata()
-        nodes = tuple(n for n in await self._chunks.nodes() if n not in self._found.unreachable)
-        for node in nodes:
-            await self._find_orphans(node)
+        nodes = await self._chunks.nodes()
+        await self._on_each(nodes, self._find_orphans)
         cutoff = time.time() - grace
-        for node in nodes:
-            await self._find_temporaries(node, time.time() - min(grace, QUIET_S))
+        quiet_since = time.time() - min(grace, QUIET_S)
+        await self._on_each(nodes, lambda node: self._find_temporaries(node, quiet_since))
+        nodes = tuple(n for n in nodes if n not in self._found.unreachable)
         collected = 0
         if collect:
             adopted = [n for n in nodes if await self._chunks.adoption(n, self._store)]
@@ -130,6 +130,16 @@ class Fsck:
             if not state.alive:
                 quiet = time.time() - state.last_seen
                 self._unreachable(state.id, f"dead (no heartbeat for {quiet:.0f} s)")
+
+    async def _on_each(self, nodes: Iterable[str], step: Callable[[str], Awaitable[None]]) -> None:
+        """``step`` on each node still reachable; one that stops answering is left be."""
+        for node in nodes:
+            if node in self._found.unreachable:
+                continue
+            try:
+                await step(node)
+            except (Unavailable, Timeout) as exc:
+                self._unreachable(node, f"not answering ({exc.message})")
 
     def _unreachable(self, node: str, why: str) -> None:
         """Check nothing more on ``node``: it is dead, or did not answer."""
