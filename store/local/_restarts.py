@@ -27,8 +27,9 @@ class Backoff:
     """When its restart is due; ``None`` while it runs."""
 
     def died(self, now: float) -> float:
-        """It was found dead at ``now``: returns how long until its restart."""
-        if now - self.started_at >= STEADY_S:
+        """It was found dead at ``now``, or did not start again: returns how long until
+        its (next) restart."""
+        if self.restart_at is None and now - self.started_at >= STEADY_S:
             self.wait = FIRST_S
         delay = self.wait
         self.wait = min(self.wait * 2, LONGEST_S)

@@ -77,6 +77,8 @@ def test_backoff_doubles_to_its_longest_and_resets_once_steady() -> None:
         backoff.started(now)
     assert delays == [FIRST_S, 2, 4, 8, 16, LONGEST_S, LONGEST_S]
     assert backoff.died(now + STEADY_S) == FIRST_S
+    # restarts that fail keep doubling, however long ago it last started
+    assert [backoff.died(now + STEADY_S + k) for k in range(3)] == [2, 4, 8]
 
 
 def test_exit_words() -> None:
