@@ -274,9 +274,12 @@ class FileCommit(msgspec.Struct, frozen=True):
     """Device number, for a device node."""
 
 
-ProblemKind = Literal["missing", "corrupt", "orphan", "unreferenced", "metadata", "temporary"]
-DAMAGE: Final[frozenset[str]] = frozenset({"missing", "corrupt", "metadata"})
-"""Kinds of problem that mean data may be lost or wrong (orphans and temporaries are harmless)."""
+ProblemKind = Literal[
+    "missing", "corrupt", "orphan", "unreferenced", "metadata", "temporary", "unreachable"
+]
+DAMAGE: Final[frozenset[str]] = frozenset({"missing", "corrupt", "metadata", "unreachable"})
+"""Kinds of problem that mean data may be lost or wrong, or could not be checked (a node
+``unreachable``); orphans and temporaries are harmless."""
 
 
 class ChunkProblem(msgspec.Struct, frozen=True):
@@ -285,7 +288,8 @@ class ChunkProblem(msgspec.Struct, frozen=True):
     kind: ProblemKind
     """What is wrong: a copy ``missing`` or ``corrupt``, an ``orphan`` chunk file no
     metadata names, metadata that contradicts itself (``metadata``), a writer's
-    leftover ``temporary`` file."""
+    leftover ``temporary`` file, a data node ``unreachable`` (dead or not answering:
+    its copies were not checked)."""
     chunk: str
     """The chunk id (or file name, for orphans and temporaries; may be empty for metadata)."""
     where: str
@@ -332,6 +336,11 @@ class NodeState(msgspec.Struct, frozen=True):
     """Unix time of its last heartbeat."""
     alive: bool = True
     """Heard from within the heartbeat timeout."""
+    stored: int = 0
+    """Bytes graben's files take on its disk (chunk files and temporaries, as ``du``
+    counts them), apart from what else fills the disk."""
+    scrubbed: float = 0.0
+    """Unix time its last full scrub pass ended; 0: none since it started."""
 
 
 class ServiceState(msgspec.Struct, frozen=True):

@@ -194,6 +194,11 @@ def add_status(sub: Subparsers) -> None:
         "status",
         help="Show the engine, the metadata services and which one leads, data nodes, "
         "capacity, and chunks short of copies or damaged.",
+        description="Show the engine, the metadata services and which one leads, and each "
+        "data node: up or DEAD, the bytes graben's files take on its disk (graben), its "
+        "disk's free and total bytes, and when its last full scrub pass ended; then chunks "
+        "short of copies and damaged copies. Exit 1 if any chunk is short or damaged, or no "
+        "data node is alive.",
     )
     status.add_argument(
         "--store", default=None, help="store URL or directory (default: $GRABEN_URL)"

@@ -11,6 +11,7 @@ import itertools
 import stat
 import sys
 import threading
+import time
 import unicodedata
 from collections.abc import Iterable
 from datetime import datetime
@@ -30,7 +31,7 @@ from rich.progress import (
 )
 
 from .._config import env
-from .._types import ChunkProblem, ClassState, FileInfo, FsckReport, Health
+from .._types import DAMAGE, ChunkProblem, ClassState, FileInfo, FsckReport, Health
 
 LARGE = 64 << 20
 """Work smaller than this finishes before a progress bar would help."""
@@ -200,6 +201,8 @@ def _verdict(report: FsckReport) -> str:
     counts = _count_kinds(report.problems)
     found = ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "no problems"
     verdict = "OK" if report.ok else "DAMAGED"
+    if set(counts) & DAMAGE == {"unreachable"}:
+        verdict = "INCOMPLETE"  # nothing found wrong, but not everything checked
     collected = f"; {report.collected} collected" if report.collected else ""
     return f"{verdict}: {found}{collected}"
 
@@ -226,13 +229,18 @@ def status_lines(health: Health, *, cluster: bool) -> list[str]:
         lines.append(f"engine {health.engine}")
     if cluster:
         lines.extend(_service_lines(health))
-    lines.append(f"{'node':12} {'address':21} {'rack':10} {'state':6} {'used':>10} {'total':>10}")
+    lines.append(
+        f"{'node':12} {'address':21} {'rack':10} {'state':6} {'graben':>10} {'free':>10} "
+        f"{'total':>10}  scrubbed"
+    )
+    now = time.time()
     for node in health.nodes:
         state = "up" if node.alive else "DEAD"
-        used = _gib(node.total - node.free)
+        sizes = (human_size(node.stored), human_size(node.free), human_size(node.total))
+        scrubbed = _ago(now - node.scrubbed) if node.scrubbed else "not yet"
         lines.append(
-            f"{node.id[:12]:12} {node.address:21} {node.rack:10} {state:6} {used:>10} "
-            f"{_gib(node.total):>10}"
+            f"{node.id[:12]:12} {node.address:21} {node.rack:10} {state:6} "
+            f"{sizes[0]:>10} {sizes[1]:>10} {sizes[2]:>10}  {scrubbed}"
         )
     alive = sum(n.alive for n in health.nodes)
     lines.append(
@@ -256,8 +264,12 @@ def _service_lines(health: Health) -> list[str]:
     return lines
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB"
+def _ago(seconds: float) -> str:
+    """``"40 s ago"``, ``"12 min ago"``, ``"5 h ago"``, ``"3 d ago"``."""
+    for unit, length in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * length:
+            return f"{seconds // length:.0f} {unit} ago"
+    return f"{max(seconds, 0):.0f} s ago"
 
 
 # --- stdout ---------------------------------------------------------------------

@@ -18,19 +18,32 @@ collecting then would delete live data. ``force`` overrides both. A
 metadata database restored from a backup (``graben meta restore``) says when
 that backup was taken: the chunk files written after it are orphans as
 expected and do not count towards the refusal.
+
+A data node that is dead (no heartbeat within the timeout) or stops answering
+is not waited on: the run checks the rest, and reports each such node once, as
+an ``unreachable`` problem with how many of its copies went unchecked; nothing
+is deleted from it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Literal
 
 from .._buffers import BufferPool
-from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound, ProtocolError
+from .._errors import (
+    GrabenError,
+    IntegrityError,
+    InvalidArgument,
+    NotFound,
+    ProtocolError,
+    Timeout,
+    Unavailable,
+)
 from .._hashing import content_id, crc32c
 from .._types import ChunkProblem, ChunkRef, FsckReport, Stripe
 from ..transport import (
@@ -40,6 +53,7 @@ from ..transport import (
     ChunkUsers,
     Collectable,
     GetStoreId,
+    ListNodes,
     MetaTransport,
     RestorePoint,
 )
@@ -67,6 +81,8 @@ class _Found:
     """(node, chunk id, mtime) of each orphan copy."""
     held: int = 0
     """Chunk files on the nodes, all of them."""
+    unreachable: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Node -> why it is not checked (dead, or not answering) and its copies unchecked."""
 
 
 class Fsck:
@@ -90,6 +106,8 @@ class Fsck:
         self._store = ""
         self._restored = 0.0
         """When the backup the metadata was restored from was taken (0: never restored)."""
+        self._addresses: dict[str, str] = {}
+        """Each registered data node's address."""
 
     async def run(self, *, collect: bool, grace: float, force: bool) -> FsckReport:
         """Check everything; with ``collect``, delete what is older than ``grace`` seconds."""
@@ -97,14 +115,15 @@ class Fsck:
             raise InvalidArgument(f"the grace period must be 0 seconds or more, not {grace}")
         self._store = await self._meta.request(GetStoreId())
         self._restored = await self._restore_point()
+        await self._skip_dead()
         await self._check_chunks()
         inconsistent = await self._check_metadata()
         nodes = await self._chunks.nodes()
-        for node in nodes:
-            await self._find_orphans(node)
+        await self._on_each(nodes, self._find_orphans)
         cutoff = time.time() - grace
-        for node in nodes:
-            await self._find_temporaries(node, time.time() - min(grace, QUIET_S))
+        quiet_since = time.time() - min(grace, QUIET_S)
+        await self._on_each(nodes, lambda node: self._find_temporaries(node, quiet_since))
+        nodes = tuple(n for n in nodes if n not in self._found.unreachable)
         collected = 0
         if collect:
             adopted = [n for n in nodes if await self._chunks.adoption(n, self._store)]
@@ -113,6 +132,10 @@ class Fsck:
             for node in adopted:  # forced: whoever forced it vouched for them
                 await self._chunks.adoption(node, self._store, vouch=True)
         found = self._found
+        for node, (why, unchecked) in found.unreachable.items():
+            where = f"{node}@{self._addresses.get(node, '?')}"
+            detail = f"data node {node} is {why}: {unchecked} copies on it not checked"
+            found.problems.append(ChunkProblem("unreachable", "", where, (), detail))
         return FsckReport(found.chunks, found.bytes, tuple(found.problems), collected)
 
     async def _restore_point(self) -> float:
@@ -120,6 +143,28 @@ class Fsck:
             return await self._meta.request(RestorePoint()) / 1e9
         except ProtocolError:  # a service older than restores: one never restored (stricter)
             return 0.0
+
+    async def _skip_dead(self) -> None:
+        """Nodes that are dead now are not waited on: their copies go unchecked."""
+        for state in await self._meta.request(ListNodes()):
+            self._addresses[state.id] = state.address
+            if not state.alive:
+                quiet = time.time() - state.last_seen
+                self._unreachable(state.id, f"dead (no heartbeat for {quiet:.0f} s)")
+
+    async def _on_each(self, nodes: Iterable[str], step: Callable[[str], Awaitable[None]]) -> None:
+        """``step`` on each node still reachable; one that stops answering is left be."""
+        for node in nodes:
+            if node in self._found.unreachable:
+                continue
+            try:
+                await step(node)
+            except (Unavailable, Timeout) as exc:
+                self._unreachable(node, f"not answering ({exc.message})")
+
+    def _unreachable(self, node: str, why: str) -> None:
+        """Check nothing more on ``node``: it is dead, or did not answer."""
+        self._found.unreachable.setdefault(node, (why, 0))
 
     # -- the metadata's chunks -----------------------------------------------------
 
@@ -153,7 +198,12 @@ class Fsck:
         await asyncio.gather(*(self._check(piece, node, chunk) for piece, node in held if node))
 
     async def _check(self, chunk: ChunkRef, node: str, whose: str = "") -> None:
-        """One copy of a chunk (or, with ``whose``, a piece of that chunk) read and hashed."""
+        """One copy of a chunk (or, with ``whose``, a piece of that chunk) read and hashed;
+        one on an unreachable node counted, unchecked."""
+        if node in self._found.unreachable:
+            why, unchecked = self._found.unreachable[node]
+            self._found.unreachable[node] = (why, unchecked + 1)
+            return
         async with self._slots:
             buffer = self._pool.get(chunk.length)
             try:
@@ -164,6 +214,9 @@ class Fsck:
                     "missing" if isinstance(exc, NotFound) else "corrupt"
                 )
                 await self._damaged(chunk, node, kind, exc.message, whose)
+            except (Unavailable, Timeout) as exc:
+                self._unreachable(node, f"not answering ({exc.message})")
+                await self._check(chunk, node, whose)  # counted unchecked
             finally:
                 self._pool.put(buffer)
             if self._progress:
@@ -304,7 +357,7 @@ class Fsck:
 
     async def _delete(self, copies: Iterable[tuple[str, str]], cutoff: float) -> int:
         """Delete copies a page at a time; one that cannot be reached stays, an orphan."""
-        pending = list(copies)
+        pending = [(n, c) for n, c in copies if n not in self._found.unreachable]
         gone = 0
         for start in range(0, len(pending), 500):
             outcomes = await asyncio.gather(

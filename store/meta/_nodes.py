@@ -3,11 +3,13 @@
 ``NodeRegistry`` records heartbeats (refusing a node of another store, or one
 whose encryption at rest is not the store's), lists the nodes with who is
 alive, and tells the store's health: nodes, chunks short of copies, copies
-reported bad, the metadata services and which of them leads.
+reported bad, the metadata services and which of them leads. ``Vigil`` logs a
+node going dead and coming back, once each (the leader keeps one).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import msgspec
@@ -20,6 +22,34 @@ from ._operations import handles
 from ._placement import LOCAL_NODE
 from ._policy import Policy
 from ._repo import Repository, Tx, encrypted
+
+log = logging.getLogger("graben.meta")
+
+
+class Vigil:
+    """Which data nodes were alive when last looked at: a warning when one goes dead
+    (no heartbeat within the timeout), a line when it comes back, once each."""
+
+    def __init__(self) -> None:
+        self._alive: dict[str, bool] = {}
+
+    def look(self, nodes: list[NodeState], timeout: float) -> None:
+        """Log each node whose liveness changed since the last look (one dead at the
+        first look is logged too)."""
+        now = time.time()
+        for node in nodes:
+            was = self._alive.get(node.id, True)
+            self._alive[node.id] = node.alive
+            # Each line its own template: the log's filter of repeats holds back alike
+            # ones, and two nodes that die together are two events.
+            if was and not node.alive:
+                quiet = now - node.last_seen
+                log.warning(
+                    f"data node {node.id} ({node.address}, rack {node.rack}) is dead: "
+                    f"no heartbeat for {quiet:.0f} s (timeout {timeout:g} s)"
+                )
+            elif node.alive and not was:
+                log.info(f"data node {node.id} ({node.address}) is back: it heartbeats again")
 
 
 class NodeRegistry:

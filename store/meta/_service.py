@@ -78,6 +78,7 @@ from ._convert import CONVERT_CHUNKS, Converter, for_readers
 from ._grants import TENANT_TTL_S, Capabilities
 from ._leader import BEAT_S, LEASE_S, Deposed, Leadership
 from ._metadata import Metadata
+from ._nodes import Vigil
 from ._placement import place
 from ._policy import INLINE_MAX
 from ._repair import RepairMetrics, Repairs
@@ -157,6 +158,8 @@ class MetaService:
         )
         self._threads = ThreadPoolExecutor(threads, thread_name_prefix="graben-meta")
         self._nodes: tuple[float, list[NodeState]] = (0.0, [])
+        self._vigil = Vigil()
+        """The leader's: logs each node going dead and coming back."""
         self.server: Server | None = None
         self.repair_interval = repair_interval
         self.idle_timeout = idle_timeout
@@ -287,6 +290,7 @@ class MetaService:
         if self.leadership is None or not self.leadership.leading:
             return
         try:
+            self._vigil.look(await self._list_nodes(), self.metadata.policy.heartbeat_timeout)
             await self.repair_once()
             # Conversions go on while each batch is full, for up to a round's length:
             # a large dataset converts at the nodes' pace, not a batch per round.

@@ -439,7 +439,8 @@ class DataNode:
     # -- scrubbing --------------------------------------------------------------
 
     async def scrub_once(self) -> int:
-        """Re-hash every chunk file against its name; report the bad ones. Returns how many."""
+        """Re-hash every chunk file against its name; report the bad ones, and when the
+        pass ended (in the heartbeats). Returns how many."""
         bad, after = 0, ""
         while page := await self._run(self.store.inventory, after, page_entries()):
             for chunk_id, _mtime in page:
@@ -448,6 +449,7 @@ class DataNode:
                     reason = "scrub: content does not match its name"
                     await self.membership.request(ReportBad(chunk_id, self.id, reason))
             after = page[-1][0]
+        self.membership.scrubbed = time.time()
         return bad
 
 

@@ -235,6 +235,12 @@ MIGRATIONS = (
     ){rowid};
     ALTER TABLE store ADD COLUMN restored_ns {int} NOT NULL DEFAULT 0;
     """,
+    # 14: what each data node's heartbeat says of it besides its disk: the bytes of
+    # graben's files on it, and when its last full scrub pass ended (0: none yet).
+    """
+    ALTER TABLE nodes ADD COLUMN stored {int} NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN scrubbed {real} NOT NULL DEFAULT 0;
+    """,
 )
 
 

@@ -76,18 +76,26 @@ class SqlNodes:
 
     def upsert_node(self, node: NodeState) -> None:
         self.sql.execute(
-            "INSERT INTO nodes (id, address, rack, free, total, last_seen) "
-            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+            "INSERT INTO nodes (id, address, rack, free, total, last_seen, stored, scrubbed) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
             "address = excluded.address, rack = excluded.rack, free = excluded.free, "
-            "total = excluded.total, last_seen = excluded.last_seen",
-            (node.id, node.address, node.rack, node.free, node.total, node.last_seen),
+            "total = excluded.total, last_seen = excluded.last_seen, "
+            "stored = excluded.stored, scrubbed = excluded.scrubbed",
+            (
+                *(node.id, node.address, node.rack, node.free, node.total, node.last_seen),
+                *(node.stored, node.scrubbed),
+            ),
         )
 
     def nodes(self) -> list[NodeState]:
         rows = self.sql.rows(
-            "SELECT id, address, rack, free, total, last_seen FROM nodes ORDER BY id"
+            "SELECT id, address, rack, free, total, last_seen, stored, scrubbed "
+            "FROM nodes ORDER BY id"
         )
-        return [NodeState(*row) for row in rows]
+        return [
+            NodeState(node, address, rack, free, total, seen, stored=stored, scrubbed=scrubbed)
+            for node, address, rack, free, total, seen, stored, scrubbed in rows
+        ]
 
 
 class SqlServices:
