@@ -332,6 +332,11 @@ class NodeState(msgspec.Struct, frozen=True):
     """Unix time of its last heartbeat."""
     alive: bool = True
     """Heard from within the heartbeat timeout."""
+    state: str = ""
+    """``""`` in service; ``"draining"`` while its copies move off (nothing new is placed
+    on it); ``"drained"`` once it holds nothing (``Health`` says so; it may be removed)."""
+    held: int = 0
+    """Chunk copies and pieces it holds, as ``Health`` counts them (0 elsewhere)."""
 
 
 class ServiceState(msgspec.Struct, frozen=True):

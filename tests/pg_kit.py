@@ -29,7 +29,7 @@ from graben.store._types import ChunkRef, Extent, FileCommit, StoredChunk
 from graben.store.meta import Metadata
 from graben.store.meta.engines._sums import FUNCTION, SUMMED, row_sum
 
-MIGRATIONS = 12
+MIGRATIONS = 13
 """The schema version graben writes today."""
 
 
@@ -129,13 +129,15 @@ class Engine:
             return cur.fetchall() if cur.description else []
 
     def back_to_7(self) -> None:
-        """Take back schemas 8 to 12, row checksums, the change feed, storage classes,
-        tenants and the record of encryption (a store as an older graben left it)."""
+        """Take back schemas 8 to 13, row checksums, the change feed, storage classes,
+        tenants, the record of encryption and nodes' drain state (a store as an older
+        graben left it)."""
         for table in SUMMED:
             self.sql(f"ALTER TABLE {table} DROP COLUMN sum")
         for table in ("changes", "classes", "pieces", "tenants", "tokens", "quotas"):
             self.sql(f"DROP TABLE {table}")
         self.sql("ALTER TABLE store DROP COLUMN sealed")
+        self.sql("ALTER TABLE nodes DROP COLUMN state")
 
     def set_version(self, version: int) -> None:
         """Record ``version`` as the store's schema version."""

@@ -46,6 +46,7 @@ from ._listen import (
 )
 from ._logs import log_arg
 from ._main import config_arg
+from ._nodes import add_node_actions
 from ._stores import timeout_arg
 from ._tls import server_tls, server_tls_args, tls_arg
 
@@ -134,11 +135,19 @@ def add_meta(sub: Subparsers) -> None:
 
 
 def add_node(sub: Subparsers) -> None:
-    """``graben node serve``."""
-    node = sub.add_parser("node", help="Run a data node.")
-    serve = node.add_subparsers(metavar="ACTION", required=True).add_parser(
+    """``graben node serve``, ``node drain ID``, ``node rm ID``."""
+    node = sub.add_parser(
+        "node",
+        help="Run, drain or remove a data node.",
+        description="Run a data node (serve), move every copy off one before retiring its "
+        "host (drain; status shows the copies left, then 'drained'), and forget a drained, "
+        "stopped one (rm).",
+    )
+    actions = node.add_subparsers(metavar="ACTION", required=True)
+    serve = actions.add_parser(
         "serve", help="Serve a chunk directory and heartbeat to the metadata service."
     )
+    add_node_actions(actions)
     serve.add_argument("--data", type=Path, required=True, help="directory for chunk files")
     serve.add_argument(
         "--meta",

@@ -30,7 +30,7 @@ from rich.progress import (
 )
 
 from .._config import env
-from .._types import ChunkProblem, ClassState, FileInfo, FsckReport, Health
+from .._types import ChunkProblem, ClassState, FileInfo, FsckReport, Health, NodeState
 
 LARGE = 64 << 20
 """Work smaller than this finishes before a progress bar would help."""
@@ -232,7 +232,7 @@ def status_lines(health: Health, *, cluster: bool) -> list[str]:
         used = _gib(node.total - node.free)
         lines.append(
             f"{node.id[:12]:12} {node.address:21} {node.rack:10} {state:6} {used:>10} "
-            f"{_gib(node.total):>10}"
+            f"{_gib(node.total):>10}{_leaving(node)}"
         )
     alive = sum(n.alive for n in health.nodes)
     lines.append(
@@ -242,6 +242,13 @@ def status_lines(health: Health, *, cluster: bool) -> list[str]:
     if cluster and not alive:
         lines.append("no data node is alive: nothing can be read or written")
     return lines
+
+
+def _leaving(node: NodeState) -> str:
+    """A draining node's progress (``node drain``), after its line; ``""`` in service."""
+    if node.state == "draining":
+        return f"  draining: {node.held} copies and pieces left"
+    return f"  {node.state}: may be stopped and removed" if node.state else ""
 
 
 def _service_lines(health: Health) -> list[str]:

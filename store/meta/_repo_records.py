@@ -120,6 +120,21 @@ class Nodes(Protocol):
     def nodes(self) -> list[NodeState]:
         """Every registered data node."""
 
+    def set_node_state(self, node: str, state: str) -> bool:
+        """Set a node's state (``""`` or ``"draining"``); whether it is registered."""
+
+    def held(self) -> dict[str, int]:
+        """Chunk copies and pieces each node holds, by node id (nodes holding none left out)."""
+
+    def copies_on(self, node: str, limit: int) -> dict[str, tuple[str, ...]]:
+        """Up to ``limit`` chunks with a copy on ``node``: every node holding one, by chunk."""
+
+    def sole(self, node: str, limit: int) -> list[str]:
+        """Up to ``limit`` chunks (and pieces) nowhere but on ``node``."""
+
+    def forget_node(self, node: str) -> None:
+        """Unregister a node and forget the copies it held (pieces there become lost)."""
+
 
 class Services(Protocol):
     """The metadata services, the leader's lease, and the clock both are judged by."""

@@ -196,6 +196,7 @@ class MetaService:
             self._fence,
             self._list_nodes,
             None if self.metrics is None else RepairMetrics(self.metrics),
+            self.metadata.drains,
         )
         """The leader's repair rounds."""
         self.id = uuid.uuid4().hex[:12]

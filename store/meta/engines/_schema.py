@@ -223,6 +223,11 @@ MIGRATIONS = (
     """
     ALTER TABLE store ADD COLUMN sealed TEXT NOT NULL DEFAULT '';
     """,
+    # 13: a data node's state as the operator set it: '' in service, 'draining' while its
+    # copies move off (``meta/_drain.py``); a heartbeat leaves it as it is.
+    """
+    ALTER TABLE nodes ADD COLUMN state TEXT NOT NULL DEFAULT '';
+    """,
 )
 
 

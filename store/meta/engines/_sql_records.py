@@ -85,9 +85,49 @@ class SqlNodes:
 
     def nodes(self) -> list[NodeState]:
         rows = self.sql.rows(
-            "SELECT id, address, rack, free, total, last_seen FROM nodes ORDER BY id"
+            "SELECT id, address, rack, free, total, last_seen, state FROM nodes ORDER BY id"
         )
-        return [NodeState(*row) for row in rows]
+        return [
+            NodeState(id_, address, rack, free, total, seen, state=state)
+            for id_, address, rack, free, total, seen, state in rows
+        ]
+
+    def set_node_state(self, node: str, state: str) -> bool:
+        query = "UPDATE nodes SET state = %s WHERE id = %s RETURNING id"
+        return bool(self.sql.rows(query, (state, node)))
+
+    def held(self) -> dict[str, int]:
+        rows = self.sql.rows(
+            "SELECT node, COUNT(*) FROM (SELECT node FROM replicas UNION ALL "
+            "SELECT node FROM pieces WHERE node != '') h GROUP BY node"
+        )
+        return {node: int(count) for node, count in rows}
+
+    def copies_on(self, node: str, limit: int) -> dict[str, tuple[str, ...]]:
+        rows = self.sql.rows(
+            "SELECT r.chunk, r.node FROM replicas r WHERE r.chunk IN "
+            "(SELECT chunk FROM replicas WHERE node = %s ORDER BY chunk LIMIT %s) "
+            "ORDER BY r.chunk, r.node",
+            (node, min(limit, PAGE_ROWS_MAX)),
+        )
+        found: dict[str, tuple[str, ...]] = {}
+        for chunk, holder in rows:
+            found[chunk] = (*found.get(chunk, ()), holder)
+        return found
+
+    def sole(self, node: str, limit: int) -> list[str]:
+        rows = self.sql.rows(
+            "SELECT chunk FROM replicas r WHERE node = %s AND NOT EXISTS "
+            "(SELECT 1 FROM replicas o WHERE o.chunk = r.chunk AND o.node != r.node) "
+            "UNION SELECT piece FROM pieces WHERE node = %s ORDER BY 1 LIMIT %s",
+            (node, node, min(limit, PAGE_ROWS_MAX)),
+        )
+        return [chunk for (chunk,) in rows]
+
+    def forget_node(self, node: str) -> None:
+        self.sql.execute("DELETE FROM replicas WHERE node = %s", (node,))
+        self.sql.execute("UPDATE pieces SET node = '' WHERE node = %s", (node,))
+        self.sql.execute("DELETE FROM nodes WHERE id = %s", (node,))
 
 
 class SqlServices:
