@@ -129,6 +129,15 @@ def add_meta(sub: Subparsers) -> None:
     serve.add_argument(
         "--repair-interval", type=float, default=5.0, help="seconds between repair rounds"
     )
+    serve.add_argument(
+        "--rebalance-rate",
+        type=size_arg,
+        default=16 << 20,
+        metavar="BYTES",
+        help="bytes a second the leader moves from fuller data nodes to emptier ones, until "
+        "each holds within 10%% of the mean (default 16M; 0: never; config key "
+        "rebalance-rate)",
+    )
     _tier_arg(serve, "chunks of class s3 are uploaded there")
     _server_args(serve, "meta")
     serve.set_defaults(run=_meta_serve)
@@ -300,6 +309,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
             inline_max=args.inline_max,
             heartbeat_timeout=args.heartbeat_timeout,
             repair_interval=args.repair_interval,
+            rebalance_rate=args.rebalance_rate,
             idle_timeout=args.idle_timeout,
             metrics=args.metrics,
             tls=tls,

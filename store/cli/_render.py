@@ -29,7 +29,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from .._config import env
+from .._config import RESERVE, env
 from .._types import ChunkProblem, ClassState, FileInfo, FsckReport, Health, NodeState
 
 LARGE = 64 << 20
@@ -245,10 +245,17 @@ def status_lines(health: Health, *, cluster: bool) -> list[str]:
 
 
 def _leaving(node: NodeState) -> str:
-    """A draining node's progress (``node drain``), after its line; ``""`` in service."""
+    """After a node's line: a draining node's progress (``node drain``), or that its disk
+    is below the reserve placement keeps (``FULL``); ``""`` in service with room."""
     if node.state == "draining":
         return f"  draining: {node.held} copies and pieces left"
-    return f"  {node.state}: may be stopped and removed" if node.state else ""
+    if node.state:
+        return f"  {node.state}: may be stopped and removed"
+    return (
+        f"  FULL: under {RESERVE >> 20} MiB free, takes no new chunks"
+        if node.free < RESERVE
+        else ""
+    )
 
 
 def _service_lines(health: Health) -> list[str]:

@@ -1,6 +1,7 @@
 """The leader's repair rounds: damaged copies deleted, short chunks copied to new nodes,
 lost pieces of stripes made again, draining nodes emptied (``_drain.py``: their copies
-count as short, and are forgotten once copied). Only while leading: every round checks
+count as short, and are forgotten once copied), and, once nothing is short, copies moved
+from fuller nodes to emptier ones (``_rebalance.py``). Only while leading: every round checks
 the fence.
 """
 
@@ -22,6 +23,7 @@ from ._chunks import ChunkRecords
 from ._convert import Converter
 from ._drain import Drains
 from ._placement import place
+from ._rebalance import Rebalancer
 from ._repo import Degraded
 
 log = logging.getLogger("graben.meta")
@@ -63,10 +65,11 @@ class Repairs:
         list_nodes: Callable[[], Awaitable[list[NodeState]]],
         metrics: RepairMetrics | None,
         drains: Drains | None = None,
+        rebalancer: Rebalancer | None = None,
     ) -> None:
         self._records, self._chunks, self._converter = records, chunks, converter
         self._run, self._fence, self._list_nodes = run, fence, list_nodes
-        self._metrics, self._drains = metrics, drains
+        self._metrics, self._drains, self._rebalancer = metrics, drains, rebalancer
 
     def converted(self, made: int) -> None:
         """Count chunks a conversion round made."""
@@ -90,6 +93,8 @@ class Repairs:
         await self._sweep(nodes, degraded)
         if not degraded:
             await self._report_round(0, 0, pieces)
+            if self._rebalancer is not None:  # only once nothing is short: repair comes first
+                await self._rebalancer.once(nodes)
             return pieces
         made, left, stuck, lost = 0, 0, list[tuple[str, str]](), list[str]()
         for batch in _repair_batches(degraded):

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .._types import NodeState, PathChange, QuotaState, ServiceState, TokenInfo
+from .._types import ChunkRef, NodeState, PathChange, QuotaState, ServiceState, TokenInfo
 
 TokenRow = tuple[TokenInfo, str]
 """A token as the engine keeps it: what ``token ls`` shows, and the digest of its secret."""
@@ -134,6 +134,12 @@ class Nodes(Protocol):
 
     def forget_node(self, node: str) -> None:
         """Unregister a node and forget the copies it held (pieces there become lost)."""
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of chunk copies and pieces each node holds, by node id."""
+
+    def movable(self, src: str, dst: str, limit: int) -> list[ChunkRef]:
+        """Up to ``limit`` referenced chunks with a copy on ``src`` and none on ``dst``."""
 
 
 class Services(Protocol):

@@ -80,6 +80,7 @@ from ._leader import BEAT_S, LEASE_S, Deposed, Leadership
 from ._metadata import Metadata
 from ._placement import place
 from ._policy import INLINE_MAX
+from ._rebalance import REBALANCE_RATE, Rebalancer
 from ._repair import RepairMetrics, Repairs
 from ._repo import Repository
 from ._scopes import (
@@ -136,6 +137,7 @@ class MetaService:
         inline_max: int = INLINE_MAX,
         heartbeat_timeout: float = 10.0,
         repair_interval: float = 5.0,
+        rebalance_rate: float = REBALANCE_RATE,
         threads: int = 8,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         metrics: tuple[str, int] | None = None,
@@ -197,6 +199,7 @@ class MetaService:
             self._list_nodes,
             None if self.metrics is None else RepairMetrics(self.metrics),
             self.metadata.drains,
+            Rebalancer(repo, self.chunks, self.converter, self._fence, rebalance_rate),
         )
         """The leader's repair rounds."""
         self.id = uuid.uuid4().hex[:12]

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from .._config import RESERVE
 from .._errors import PermissionDenied, Unavailable
 from .._types import NodeState
 from ..transport import Heartbeat, Joined, RemoteMeta, Request
@@ -40,6 +41,8 @@ class Membership:
         sealer = store.sealer
         self._sealed = "none" if sealer is None else sealer.check
         """What the heartbeats say of its encryption at rest (its key's check value)."""
+        self._full = False
+        """Whether its last heartbeat found less than ``RESERVE`` free (said once)."""
         self._let_in = asyncio.Event()
         """Set once a metadata service said the store's encryption is this node's: no write
         is stored before (a node that lost its record must not write plaintext into an
@@ -67,6 +70,7 @@ class Membership:
         store whose encryption is not this node's is ``PermissionDenied`` (later, this
         node stops storing writes and says why)."""
         free, total = await self._run(self._store.capacity)
+        self._say_if_full(free)
         state = NodeState(self.node, self.address, self.rack, free, total)
         beat = Heartbeat(state, self.store_id or "", sealed=self._sealed)
         try:
@@ -86,6 +90,20 @@ class Membership:
             return
         self._let_in.set()
         await self._joined(joined.store_id)
+
+    def _say_if_full(self, free: int) -> None:
+        """Log once when the disk falls below the reserve (placement then puts no new chunk
+        here, so it never meets ENOSPC), and once when it has room again."""
+        full = free < RESERVE
+        if full and not self._full:
+            log.warning(
+                "data node %s: %d bytes free on %s, less than the %d kept in reserve: it "
+                "takes no new chunks until space comes back",
+                *(self.node, free, self.root, RESERVE),
+            )
+        elif self._full and not full:
+            log.info("data node %s: %d bytes free again, taking new chunks", self.node, free)
+        self._full = full
 
     async def _joined(self, store_id: str) -> None:
         if self.store_id is None:

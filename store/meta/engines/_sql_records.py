@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterable, Sequence
 
 from ..._errors import IntegrityError
-from ..._types import NodeState, PathChange, ServiceState
+from ..._types import ChunkRef, NodeState, PathChange, ServiceState
 from .._repo import Lease
-from ._rows import PAGE_ROWS_MAX
+from ._rows import PAGE_ROWS_MAX, chunk_ref
 from ._statements import Statements
 
 
@@ -123,6 +123,28 @@ class SqlNodes:
             (node, node, min(limit, PAGE_ROWS_MAX)),
         )
         return [chunk for (chunk,) in rows]
+
+    def held_bytes(self) -> dict[str, int]:
+        rows = self.sql.rows(
+            "SELECT r.node, SUM(c.length) FROM replicas r JOIN chunks c ON c.id = r.chunk "
+            "GROUP BY r.node UNION ALL "
+            "SELECT node, SUM(length) FROM pieces WHERE node != '' GROUP BY node"
+        )
+        found: dict[str, int] = {}
+        for node, size in rows:
+            found[node] = found.get(node, 0) + int(size or 0)
+        return found
+
+    def movable(self, src: str, dst: str, limit: int) -> list[ChunkRef]:
+        rows = self.sql.rows(
+            "SELECT c.id, c.length, c.crc32c, c.sum FROM replicas r "
+            "JOIN chunks c ON c.id = r.chunk WHERE r.node = %s AND c.refs > 0 AND NOT EXISTS "
+            "(SELECT 1 FROM replicas o WHERE o.chunk = r.chunk AND o.node = %s) "
+            "ORDER BY c.id LIMIT %s",
+            (src, dst, min(limit, PAGE_ROWS_MAX)),
+        )
+        # A row that fails its checksum is left to fsck.
+        return [ref for ref in (chunk_ref(*row) for row in rows) if ref is not None]
 
     def forget_node(self, node: str) -> None:
         self.sql.execute("DELETE FROM replicas WHERE node = %s", (node,))
