@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,3 +117,32 @@ def test_a_node_drained_under_a_writer_can_be_killed_and_removed_with_every_byte
         eventually(lambda: alive(client) == 2, 30)
         with pytest.raises(Refused, match="only copy"):
             client.remove_node(other)
+
+
+def test_a_drained_node_s_erasure_coded_pieces_are_made_again_elsewhere(tmp_path: Path) -> None:
+    data = os.urandom(6 * 64 * KiB + 1000)
+    cluster = LocalCluster(tmp_path, nodes=5, timeout=HEARTBEAT_TIMEOUT, repair=0.3)
+    with cluster, connect(cluster.url, chunk_size=64 * KiB) as client:
+        client.mkdir("/ds")
+        client.set_class("/ds", "ec:2+1")
+        client.put("/ds/f", data)
+
+        def striped() -> bool:
+            state = client.storage_class("/ds/f")
+            return state.chunks > 0 and state.converted == state.chunks
+
+        eventually(striped, 30)
+        held = Counter(n for s in client.layout("/ds/f").stripes.values() for n in s.nodes)
+        target, pieces = held.most_common(1)[0]
+        assert _state(client, target) == ("", pieces)
+        client.drain_node(target)
+        eventually(lambda: _state(client, target)[0] == "drained", 60)
+        stripes = client.layout("/ds/f").stripes.values()
+        assert all(target not in s.nodes and len(set(s.nodes)) == 3 for s in stripes)
+        ids = [_node_id(cluster, i) for i in range(5)]
+        cluster.kill(ids.index(target))
+        eventually(lambda: alive(client) == 4, 30)
+        client.remove_node(target)
+        assert client.get("/ds/f") == data
+        report = client.fsck()
+        assert report.ok, report
