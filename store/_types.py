@@ -341,6 +341,11 @@ class NodeState(msgspec.Struct, frozen=True):
     counts them), apart from what else fills the disk."""
     scrubbed: float = 0.0
     """Unix time its last full scrub pass ended; 0: none since it started."""
+    state: str = ""
+    """``""`` in service; ``"draining"`` while its copies move off (nothing new is placed
+    on it); ``"drained"`` once it holds nothing (``Health`` says so; it may be removed)."""
+    held: int = 0
+    """Chunk copies and pieces it holds, as ``Health`` counts them (0 elsewhere)."""
 
 
 class ServiceState(msgspec.Struct, frozen=True):

@@ -29,7 +29,7 @@ from graben.store._types import ChunkRef, Extent, FileCommit, StoredChunk
 from graben.store.meta import Metadata
 from graben.store.meta.engines._sums import FUNCTION, SUMMED, row_sum
 
-MIGRATIONS = 14
+MIGRATIONS = 15
 """The schema version graben writes today."""
 
 
@@ -129,9 +129,9 @@ class Engine:
             return cur.fetchall() if cur.description else []
 
     def back_to_7(self) -> None:
-        """Take back schemas 8 to 14, row checksums, the change feed, storage classes,
-        tenants, the record of encryption, backups' holds and the nodes' stored bytes and
-        scrub time (a store as an older graben left it)."""
+        """Take back schemas 8 to 15, row checksums, the change feed, storage classes,
+        tenants, the record of encryption, backups' holds, the nodes' stored bytes and
+        scrub time and their drain state (a store as an older graben left it)."""
         for table in SUMMED:
             self.sql(f"ALTER TABLE {table} DROP COLUMN sum")
         for table in ("changes", "classes", "pieces", "tenants", "tokens", "quotas"):
@@ -141,6 +141,7 @@ class Engine:
         self.sql("ALTER TABLE store DROP COLUMN restored_ns")
         self.sql("ALTER TABLE nodes DROP COLUMN stored")
         self.sql("ALTER TABLE nodes DROP COLUMN scrubbed")
+        self.sql("ALTER TABLE nodes DROP COLUMN state")
 
     def set_version(self, version: int) -> None:
         """Record ``version`` as the store's schema version."""

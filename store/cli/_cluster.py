@@ -47,6 +47,7 @@ from ._listen import (
 )
 from ._logs import log_arg
 from ._main import config_arg
+from ._nodes import add_node_actions
 from ._stores import timeout_arg
 from ._tls import server_tls, server_tls_args, tls_arg
 
@@ -130,6 +131,15 @@ def add_meta(sub: Subparsers) -> None:
     serve.add_argument(
         "--repair-interval", type=float, default=5.0, help="seconds between repair rounds"
     )
+    serve.add_argument(
+        "--rebalance-rate",
+        type=size_arg,
+        default=16 << 20,
+        metavar="BYTES",
+        help="bytes a second the leader moves from fuller data nodes to emptier ones, until "
+        "each holds within 10%% of the mean (default 16M; 0: never; config key "
+        "rebalance-rate)",
+    )
     _tier_arg(serve, "chunks of class s3 are uploaded there")
     _server_args(serve, "meta")
     serve.set_defaults(run=_meta_serve)
@@ -137,11 +147,19 @@ def add_meta(sub: Subparsers) -> None:
 
 
 def add_node(sub: Subparsers) -> None:
-    """``graben node serve``."""
-    node = sub.add_parser("node", help="Run a data node.")
-    serve = node.add_subparsers(metavar="ACTION", required=True).add_parser(
+    """``graben node serve``, ``node drain ID``, ``node rm ID``."""
+    node = sub.add_parser(
+        "node",
+        help="Run, drain or remove a data node.",
+        description="Run a data node (serve), move every copy off one before retiring its "
+        "host (drain; status shows the copies left, then 'drained'), and forget a drained, "
+        "stopped one (rm).",
+    )
+    actions = node.add_subparsers(metavar="ACTION", required=True)
+    serve = actions.add_parser(
         "serve", help="Serve a chunk directory and heartbeat to the metadata service."
     )
+    add_node_actions(actions)
     serve.add_argument("--data", type=Path, required=True, help="directory for chunk files")
     serve.add_argument(
         "--meta",
@@ -299,6 +317,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
             inline_max=args.inline_max,
             heartbeat_timeout=args.heartbeat_timeout,
             repair_interval=args.repair_interval,
+            rebalance_rate=args.rebalance_rate,
             idle_timeout=args.idle_timeout,
             metrics=args.metrics,
             tls=tls,

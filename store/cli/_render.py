@@ -30,8 +30,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from .._config import env
-from .._types import DAMAGE, ChunkProblem, ClassState, FileInfo, FsckReport, Health
+from .._config import RESERVE, env
+from .._types import DAMAGE, ChunkProblem, ClassState, FileInfo, FsckReport, Health, NodeState
 
 LARGE = 64 << 20
 """Work smaller than this finishes before a progress bar would help."""
@@ -240,7 +240,7 @@ def status_lines(health: Health, *, cluster: bool) -> list[str]:
         scrubbed = _ago(now - node.scrubbed) if node.scrubbed else "not yet"
         lines.append(
             f"{node.id[:12]:12} {node.address:21} {node.rack:10} {state:6} "
-            f"{sizes[0]:>10} {sizes[1]:>10} {sizes[2]:>10}  {scrubbed}"
+            f"{sizes[0]:>10} {sizes[1]:>10} {sizes[2]:>10}  {scrubbed}{_leaving(node)}"
         )
     alive = sum(n.alive for n in health.nodes)
     lines.append(
@@ -250,6 +250,20 @@ def status_lines(health: Health, *, cluster: bool) -> list[str]:
     if cluster and not alive:
         lines.append("no data node is alive: nothing can be read or written")
     return lines
+
+
+def _leaving(node: NodeState) -> str:
+    """After a node's line: a draining node's progress (``node drain``), or that its disk
+    is below the reserve placement keeps (``FULL``); ``""`` in service with room."""
+    if node.state == "draining":
+        return f"  draining: {node.held} copies and pieces left"
+    if node.state:
+        return f"  {node.state}: may be stopped and removed"
+    return (
+        f"  FULL: under {RESERVE >> 20} MiB free, takes no new chunks"
+        if node.free < RESERVE
+        else ""
+    )
 
 
 def _service_lines(health: Health) -> list[str]:

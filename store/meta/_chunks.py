@@ -17,6 +17,7 @@ from .._config import page_entries
 from .._errors import InvalidArgument
 from .._types import ChunkProblem
 from ..transport import CheckMetadata, ChunkPage, ChunkRefs, ChunkUsers, Collectable, ReportBad
+from ._drain import leaving_copies
 from ._idempotency import write_once
 from ._leader import fenced_write
 from ._nodes import NodeRegistry
@@ -120,9 +121,11 @@ class ChunkRecords:
 
     def degraded(self, limit: int = 1000) -> list[Degraded]:
         """Referenced chunks short of copies on live nodes (what repair works on)."""
-        alive = [n.id for n in self._nodes.listed() if n.alive]
+        nodes = self._nodes.listed()
+        alive = [n.id for n in nodes if n.alive and not n.state]  # a draining copy is short
         with self.repo.read() as tx:
-            return tx.chunks.degraded(alive, limit)
+            found = tx.chunks.degraded(alive, limit)
+            return leaving_copies(tx, found, {n.id for n in nodes if n.alive and n.state})
 
     def record_copies(self, made: dict[str, tuple[str, ...]], fence: int | None = None) -> None:
         """Record the copies a round of repair has made, chunk -> new nodes, in one

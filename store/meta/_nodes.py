@@ -23,6 +23,11 @@ from ._placement import LOCAL_NODE
 from ._policy import Policy
 from ._repo import Repository, Tx, encrypted
 
+DRAINING = "draining"
+"""A node's state while its copies move off (``meta/_drain.py``)."""
+DRAINED = "drained"
+"""A draining node that holds nothing any more (shown, never recorded)."""
+
 log = logging.getLogger("graben.meta")
 
 
@@ -125,9 +130,10 @@ class NodeRegistry:
 
     @handles(GetHealth)
     def health(self) -> Health:
-        """Nodes, how many chunks are short of copies or of pieces (counted up to 100,000
-        each), the metadata services and which of them leads."""
-        nodes = self.listed()
+        """Nodes (each with its state and the copies it holds), how many chunks are short
+        of copies or of pieces (counted up to 100,000 each), the metadata services and
+        which of them leads."""
+        nodes = with_progress(self.repo, self.listed())
         alive = [n.id for n in nodes if n.alive]
         with self.repo.read() as tx:
             # Embedded stores have no registry: their one node is always there.
@@ -150,3 +156,17 @@ class NodeRegistry:
             lease.fence,
             self.repo.location,
         )
+
+
+def with_progress(repo: Repository, nodes: list[NodeState]) -> list[NodeState]:
+    """``nodes`` with the copies each holds, a draining one that holds none ``drained``."""
+    with repo.read() as tx:
+        held = tx.nodes.held()
+    return [
+        msgspec.structs.replace(
+            n,
+            held=held.get(n.id, 0),
+            state=DRAINED if n.state == DRAINING and not held.get(n.id) else n.state,
+        )
+        for n in nodes
+    ]

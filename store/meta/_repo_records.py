@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .._types import NodeState, PathChange, QuotaState, ServiceState, TokenInfo
+from .._types import ChunkRef, NodeState, PathChange, QuotaState, ServiceState, TokenInfo
 
 TokenRow = tuple[TokenInfo, str]
 """A token as the engine keeps it: what ``token ls`` shows, and the digest of its secret."""
@@ -119,6 +119,27 @@ class Nodes(Protocol):
 
     def nodes(self) -> list[NodeState]:
         """Every registered data node."""
+
+    def set_node_state(self, node: str, state: str) -> bool:
+        """Set a node's state (``""`` or ``"draining"``); whether it is registered."""
+
+    def held(self) -> dict[str, int]:
+        """Chunk copies and pieces each node holds, by node id (nodes holding none left out)."""
+
+    def copies_on(self, node: str, limit: int) -> dict[str, tuple[str, ...]]:
+        """Up to ``limit`` chunks with a copy on ``node``: every node holding one, by chunk."""
+
+    def sole(self, node: str, limit: int) -> list[str]:
+        """Up to ``limit`` chunks (and pieces) nowhere but on ``node``."""
+
+    def forget_node(self, node: str) -> None:
+        """Unregister a node and forget the copies it held (pieces there become lost)."""
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of chunk copies and pieces each node holds, by node id."""
+
+    def movable(self, src: str, dst: str, limit: int) -> list[ChunkRef]:
+        """Up to ``limit`` referenced chunks with a copy on ``src`` and none on ``dst``."""
 
 
 class Services(Protocol):

@@ -99,6 +99,8 @@ class Degraded(msgspec.Struct, frozen=True):
     """Alive nodes holding a copy."""
     want: int
     """Copies its most demanding file asks for."""
+    draining: tuple[str, ...] = ()
+    """Live draining nodes holding a copy: read from, never counted (``meta/_drain.py``)."""
 
 
 class Tree(Protocol):

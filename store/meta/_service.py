@@ -81,6 +81,7 @@ from ._metadata import Metadata
 from ._nodes import Vigil
 from ._placement import place
 from ._policy import INLINE_MAX
+from ._rebalance import REBALANCE_RATE, Rebalancer
 from ._repair import RepairMetrics, Repairs
 from ._repo import Repository
 from ._scopes import (
@@ -137,6 +138,7 @@ class MetaService:
         inline_max: int = INLINE_MAX,
         heartbeat_timeout: float = 10.0,
         repair_interval: float = 5.0,
+        rebalance_rate: float = REBALANCE_RATE,
         threads: int = 8,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         metrics: tuple[str, int] | None = None,
@@ -199,6 +201,8 @@ class MetaService:
             self._fence,
             self._list_nodes,
             None if self.metrics is None else RepairMetrics(self.metrics),
+            self.metadata.drains,
+            Rebalancer(repo, self.chunks, self.converter, self._fence, rebalance_rate),
         )
         """The leader's repair rounds."""
         self.id = uuid.uuid4().hex[:12]

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from .._config import RESERVE
 from .._errors import PermissionDenied, Unavailable
 from .._types import NodeState
 from ..transport import Heartbeat, Joined, RemoteMeta, Request
@@ -51,6 +52,8 @@ class Membership:
         """Unix time the node's last full scrub pass ended (0: none yet), for the heartbeats."""
         self._stored, self._counted, self._took = 0, -float("inf"), 0.0
         """The bytes of graben's files, when they were counted and how long that took."""
+        self._full = False
+        """Whether its last heartbeat found less than ``RESERVE`` free (said once)."""
         self._let_in = asyncio.Event()
         """Set once a metadata service said the store's encryption is this node's: no write
         is stored before (a node that lost its record must not write plaintext into an
@@ -78,6 +81,7 @@ class Membership:
         store whose encryption is not this node's is ``PermissionDenied`` (later, this
         node stops storing writes and says why)."""
         free, total = await self._run(self._store.capacity)
+        self._say_if_full(free)
         state = NodeState(self.node, self.address, self.rack, free, total)
         stored, scrubbed = await self._stored_bytes(), self.scrubbed
         state = msgspec.structs.replace(state, stored=stored, scrubbed=scrubbed)
@@ -108,6 +112,20 @@ class Membership:
             self._stored = await self._run(bytes_under, self.root)
             self._counted, self._took = now, time.monotonic() - now
         return self._stored
+
+    def _say_if_full(self, free: int) -> None:
+        """Log once when the disk falls below the reserve (placement then puts no new chunk
+        here, so it never meets ENOSPC), and once when it has room again."""
+        full = free < RESERVE
+        if full and not self._full:
+            log.warning(
+                "data node %s: %d bytes free on %s, less than the %d kept in reserve: it "
+                "takes no new chunks until space comes back",
+                *(self.node, free, self.root, RESERVE),
+            )
+        elif self._full and not full:
+            log.info("data node %s: %d bytes free again, taking new chunks", self.node, free)
+        self._full = full
 
     async def _joined(self, store_id: str) -> None:
         if self.store_id is None:

@@ -241,6 +241,11 @@ MIGRATIONS = (
     ALTER TABLE nodes ADD COLUMN stored {int} NOT NULL DEFAULT 0;
     ALTER TABLE nodes ADD COLUMN scrubbed {real} NOT NULL DEFAULT 0;
     """,
+    # 15: a data node's state as the operator set it: '' in service, 'draining' while its
+    # copies move off (``meta/_drain.py``); a heartbeat leaves it as it is.
+    """
+    ALTER TABLE nodes ADD COLUMN state TEXT NOT NULL DEFAULT '';
+    """,
 )
 
 
