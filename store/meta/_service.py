@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -73,6 +74,7 @@ from ..wire import (
 from ..wire import (
     tls as wire_tls,
 )
+from ._collect import COLLECT_CHUNKS, COLLECT_GRACE_S, CollectMetrics, Collector
 from ._commits import Reached
 from ._convert import CONVERT_CHUNKS, Converter, for_readers
 from ._grants import TENANT_TTL_S, Capabilities
@@ -142,10 +144,14 @@ class MetaService:
         tls: TLS | None = None,
         lease_s: float = LEASE_S,
         tier: str | None = None,
+        collect_grace: float = COLLECT_GRACE_S,
+        collect_per_round: int = COLLECT_CHUNKS,
     ) -> None:
         """``tls``: serve over TLS only, and dial the data nodes (repair) over TLS.
         ``tier``: the cluster's S3 tier (``s3://BUCKET/PREFIX``), where chunks of class
-        ``s3`` go."""
+        ``s3`` go. ``collect_grace``: seconds a chunk stays unused before the leader
+        collects it (``inf``: never; ``fsck --collect`` does); ``collect_per_round``:
+        chunks a round collects at most (``_collect.py``)."""
         self._tls = None if tls is None else wire_tls.server_context(tls)
         self.metadata = Metadata(
             repo,
@@ -198,6 +204,18 @@ class MetaService:
             None if self.metrics is None else RepairMetrics(self.metrics),
         )
         """The leader's repair rounds."""
+        self.collector = Collector(
+            self.metadata.records,
+            self.chunks,
+            self._run,
+            self._fence,
+            grace_s=collect_grace,
+            per_round=collect_per_round,
+            metrics=None if self.metrics is None else CollectMetrics(self.metrics),
+        )
+        """The leader's collection rounds."""
+        if not math.isinf(collect_grace):
+            self.metadata.policy.collect_grace_s = collect_grace
         self.id = uuid.uuid4().hex[:12]
         """This service's id in the engine's registry of services (new at each start)."""
         self._lease_s = lease_s
@@ -293,6 +311,7 @@ class MetaService:
             until = time.monotonic() + self.repair_interval
             while await self.convert_once() == CONVERT_CHUNKS and time.monotonic() < until:
                 pass
+            await self.collect_once()
         except Deposed as exc:
             log.warning("repair stopped: %s", exc.message)
             self.leadership.lose(exc.message)
@@ -311,6 +330,10 @@ class MetaService:
     async def repair_once(self) -> int:
         """One round of repair (``Repairs.once``); only while leading."""
         return await self.repairs.once()
+
+    async def collect_once(self) -> int:
+        """One round of collection (``Collector.once``); only while leading."""
+        return await self.collector.once()
 
     def _admit(self, call: Call, length: int) -> None:
         """Only a client holding a token may make the service hold a large request."""
