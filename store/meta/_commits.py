@@ -364,7 +364,9 @@ def _spare_collected(tx: Tx, stored: Sequence[StoredChunk]) -> None:
     the cutoff its copies went under. The chunk must still be held some other way (the
     rest of its copies, another writer's), or the commit fails rather than name bytes
     that are gone. After the references are taken: a collection that forgets a chunk
-    from now on waits for this transaction, and one before it is seen here."""
+    from now on waits for this transaction, and one before it is seen here. (A copy
+    another writer stored again on the same node and committed is forgotten with it:
+    its file stays, an orphan, and repair makes the copy again elsewhere.)"""
     cut = tx.chunks.collected({s.chunk.id for s in stored if s.nodes})
     doubtful: dict[str, list[str]] = {}
     for s in stored:

@@ -247,8 +247,9 @@ class Chunks(Protocol):
         ``older_than_ns`` (and no extent naming them, and their bytes if the engine kept
         them); they and their former replicas, then the pieces of those kept
         erasure-coded that no other stripe uses, each with its node and the cutoff its
-        files go under (the moment its chunk lost its last reference). Each is recorded in ``collected`` under that cutoff, and
-        the store's totals of what was freed grow by them."""
+        files go under (the moment its chunk lost its last reference). Each is recorded
+        in ``collected`` under that cutoff, and the store's totals of what was freed grow
+        by them."""
 
     def collected(self, ids: Iterable[str]) -> dict[str, int]:
         """Of these chunk ids, those collection forgot lately, with the cutoff (ns) their

@@ -6,8 +6,10 @@ serve one engine. One op, ``meta``, carries every ``Request`` of
 many clients' requests proceed at once (SQLite serialises the writers).
 
 Several services may share one engine: each records itself there, and the
-one holding the lease (``_leader.py``) runs the repair rounds; every write a
-round makes to the engine is fenced, so a deposed leader's is refused.
+one holding the lease (``_leader.py``) runs the background duties each round:
+repair (``_repair.py``), conversion (``_convert.py``) and the collection of
+chunks no file uses (``_collect.py``); every write a round makes to the engine
+is fenced, so a deposed leader's is refused.
 
 Mutations carry the client's idempotency keys: a commit group records each
 member's key with its reply in the group's one engine transaction, and a
