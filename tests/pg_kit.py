@@ -17,7 +17,6 @@ tests also see that no message repeats it.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,8 @@ from graben.store.meta import Metadata
 from graben.store.meta.engines._sums import FUNCTION, SUMMED, row_sum
 from graben.store.wire._auth import RECEIPT_TTL_S
 
+AFTER_ANY_COLLECTION = 2.0**33
+"""A time (the year 2242) after every cutoff a test's collection takes copies under."""
 MIGRATIONS = 13
 """The schema version graben writes today."""
 
@@ -183,13 +184,14 @@ def chunk(i: int, length: int = 1000) -> ChunkRef:
 def file(
     path: str, chunks: Sequence[ChunkRef], *, nodes: tuple[str, ...] = ("n1",), **kw: object
 ) -> FileCommit:
-    """A commit of a file made of ``chunks`` in order, each stored on ``nodes`` just now
-    (each node's receipt says so, unsigned: the namespace reads only its time)."""
+    """A commit of a file made of ``chunks`` in order, each stored on ``nodes`` after any
+    collection a test makes (each node's receipt says so, unsigned: the namespace reads
+    only its time; the same each time, as a repeated request's must be)."""
     extents, at = [], 0
     for c in chunks:
         extents.append(Extent(at, c.length, c, 0))
         at += c.length
-    expires = time.time() + RECEIPT_TTL_S
+    expires = AFTER_ANY_COLLECTION + RECEIPT_TTL_S
     stored = tuple(
         StoredChunk(c, nodes, receipts=tuple(Receipt(c.id, n, expires, "") for n in nodes))
         for c in {c.id: c for c in chunks}.values()

@@ -183,8 +183,9 @@ def fsck_lines(report: FsckReport, *, verbose: bool = False) -> list[str]:
             lines.append(f"{n} {kind}: {LEFTOVERS[kind]} (--verbose lists them)")
         if counts and not report.collected:
             lines.append("graben fsck --collect removes them once older than the grace period")
-    if report.collection is not None:
-        lines.append(collection_line(report.collection))
+    state = report.collection
+    if state is not None and (state.waiting or state.freed):
+        lines.append(collection_line(state))
     lines.append(_verdict(report))
     return lines
 
