@@ -311,6 +311,8 @@ class FsckReport(msgspec.Struct, frozen=True):
     """Everything found wrong."""
     collected: int = 0
     """Chunk copies and temporaries deleted (with ``collect=True``)."""
+    collection: Collection | None = None
+    """What waits to be collected and what was freed, after the run (``None``: not told)."""
 
     @property
     def ok(self) -> bool:
@@ -365,6 +367,23 @@ class ServiceState(msgspec.Struct, frozen=True):
     """Heard from within the last few seconds."""
 
 
+class Collection(msgspec.Struct, frozen=True):
+    """Chunks no file uses any more: what waits to be collected, and what was freed."""
+
+    waiting: int = 0
+    """Chunks no file uses, not yet collected (within their grace, or awaiting a round)."""
+    waiting_bytes: int = 0
+    """Their bytes on the data nodes, every copy and piece counted."""
+    freed: int = 0
+    """Chunks collection has forgotten since the store was made (by the leader, or by
+    ``fsck --collect``)."""
+    freed_bytes: int = 0
+    """Their bytes on the data nodes when they went."""
+    grace_s: float | None = None
+    """How long a chunk stays unused before the leader collects it; ``None``: nothing
+    collects by itself (an embedded store: ``fsck --collect`` does)."""
+
+
 class Health(msgspec.Struct, frozen=True):
     """What ``graben status`` shows."""
 
@@ -387,6 +406,8 @@ class Health(msgspec.Struct, frozen=True):
     """The lease's fencing number: it grows each time another service takes the lease."""
     engine: str = ""
     """The engine: ``sqlite:///path`` or ``postgresql://user@host:port/db`` (no password)."""
+    collection: Collection = msgspec.field(default_factory=Collection)
+    """What waits to be collected and what collection has freed."""
 
 
 class PathChange(msgspec.Struct, frozen=True, array_like=True):

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from .._config import encryption_key_file, resolve
 from .._errors import InvalidArgument, NotFound
-from ..meta import INLINE_LIMIT, INLINE_MAX
+from ..meta import COLLECT_CHUNKS, COLLECT_GRACE_S, INLINE_LIMIT, INLINE_MAX
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
 from ._backup import add_backup
 from ._listen import (
@@ -129,7 +129,10 @@ def add_meta(sub: Subparsers) -> None:
         "--heartbeat-timeout", type=float, default=10.0, help="seconds before a silent node is dead"
     )
     serve.add_argument(
-        "--repair-interval", type=float, default=5.0, help="seconds between repair rounds"
+        "--repair-interval",
+        type=float,
+        default=5.0,
+        help="seconds between rounds of the leader's duties (repair, conversion, collection)",
     )
     serve.add_argument(
         "--rebalance-rate",
@@ -140,10 +143,45 @@ def add_meta(sub: Subparsers) -> None:
         "each holds within 10%% of the mean (default 16M; 0: never; config key "
         "rebalance-rate)",
     )
+    collect_args(serve)
     _tier_arg(serve, "chunks of class s3 are uploaded there")
     _server_args(serve, "meta")
     serve.set_defaults(run=_meta_serve)
     add_backup(actions)
+
+
+def collect_args(parser: argparse.ArgumentParser, *, passed_on: bool = False) -> None:
+    """``--collect-grace`` and ``--collect-per-round``: the leader's collection (with
+    ``passed_on``, ``None`` unless given: the command passes them on to its services,
+    whose config file says the rest)."""
+    parser.add_argument(
+        "--collect-grace",
+        type=grace_arg,
+        default=None if passed_on else COLLECT_GRACE_S,
+        metavar="SECONDS",
+        help="the leader deletes chunks no file has used for this long (after rm, a "
+        "replaced file, a checkpoint rotated out), with no command (default "
+        f"{COLLECT_GRACE_S:g}; inf: never, fsck --collect does); chunk files of uploads "
+        "that never committed are fsck --collect's",
+    )
+    parser.add_argument(
+        "--collect-per-round",
+        type=int,
+        default=None if passed_on else COLLECT_CHUNKS,
+        metavar="CHUNKS",
+        help=f"chunks a round of the leader's duties collects at most (default {COLLECT_CHUNKS})",
+    )
+
+
+def grace_arg(text: str) -> float:
+    """Seconds, 0 or more (``inf``: never)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 seconds or more, not {text}")
+    return value
 
 
 def add_node(sub: Subparsers) -> None:
@@ -318,6 +356,8 @@ def _meta_serve(args: argparse.Namespace) -> int:
             heartbeat_timeout=args.heartbeat_timeout,
             repair_interval=args.repair_interval,
             rebalance_rate=args.rebalance_rate,
+            collect_grace=args.collect_grace,
+            collect_per_round=args.collect_per_round,
             idle_timeout=args.idle_timeout,
             metrics=args.metrics,
             tls=tls,

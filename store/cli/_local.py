@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .._errors import InvalidArgument
 from ..local import LocalCluster, is_new_store, make_secret_file
-from ._cluster import Subparsers
+from ._cluster import Subparsers, collect_args
 from ._listen import META_PORT, NODE_PORT, metrics_arg
 from ._logs import log_arg
 from ._main import config_arg
@@ -72,6 +72,7 @@ def add_cluster(sub: Subparsers) -> None:
         help="metadata services on the engine, on PORT, PORT+1, ... (default: 1)",
     )
     up.add_argument("--heartbeat-timeout", type=float, default=10.0)
+    collect_args(up, passed_on=True)
     up.add_argument(
         "--encryption-key-file",
         type=Path,
@@ -110,6 +111,8 @@ def _cluster_up(args: argparse.Namespace) -> int:
     secret_file: Path = (args.secret_file or make_secret_file(root / "secret")).resolve()
     tls = server_tls(args)
     shared = (*tls_flags(args), "--log-level", args.log_level)
+    given = {"--collect-grace": args.collect_grace, "--collect-per-round": args.collect_per_round}
+    collecting = [item for flag, v in given.items() if v is not None for item in (flag, str(v))]
     if args.s3_tier is not None:  # the same tier for the metadata service and every node
         shared = (*shared, "--s3-tier", args.s3_tier)
     sealed = (
@@ -131,7 +134,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
         node_port=_node_port(args),
         metrics=args.metrics,
         secret_file=secret_file,
-        meta_args=shared,
+        meta_args=(*shared, *collecting),
         node_args=(*sealed, *shared),
         tls=tls,
     ) as cluster:

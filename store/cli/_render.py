@@ -31,7 +31,16 @@ from rich.progress import (
 )
 
 from .._config import RESERVE, env
-from .._types import DAMAGE, ChunkProblem, ClassState, FileInfo, FsckReport, Health, NodeState
+from .._types import (
+    DAMAGE,
+    ChunkProblem,
+    ClassState,
+    Collection,
+    FileInfo,
+    FsckReport,
+    Health,
+    NodeState,
+)
 
 LARGE = 64 << 20
 """Work smaller than this finishes before a progress bar would help."""
@@ -184,8 +193,22 @@ def fsck_lines(report: FsckReport, *, verbose: bool = False) -> list[str]:
             lines.append(f"{n} {kind}: {LEFTOVERS[kind]} (--verbose lists them)")
         if counts and not report.collected:
             lines.append("graben fsck --collect removes them once older than the grace period")
+    state = report.collection
+    if state is not None and (state.waiting or state.freed):
+        lines.append(collection_line(state))
     lines.append(_verdict(report))
     return lines
+
+
+def collection_line(state: Collection) -> str:
+    """What waits to be collected, who collects it and when, and what was freed."""
+    waiting = f"{state.waiting} chunks no file uses ({human_size(state.waiting_bytes)} on nodes)"
+    if state.grace_s is None:
+        when = "graben fsck --collect removes them"
+    else:
+        when = f"the leader collects each {state.grace_s:g} s after its last use"
+    freed = f"{state.freed} chunks ({human_size(state.freed_bytes)}) freed so far"
+    return f"collection: {waiting}; {when}; {freed}"
 
 
 def _problem_lines(problem: ChunkProblem) -> list[str]:
@@ -247,6 +270,7 @@ def status_lines(health: Health, *, cluster: bool) -> list[str]:
         f"{alive}/{len(health.nodes)} nodes up; replication {health.replication}; "
         f"{health.degraded} chunks short of copies; {health.bad} damaged copies awaiting repair"
     )
+    lines.append(collection_line(health.collection))
     if cluster and not alive:
         lines.append("no data node is alive: nothing can be read or written")
     return lines

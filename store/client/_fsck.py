@@ -4,9 +4,11 @@ Call order of one run: the store's id; every chunk record, a page at a time,
 each copy re-read (crc32c, checked by the transport) and re-hashed (blake3,
 against the chunk's id); the engine's own cross-check; each node's chunk
 files and temporaries, a page at a time; then, with ``collect``, the
-refusals below and the deletions. Every list arrives in pages (no store is
-too large for a reply), and memory holds only the ids of the chunks the
-metadata names.
+refusals below and the deletions (a chunk no file uses goes under its own
+cutoff: a copy written since it lost its last reference stays); last, what
+waits to be collected and what was freed (``GetHealth``'s). Every list arrives
+in pages (no store is too large for a reply), and memory holds only the ids of
+the chunks the metadata names.
 
 Collection deletes nothing if the metadata contradicts itself, if a node's
 chunk files cannot be shown to be this metadata's (its ``store-id`` was
@@ -52,6 +54,7 @@ from ..transport import (
     ChunkTransport,
     ChunkUsers,
     Collectable,
+    GetHealth,
     GetStoreId,
     ListNodes,
     MetaTransport,
@@ -136,7 +139,9 @@ class Fsck:
             where = f"{node}@{self._addresses.get(node, '?')}"
             detail = f"data node {node} is {why}: {unchecked} copies on it not checked"
             found.problems.append(ChunkProblem("unreachable", "", where, (), detail))
-        return FsckReport(found.chunks, found.bytes, tuple(found.problems), collected)
+        health = await self._meta.request(GetHealth())
+        problems = tuple(found.problems)
+        return FsckReport(found.chunks, found.bytes, problems, collected, health.collection)
 
     async def _restore_point(self) -> float:
         try:
@@ -349,7 +354,8 @@ class Fsck:
         orphans = [(node, chunk) for node, chunk, mtime in self._found.orphans if mtime < cutoff]
         gone = await self._delete(orphans, cutoff)
         while page := await self._meta.request(Collectable(grace)):
-            gone += await self._delete(((n, c) for c, held in page for n in held), cutoff)
+            copies = [(n, c, min(cutoff, since)) for c, held, since in page for n in held]
+            gone += await self._delete_each(copies)
         for node in nodes:
             count, _ = await self._chunks.clean(node, self._store, cutoff)
             gone += count
@@ -357,11 +363,16 @@ class Fsck:
 
     async def _delete(self, copies: Iterable[tuple[str, str]], cutoff: float) -> int:
         """Delete copies a page at a time; one that cannot be reached stays, an orphan."""
-        pending = [(n, c) for n, c in copies if n not in self._found.unreachable]
+        return await self._delete_each([(n, c, cutoff) for n, c in copies])
+
+    async def _delete_each(self, copies: list[tuple[str, str, float]]) -> int:
+        """``_delete`` with a cutoff of each copy's own: (node, chunk, cutoff);
+        none on a node found unreachable (it stays, an orphan)."""
+        pending = [(n, c, cut) for n, c, cut in copies if n not in self._found.unreachable]
         gone = 0
         for start in range(0, len(pending), 500):
             outcomes = await asyncio.gather(
-                *(self._chunks.delete(n, c, cutoff) for n, c in pending[start : start + 500]),
+                *(self._chunks.delete(n, c, cut) for n, c, cut in pending[start : start + 500]),
                 return_exceptions=True,
             )
             for outcome in outcomes:

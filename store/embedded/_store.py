@@ -36,7 +36,7 @@ from .._errors import (
     Unavailable,
     from_os_error,
 )
-from .._types import ChunkRef, Health, NodeState
+from .._types import ChunkRef, Health, NodeState, Receipt
 from ..meta import LOCAL_NODE, Metadata, SQLiteRepository
 from ..node import (
     DIR_MODE,
@@ -56,6 +56,7 @@ from ..transport import (
     GetHealth,
     Request,
 )
+from ..wire import auth
 
 R = TypeVar("R")
 HINT_THREADS = 4
@@ -229,14 +230,17 @@ class LocalChunks:
             raise Unavailable(f"an embedded store has no node {node!r}")
         return await in_thread(pool or self._pool, fn, *args)
 
-    async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
-        # docstring inherited; no receipt: an embedded store has no tenants
+    async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> Receipt:
+        # docstring inherited; the receipt is unsigned (an embedded store has no tenants):
+        # its time alone counts, for a commit that races collection (``meta/_commits.py``)
         if node != LOCAL_NODE:
             raise Unavailable(f"an embedded store has no node {node!r}")
+        started = time.time()
         if chunk.length <= GROUP_SYNC_MAX:
             await self._small.submit((chunk, data))
         else:
             await self._run(node, self.store.write, chunk, data)
+        return Receipt(chunk.id, LOCAL_NODE, started + auth.RECEIPT_TTL_S, "")
 
     async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
         await self._run(node, self.store.read, chunk, into)

@@ -139,8 +139,9 @@ class NodeRegistry:
             # Embedded stores have no registry: their one node is always there.
             short = len(tx.chunks.degraded(alive or [LOCAL_NODE], 100_000))
             short += len(tx.stripes.short_stripes(alive or [LOCAL_NODE], 100_000))
-            bad, now, lease, services = (
+            bad, collection, now, lease, services = (
                 tx.bad.bad_count(),
+                tx.chunks.collection(),
                 tx.services.now(),
                 tx.services.lease(),
                 tx.services.services(),
@@ -155,6 +156,7 @@ class NodeRegistry:
             lease.holder if lease.expires > now else "",
             lease.fence,
             self.repo.location,
+            msgspec.structs.replace(collection, grace_s=self.policy.collect_grace_s),
         )
 
 

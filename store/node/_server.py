@@ -297,10 +297,13 @@ class DataNode:
         return Answer(encode(receipts))
 
     async def _store_received(self, request: ChunkCall, data: memoryview) -> Receipt:
-        """Store a chunk; our receipt for it (the bytes were checked against its id)."""
+        """Store a chunk; our receipt for it (the bytes were checked against its id),
+        stamped before the write: the file's mtime is never earlier (but for the coarse
+        clock's tick), which a commit racing collection relies on (``meta/_commits.py``)."""
+        started = time.time()
         await self._store(request.chunk, data)
         return auth.receipt(
-            self._secret, request.chunk.id, self.id, time.time(), store=request.cap.store
+            self._secret, request.chunk.id, self.id, started, store=request.cap.store
         )
 
     async def _store(self, chunk: ChunkRef, data: memoryview) -> None:

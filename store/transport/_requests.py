@@ -265,11 +265,12 @@ class ChunkUsers(Request[list[tuple[int, str]]], frozen=True):
     limit: int = 0
 
 
-class Collectable(Request[list[tuple[str, tuple[str, ...]]]], frozen=True):
+class Collectable(Request[list[tuple[str, tuple[str, ...], float]]], frozen=True):
     """Forget a page of chunks unreferenced for longer than ``grace_s``; returns their
-    ids with the nodes that held them (their copies may go). Empty: none left."""
+    ids with the nodes that held them (their copies may go) and the cutoff (Unix
+    seconds) to delete them under: a copy written since stays. Empty: none left."""
 
-    response = list[tuple[str, tuple[str, ...]]]
+    response = list[tuple[str, tuple[str, ...], float]]
     rule = Rule(WRITES, KEYED, OPERATOR)
     grace_s: float
     limit: int = 0

@@ -246,6 +246,19 @@ MIGRATIONS = (
     """
     ALTER TABLE nodes ADD COLUMN state TEXT NOT NULL DEFAULT '';
     """,
+    # 16: collection (``meta/_collect.py``): each chunk forgotten lately, with the cutoff
+    # its copies were deleted under (a commit of a copy written before it can tell, see
+    # ``Chunks.collected``), and the running totals of what collection has freed.
+    """
+    CREATE TABLE collected (
+        chunk {text} PRIMARY KEY,
+        cutoff_ns {int} NOT NULL,
+        made_ns {int} NOT NULL
+    ){rowid};
+    CREATE INDEX collected_by_age ON collected (made_ns);
+    ALTER TABLE store ADD COLUMN freed_chunks {int} NOT NULL DEFAULT 0;
+    ALTER TABLE store ADD COLUMN freed_bytes {int} NOT NULL DEFAULT 0;
+    """,
 )
 
 
