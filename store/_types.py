@@ -274,9 +274,12 @@ class FileCommit(msgspec.Struct, frozen=True):
     """Device number, for a device node."""
 
 
-ProblemKind = Literal["missing", "corrupt", "orphan", "unreferenced", "metadata", "temporary"]
-DAMAGE: Final[frozenset[str]] = frozenset({"missing", "corrupt", "metadata"})
-"""Kinds of problem that mean data may be lost or wrong (orphans and temporaries are harmless)."""
+ProblemKind = Literal[
+    "missing", "corrupt", "orphan", "unreferenced", "metadata", "temporary", "unreachable"
+]
+DAMAGE: Final[frozenset[str]] = frozenset({"missing", "corrupt", "metadata", "unreachable"})
+"""Kinds of problem that mean data may be lost or wrong, or could not be checked (a node
+``unreachable``); orphans and temporaries are harmless."""
 
 
 class ChunkProblem(msgspec.Struct, frozen=True):
@@ -285,7 +288,8 @@ class ChunkProblem(msgspec.Struct, frozen=True):
     kind: ProblemKind
     """What is wrong: a copy ``missing`` or ``corrupt``, an ``orphan`` chunk file no
     metadata names, metadata that contradicts itself (``metadata``), a writer's
-    leftover ``temporary`` file."""
+    leftover ``temporary`` file, a data node ``unreachable`` (dead or not answering:
+    its copies were not checked)."""
     chunk: str
     """The chunk id (or file name, for orphans and temporaries; may be empty for metadata)."""
     where: str
@@ -307,6 +311,8 @@ class FsckReport(msgspec.Struct, frozen=True):
     """Everything found wrong."""
     collected: int = 0
     """Chunk copies and temporaries deleted (with ``collect=True``)."""
+    collection: Collection | None = None
+    """What waits to be collected and what was freed, after the run (``None``: not told)."""
 
     @property
     def ok(self) -> bool:
@@ -332,6 +338,16 @@ class NodeState(msgspec.Struct, frozen=True):
     """Unix time of its last heartbeat."""
     alive: bool = True
     """Heard from within the heartbeat timeout."""
+    stored: int = 0
+    """Bytes graben's files take on its disk (chunk files and temporaries, as ``du``
+    counts them), apart from what else fills the disk."""
+    scrubbed: float = 0.0
+    """Unix time its last full scrub pass ended; 0: none since it started."""
+    state: str = ""
+    """``""`` in service; ``"draining"`` while its copies move off (nothing new is placed
+    on it); ``"drained"`` once it holds nothing (``Health`` says so; it may be removed)."""
+    held: int = 0
+    """Chunk copies and pieces it holds, as ``Health`` counts them (0 elsewhere)."""
 
 
 class ServiceState(msgspec.Struct, frozen=True):
@@ -349,6 +365,23 @@ class ServiceState(msgspec.Struct, frozen=True):
     """Unix time of its last heartbeat, by the engine's clock."""
     alive: bool = True
     """Heard from within the last few seconds."""
+
+
+class Collection(msgspec.Struct, frozen=True):
+    """Chunks no file uses any more: what waits to be collected, and what was freed."""
+
+    waiting: int = 0
+    """Chunks no file uses, not yet collected (within their grace, or awaiting a round)."""
+    waiting_bytes: int = 0
+    """Their bytes on the data nodes, every copy and piece counted."""
+    freed: int = 0
+    """Chunks collection has forgotten since the store was made (by the leader, or by
+    ``fsck --collect``)."""
+    freed_bytes: int = 0
+    """Their bytes on the data nodes when they went."""
+    grace_s: float | None = None
+    """How long a chunk stays unused before the leader collects it; ``None``: nothing
+    collects by itself (an embedded store: ``fsck --collect`` does)."""
 
 
 class Health(msgspec.Struct, frozen=True):
@@ -373,6 +406,8 @@ class Health(msgspec.Struct, frozen=True):
     """The lease's fencing number: it grows each time another service takes the lease."""
     engine: str = ""
     """The engine: ``sqlite:///path`` or ``postgresql://user@host:port/db`` (no password)."""
+    collection: Collection = msgspec.field(default_factory=Collection)
+    """What waits to be collected and what collection has freed."""
 
 
 class PathChange(msgspec.Struct, frozen=True, array_like=True):

@@ -22,7 +22,8 @@ from graben.store.transport._requests import GetLayout, ListNodes
 
 class LocalCluster(local.LocalCluster):
     """``graben.store.local``'s cluster with the tests' defaults: replication 3, a node
-    dead after 10 s without a heartbeat, repair every 5 s, no scrub within a test."""
+    dead after 10 s without a heartbeat, repair every 5 s, no scrub within a test, no
+    rebalancing (copies stay where they were written) unless ``rebalance`` bytes/s."""
 
     def __init__(
         self,
@@ -33,6 +34,7 @@ class LocalCluster(local.LocalCluster):
         timeout: float = 10.0,
         repair: float = 5.0,
         scrub: float = 3600.0,
+        rebalance: int = 0,
         meta_args: tuple[str, ...] = (),
         node_args: tuple[str, ...] = (),
         **options: Any,
@@ -42,7 +44,10 @@ class LocalCluster(local.LocalCluster):
             nodes,
             replication=replication,
             heartbeat_timeout=timeout,
-            meta_args=("--repair-interval", str(repair), *meta_args),
+            meta_args=(
+                *("--repair-interval", str(repair), "--rebalance-rate", str(rebalance)),
+                *meta_args,
+            ),
             node_args=("--scrub-interval", str(scrub), *node_args),
             **options,
         )

@@ -25,11 +25,14 @@ import pytest
 from cluster_kit import LocalCluster
 
 from graben.bench._postgres import NoPostgres, PgServer, start
-from graben.store._types import ChunkRef, Extent, FileCommit, StoredChunk
+from graben.store._types import ChunkRef, Extent, FileCommit, Receipt, StoredChunk
 from graben.store.meta import Metadata
 from graben.store.meta.engines._sums import FUNCTION, SUMMED, row_sum
+from graben.store.wire._auth import RECEIPT_TTL_S
 
-MIGRATIONS = 12
+AFTER_ANY_COLLECTION = 2.0**33
+"""A time (the year 2242) after every cutoff a test's collection takes copies under."""
+MIGRATIONS = 16
 """The schema version graben writes today."""
 
 
@@ -129,13 +132,19 @@ class Engine:
             return cur.fetchall() if cur.description else []
 
     def back_to_7(self) -> None:
-        """Take back schemas 8 to 12, row checksums, the change feed, storage classes,
-        tenants and the record of encryption (a store as an older graben left it)."""
+        """Take back schemas 8 to 16, row checksums, the change feed, storage classes,
+        tenants, the record of encryption, backups' holds, the nodes' stored bytes and
+        scrub time, their drain state and collection's records (a store as an older
+        graben left it)."""
         for table in SUMMED:
             self.sql(f"ALTER TABLE {table} DROP COLUMN sum")
-        for table in ("changes", "classes", "pieces", "tenants", "tokens", "quotas"):
+        tables = ("changes", "classes", "pieces", "tenants", "tokens", "quotas")
+        for table in (*tables, "backups", "collected"):
             self.sql(f"DROP TABLE {table}")
-        self.sql("ALTER TABLE store DROP COLUMN sealed")
+        for column in ("sealed", "restored_ns", "freed_chunks", "freed_bytes"):
+            self.sql(f"ALTER TABLE store DROP COLUMN {column}")
+        for column in ("stored", "scrubbed", "state"):
+            self.sql(f"ALTER TABLE nodes DROP COLUMN {column}")
 
     def set_version(self, version: int) -> None:
         """Record ``version`` as the store's schema version."""
@@ -179,12 +188,18 @@ def chunk(i: int, length: int = 1000) -> ChunkRef:
 def file(
     path: str, chunks: Sequence[ChunkRef], *, nodes: tuple[str, ...] = ("n1",), **kw: object
 ) -> FileCommit:
-    """A commit of a file made of ``chunks`` in order, each stored on ``nodes``."""
+    """A commit of a file made of ``chunks`` in order, each stored on ``nodes`` after any
+    collection a test makes (each node's receipt says so, unsigned: the namespace reads
+    only its time; the same each time, as a repeated request's must be)."""
     extents, at = [], 0
     for c in chunks:
         extents.append(Extent(at, c.length, c, 0))
         at += c.length
-    stored = tuple(StoredChunk(c, nodes) for c in {c.id: c for c in chunks}.values())
+    expires = AFTER_ANY_COLLECTION + RECEIPT_TTL_S
+    stored = tuple(
+        StoredChunk(c, nodes, receipts=tuple(Receipt(c.id, n, expires, "") for n in nodes))
+        for c in {c.id: c for c in chunks}.values()
+    )
     return FileCommit(path, tuple(extents), stored, **kw)  # type: ignore[arg-type]
 
 

@@ -14,7 +14,7 @@ A shared module of the store: imports its errors, no layer.
 """
 
 from ._aws import aws_environment, aws_settings
-from ._env import ENV_SECRET, ENV_SECRET_FILE, ENV_TOKEN, ENV_TOKEN_FILE, env
+from ._env import ENV_SECRET, ENV_SECRET_FILE, ENV_TOKEN, ENV_TOKEN_FILE, child_environment, env
 from ._limits import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, RESERVE, page_entries
 from ._options import DEFAULT_REPLICA_DEADLINE, Options
 from ._places import AGENT_PORT, agent_address, cache_home, encryption_key_file
@@ -39,6 +39,7 @@ __all__ = [
     "aws_environment",
     "aws_settings",
     "cache_home",
+    "child_environment",
     "cluster_url",
     "encryption_key_file",
     "endpoints",

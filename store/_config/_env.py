@@ -10,7 +10,9 @@ Precedence, highest first: arguments to ``connect``/``Options`` (``token`` or
 embedded store and data nodes ``GRABEN_ENCRYPTION_KEY_FILE``
 (``encryption_key_file``); a rank ``GRABEN_AGENT`` (``agent_address``);
 the servers' S3 tier and the dataset door ``AWS_*`` (``aws_environment``,
-``aws_settings``); caches ``XDG_CACHE_HOME`` (``cache_home``).
+``aws_settings``); caches ``XDG_CACHE_HOME`` (``cache_home``). Child
+processes get the environment whole, with what graben adds
+(``child_environment``).
 
 The other modules of ``_config`` ask here, and so do the layers (the
 command line's colours, the cluster's credentials): this module is the one
@@ -53,6 +55,13 @@ def env(name: str) -> str | None:
     so what graben reads from the environment is in this one module (see its docstring
     for each variable's precedence)."""
     return os.environ.get(name) or None
+
+
+def child_environment(**extra: str) -> dict[str, str]:
+    """The environment for a child process: this one's, with ``extra`` over it (the
+    metadata backup hands PostgreSQL's tools the engine's password as ``PGPASSWORD``,
+    never on their command line)."""
+    return {**os.environ, **extra}
 
 
 def env_int(name: str, default: int) -> int:

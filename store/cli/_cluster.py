@@ -30,8 +30,9 @@ from urllib.parse import urlsplit
 
 from .._config import encryption_key_file, resolve
 from .._errors import InvalidArgument, NotFound
-from ..meta import INLINE_LIMIT, INLINE_MAX
+from ..meta import COLLECT_CHUNKS, COLLECT_GRACE_S, INLINE_LIMIT, INLINE_MAX
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
+from ._backup import add_backup
 from ._listen import (
     META_PORT,
     NODE_PORT,
@@ -46,6 +47,7 @@ from ._listen import (
 )
 from ._logs import log_arg
 from ._main import config_arg
+from ._nodes import add_node_actions
 from ._stores import timeout_arg
 from ._tls import server_tls, server_tls_args, tls_arg
 
@@ -89,9 +91,10 @@ def secret_arg(serve: argparse.ArgumentParser) -> None:
 
 
 def add_meta(sub: Subparsers) -> None:
-    """``graben meta serve``."""
-    meta = sub.add_parser("meta", help="Run the metadata service.")
-    serve = meta.add_subparsers(metavar="ACTION", required=True).add_parser(
+    """``graben meta serve``, ``backup`` and ``restore``."""
+    meta = sub.add_parser("meta", help="Run the metadata service; back its engine up.")
+    actions = meta.add_subparsers(metavar="ACTION", required=True)
+    serve = actions.add_parser(
         "serve", help="Serve the namespace of an engine to clients and data nodes."
     )
     serve.add_argument(
@@ -126,19 +129,75 @@ def add_meta(sub: Subparsers) -> None:
         "--heartbeat-timeout", type=float, default=10.0, help="seconds before a silent node is dead"
     )
     serve.add_argument(
-        "--repair-interval", type=float, default=5.0, help="seconds between repair rounds"
+        "--repair-interval",
+        type=float,
+        default=5.0,
+        help="seconds between rounds of the leader's duties (repair, conversion, collection)",
     )
+    serve.add_argument(
+        "--rebalance-rate",
+        type=size_arg,
+        default=16 << 20,
+        metavar="BYTES",
+        help="bytes a second the leader moves from fuller data nodes to emptier ones, until "
+        "each holds within 10%% of the mean (default 16M; 0: never; config key "
+        "rebalance-rate)",
+    )
+    collect_args(serve)
     _tier_arg(serve, "chunks of class s3 are uploaded there")
     _server_args(serve, "meta")
     serve.set_defaults(run=_meta_serve)
+    add_backup(actions)
+
+
+def collect_args(parser: argparse.ArgumentParser, *, passed_on: bool = False) -> None:
+    """``--collect-grace`` and ``--collect-per-round``: the leader's collection (with
+    ``passed_on``, ``None`` unless given: the command passes them on to its services,
+    whose config file says the rest)."""
+    parser.add_argument(
+        "--collect-grace",
+        type=grace_arg,
+        default=None if passed_on else COLLECT_GRACE_S,
+        metavar="SECONDS",
+        help="the leader deletes chunks no file has used for this long (after rm, a "
+        "replaced file, a checkpoint rotated out), with no command (default "
+        f"{COLLECT_GRACE_S:g}; inf: never, fsck --collect does); chunk files of uploads "
+        "that never committed are fsck --collect's",
+    )
+    parser.add_argument(
+        "--collect-per-round",
+        type=int,
+        default=None if passed_on else COLLECT_CHUNKS,
+        metavar="CHUNKS",
+        help=f"chunks a round of the leader's duties collects at most (default {COLLECT_CHUNKS})",
+    )
+
+
+def grace_arg(text: str) -> float:
+    """Seconds, 0 or more (``inf``: never)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 seconds or more, not {text}")
+    return value
 
 
 def add_node(sub: Subparsers) -> None:
-    """``graben node serve``."""
-    node = sub.add_parser("node", help="Run a data node.")
-    serve = node.add_subparsers(metavar="ACTION", required=True).add_parser(
+    """``graben node serve``, ``node drain ID``, ``node rm ID``."""
+    node = sub.add_parser(
+        "node",
+        help="Run, drain or remove a data node.",
+        description="Run a data node (serve), move every copy off one before retiring its "
+        "host (drain; status shows the copies left, then 'drained'), and forget a drained, "
+        "stopped one (rm).",
+    )
+    actions = node.add_subparsers(metavar="ACTION", required=True)
+    serve = actions.add_parser(
         "serve", help="Serve a chunk directory and heartbeat to the metadata service."
     )
+    add_node_actions(actions)
     serve.add_argument("--data", type=Path, required=True, help="directory for chunk files")
     serve.add_argument(
         "--meta",
@@ -191,6 +250,11 @@ def add_status(sub: Subparsers) -> None:
         "status",
         help="Show the engine, the metadata services and which one leads, data nodes, "
         "capacity, and chunks short of copies or damaged.",
+        description="Show the engine, the metadata services and which one leads, and each "
+        "data node: up or DEAD, the bytes graben's files take on its disk (graben), its "
+        "disk's free and total bytes, and when its last full scrub pass ended; then chunks "
+        "short of copies and damaged copies. Exit 1 if any chunk is short or damaged, or no "
+        "data node is alive.",
     )
     status.add_argument(
         "--store", default=None, help="store URL or directory (default: $GRABEN_URL)"
@@ -291,6 +355,9 @@ def _meta_serve(args: argparse.Namespace) -> int:
             inline_max=args.inline_max,
             heartbeat_timeout=args.heartbeat_timeout,
             repair_interval=args.repair_interval,
+            rebalance_rate=args.rebalance_rate,
+            collect_grace=args.collect_grace,
+            collect_per_round=args.collect_per_round,
             idle_timeout=args.idle_timeout,
             metrics=args.metrics,
             tls=tls,

@@ -194,7 +194,8 @@ def add_fsck(sub: Subparsers) -> None:
     """``graben fsck [--collect [--grace SECONDS] [--force]] [--json]``."""
     summary = (
         "Re-read and verify every chunk and the metadata; "
-        "exit 1 if anything is missing, corrupt or inconsistent."
+        "exit 1 if anything is missing, corrupt or inconsistent, or if a data node is dead "
+        "(its copies go unchecked, the rest are checked, and it is named)."
     )
     parser = _command(sub, "fsck", summary, _fsck)
     parser.add_argument(

@@ -7,7 +7,9 @@ heartbeated (every metadata service's address in it), and stops them all on
 Ctrl-C or SIGTERM. It gives ``meta serve`` ``--init`` on the first start in a
 root, and refuses a root whose ``meta.db`` is gone while its nodes remain.
 It makes a secret in its root (mode 0600) unless given one, and says what
-clients should export.
+clients should export. A server that dies is named on stderr with its return
+code and started again on its address, 1 s later, then 2, 4, ... up to 30 s
+each time it dies again (1 s again once it has stayed up a minute).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from .._errors import InvalidArgument
 from ..local import LocalCluster, is_new_store, make_secret_file
-from ._cluster import Subparsers
+from ._cluster import Subparsers, collect_args
 from ._listen import META_PORT, NODE_PORT, metrics_arg
 from ._logs import log_arg
 from ._main import config_arg
@@ -32,7 +34,12 @@ def add_cluster(sub: Subparsers) -> None:
     """``graben cluster up``."""
     cluster = sub.add_parser("cluster", help="Run a local cluster on loopback.")
     up = cluster.add_subparsers(metavar="ACTION", required=True).add_parser(
-        "up", help="Start a metadata service and N data nodes; Ctrl-C stops them all."
+        "up",
+        help="Start a metadata service and N data nodes; Ctrl-C stops them all.",
+        description="Start a metadata service (or several) and N data nodes on this machine; "
+        "Ctrl-C or SIGTERM stops them all. A server that dies is logged on stderr (which "
+        "one, its pid and its return code) and restarted on its address after 1 s, doubling "
+        "up to 30 s each time it dies again (back to 1 s once it has stayed up a minute).",
     )
     up.add_argument("--nodes", type=int, default=3, help="data nodes (each its own rack)")
     up.add_argument("--root", type=Path, required=True, help="directory for all their data")
@@ -65,6 +72,7 @@ def add_cluster(sub: Subparsers) -> None:
         help="metadata services on the engine, on PORT, PORT+1, ... (default: 1)",
     )
     up.add_argument("--heartbeat-timeout", type=float, default=10.0)
+    collect_args(up, passed_on=True)
     up.add_argument(
         "--encryption-key-file",
         type=Path,
@@ -103,6 +111,8 @@ def _cluster_up(args: argparse.Namespace) -> int:
     secret_file: Path = (args.secret_file or make_secret_file(root / "secret")).resolve()
     tls = server_tls(args)
     shared = (*tls_flags(args), "--log-level", args.log_level)
+    given = {"--collect-grace": args.collect_grace, "--collect-per-round": args.collect_per_round}
+    collecting = [item for flag, v in given.items() if v is not None for item in (flag, str(v))]
     if args.s3_tier is not None:  # the same tier for the metadata service and every node
         shared = (*shared, "--s3-tier", args.s3_tier)
     sealed = (
@@ -124,7 +134,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
         node_port=_node_port(args),
         metrics=args.metrics,
         secret_file=secret_file,
-        meta_args=shared,
+        meta_args=(*shared, *collecting),
         node_args=(*sealed, *shared),
         tls=tls,
     ) as cluster:
@@ -136,7 +146,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        _wait_for_signal()
+        _wait_for_signal(cluster)
     return 0
 
 
@@ -148,7 +158,8 @@ def _node_port(args: argparse.Namespace) -> int | None:
     return 0 if args.port == 0 else None
 
 
-def _wait_for_signal() -> None:
+def _wait_for_signal(cluster: LocalCluster) -> None:
+    """Tend the cluster (its dead servers restarted) until Ctrl-C or SIGTERM."""
     stop = False
 
     def handle(signum: int, frame: object) -> None:
@@ -158,4 +169,9 @@ def _wait_for_signal() -> None:
     signal.signal(signal.SIGTERM, handle)
     with contextlib.suppress(KeyboardInterrupt):
         while not stop:
+            cluster.tend(_say)
             time.sleep(0.2)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

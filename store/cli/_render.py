@@ -11,6 +11,7 @@ import itertools
 import stat
 import sys
 import threading
+import time
 import unicodedata
 from collections.abc import Iterable
 from datetime import datetime
@@ -29,8 +30,17 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from .._config import env
-from .._types import ChunkProblem, ClassState, FileInfo, FsckReport, Health
+from .._config import RESERVE, env
+from .._types import (
+    DAMAGE,
+    ChunkProblem,
+    ClassState,
+    Collection,
+    FileInfo,
+    FsckReport,
+    Health,
+    NodeState,
+)
 
 LARGE = 64 << 20
 """Work smaller than this finishes before a progress bar would help."""
@@ -183,8 +193,22 @@ def fsck_lines(report: FsckReport, *, verbose: bool = False) -> list[str]:
             lines.append(f"{n} {kind}: {LEFTOVERS[kind]} (--verbose lists them)")
         if counts and not report.collected:
             lines.append("graben fsck --collect removes them once older than the grace period")
+    state = report.collection
+    if state is not None and (state.waiting or state.freed):
+        lines.append(collection_line(state))
     lines.append(_verdict(report))
     return lines
+
+
+def collection_line(state: Collection) -> str:
+    """What waits to be collected, who collects it and when, and what was freed."""
+    waiting = f"{state.waiting} chunks no file uses ({human_size(state.waiting_bytes)} on nodes)"
+    if state.grace_s is None:
+        when = "graben fsck --collect removes them"
+    else:
+        when = f"the leader collects each {state.grace_s:g} s after its last use"
+    freed = f"{state.freed} chunks ({human_size(state.freed_bytes)}) freed so far"
+    return f"collection: {waiting}; {when}; {freed}"
 
 
 def _problem_lines(problem: ChunkProblem) -> list[str]:
@@ -200,6 +224,8 @@ def _verdict(report: FsckReport) -> str:
     counts = _count_kinds(report.problems)
     found = ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "no problems"
     verdict = "OK" if report.ok else "DAMAGED"
+    if set(counts) & DAMAGE == {"unreachable"}:
+        verdict = "INCOMPLETE"  # nothing found wrong, but not everything checked
     collected = f"; {report.collected} collected" if report.collected else ""
     return f"{verdict}: {found}{collected}"
 
@@ -226,22 +252,42 @@ def status_lines(health: Health, *, cluster: bool) -> list[str]:
         lines.append(f"engine {health.engine}")
     if cluster:
         lines.extend(_service_lines(health))
-    lines.append(f"{'node':12} {'address':21} {'rack':10} {'state':6} {'used':>10} {'total':>10}")
+    lines.append(
+        f"{'node':12} {'address':21} {'rack':10} {'state':6} {'graben':>10} {'free':>10} "
+        f"{'total':>10}  scrubbed"
+    )
+    now = time.time()
     for node in health.nodes:
         state = "up" if node.alive else "DEAD"
-        used = _gib(node.total - node.free)
+        sizes = (human_size(node.stored), human_size(node.free), human_size(node.total))
+        scrubbed = _ago(now - node.scrubbed) if node.scrubbed else "not yet"
         lines.append(
-            f"{node.id[:12]:12} {node.address:21} {node.rack:10} {state:6} {used:>10} "
-            f"{_gib(node.total):>10}"
+            f"{node.id[:12]:12} {node.address:21} {node.rack:10} {state:6} "
+            f"{sizes[0]:>10} {sizes[1]:>10} {sizes[2]:>10}  {scrubbed}{_leaving(node)}"
         )
     alive = sum(n.alive for n in health.nodes)
     lines.append(
         f"{alive}/{len(health.nodes)} nodes up; replication {health.replication}; "
         f"{health.degraded} chunks short of copies; {health.bad} damaged copies awaiting repair"
     )
+    lines.append(collection_line(health.collection))
     if cluster and not alive:
         lines.append("no data node is alive: nothing can be read or written")
     return lines
+
+
+def _leaving(node: NodeState) -> str:
+    """After a node's line: a draining node's progress (``node drain``), or that its disk
+    is below the reserve placement keeps (``FULL``); ``""`` in service with room."""
+    if node.state == "draining":
+        return f"  draining: {node.held} copies and pieces left"
+    if node.state:
+        return f"  {node.state}: may be stopped and removed"
+    return (
+        f"  FULL: under {RESERVE >> 20} MiB free, takes no new chunks"
+        if node.free < RESERVE
+        else ""
+    )
 
 
 def _service_lines(health: Health) -> list[str]:
@@ -256,8 +302,12 @@ def _service_lines(health: Health) -> list[str]:
     return lines
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB"
+def _ago(seconds: float) -> str:
+    """``"40 s ago"``, ``"12 min ago"``, ``"5 h ago"``, ``"3 d ago"``."""
+    for unit, length in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * length:
+            return f"{seconds // length:.0f} {unit} ago"
+    return f"{max(seconds, 0):.0f} s ago"
 
 
 # --- stdout ---------------------------------------------------------------------

@@ -27,6 +27,7 @@ from .._types import (
     FileLayout,
     FsckReport,
     Health,
+    NodeState,
     QuotaState,
     TokenInfo,
     WriteMode,
@@ -37,6 +38,7 @@ from ..transport import (
     Changes,
     ChunkTransport,
     Commit,
+    DrainNode,
     GetClass,
     GetHealth,
     GetQuotas,
@@ -48,6 +50,7 @@ from ..transport import (
     MakeDir,
     MetaTransport,
     Remove,
+    RemoveNode,
     Rename,
     ReportBad,
     RevokeTokens,
@@ -244,6 +247,18 @@ class AsyncClient:
     async def health(self) -> Health:
         """Data nodes, and chunks short of copies (what ``graben status`` shows)."""
         return await self.meta.request(GetHealth())
+
+    async def drain_node(self, node: str, *, undo: bool = False) -> NodeState:
+        """Move every copy and piece off data node ``node`` in the background (the
+        operator's; ``undo``: put it back in service); the node as it stands. Nothing new
+        is placed on it; ``health()`` shows the copies it still holds, and ``"drained"``
+        once none is left."""
+        return await self.meta.request(DrainNode(node, undo))
+
+    async def remove_node(self, node: str) -> None:
+        """Unregister a stopped data node and forget its copies (the operator's); refused
+        while it runs or holds the only copy of anything (drain it first)."""
+        await self.meta.request(RemoveNode(node))
 
     async def changes(
         self, after: int = -1, missing: tuple[int, ...] = (), limit: int = 0

@@ -193,6 +193,8 @@ class Client:
     rename = Mirror(AsyncClient.rename)
     publish = Mirror(AsyncClient.publish)
     health = Mirror(AsyncClient.health)
+    drain_node = Mirror(AsyncClient.drain_node)
+    remove_node = Mirror(AsyncClient.remove_node)
     du = Mirror(AsyncClient.du)
     set_class = Mirror(AsyncClient.set_class)
     storage_class = Mirror(AsyncClient.storage_class)

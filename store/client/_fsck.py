@@ -4,9 +4,11 @@ Call order of one run: the store's id; every chunk record, a page at a time,
 each copy re-read (crc32c, checked by the transport) and re-hashed (blake3,
 against the chunk's id); the engine's own cross-check; each node's chunk
 files and temporaries, a page at a time; then, with ``collect``, the
-refusals below and the deletions. Every list arrives in pages (no store is
-too large for a reply), and memory holds only the ids of the chunks the
-metadata names.
+refusals below and the deletions (a chunk no file uses goes under its own
+cutoff: a copy written since it lost its last reference stays); last, what
+waits to be collected and what was freed (``GetHealth``'s). Every list arrives
+in pages (no store is too large for a reply), and memory holds only the ids of
+the chunks the metadata names.
 
 Collection deletes nothing if the metadata contradicts itself, if a node's
 chunk files cannot be shown to be this metadata's (its ``store-id`` was
@@ -14,20 +16,36 @@ missing and taken from the metadata over chunks already there), or if far more
 chunk files are orphans than a crashed writer leaves (more than
 ``REFUSE_SHARE`` of all copies, and more than ``REFUSE_FEW``): that is what a
 wrong, empty or restored-from-old metadata database looks like, and
-collecting then would delete live data. ``force`` overrides both.
+collecting then would delete live data. ``force`` overrides both. A
+metadata database restored from a backup (``graben meta restore``) says when
+that backup was taken: the chunk files written after it are orphans as
+expected and do not count towards the refusal.
+
+A data node that is dead (no heartbeat within the timeout) or stops answering
+is not waited on: the run checks the rest, and reports each such node once, as
+an ``unreachable`` problem with how many of its copies went unchecked; nothing
+is deleted from it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Literal
 
 from .._buffers import BufferPool
-from .._errors import GrabenError, IntegrityError, InvalidArgument, NotFound
+from .._errors import (
+    GrabenError,
+    IntegrityError,
+    InvalidArgument,
+    NotFound,
+    ProtocolError,
+    Timeout,
+    Unavailable,
+)
 from .._hashing import content_id, crc32c
 from .._types import ChunkProblem, ChunkRef, FsckReport, Stripe
 from ..transport import (
@@ -36,8 +54,11 @@ from ..transport import (
     ChunkTransport,
     ChunkUsers,
     Collectable,
+    GetHealth,
     GetStoreId,
+    ListNodes,
     MetaTransport,
+    RestorePoint,
 )
 from ._reader import Report
 
@@ -63,6 +84,8 @@ class _Found:
     """(node, chunk id, mtime) of each orphan copy."""
     held: int = 0
     """Chunk files on the nodes, all of them."""
+    unreachable: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Node -> why it is not checked (dead, or not answering) and its copies unchecked."""
 
 
 class Fsck:
@@ -84,20 +107,26 @@ class Fsck:
         self._report, self._progress = report, progress
         self._found = _Found()
         self._store = ""
+        self._restored = 0.0
+        """When the backup the metadata was restored from was taken (0: never restored)."""
+        self._addresses: dict[str, str] = {}
+        """Each registered data node's address."""
 
     async def run(self, *, collect: bool, grace: float, force: bool) -> FsckReport:
         """Check everything; with ``collect``, delete what is older than ``grace`` seconds."""
         if not grace >= 0:
             raise InvalidArgument(f"the grace period must be 0 seconds or more, not {grace}")
         self._store = await self._meta.request(GetStoreId())
+        self._restored = await self._restore_point()
+        await self._skip_dead()
         await self._check_chunks()
         inconsistent = await self._check_metadata()
         nodes = await self._chunks.nodes()
-        for node in nodes:
-            await self._find_orphans(node)
+        await self._on_each(nodes, self._find_orphans)
         cutoff = time.time() - grace
-        for node in nodes:
-            await self._find_temporaries(node, time.time() - min(grace, QUIET_S))
+        quiet_since = time.time() - min(grace, QUIET_S)
+        await self._on_each(nodes, lambda node: self._find_temporaries(node, quiet_since))
+        nodes = tuple(n for n in nodes if n not in self._found.unreachable)
         collected = 0
         if collect:
             adopted = [n for n in nodes if await self._chunks.adoption(n, self._store)]
@@ -106,7 +135,41 @@ class Fsck:
             for node in adopted:  # forced: whoever forced it vouched for them
                 await self._chunks.adoption(node, self._store, vouch=True)
         found = self._found
-        return FsckReport(found.chunks, found.bytes, tuple(found.problems), collected)
+        for node, (why, unchecked) in found.unreachable.items():
+            where = f"{node}@{self._addresses.get(node, '?')}"
+            detail = f"data node {node} is {why}: {unchecked} copies on it not checked"
+            found.problems.append(ChunkProblem("unreachable", "", where, (), detail))
+        health = await self._meta.request(GetHealth())
+        problems = tuple(found.problems)
+        return FsckReport(found.chunks, found.bytes, problems, collected, health.collection)
+
+    async def _restore_point(self) -> float:
+        try:
+            return await self._meta.request(RestorePoint()) / 1e9
+        except ProtocolError:  # a service older than restores: one never restored (stricter)
+            return 0.0
+
+    async def _skip_dead(self) -> None:
+        """Nodes that are dead now are not waited on: their copies go unchecked."""
+        for state in await self._meta.request(ListNodes()):
+            self._addresses[state.id] = state.address
+            if not state.alive:
+                quiet = time.time() - state.last_seen
+                self._unreachable(state.id, f"dead (no heartbeat for {quiet:.0f} s)")
+
+    async def _on_each(self, nodes: Iterable[str], step: Callable[[str], Awaitable[None]]) -> None:
+        """``step`` on each node still reachable; one that stops answering is left be."""
+        for node in nodes:
+            if node in self._found.unreachable:
+                continue
+            try:
+                await step(node)
+            except (Unavailable, Timeout) as exc:
+                self._unreachable(node, f"not answering ({exc.message})")
+
+    def _unreachable(self, node: str, why: str) -> None:
+        """Check nothing more on ``node``: it is dead, or did not answer."""
+        self._found.unreachable.setdefault(node, (why, 0))
 
     # -- the metadata's chunks -----------------------------------------------------
 
@@ -140,7 +203,12 @@ class Fsck:
         await asyncio.gather(*(self._check(piece, node, chunk) for piece, node in held if node))
 
     async def _check(self, chunk: ChunkRef, node: str, whose: str = "") -> None:
-        """One copy of a chunk (or, with ``whose``, a piece of that chunk) read and hashed."""
+        """One copy of a chunk (or, with ``whose``, a piece of that chunk) read and hashed;
+        one on an unreachable node counted, unchecked."""
+        if node in self._found.unreachable:
+            why, unchecked = self._found.unreachable[node]
+            self._found.unreachable[node] = (why, unchecked + 1)
+            return
         async with self._slots:
             buffer = self._pool.get(chunk.length)
             try:
@@ -151,6 +219,9 @@ class Fsck:
                     "missing" if isinstance(exc, NotFound) else "corrupt"
                 )
                 await self._damaged(chunk, node, kind, exc.message, whose)
+            except (Unavailable, Timeout) as exc:
+                self._unreachable(node, f"not answering ({exc.message})")
+                await self._check(chunk, node, whose)  # counted unchecked
             finally:
                 self._pool.put(buffer)
             if self._progress:
@@ -262,7 +333,7 @@ class Fsck:
                 f"problem(s), first: {inconsistent[0].detail}); collecting now could delete "
                 "live chunks (--force deletes anyway)"
             )
-        doomed = sum(1 for _, _, mtime in self._found.orphans if mtime < cutoff)
+        doomed = sum(1 for _, _, mtime in self._found.orphans if self._unexplained(mtime, cutoff))
         held = self._found.held
         if doomed > REFUSE_FEW and doomed > REFUSE_SHARE * held:
             raise IntegrityError(
@@ -271,13 +342,20 @@ class Fsck:
                 "metadata database, restored whole? (--force deletes them anyway)"
             )
 
+    def _unexplained(self, mtime: float, cutoff: float) -> bool:
+        """Whether an orphan that collection would delete is not explained by a restore:
+        a chunk file written after the backup the metadata came from is no metadata's,
+        as expected, however many there are."""
+        return mtime < cutoff and not (self._restored and mtime >= self._restored)
+
     async def _collect(self, nodes: tuple[str, ...], grace: float, cutoff: float) -> int:
         """Delete old orphan copies, forget long-unreferenced chunks and delete their
         copies, then remove old temporaries; how many went."""
         orphans = [(node, chunk) for node, chunk, mtime in self._found.orphans if mtime < cutoff]
         gone = await self._delete(orphans, cutoff)
         while page := await self._meta.request(Collectable(grace)):
-            gone += await self._delete(((n, c) for c, held in page for n in held), cutoff)
+            copies = [(n, c, min(cutoff, since)) for c, held, since in page for n in held]
+            gone += await self._delete_each(copies)
         for node in nodes:
             count, _ = await self._chunks.clean(node, self._store, cutoff)
             gone += count
@@ -285,11 +363,16 @@ class Fsck:
 
     async def _delete(self, copies: Iterable[tuple[str, str]], cutoff: float) -> int:
         """Delete copies a page at a time; one that cannot be reached stays, an orphan."""
-        pending = list(copies)
+        return await self._delete_each([(n, c, cutoff) for n, c in copies])
+
+    async def _delete_each(self, copies: list[tuple[str, str, float]]) -> int:
+        """``_delete`` with a cutoff of each copy's own: (node, chunk, cutoff);
+        none on a node found unreachable (it stays, an orphan)."""
+        pending = [(n, c, cut) for n, c, cut in copies if n not in self._found.unreachable]
         gone = 0
         for start in range(0, len(pending), 500):
             outcomes = await asyncio.gather(
-                *(self._chunks.delete(n, c, cutoff) for n, c in pending[start : start + 500]),
+                *(self._chunks.delete(n, c, cut) for n, c, cut in pending[start : start + 500]),
                 return_exceptions=True,
             )
             for outcome in outcomes:

@@ -36,13 +36,14 @@ from .._errors import (
     Unavailable,
     from_os_error,
 )
-from .._types import ChunkRef, Health, NodeState
+from .._types import ChunkRef, Health, NodeState, Receipt
 from ..meta import LOCAL_NODE, Metadata, SQLiteRepository
 from ..node import (
     DIR_MODE,
     GROUP_SYNC_MAX,
     LocalChunkStore,
     adoption,
+    bytes_under,
     check_sealing,
     disk_space,
     keep_store_id,
@@ -55,6 +56,7 @@ from ..transport import (
     GetHealth,
     Request,
 )
+from ..wire import auth
 
 R = TypeVar("R")
 HINT_THREADS = 4
@@ -90,7 +92,8 @@ def open_store(root: Path, io_threads: int) -> tuple[LocalMeta, LocalChunks]:
         repo.close()
         chunks.close()
         raise
-    return LocalMeta(metadata, chunks.capacity), LocalChunks(chunks, io_threads)
+    usage = partial(bytes_under, root)
+    return LocalMeta(metadata, chunks.capacity, usage), LocalChunks(chunks, io_threads)
 
 
 def _open_engine(root: Path, chunks: LocalChunkStore) -> SQLiteRepository:
@@ -127,9 +130,16 @@ class LocalMeta:
     one writer), reads on threads of their own, so a lookup never waits behind a
     commit's fsync (WAL readers do not block on the writer)."""
 
-    def __init__(self, metadata: Metadata, capacity: Callable[[], tuple[int, int]]) -> None:
+    def __init__(
+        self,
+        metadata: Metadata,
+        capacity: Callable[[], tuple[int, int]],
+        stored: Callable[[], int] = lambda: 0,
+    ) -> None:
+        """``capacity``: the disk's (free, total) bytes; ``stored``: the bytes the store's
+        files take on it (read at each ``GetHealth``)."""
         self.metadata = metadata
-        self._capacity = capacity
+        self._capacity, self._stored = capacity, stored
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="graben-meta")
         self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="graben-meta-read")
         self._group = Batcher(partial(self._run, metadata.commits.commit_group), size=len)
@@ -158,7 +168,8 @@ class LocalMeta:
     def _health(self) -> Health:
         # No heartbeats here: the one node is the directory, and always there.
         health = self.metadata.nodes.health()
-        return msgspec.structs.replace(health, nodes=[_local(*self._capacity())])
+        local = msgspec.structs.replace(_local(*self._capacity()), stored=self._stored())
+        return msgspec.structs.replace(health, nodes=[local])
 
     async def _run(self, fn: Callable[..., R], *args: Any) -> R:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -219,14 +230,17 @@ class LocalChunks:
             raise Unavailable(f"an embedded store has no node {node!r}")
         return await in_thread(pool or self._pool, fn, *args)
 
-    async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> None:
-        # docstring inherited; no receipt: an embedded store has no tenants
+    async def write(self, node: str, chunk: ChunkRef, data: memoryview) -> Receipt:
+        # docstring inherited; the receipt is unsigned (an embedded store has no tenants):
+        # its time alone counts, for a commit that races collection (``meta/_commits.py``)
         if node != LOCAL_NODE:
             raise Unavailable(f"an embedded store has no node {node!r}")
+        started = time.time()
         if chunk.length <= GROUP_SYNC_MAX:
             await self._small.submit((chunk, data))
         else:
             await self._run(node, self.store.write, chunk, data)
+        return Receipt(chunk.id, LOCAL_NODE, started + auth.RECEIPT_TTL_S, "")
 
     async def read(self, node: str, chunk: ChunkRef, into: memoryview) -> None:
         await self._run(node, self.store.read, chunk, into)

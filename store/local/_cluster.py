@@ -16,6 +16,10 @@ from .._config import TLS
 from .._errors import IntegrityError, InvalidArgument, Unavailable
 from ..wire import auth
 from ._processes import kill, spawn, stop, wait_for_nodes
+from ._restarts import Backoff, exit_words
+
+Say = Callable[[str], None]
+"""Where ``tend`` says what died and what it restarted: one line each."""
 
 
 def _no_args(i: int) -> tuple[str, ...]:
@@ -29,7 +33,8 @@ class LocalCluster:
     Call order: the constructor starts every server and returns once every data node
     has heartbeated (on any failure, Ctrl-C too, it stops what it started); then any
     of ``start_node``, ``kill``, ``kill_meta``, ``restart_meta``, ``wait_alive``; last
-    ``close`` (or use it in a ``with`` block).
+    ``close`` (or use it in a ``with`` block). ``tend``, called often (``graben cluster
+    up`` does, several times a second), restarts the servers found dead.
 
     ``metas`` metadata services share the one engine; ``url`` names them all, in
     order, and the nodes heartbeat to whichever of them answers. Node ``i`` keeps its
@@ -90,6 +95,8 @@ class LocalCluster:
         self._meta_tail, self._node_tail = (*secret, *meta_args), (*secret, *node_args)
         self._node_args_of = node_args_of
         self._started = time.time()
+        self._backoffs: dict[tuple[str, int], Backoff] = {}
+        """(role, index) -> that server's restarts, once ``tend`` has seen it."""
         self.metas: list[subprocess.Popen[str]] = []
         self.meta_addresses: list[str] = []
         """Each metadata service's address, in order."""
@@ -145,10 +152,19 @@ class LocalCluster:
             return ()
         return ("--listen", f"127.0.0.1:{self._node_port + i if self._node_port else 0}")
 
-    def start_node(self, i: int, *, meta: str | None = None) -> None:
+    def start_node(self, i: int, *, meta: str | None = None, listen: str = "") -> None:
         """Start data node ``i`` (again), heartbeating to ``meta`` (default: this cluster's
-        services, ``nodes_meta_first`` first)."""
-        proc, address = spawn(
+        services, ``nodes_meta_first`` first); ``listen``: on that address (default: its
+        port of the cluster's)."""
+        proc, address = spawn(*self._node_argv(i, meta), *(("--listen", listen) if listen else ()))
+        if i < len(self.nodes):
+            self.nodes[i], self.addresses[i] = proc, address
+        else:
+            self.nodes.append(proc)
+            self.addresses.append(address)
+
+    def _node_argv(self, i: int, meta: str | None = None) -> tuple[str, ...]:
+        return (
             *("node", "serve", "--data", str(self.node_dir(i))),
             *("--meta", meta or self._nodes_meta(), "--rack", f"rack{i}"),
             *self._node_listen(i),
@@ -156,11 +172,49 @@ class LocalCluster:
             *self._node_tail,
             *self._node_args_of(i),
         )
-        if i < len(self.nodes):
-            self.nodes[i], self.addresses[i] = proc, address
-        else:
-            self.nodes.append(proc)
-            self.addresses.append(address)
+
+    def tend(self, say: Say) -> None:
+        """Restart each server found dead, on its address, after a backoff that doubles
+        each time it dies again (see ``_restarts``); ``say`` each death with its return
+        code, and each restart."""
+        now = time.monotonic()
+        for role, procs in (("metadata service", self.metas), ("data node", self.nodes)):
+            for i, proc in enumerate(procs):
+                backoff = self._backoffs.setdefault((role, i), Backoff(started_at=now))
+                if backoff.restart_at is None and proc.poll() is not None:
+                    self._died(role, i, proc, backoff.died(now), say)
+                elif backoff.due(now):
+                    self._restart(role, i, backoff, say)
+
+    def _died(self, role: str, i: int, proc: subprocess.Popen[str], delay: float, say: Say) -> None:
+        if proc.stdout is not None:
+            proc.stdout.close()
+        address = (self.meta_addresses if role.startswith("meta") else self.addresses)[i]
+        say(
+            f"graben cluster: {role} {i} ({address}, pid {proc.pid}) "
+            f"{exit_words(proc.returncode)}; restarting it in {delay:g} s"
+        )
+
+    def _restart(self, role: str, i: int, backoff: Backoff, say: Say) -> None:
+        meta = role.startswith("meta")
+        address = (self.meta_addresses if meta else self.addresses)[i]
+        argv = self._meta_argv(i, self.engine) if meta else self._node_argv(i)
+        try:
+            if meta:
+                self.metas[i], _ = spawn(*argv, "--listen", address)
+            else:
+                self.start_node(i, listen=address)
+        except Unavailable as exc:
+            delay = backoff.died(time.monotonic())
+            by_hand = " ".join(("graben", *argv, "--listen", address))
+            say(
+                f"graben cluster: {role} {i} did not start again ({exc.message}); trying again "
+                f"in {delay:g} s (by hand: {by_hand})"
+            )
+            return
+        backoff.started(time.monotonic())
+        pid = (self.metas if meta else self.nodes)[i].pid
+        say(f"graben cluster: {role} {i} started again ({address}, pid {pid})")
 
     def _nodes_meta(self) -> str:
         first = self._nodes_meta_first

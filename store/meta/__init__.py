@@ -7,7 +7,8 @@ registry, classes and tenants; ``_idempotency``: mutations applied once per
 idempotency key), the repository interface an engine
 implements (``_repo``), the placement of new chunks on nodes (``_placement``:
 a pure function), the service that runs it all for a cluster
-(``_service``: RPC handlers, heartbeats, repair, collection), the lease that
+(``_service``: RPC handlers, heartbeats, and the leader's duties: repair,
+conversion, and collection of chunks no file uses, ``_collect``), the lease that
 makes one of several services the leader (``_leader``) and the
 engines themselves (``engines``: SQLite for one host, PostgreSQL for
 several). The embedded store runs the same namespace logic in-process.
@@ -17,21 +18,36 @@ May import: ``transport`` (the service reaches data nodes as a client does),
 anything above it.
 """
 
+from ._collect import COLLECT_CHUNKS, COLLECT_GRACE_S
 from ._metadata import Metadata
 from ._placement import LOCAL_NODE
 from ._policy import INLINE_LIMIT, INLINE_MAX
 from ._repo import Repository
 from ._service import MetaService
-from .engines import SQLiteRepository, is_postgres, open_postgres
+from .engines import (
+    DEFAULT_KEEP_S,
+    Backup,
+    SQLiteRepository,
+    backup,
+    is_postgres,
+    open_postgres,
+    restore,
+)
 
 __all__ = [
+    "COLLECT_CHUNKS",
+    "COLLECT_GRACE_S",
+    "DEFAULT_KEEP_S",
     "INLINE_LIMIT",
     "INLINE_MAX",
     "LOCAL_NODE",
+    "Backup",
     "MetaService",
     "Metadata",
     "Repository",
     "SQLiteRepository",
+    "backup",
     "is_postgres",
     "open_postgres",
+    "restore",
 ]

@@ -15,13 +15,14 @@ from itertools import accumulate
 
 from .._config import page_entries
 from .._errors import InvalidArgument
-from .._types import ChunkProblem
+from .._types import ChunkProblem, Collection
 from ..transport import CheckMetadata, ChunkPage, ChunkRefs, ChunkUsers, Collectable, ReportBad
+from ._drain import leaving_copies
 from ._idempotency import write_once
 from ._leader import fenced_write
 from ._nodes import NodeRegistry
 from ._operations import handles
-from ._repo import Degraded, Repository, Tx
+from ._repo import Degraded, Forgotten, Repository, Tx
 
 PAGE_BYTES = 64 * 1024
 """Most bytes of text in one page whose entries hold paths (up to 4 KiB each)."""
@@ -120,9 +121,11 @@ class ChunkRecords:
 
     def degraded(self, limit: int = 1000) -> list[Degraded]:
         """Referenced chunks short of copies on live nodes (what repair works on)."""
-        alive = [n.id for n in self._nodes.listed() if n.alive]
+        nodes = self._nodes.listed()
+        alive = [n.id for n in nodes if n.alive and not n.state]  # a draining copy is short
         with self.repo.read() as tx:
-            return tx.chunks.degraded(alive, limit)
+            found = tx.chunks.degraded(alive, limit)
+            return leaving_copies(tx, found, {n.id for n in nodes if n.alive and n.state})
 
     def record_copies(self, made: dict[str, tuple[str, ...]], fence: int | None = None) -> None:
         """Record the copies a round of repair has made, chunk -> new nodes, in one
@@ -139,17 +142,42 @@ class ChunkRecords:
     @handles(Collectable)
     def collectable(
         self, grace_s: float, limit: int = 0, *, key: str = ""
-    ) -> list[tuple[str, tuple[str, ...]]]:
-        """Forget a page of chunks no file has used for ``grace_s`` seconds; their ids and
-        the nodes whose copies may now go (a repeat of ``key`` gets the same page)."""
+    ) -> list[tuple[str, tuple[str, ...], float]]:
+        """Forget a page of chunks no file has used for ``grace_s`` seconds; their ids,
+        the nodes whose copies may now go, and the cutoff (Unix seconds) they go under
+        (a repeat of ``key`` gets the same page)."""
         if not grace_s >= 0:
             raise InvalidArgument(f"the grace period must be 0 seconds or more, not {grace_s}")
         if math.isinf(grace_s):
             return []
+        kind = list[tuple[str, tuple[str, ...], float]]
+        return write_once(self.repo, key, kind, lambda tx: _page(self._forget(tx, grace_s, limit)))
+
+    def collect(self, grace_s: float, limit: int, fence: int | None = None) -> list[Forgotten]:
+        """The leader's ``collectable``: a page forgotten under ``fence``, each chunk (and
+        piece) with the nodes that held it and its cutoff (ns)."""
+        what = f"collecting chunks unused for {grace_s} s"
+        return fenced_write(self.repo, fence, what, lambda tx: self._forget(tx, grace_s, limit))
+
+    @staticmethod
+    def _forget(tx: Tx, grace_s: float, limit: int) -> list[Forgotten]:
         cutoff = time.time_ns() - int(grace_s * 1e9)
+        return tx.chunks.forget_unreferenced(cutoff, page_entries(limit))
 
-        def forget(tx: Tx) -> list[tuple[str, tuple[str, ...]]]:
-            gone = tx.chunks.forget_unreferenced(cutoff, page_entries(limit))
-            return [(chunk.id, nodes) for chunk, nodes in gone]
+    def expire_collected(self, older_than_s: float, fence: int | None = None) -> int:
+        """Forget the records of chunks collected before ``older_than_s`` (a page)."""
+        before = int(older_than_s * 1e9)
+        what = "forgetting old records of collection"
+        return fenced_write(
+            self.repo, fence, what, lambda tx: tx.chunks.expire_collected(before, 10_000)
+        )
 
-        return write_once(self.repo, key, list[tuple[str, tuple[str, ...]]], forget)
+    def collection(self) -> Collection:
+        """What waits to be collected and what collection has freed (``grace_s`` unset)."""
+        with self.repo.read() as tx:
+            return tx.chunks.collection()
+
+
+def _page(forgotten: list[Forgotten]) -> list[tuple[str, tuple[str, ...], float]]:
+    """Forgotten chunks as ``Collectable`` replies with them."""
+    return [(ref.id, nodes, cutoff / 1e9) for ref, nodes, cutoff in forgotten]

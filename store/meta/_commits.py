@@ -8,6 +8,7 @@ quotas (``Quotas``).
 
 from __future__ import annotations
 
+import math
 import stat
 import time
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from .._errors import AlreadyExists, GrabenError, IntegrityError, InvalidArgumen
 from .._hashing import content_id, crc32c
 from .._types import ChunkRef, Extent, FileCommit, FileInfo, StoredChunk
 from ..transport import Commit, GetSettings, Placement, Prepare, Settings
+from ..wire import auth
 from ._changes import changed_rows
 from ._idempotency import bind, key_id, misused, record, recorded, replayed_or_error, write_once
 from ._operations import handles
@@ -274,6 +276,7 @@ class Commits:
                 tx.tree.unlink(*name)
             made.append((*name, NewFile(self._attributes(commit, old, size, now), commit.extents)))
         nodes = tx.files.create_files(made)
+        _spare_collected(tx, [s for c in commits for s in c.stored])
         self._quotas.charge(
             tx,
             [
@@ -353,6 +356,33 @@ def _check_held(
         f"(collected while the writer was open?): {gone}",
         clean,
     )
+
+
+def _spare_collected(tx: Tx, stored: Sequence[StoredChunk]) -> None:
+    """Forget the copies a commit names that collection may have deleted: of a chunk it
+    forgot while the writer was open, those not shown written (a node's receipt) after
+    the cutoff its copies went under. The chunk must still be held some other way (the
+    rest of its copies, another writer's), or the commit fails rather than name bytes
+    that are gone. After the references are taken: a collection that forgets a chunk
+    from now on waits for this transaction, and one before it is seen here. (A copy
+    another writer stored again on the same node and committed is forgotten with it:
+    its file stays, an orphan, and repair makes the copy again elsewhere.)"""
+    cut = tx.chunks.collected({s.chunk.id for s in stored if s.nodes})
+    doubtful: dict[str, list[str]] = {}
+    for s in stored:
+        if s.chunk.id in cut:
+            written = {r.node: r.expires - auth.RECEIPT_TTL_S for r in s.receipts}
+            after = cut[s.chunk.id] / 1e9
+            doubtful[s.chunk.id] = [n for n in s.nodes if written.get(n, -math.inf) < after]
+    for chunk, nodes in doubtful.items():
+        for node in nodes:
+            tx.chunks.drop_replica(chunk, node)
+    lost = sorted(c for c, nodes in doubtful.items() if nodes)
+    if lost and (gone := set(lost) - set(tx.chunks.referenced(lost))):
+        raise IntegrityError(
+            f"chunk {min(gone)} was collected while this file was being written (its "
+            "copies may be gone): write the file again"
+        )
 
 
 class _BatchFailed(Exception):

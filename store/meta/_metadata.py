@@ -3,7 +3,7 @@
 ``Metadata`` makes the components, each handed what it works with: the
 namespace (names and attributes), commits (placing chunks, committing files),
 quotas, chunk records (fsck, repair, collection: ``records``), the node registry, storage
-classes and tenants. It runs a ``Request`` with the handler a component
+classes, tenants and node drains. It runs a ``Request`` with the handler a component
 registered for it (``_operations.py``). Stateless beyond its repository and
 ``Policy``, so an embedded store runs it in-process and a metadata service
 runs the same code for remote clients.
@@ -18,6 +18,7 @@ from ..transport import Request
 from ._chunks import ChunkRecords
 from ._classes import Classes
 from ._commits import Commits, Placer
+from ._drain import Drains
 from ._namespace import Namespace
 from ._nodes import NodeRegistry
 from ._operations import Handlers
@@ -63,6 +64,7 @@ class Metadata:
         self.records = ChunkRecords(repo, self.nodes)
         self.classes = Classes(repo)
         self.tenants = Tenants(repo, self.quotas)
+        self.drains = Drains(repo, self.nodes)
         self.handlers = Handlers(
             self.namespace,
             self.commits,
@@ -71,6 +73,7 @@ class Metadata:
             self.nodes,
             self.classes,
             self.tenants,
+            self.drains,
         )
 
     @property

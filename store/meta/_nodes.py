@@ -3,23 +3,58 @@
 ``NodeRegistry`` records heartbeats (refusing a node of another store, or one
 whose encryption at rest is not the store's), lists the nodes with who is
 alive, and tells the store's health: nodes, chunks short of copies, copies
-reported bad, the metadata services and which of them leads.
+reported bad, the metadata services and which of them leads. ``Vigil`` logs a
+node going dead and coming back, once each (the leader keeps one).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import msgspec
 
 from .._errors import PermissionDenied
 from .._types import Health, NodeState
-from ..transport import GetHealth, GetStoreId, Heartbeat, Joined, ListNodes
+from ..transport import GetHealth, GetStoreId, Heartbeat, Joined, ListNodes, RestorePoint
 from ._leader import GONE_S
 from ._operations import handles
 from ._placement import LOCAL_NODE
 from ._policy import Policy
 from ._repo import Repository, Tx, encrypted
+
+DRAINING = "draining"
+"""A node's state while its copies move off (``meta/_drain.py``)."""
+DRAINED = "drained"
+"""A draining node that holds nothing any more (shown, never recorded)."""
+
+log = logging.getLogger("graben.meta")
+
+
+class Vigil:
+    """Which data nodes were alive when last looked at: a warning when one goes dead
+    (no heartbeat within the timeout), a line when it comes back, once each."""
+
+    def __init__(self) -> None:
+        self._alive: dict[str, bool] = {}
+
+    def look(self, nodes: list[NodeState], timeout: float) -> None:
+        """Log each node whose liveness changed since the last look (one dead at the
+        first look is logged too)."""
+        now = time.time()
+        for node in nodes:
+            was = self._alive.get(node.id, True)
+            self._alive[node.id] = node.alive
+            # Each line its own template: the log's filter of repeats holds back alike
+            # ones, and two nodes that die together are two events.
+            if was and not node.alive:
+                quiet = now - node.last_seen
+                log.warning(
+                    f"data node {node.id} ({node.address}, rack {node.rack}) is dead: "
+                    f"no heartbeat for {quiet:.0f} s (timeout {timeout:g} s)"
+                )
+            elif node.alive and not was:
+                log.info(f"data node {node.id} ({node.address}) is back: it heartbeats again")
 
 
 class NodeRegistry:
@@ -35,6 +70,12 @@ class NodeRegistry:
     def store_id(self) -> str:
         """The store's id: data nodes and capabilities of another store are refused."""
         return self.policy.store_id
+
+    @handles(RestorePoint)
+    def restore_point(self) -> int:
+        """When the backup this store was restored from was taken (0: never restored)."""
+        with self.repo.read() as tx:
+            return tx.identity.restored_ns()
 
     @handles(Heartbeat)
     def heartbeat(self, node: NodeState, store_id: str = "", sealed: str = "none") -> Joined:
@@ -89,16 +130,18 @@ class NodeRegistry:
 
     @handles(GetHealth)
     def health(self) -> Health:
-        """Nodes, how many chunks are short of copies or of pieces (counted up to 100,000
-        each), the metadata services and which of them leads."""
-        nodes = self.listed()
+        """Nodes (each with its state and the copies it holds), how many chunks are short
+        of copies or of pieces (counted up to 100,000 each), the metadata services and
+        which of them leads."""
+        nodes = with_progress(self.repo, self.listed())
         alive = [n.id for n in nodes if n.alive]
         with self.repo.read() as tx:
             # Embedded stores have no registry: their one node is always there.
             short = len(tx.chunks.degraded(alive or [LOCAL_NODE], 100_000))
             short += len(tx.stripes.short_stripes(alive or [LOCAL_NODE], 100_000))
-            bad, now, lease, services = (
+            bad, collection, now, lease, services = (
                 tx.bad.bad_count(),
+                tx.chunks.collection(),
                 tx.services.now(),
                 tx.services.lease(),
                 tx.services.services(),
@@ -113,4 +156,19 @@ class NodeRegistry:
             lease.holder if lease.expires > now else "",
             lease.fence,
             self.repo.location,
+            msgspec.structs.replace(collection, grace_s=self.policy.collect_grace_s),
         )
+
+
+def with_progress(repo: Repository, nodes: list[NodeState]) -> list[NodeState]:
+    """``nodes`` with the copies each holds, a draining one that holds none ``drained``."""
+    with repo.read() as tx:
+        held = tx.nodes.held()
+    return [
+        msgspec.structs.replace(
+            n,
+            held=held.get(n.id, 0),
+            state=DRAINED if n.state == DRAINING and not held.get(n.id) else n.state,
+        )
+        for n in nodes
+    ]

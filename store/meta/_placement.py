@@ -30,8 +30,8 @@ from .._errors import CannotPlace, InvalidArgument, NoSpace
 LOCAL_NODE = "local"
 """The one node id of an embedded store."""
 
-Reason = Literal["dead", "excluded", "full"]
-_REASONS: tuple[Reason, ...] = ("dead", "excluded", "full")
+Reason = Literal["dead", "draining", "excluded", "full"]
+_REASONS: tuple[Reason, ...] = ("dead", "draining", "excluded", "full")
 
 
 class Candidate(Protocol):
@@ -58,7 +58,8 @@ def place(
     """Node ids for the replicas of one chunk, best first.
 
     ``key`` names the chunk (its id); ``length`` is its size in bytes. Only
-    alive nodes not in ``exclude`` with ``free >= length + RESERVE`` are
+    alive nodes in service (not draining: a ``state`` of ``""``, see
+    ``meta/_drain.py``) not in ``exclude`` with ``free >= length + RESERVE`` are
     eligible. The result depends only on the arguments, not on the order of
     ``nodes``. With fewer eligible nodes than ``replication`` but at least
     ``minimum`` (default: ``replication``), it names them all: a degraded
@@ -91,6 +92,8 @@ def _reason(node: Candidate, length: int, excluded: frozenset[str]) -> Reason | 
     """Why a node cannot take the chunk, or ``None`` if it can (first reason wins)."""
     if not node.alive:
         return "dead"
+    if getattr(node, "state", ""):  # NodeState has one; a bare Candidate may not
+        return "draining"
     if node.id in excluded:
         return "excluded"
     if node.free < length + RESERVE:
@@ -152,7 +155,7 @@ def _shortage(
 def _which(nodes: Sequence[Candidate], why: dict[str, Reason | None]) -> str:
     """The nodes that could not take it, by reason: ``; dead: n1 (host:port)``."""
     parts = []
-    for reason in ("dead", "full"):
+    for reason in ("dead", "draining", "full"):
         named = [_name(n) for n in nodes if why[n.id] == reason]
         if named:
             parts.append(f"{reason}: {', '.join(sorted(named)[:10])}")

@@ -28,6 +28,9 @@ class Policy:
     heartbeat_timeout: float = 10.0
     """Seconds after its last heartbeat a data node counts as down."""
     inline_max: int = INLINE_MAX
+    collect_grace_s: float | None = None
+    """How long a chunk stays unused before the leader collects it (``None``: nothing
+    collects by itself, as in an embedded store: ``fsck --collect`` does)."""
 
     def __post_init__(self) -> None:
         if self.min_replicas < 0:

@@ -1,13 +1,19 @@
 """The leader's repair rounds: damaged copies deleted, short chunks copied to new nodes,
-lost pieces of stripes made again. Only while leading: every round checks the fence.
+lost pieces of stripes made again, draining nodes emptied (``_drain.py``: their copies
+count as short, and are forgotten once copied), and, once nothing is short, copies moved
+from fuller nodes to emptier ones (``_rebalance.py``). Only while leading: every round checks
+the fence.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
+
+import msgspec
 
 from .._errors import GrabenError
 from .._types import NodeState
@@ -15,12 +21,15 @@ from ..transport import RemoteChunks
 from ..wire import Metrics
 from ._chunks import ChunkRecords
 from ._convert import Converter
+from ._drain import Drains
 from ._placement import place
+from ._rebalance import Rebalancer
 from ._repo import Degraded
 
 log = logging.getLogger("graben.meta")
 REPAIR_CHUNKS = 32  # chunks copied at once by a round of repair...
 REPAIR_BYTES = 256 * 1024 * 1024  # ...and the most bytes they may hold in memory
+DEGRADED_PAGE = 1000  # short chunks a round looks at (``ChunkRecords.degraded``'s page)
 Run = Callable[..., Awaitable[Any]]
 """Runs a blocking function on an engine thread."""
 
@@ -55,10 +64,12 @@ class Repairs:
         fence: Callable[[], int],
         list_nodes: Callable[[], Awaitable[list[NodeState]]],
         metrics: RepairMetrics | None,
+        drains: Drains | None = None,
+        rebalancer: Rebalancer | None = None,
     ) -> None:
         self._records, self._chunks, self._converter = records, chunks, converter
         self._run, self._fence, self._list_nodes = run, fence, list_nodes
-        self._metrics = metrics
+        self._metrics, self._drains, self._rebalancer = metrics, drains, rebalancer
 
     def converted(self, made: int) -> None:
         """Count chunks a conversion round made."""
@@ -75,10 +86,15 @@ class Repairs:
         await self._drop_bad()
         nodes = await self._list_nodes()
         await self._chunks.nodes()  # fresh addresses: a node back from the dead may have moved
-        pieces = await self._converter.repair_stripes(nodes)
+        # A draining node's pieces are made again elsewhere, as if it were gone.
+        staying = [msgspec.structs.replace(n, alive=False) if n.state else n for n in nodes]
+        pieces = await self._converter.repair_stripes(staying)
         degraded: list[Degraded] = await self._run(self._records.degraded)
+        await self._sweep(nodes, degraded)
         if not degraded:
             await self._report_round(0, 0, pieces)
+            if self._rebalancer is not None:  # only once nothing is short: repair comes first
+                await self._rebalancer.once(nodes)
             return pieces
         made, left, stuck, lost = 0, 0, list[tuple[str, str]](), list[str]()
         for batch in _repair_batches(degraded):
@@ -117,6 +133,21 @@ class Repairs:
             )
         return made
 
+    async def _sweep(self, nodes: list[NodeState], degraded: list[Degraded]) -> None:
+        """Forget and delete the draining copies of chunks copied elsewhere (by an earlier
+        round: a copy made now is recorded after this) while ``degraded`` is complete."""
+        if self._drains is None or len(degraded) >= DEGRADED_PAGE:
+            return
+        short = {d.chunk.id for d in degraded}
+        gone = await self._run(self._drains.sweep, nodes, short, self._fence())
+        for chunk, node in gone:
+            try:
+                await self._chunks.delete(node, chunk, math.inf)
+            except GrabenError as exc:  # an orphan on a node that is leaving anyway
+                log.info("could not delete the drained copy of %s on %s: %s", chunk, node, exc)
+        if gone:
+            log.info("moved %d copies off draining nodes", len(gone))
+
     async def _report_round(self, short: int, left: int, made: int) -> None:
         """A repair round's outcome in the metrics, if any."""
         if self._metrics is not None:
@@ -141,7 +172,8 @@ class Repairs:
         """The nodes a short chunk was copied to (not yet recorded); one that cannot be
         placed goes on ``stuck`` with the reason, one with no live copy on ``lost``."""
         chunk = degraded.chunk
-        if not degraded.live:
+        sources = (*degraded.live, *degraded.draining)
+        if not sources:
             lost.append(chunk.id)
             return ()
         try:
@@ -150,14 +182,14 @@ class Repairs:
                 degraded.want - len(degraded.live),
                 chunk.id,
                 chunk.length,
-                exclude=degraded.live,
+                exclude=sources,
                 minimum=1,  # some copies now beat all of them later
             )
         except GrabenError as exc:
             stuck.append((chunk.id, str(exc)))
             return ()
         data = memoryview(bytearray(chunk.length))
-        if not await self._converter.read_any(chunk, degraded.live, data, "repair"):
+        if not await self._converter.read_any(chunk, sources, data, "repair"):
             return ()
         self._fence()  # a data node cannot check the fence: look before writing
         results = await asyncio.gather(

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .._types import NodeState, PathChange, QuotaState, ServiceState, TokenInfo
+from .._types import ChunkRef, NodeState, PathChange, QuotaState, ServiceState, TokenInfo
 
 TokenRow = tuple[TokenInfo, str]
 """A token as the engine keeps it: what ``token ls`` shows, and the digest of its secret."""
@@ -120,6 +120,27 @@ class Nodes(Protocol):
     def nodes(self) -> list[NodeState]:
         """Every registered data node."""
 
+    def set_node_state(self, node: str, state: str) -> bool:
+        """Set a node's state (``""`` or ``"draining"``); whether it is registered."""
+
+    def held(self) -> dict[str, int]:
+        """Chunk copies and pieces each node holds, by node id (nodes holding none left out)."""
+
+    def copies_on(self, node: str, limit: int) -> dict[str, tuple[str, ...]]:
+        """Up to ``limit`` chunks with a copy on ``node``: every node holding one, by chunk."""
+
+    def sole(self, node: str, limit: int) -> list[str]:
+        """Up to ``limit`` chunks (and pieces) nowhere but on ``node``."""
+
+    def forget_node(self, node: str) -> None:
+        """Unregister a node and forget the copies it held (pieces there become lost)."""
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of chunk copies and pieces each node holds, by node id."""
+
+    def movable(self, src: str, dst: str, limit: int) -> list[ChunkRef]:
+        """Up to ``limit`` referenced chunks with a copy on ``src`` and none on ``dst``."""
+
 
 class Services(Protocol):
     """The metadata services, the leader's lease, and the clock both are judged by."""
@@ -172,3 +193,14 @@ class Identity(Protocol):
     def seal(self, check: str) -> str:
         """Record ``check`` (a key's check value, or ``"none"``) as the store's encryption,
         unless one is recorded already; the one recorded."""
+
+    def hold(self, name: str, taken_ns: int, until_ns: int) -> None:
+        """Record a backup taken at ``taken_ns``: chunks unreferenced since then are not
+        forgotten before ``until_ns``."""
+
+    def restored_ns(self) -> int:
+        """When the backup this store was restored from was taken (0: never restored)."""
+
+    def mark_restored(self) -> int:
+        """In a store just restored from a backup: remember when that backup (the newest
+        hold) was taken and drop its hold; when it was taken (0: the backup has none)."""

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import msgspec
 
-from .._types import ChunkRef, Extent, Kind, StoredChunk, Stripe
+from .._types import ChunkRef, Collection, Extent, Kind, StoredChunk, Stripe
 
 ROOT_INODE = 1
 IN_TIER = "@s3"
@@ -24,6 +24,9 @@ IN_TIER = "@s3"
 (``Stripe(1, 0, (chunk,), (IN_TIER,))``); no data node holds it for good."""
 ChunkRecord = tuple[ChunkRef, tuple[str, ...]]
 """A chunk and the nodes holding it."""
+Forgotten = tuple[ChunkRef, tuple[str, ...], int]
+"""A chunk collection forgot, the nodes that held it, and the cutoff (ns) its copies go
+under: a copy (re)written since then stays (a new upload of the same bytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,8 @@ class Degraded(msgspec.Struct, frozen=True):
     """Alive nodes holding a copy."""
     want: int
     """Copies its most demanding file asks for."""
+    draining: tuple[str, ...] = ()
+    """Live draining nodes holding a copy: read from, never counted (``meta/_drain.py``)."""
 
 
 class Tree(Protocol):
@@ -239,11 +244,25 @@ class Chunks(Protocol):
         (never one the engine keeps itself and no node holds: it is as safe as the
         metadata)."""
 
-    def forget_unreferenced(self, older_than_ns: int, limit: int) -> list[ChunkRecord]:
+    def forget_unreferenced(self, older_than_ns: int, limit: int) -> list[Forgotten]:
         """Delete up to ``limit`` chunk rows without references since before
         ``older_than_ns`` (and no extent naming them, and their bytes if the engine kept
         them); they and their former replicas, then the pieces of those kept
-        erasure-coded that no other stripe uses, each with its node."""
+        erasure-coded that no other stripe uses, each with its node and the cutoff its
+        files go under (the moment its chunk lost its last reference). Each is recorded
+        in ``collected`` under that cutoff, and the store's totals of what was freed grow
+        by them."""
+
+    def collected(self, ids: Iterable[str]) -> dict[str, int]:
+        """Of these chunk ids, those collection forgot lately, with the cutoff (ns) their
+        copies were deleted under: a copy written before it may be gone."""
+
+    def expire_collected(self, older_than_ns: int, limit: int) -> int:
+        """Forget up to ``limit`` records of ``collected`` made before ``older_than_ns``."""
+
+    def collection(self) -> Collection:
+        """What waits to be collected (chunks no file uses, and their bytes on the nodes)
+        and what collection has freed since the store was made."""
 
 
 class Stripes(Protocol):

@@ -6,8 +6,10 @@ serve one engine. One op, ``meta``, carries every ``Request`` of
 many clients' requests proceed at once (SQLite serialises the writers).
 
 Several services may share one engine: each records itself there, and the
-one holding the lease (``_leader.py``) runs the repair rounds; every write a
-round makes to the engine is fenced, so a deposed leader's is refused.
+one holding the lease (``_leader.py``) runs the background duties each round:
+repair (``_repair.py``), conversion (``_convert.py``) and the collection of
+chunks no file uses (``_collect.py``); every write a round makes to the engine
+is fenced, so a deposed leader's is refused.
 
 Mutations carry the client's idempotency keys: a commit group records each
 member's key with its reply in the group's one engine transaction, and a
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -73,13 +76,16 @@ from ..wire import (
 from ..wire import (
     tls as wire_tls,
 )
+from ._collect import COLLECT_CHUNKS, COLLECT_GRACE_S, CollectMetrics, Collector
 from ._commits import Reached
 from ._convert import CONVERT_CHUNKS, Converter, for_readers
 from ._grants import TENANT_TTL_S, Capabilities
 from ._leader import BEAT_S, LEASE_S, Deposed, Leadership
 from ._metadata import Metadata
+from ._nodes import Vigil
 from ._placement import place
 from ._policy import INLINE_MAX
+from ._rebalance import REBALANCE_RATE, Rebalancer
 from ._repair import RepairMetrics, Repairs
 from ._repo import Repository
 from ._scopes import (
@@ -136,16 +142,21 @@ class MetaService:
         inline_max: int = INLINE_MAX,
         heartbeat_timeout: float = 10.0,
         repair_interval: float = 5.0,
+        rebalance_rate: float = REBALANCE_RATE,
         threads: int = 8,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         metrics: tuple[str, int] | None = None,
         tls: TLS | None = None,
         lease_s: float = LEASE_S,
         tier: str | None = None,
+        collect_grace: float = COLLECT_GRACE_S,
+        collect_per_round: int = COLLECT_CHUNKS,
     ) -> None:
         """``tls``: serve over TLS only, and dial the data nodes (repair) over TLS.
         ``tier``: the cluster's S3 tier (``s3://BUCKET/PREFIX``), where chunks of class
-        ``s3`` go."""
+        ``s3`` go. ``collect_grace``: seconds a chunk stays unused before the leader
+        collects it (``inf``: never; ``fsck --collect`` does); ``collect_per_round``:
+        chunks a round collects at most (``_collect.py``)."""
         self._tls = None if tls is None else wire_tls.server_context(tls)
         self.metadata = Metadata(
             repo,
@@ -157,6 +168,8 @@ class MetaService:
         )
         self._threads = ThreadPoolExecutor(threads, thread_name_prefix="graben-meta")
         self._nodes: tuple[float, list[NodeState]] = (0.0, [])
+        self._vigil = Vigil()
+        """The leader's: logs each node going dead and coming back."""
         self.server: Server | None = None
         self.repair_interval = repair_interval
         self.idle_timeout = idle_timeout
@@ -196,8 +209,22 @@ class MetaService:
             self._fence,
             self._list_nodes,
             None if self.metrics is None else RepairMetrics(self.metrics),
+            self.metadata.drains,
+            Rebalancer(repo, self.chunks, self.converter, self._fence, rebalance_rate),
         )
         """The leader's repair rounds."""
+        self.collector = Collector(
+            self.metadata.records,
+            self.chunks,
+            self._run,
+            self._fence,
+            grace_s=collect_grace,
+            per_round=collect_per_round,
+            metrics=None if self.metrics is None else CollectMetrics(self.metrics),
+        )
+        """The leader's collection rounds."""
+        if not math.isinf(collect_grace):
+            self.metadata.policy.collect_grace_s = collect_grace
         self.id = uuid.uuid4().hex[:12]
         """This service's id in the engine's registry of services (new at each start)."""
         self._lease_s = lease_s
@@ -287,12 +314,14 @@ class MetaService:
         if self.leadership is None or not self.leadership.leading:
             return
         try:
+            self._vigil.look(await self._list_nodes(), self.metadata.policy.heartbeat_timeout)
             await self.repair_once()
             # Conversions go on while each batch is full, for up to a round's length:
             # a large dataset converts at the nodes' pace, not a batch per round.
             until = time.monotonic() + self.repair_interval
             while await self.convert_once() == CONVERT_CHUNKS and time.monotonic() < until:
                 pass
+            await self.collect_once()
         except Deposed as exc:
             log.warning("repair stopped: %s", exc.message)
             self.leadership.lose(exc.message)
@@ -311,6 +340,10 @@ class MetaService:
     async def repair_once(self) -> int:
         """One round of repair (``Repairs.once``); only while leading."""
         return await self.repairs.once()
+
+    async def collect_once(self) -> int:
+        """One round of collection (``Collector.once``); only while leading."""
+        return await self.collector.once()
 
     def _admit(self, call: Call, length: int) -> None:
         """Only a client holding a token may make the service hold a large request."""

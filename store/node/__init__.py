@@ -14,6 +14,7 @@ above it.
 
 from ._chunkstore import DIR_MODE, GROUP_SYNC_MAX, LocalChunkStore, disk_space, write_private
 from ._identity import adoption, check_sealing, keep_store_id, read_id, seal_directory
+from ._membership import bytes_under
 from ._sealed import Sealer, load_key
 from ._server import DataNode
 
@@ -24,6 +25,7 @@ __all__ = [
     "LocalChunkStore",
     "Sealer",
     "adoption",
+    "bytes_under",
     "check_sealing",
     "disk_space",
     "keep_store_id",

@@ -83,8 +83,7 @@ class LocalChunkStore:
         self._tmp = self.root / "tmp"
         self.root.mkdir(DIR_MODE, parents=True, exist_ok=True)
         self._tmp.mkdir(DIR_MODE, exist_ok=True)
-        # A writer killed mid-chunk leaves its temporary behind; live writers'
-        # temporaries are seconds old.
+        # A writer killed mid-chunk leaves its temporary; live writers' are seconds old.
         self.clean_temporaries(time.time() - STALE_TEMPORARY_S)
         self._siblings = ThreadPoolExecutor(CORES - 1 or 1, thread_name_prefix="graben-piece")
 
@@ -178,6 +177,7 @@ class LocalChunkStore:
             done = 0
             while done < data.nbytes:
                 done += os.pwrite(fd, data[done:], done)
+            os.utime(fd, ns=(time.time_ns(),) * 2)  # see ``delete``
             if durable:
                 os.fsync(fd)
         finally:
@@ -363,7 +363,8 @@ class LocalChunkStore:
         return str(self._tmp / name)
 
     def delete(self, chunk_id: str, older_than: float) -> bool:
-        """Delete a chunk file unless it was (re)written at or after ``older_than``.
+        """Delete a chunk file unless it was (re)written at or after ``older_than`` (its
+        mtime: the clock's when written, not the kernel's coarse one a tick behind).
 
         A writer may store the same content again at any moment: the file is
         first renamed aside, and put back if the renamed copy turns out to be
@@ -489,8 +490,7 @@ def _find_syncfs() -> Callable[[Path], None] | None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             if call(fd) != 0:
-                code = ctypes.get_errno()
-                raise OSError(code, os.strerror(code), str(path))
+                raise OSError(code := ctypes.get_errno(), os.strerror(code), str(path))
         finally:
             os.close(fd)
 

@@ -297,10 +297,13 @@ class DataNode:
         return Answer(encode(receipts))
 
     async def _store_received(self, request: ChunkCall, data: memoryview) -> Receipt:
-        """Store a chunk; our receipt for it (the bytes were checked against its id)."""
+        """Store a chunk; our receipt for it (the bytes were checked against its id),
+        stamped before the write: the file's mtime is never earlier (but for the coarse
+        clock's tick), which a commit racing collection relies on (``meta/_commits.py``)."""
+        started = time.time()
         await self._store(request.chunk, data)
         return auth.receipt(
-            self._secret, request.chunk.id, self.id, time.time(), store=request.cap.store
+            self._secret, request.chunk.id, self.id, started, store=request.cap.store
         )
 
     async def _store(self, chunk: ChunkRef, data: memoryview) -> None:
@@ -439,7 +442,8 @@ class DataNode:
     # -- scrubbing --------------------------------------------------------------
 
     async def scrub_once(self) -> int:
-        """Re-hash every chunk file against its name; report the bad ones. Returns how many."""
+        """Re-hash every chunk file against its name; report the bad ones, and when the
+        pass ended (in the heartbeats). Returns how many."""
         bad, after = 0, ""
         while page := await self._run(self.store.inventory, after, page_entries()):
             for chunk_id, _mtime in page:
@@ -448,6 +452,7 @@ class DataNode:
                     reason = "scrub: content does not match its name"
                     await self.membership.request(ReportBad(chunk_id, self.id, reason))
             after = page[-1][0]
+        self.membership.scrubbed = time.time()
         return bad
 
 

@@ -7,7 +7,7 @@ what only the cluster's secret may.
 
 from __future__ import annotations
 
-from .._types import ClassState, QuotaState, TokenInfo
+from .._types import ClassState, NodeState, QuotaState, TokenInfo
 from ._replies import Issued
 from ._requests import ANY, AS_IS, KEYED, OPERATOR, READS, WRITES, Request, Rule
 
@@ -104,3 +104,22 @@ class GetQuotas(Request[list[QuotaState]], frozen=True):
     response = list[QuotaState]
     rule = Rule(READS, AS_IS, "r", lambda r: (r.path,) if r.path else ())
     path: str = ""
+
+
+class DrainNode(Request[NodeState], frozen=True):
+    """Move every copy and piece off a data node (``undo``: put it back in service); the
+    node as it now stands. Nothing new is placed on a draining node."""
+
+    response = NodeState
+    rule = Rule(WRITES, AS_IS, OPERATOR)
+    node: str
+    undo: bool = False
+
+
+class RemoveNode(Request[None], frozen=True):
+    """Unregister a stopped data node and forget its copies; refused while it is alive or
+    holds the only copy of anything."""
+
+    response = None
+    rule = Rule(WRITES, AS_IS, OPERATOR)
+    node: str

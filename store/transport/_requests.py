@@ -265,11 +265,12 @@ class ChunkUsers(Request[list[tuple[int, str]]], frozen=True):
     limit: int = 0
 
 
-class Collectable(Request[list[tuple[str, tuple[str, ...]]]], frozen=True):
+class Collectable(Request[list[tuple[str, tuple[str, ...], float]]], frozen=True):
     """Forget a page of chunks unreferenced for longer than ``grace_s``; returns their
-    ids with the nodes that held them (their copies may go). Empty: none left."""
+    ids with the nodes that held them (their copies may go) and the cutoff (Unix
+    seconds) to delete them under: a copy written since stays. Empty: none left."""
 
-    response = list[tuple[str, tuple[str, ...]]]
+    response = list[tuple[str, tuple[str, ...], float]]
     rule = Rule(WRITES, KEYED, OPERATOR)
     grace_s: float
     limit: int = 0
@@ -304,6 +305,14 @@ class GetStoreId(Request[str], frozen=True):
 
     response = str
     rule = Rule(READS, AS_IS, ANY)
+
+
+class RestorePoint(Request[int], frozen=True):
+    """When the backup this store's metadata was restored from was taken (ns since the
+    epoch; 0: never restored): chunk files written since are no metadata's, as expected."""
+
+    response = int
+    rule = Rule(READS, AS_IS, OPERATOR)
 
 
 class Heartbeat(Request[Joined], frozen=True):

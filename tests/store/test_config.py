@@ -73,6 +73,16 @@ def test_flags_on_the_command_line_override_the_file(tmp_path: Path) -> None:
     assert args.rack == "r2"  # the command line wins
 
 
+def test_the_rebalance_rate_comes_from_the_file_as_a_size(tmp_path: Path) -> None:
+    config = tmp_path / "graben.toml"
+    config.write_text('[meta]\nengine = "/m.db"\nrebalance-rate = "4M"\n')
+    argv = ["meta", "serve", "--config", str(config)]
+    parser = build_parser("meta")
+    apply_config(parser, argv)
+    assert parser.parse_args(argv).rebalance_rate == 4 << 20
+    assert parser.parse_args([*argv, "--rebalance-rate", "0"]).rebalance_rate == 0
+
+
 @pytest.mark.parametrize(
     ("table", "says"),
     [

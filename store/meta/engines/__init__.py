@@ -15,14 +15,25 @@ serves several metadata services sharing one database; it needs psycopg, an opti
 dependency, so the door names it only through ``open_postgres``
 (``_optional``), which imports it when a ``postgresql://`` engine is
 opened, and ``is_postgres`` (``_postgres_url``), which needs no psycopg.
+``_backup`` backs an engine up while it serves (SQLite's backup API,
+``pg_dump``) and restores one from a backup.
 
 May import: the repository interface (``meta._repo``, the door of ``meta._repo_tree``
 and ``meta._repo_records``) and the store's shared
 modules; nothing else of the store.
 """
 
+from ._backup import DEFAULT_KEEP_S, Backup, backup, restore
 from ._optional import open_postgres
 from ._postgres_url import is_postgres
 from ._sqlite import SQLiteRepository
 
-__all__ = ["SQLiteRepository", "is_postgres", "open_postgres"]
+__all__ = [
+    "DEFAULT_KEEP_S",
+    "Backup",
+    "SQLiteRepository",
+    "backup",
+    "is_postgres",
+    "open_postgres",
+    "restore",
+]

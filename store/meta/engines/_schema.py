@@ -223,6 +223,42 @@ MIGRATIONS = (
     """
     ALTER TABLE store ADD COLUMN sealed TEXT NOT NULL DEFAULT '';
     """,
+    # 13: metadata backups. Each backup holds collection off the chunks that become
+    # unreferenced after it was taken, until its hold runs out (``backups``); a store
+    # restored from one remembers when that backup was taken (``restored_ns``, 0: never),
+    # so fsck knows the chunk files written after it for what they are.
+    """
+    CREATE TABLE backups (
+        name {text} PRIMARY KEY,
+        taken_ns {int} NOT NULL,
+        until_ns {int} NOT NULL
+    ){rowid};
+    ALTER TABLE store ADD COLUMN restored_ns {int} NOT NULL DEFAULT 0;
+    """,
+    # 14: what each data node's heartbeat says of it besides its disk: the bytes of
+    # graben's files on it, and when its last full scrub pass ended (0: none yet).
+    """
+    ALTER TABLE nodes ADD COLUMN stored {int} NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN scrubbed {real} NOT NULL DEFAULT 0;
+    """,
+    # 15: a data node's state as the operator set it: '' in service, 'draining' while its
+    # copies move off (``meta/_drain.py``); a heartbeat leaves it as it is.
+    """
+    ALTER TABLE nodes ADD COLUMN state TEXT NOT NULL DEFAULT '';
+    """,
+    # 16: collection (``meta/_collect.py``): each chunk forgotten lately, with the cutoff
+    # its copies were deleted under (a commit of a copy written before it can tell, see
+    # ``Chunks.collected``), and the running totals of what collection has freed.
+    """
+    CREATE TABLE collected (
+        chunk {text} PRIMARY KEY,
+        cutoff_ns {int} NOT NULL,
+        made_ns {int} NOT NULL
+    ){rowid};
+    CREATE INDEX collected_by_age ON collected (made_ns);
+    ALTER TABLE store ADD COLUMN freed_chunks {int} NOT NULL DEFAULT 0;
+    ALTER TABLE store ADD COLUMN freed_bytes {int} NOT NULL DEFAULT 0;
+    """,
 )
 
 

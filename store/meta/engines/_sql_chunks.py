@@ -13,9 +13,10 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..._types import ChunkRef, StoredChunk
-from .._repo import IN_TIER, ChunkRecord, Degraded
+from ..._types import ChunkRef, Collection, StoredChunk
+from .._repo import IN_TIER, ChunkRecord, Degraded, Forgotten
 from ._rows import PAGE_ROWS_MAX, chunk_ref
+from ._sql_records import forget_oldest, held_since
 from ._statements import Statements
 
 
@@ -97,14 +98,20 @@ class SqlChunks:
         last = rows[-1][0] if len(rows) == limit else ""
         return [(ref, held.get(ref.id, ())) for ref in refs], last if isinstance(last, str) else ""
 
-    def forget_unreferenced(self, older_than_ns: int, limit: int) -> list[ChunkRecord]:
+    def forget_unreferenced(self, older_than_ns: int, limit: int) -> list[Forgotten]:
+        # A chunk unreferenced since a backup was taken may be what that backup's files
+        # need: it stays while the backup's hold lasts, whoever collects.
+        backup = held_since(self.sql, time.time_ns())
+        if backup is not None:
+            older_than_ns = min(older_than_ns, backup)
         # An extent naming the chunk means its refs count is wrong, not that it is free.
         rows = self.sql.rows(
-            "SELECT id, length, crc32c, sum FROM chunks c WHERE refs = 0 AND zero_since_ns < %s "
-            "AND NOT EXISTS (SELECT 1 FROM extents x WHERE x.chunk = c.id) ORDER BY id LIMIT %s",
+            "SELECT id, length, crc32c, sum, zero_since_ns FROM chunks c WHERE refs = 0 "
+            "AND zero_since_ns < %s AND NOT EXISTS (SELECT 1 FROM extents x WHERE x.chunk = c.id) "
+            "ORDER BY zero_since_ns, id LIMIT %s",
             (older_than_ns, min(limit, PAGE_ROWS_MAX)),
         )
-        found = {ref.id: ref for ref in (chunk_ref(*row) for row in rows) if ref is not None}
+        found = {ref.id: (ref, zero) for *row, zero in rows if (ref := chunk_ref(*row))}
         # ``refs = 0`` again: a commit may have taken a reference since the look above.
         gone = self.sql.rows(
             "DELETE FROM chunks WHERE id = ANY(%s) AND refs = 0 RETURNING id", (list(found),)
@@ -114,7 +121,60 @@ class SqlChunks:
         held = grouped(
             sorted(self.sql.rows("DELETE FROM replicas WHERE chunk = ANY(%s) RETURNING *", (ids,)))
         )
-        return [(found[chunk], held.get(chunk, ())) for chunk in ids] + self._forget_pieces(ids)
+        cutoff = {chunk: found[chunk][1] for chunk in ids}
+        forgotten = [(found[c][0], held.get(c, ()), cutoff[c]) for c in ids]
+        forgotten += [(p, nodes, cutoff[c]) for c, p, nodes in self._forget_pieces(ids)]
+        self._record_collected(forgotten, len(ids))
+        return forgotten
+
+    def _record_collected(self, forgotten: list[Forgotten], chunks: int) -> None:
+        """Each forgotten chunk (and piece) under its cutoff, for ``collected``; the
+        store's totals of what was freed."""
+        if not forgotten:
+            return
+        now = time.time_ns()
+        self.sql.many(
+            "INSERT INTO collected (chunk, cutoff_ns, made_ns) VALUES (%s, %s, %s) "
+            "ON CONFLICT (chunk) DO UPDATE SET cutoff_ns = excluded.cutoff_ns, "
+            "made_ns = excluded.made_ns",
+            [(ref.id, cutoff, now) for ref, _, cutoff in forgotten],
+        )
+        freed = sum(ref.length * len(nodes) for ref, nodes, _ in forgotten)
+        self.sql.execute(
+            "UPDATE store SET freed_chunks = freed_chunks + %s, freed_bytes = freed_bytes + %s",
+            (chunks, freed),
+        )
+
+    def collected(self, ids: Iterable[str]) -> dict[str, int]:
+        wanted = list(ids)
+        if not wanted:
+            return {}
+        rows = self.sql.rows(
+            "SELECT chunk, cutoff_ns FROM collected WHERE chunk = ANY(%s)", (wanted,)
+        )
+        return {chunk: int(cutoff) for chunk, cutoff in rows}
+
+    def expire_collected(self, older_than_ns: int, limit: int) -> int:
+        return forget_oldest(self.sql, "collected", "chunk", older_than_ns, limit)
+
+    def collection(self) -> Collection:
+        copies = self.sql.one(
+            "SELECT COUNT(*), COALESCE(SUM(c.length * "
+            "(SELECT COUNT(*) FROM replicas r WHERE r.chunk = c.id)), 0) "
+            "FROM chunks c WHERE c.refs = 0"
+        )
+        pieces = self.sql.one(
+            "SELECT COALESCE(SUM(p.length), 0) FROM chunks c JOIN pieces p ON p.chunk = c.id "
+            "WHERE c.refs = 0 AND p.node != '' AND p.node != %s",
+            (IN_TIER,),
+        )
+        freed = self.sql.one("SELECT freed_chunks, freed_bytes FROM store")
+        waiting, on_nodes = copies or (0, 0)
+        return Collection(
+            int(waiting),
+            int(on_nodes) + int(pieces[0] if pieces else 0),
+            *((int(freed[0]), int(freed[1])) if freed else (0, 0)),
+        )
 
     def add_replicas(self, chunk: str, nodes: Iterable[str]) -> None:
         self.sql.many(
@@ -155,11 +215,11 @@ class SqlChunks:
             if ref is not None
         ]
 
-    def _forget_pieces(self, chunks: Sequence[str]) -> list[ChunkRecord]:
+    def _forget_pieces(self, chunks: Sequence[str]) -> list[tuple[str, ChunkRef, tuple[str, ...]]]:
         """Delete the pieces of these (collected) chunks; those pieces no other stripe
-        uses, with the node holding each (its file may go)."""
+        uses, each after its chunk's id and with the node holding it (its file may go)."""
         rows = self.sql.rows(
-            "DELETE FROM pieces WHERE chunk = ANY(%s) RETURNING piece, length, crc32c, node",
+            "DELETE FROM pieces WHERE chunk = ANY(%s) RETURNING piece, length, crc32c, node, chunk",
             (list(chunks),),
         )
         still = self.sql.rows(
@@ -168,8 +228,8 @@ class SqlChunks:
         shared = {piece for (piece,) in still}
         # A chunk in the S3 tier is its own one piece: its object stays (see docs).
         return [
-            (ChunkRef(piece, length, crc), (node,) if node else ())
-            for piece, length, crc, node in sorted(rows)
+            (chunk, ChunkRef(piece, length, crc), (node,) if node else ())
+            for piece, length, crc, node, chunk in sorted(rows)
             if piece not in shared and node != IN_TIER
         ]
 

@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterable, Sequence
 
 from ..._errors import IntegrityError
-from ..._types import NodeState, PathChange, ServiceState
+from ..._types import ChunkRef, NodeState, PathChange, ServiceState
 from .._repo import Lease
-from ._rows import PAGE_ROWS_MAX
+from ._rows import PAGE_ROWS_MAX, chunk_ref
 from ._statements import Statements
 
 
@@ -76,18 +76,90 @@ class SqlNodes:
 
     def upsert_node(self, node: NodeState) -> None:
         self.sql.execute(
-            "INSERT INTO nodes (id, address, rack, free, total, last_seen) "
-            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+            "INSERT INTO nodes (id, address, rack, free, total, last_seen, stored, scrubbed) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
             "address = excluded.address, rack = excluded.rack, free = excluded.free, "
-            "total = excluded.total, last_seen = excluded.last_seen",
-            (node.id, node.address, node.rack, node.free, node.total, node.last_seen),
+            "total = excluded.total, last_seen = excluded.last_seen, "
+            "stored = excluded.stored, scrubbed = excluded.scrubbed",
+            (
+                *(node.id, node.address, node.rack, node.free, node.total, node.last_seen),
+                *(node.stored, node.scrubbed),
+            ),
         )
 
     def nodes(self) -> list[NodeState]:
         rows = self.sql.rows(
-            "SELECT id, address, rack, free, total, last_seen FROM nodes ORDER BY id"
+            "SELECT id, address, rack, free, total, last_seen, stored, scrubbed, state "
+            "FROM nodes ORDER BY id"
         )
-        return [NodeState(*row) for row in rows]
+        return [
+            NodeState(
+                *(id_, address, rack, free, total, seen),
+                stored=stored,
+                scrubbed=scrubbed,
+                state=state,
+            )
+            for id_, address, rack, free, total, seen, stored, scrubbed, state in rows
+        ]
+
+    def set_node_state(self, node: str, state: str) -> bool:
+        query = "UPDATE nodes SET state = %s WHERE id = %s RETURNING id"
+        return bool(self.sql.rows(query, (state, node)))
+
+    def held(self) -> dict[str, int]:
+        rows = self.sql.rows(
+            "SELECT node, COUNT(*) FROM (SELECT node FROM replicas UNION ALL "
+            "SELECT node FROM pieces WHERE node != '') h GROUP BY node"
+        )
+        return {node: int(count) for node, count in rows}
+
+    def copies_on(self, node: str, limit: int) -> dict[str, tuple[str, ...]]:
+        rows = self.sql.rows(
+            "SELECT r.chunk, r.node FROM replicas r WHERE r.chunk IN "
+            "(SELECT chunk FROM replicas WHERE node = %s ORDER BY chunk LIMIT %s) "
+            "ORDER BY r.chunk, r.node",
+            (node, min(limit, PAGE_ROWS_MAX)),
+        )
+        found: dict[str, tuple[str, ...]] = {}
+        for chunk, holder in rows:
+            found[chunk] = (*found.get(chunk, ()), holder)
+        return found
+
+    def sole(self, node: str, limit: int) -> list[str]:
+        rows = self.sql.rows(
+            "SELECT chunk FROM replicas r WHERE node = %s AND NOT EXISTS "
+            "(SELECT 1 FROM replicas o WHERE o.chunk = r.chunk AND o.node != r.node) "
+            "UNION SELECT piece FROM pieces WHERE node = %s ORDER BY 1 LIMIT %s",
+            (node, node, min(limit, PAGE_ROWS_MAX)),
+        )
+        return [chunk for (chunk,) in rows]
+
+    def held_bytes(self) -> dict[str, int]:
+        rows = self.sql.rows(
+            "SELECT r.node, SUM(c.length) FROM replicas r JOIN chunks c ON c.id = r.chunk "
+            "GROUP BY r.node UNION ALL "
+            "SELECT node, SUM(length) FROM pieces WHERE node != '' GROUP BY node"
+        )
+        found: dict[str, int] = {}
+        for node, size in rows:
+            found[node] = found.get(node, 0) + int(size or 0)
+        return found
+
+    def movable(self, src: str, dst: str, limit: int) -> list[ChunkRef]:
+        rows = self.sql.rows(
+            "SELECT c.id, c.length, c.crc32c, c.sum FROM replicas r "
+            "JOIN chunks c ON c.id = r.chunk WHERE r.node = %s AND c.refs > 0 AND NOT EXISTS "
+            "(SELECT 1 FROM replicas o WHERE o.chunk = r.chunk AND o.node = %s) "
+            "ORDER BY c.id LIMIT %s",
+            (src, dst, min(limit, PAGE_ROWS_MAX)),
+        )
+        # A row that fails its checksum is left to fsck.
+        return [ref for ref in (chunk_ref(*row) for row in rows) if ref is not None]
+
+    def forget_node(self, node: str) -> None:
+        self.sql.execute("DELETE FROM replicas WHERE node = %s", (node,))
+        self.sql.execute("UPDATE pieces SET node = '' WHERE node = %s", (node,))
+        self.sql.execute("DELETE FROM nodes WHERE id = %s", (node,))
 
 
 class SqlServices:
@@ -182,6 +254,30 @@ class SqlIdentity:
     def seal(self, check: str) -> str:
         self.sql.execute("UPDATE store SET sealed = %s WHERE sealed = ''", (check,))
         return self.sealed()
+
+    def hold(self, name: str, taken_ns: int, until_ns: int) -> None:
+        self.sql.execute(
+            "INSERT INTO backups (name, taken_ns, until_ns) VALUES (%s, %s, %s)",
+            (name, taken_ns, until_ns),
+        )
+
+    def restored_ns(self) -> int:
+        row = self.sql.one("SELECT restored_ns FROM store")
+        return int(row[0]) if row else 0
+
+    def mark_restored(self) -> int:
+        row = self.sql.one("SELECT name, taken_ns FROM backups ORDER BY taken_ns DESC LIMIT 1")
+        if row is None:
+            return 0
+        self.sql.execute("DELETE FROM backups WHERE name = %s", (row[0],))
+        self.sql.execute("UPDATE store SET restored_ns = %s", (row[1],))
+        return int(row[1])
+
+
+def held_since(sql: Statements, now_ns: int) -> int | None:
+    """When the oldest backup still holding collection off at ``now_ns`` was taken."""
+    row = sql.one("SELECT MIN(taken_ns) FROM backups WHERE until_ns > %s", (now_ns,))
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def forget_oldest(sql: Statements, table: str, key: str, older_than_ns: int, limit: int) -> int:

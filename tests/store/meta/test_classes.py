@@ -137,7 +137,7 @@ def test_a_collected_chunk_frees_its_pieces_but_not_those_another_stripe_shares(
     ns.classes.record_stripe(a.id, first, "striped")
     ns.classes.record_stripe(b.id, second, "striped")
     ns.namespace.remove("/a")
-    gone = dict(ns.records.collectable(0.0))
+    gone = {c: nodes for c, nodes, _ in ns.records.collectable(0.0)}
     assert gone[a.id] == ()  # the chunk itself: no copies left
     assert {p.id: gone[p.id] for p in first.pieces[1:]} == {
         p.id: (n,) for p, n in zip(first.pieces[1:], first.nodes[1:], strict=True)

@@ -46,7 +46,7 @@ def test_two_files_of_the_same_bytes_share_one_kept_chunk(engine: Engine) -> Non
     ns.namespace.remove("/a")
     assert ns.namespace.layout("/b").inline  # still referenced by /b
     ns.namespace.remove("/b")
-    assert ns.records.collectable(0.0) == [(chunk_ref(b"same").id, ())]
+    assert [(c, n) for c, n, _ in ns.records.collectable(0.0)] == [(chunk_ref(b"same").id, ())]
     assert engine.sql("SELECT COUNT(*) FROM chunk_bytes") == [(0,)]
 
 

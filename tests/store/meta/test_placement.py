@@ -7,6 +7,7 @@ import random
 from collections import Counter
 from collections.abc import Collection, Sequence
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -338,3 +339,18 @@ def test_errors_exactly_when_too_few_nodes_are_eligible(
     expected = NoSpace if len(up) >= replication else CannotPlace
     with pytest.raises(expected, match=f"need {replication} nodes?, {len(ready)} of"):
         place(nodes, replication, "k", CHUNK, exclude)
+
+
+# Draining nodes (``graben node drain``)
+
+
+def test_a_draining_node_takes_no_new_chunk() -> None:
+    nodes = [*grid(3, 2)[:5], msgspec.structs.replace(grid(3, 2)[5], state="draining")]
+    chosen = Counter(i for key in KEYS[:2000] for i in place(nodes, 3, key, CHUNK))
+    assert "r2n1" not in chosen and len(chosen) == 5
+
+
+def test_placement_that_needs_a_draining_node_says_it_is_draining() -> None:
+    nodes = [node("a"), node("b"), msgspec.structs.replace(node("c"), state="draining")]
+    with pytest.raises(CannotPlace, match="1 draining; draining: c"):
+        place(nodes, 3, "k", CHUNK)

@@ -179,6 +179,8 @@ def test_full_nodes_refuse_a_write_at_once_saying_so(tmp_path: Path) -> None:
                 message = str(caught.value)
                 assert "3 full" in message, message
                 assert all(_node_id(cluster, i) in message for i in range(3)), message
+            status = _status(cluster.url).stdout
+            assert status.count("FULL: under 64 MiB free, takes no new chunks") == 3, status
         finally:
             cluster.close()
 

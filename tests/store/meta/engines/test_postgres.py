@@ -184,7 +184,7 @@ def test_commits_count_references_and_overwrites_release_them(engine: Engine) ->
     assert second.generation == 2
     assert (refs(engine, shared), refs(engine, a), refs(engine, b)) == (1, 0, 1)
     assert ns.records.check_metadata() == []
-    assert [c for c, _ in ns.records.collectable(0)] == [a.id]  # the one chunk no file uses
+    assert [c for c, _, _ in ns.records.collectable(0)] == [a.id]  # the one chunk no file uses
     assert ns.records.collectable(0) == []
     ns.namespace.remove("/g")
     assert ns.records.check_metadata() == []
