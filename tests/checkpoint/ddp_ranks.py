@@ -57,8 +57,10 @@ def main(url: str, rank: int, world: int, port: int) -> None:
         print(json.dumps({"steps": steps, "latest": latest, "same": same}))
         manager.close()
         dist.barrier()  # torch's advice: every rank reaches the teardown before any leaves
+        print("closed; past the last barrier", file=sys.stderr, flush=True)
     finally:
         dist.destroy_process_group()
+        print("process group destroyed", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
