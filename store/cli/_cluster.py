@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from .._config import encryption_key_file, resolve
 from .._errors import InvalidArgument, NotFound
-from ..meta import COLLECT_CHUNKS, COLLECT_GRACE_S, INLINE_LIMIT, INLINE_MAX
+from ..meta import COLLECT_CHUNKS, COLLECT_GRACE_S, INLINE_LIMIT, INLINE_MAX, SWEEP_GRACE_S
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
 from ._backup import add_backup
 from ._listen import (
@@ -161,8 +161,7 @@ def collect_args(parser: argparse.ArgumentParser, *, passed_on: bool = False) ->
         metavar="SECONDS",
         help="the leader deletes chunks no file has used for this long (after rm, a "
         "replaced file, a checkpoint rotated out), with no command (default "
-        f"{COLLECT_GRACE_S:g}; inf: never, fsck --collect does); chunk files of uploads "
-        "that never committed are fsck --collect's",
+        f"{COLLECT_GRACE_S:g}; inf: never, fsck --collect does)",
     )
     parser.add_argument(
         "--collect-per-round",
@@ -170,6 +169,16 @@ def collect_args(parser: argparse.ArgumentParser, *, passed_on: bool = False) ->
         default=None if passed_on else COLLECT_CHUNKS,
         metavar="CHUNKS",
         help=f"chunks a round of the leader's duties collects at most (default {COLLECT_CHUNKS})",
+    )
+    parser.add_argument(
+        "--orphan-grace",
+        type=grace_arg,
+        default=None if passed_on else SWEEP_GRACE_S,
+        metavar="SECONDS",
+        help="the leader deletes chunk files no metadata names (of uploads whose writer "
+        "died before committing, copies a node held while it was down) once this old "
+        f"(default {SWEEP_GRACE_S:g}: a writer's receipt life; inf: never, fsck --collect "
+        "does)",
     )
 
 
@@ -358,6 +367,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
             rebalance_rate=args.rebalance_rate,
             collect_grace=args.collect_grace,
             collect_per_round=args.collect_per_round,
+            orphan_grace=args.orphan_grace,
             idle_timeout=args.idle_timeout,
             metrics=args.metrics,
             tls=tls,

@@ -111,7 +111,11 @@ def _cluster_up(args: argparse.Namespace) -> int:
     secret_file: Path = (args.secret_file or make_secret_file(root / "secret")).resolve()
     tls = server_tls(args)
     shared = (*tls_flags(args), "--log-level", args.log_level)
-    given = {"--collect-grace": args.collect_grace, "--collect-per-round": args.collect_per_round}
+    given = {
+        "--collect-grace": args.collect_grace,
+        "--collect-per-round": args.collect_per_round,
+        "--orphan-grace": args.orphan_grace,
+    }
     collecting = [item for flag, v in given.items() if v is not None for item in (flag, str(v))]
     if args.s3_tier is not None:  # the same tier for the metadata service and every node
         shared = (*shared, "--s3-tier", args.s3_tier)

@@ -24,6 +24,7 @@ from ._placement import LOCAL_NODE
 from ._policy import INLINE_LIMIT, INLINE_MAX
 from ._repo import Repository
 from ._service import MetaService
+from ._sweep import SWEEP_GRACE_S
 from .engines import (
     DEFAULT_KEEP_S,
     Backup,
@@ -41,6 +42,7 @@ __all__ = [
     "INLINE_LIMIT",
     "INLINE_MAX",
     "LOCAL_NODE",
+    "SWEEP_GRACE_S",
     "Backup",
     "MetaService",
     "Metadata",

@@ -164,6 +164,18 @@ class ChunkRecords:
         cutoff = time.time_ns() - int(grace_s * 1e9)
         return tx.chunks.forget_unreferenced(cutoff, page_entries(limit))
 
+    def sweep(self, ids: list[str], cutoff_s: float, fence: int | None = None) -> list[str]:
+        """Of chunk files found on a node, those no metadata names, recorded as collected
+        under ``cutoff_s`` (``Chunks.orphaned``), under ``fence``: the ones to delete."""
+        cutoff = int(cutoff_s * 1e9)
+        what = f"sweeping {len(ids)} orphan chunk files"
+        return fenced_write(self.repo, fence, what, lambda tx: tx.chunks.orphaned(ids, cutoff))
+
+    def explained(self, ids: Iterable[str]) -> set[str]:
+        """Which of these chunk ids collection forgot lately (a copy it could not delete)."""
+        with self.repo.read() as tx:
+            return set(tx.chunks.collected(ids))
+
     def expire_collected(self, older_than_s: float, fence: int | None = None) -> int:
         """Forget the records of chunks collected before ``older_than_s`` (a page)."""
         before = int(older_than_s * 1e9)

@@ -19,8 +19,9 @@ are taken to agree (NTP): a copy rewritten just after the cutoff on a node
 whose clock runs behind may go, and a commit naming it is then refused.
 
 A copy on a node that cannot be reached stays, an orphan; so do the chunk
-files of uploads that never committed (no metadata names them): those are
-``fsck --collect``'s, after its own, longer grace.
+files of uploads that never committed (no metadata names them): those are the
+orphan sweep's (``_sweep.py``), after its own, longer grace, or ``fsck
+--collect``'s.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ class Collector:
         if failed:
             log.warning(
                 "could not delete %d copies of collected chunks (first: %s): orphans now, "
-                "for fsck --collect",
+                "for the orphan sweep (or fsck --collect)",
                 len(failed),
                 failed[0].message,
             )

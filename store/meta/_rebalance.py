@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable
 
@@ -109,6 +108,7 @@ class Rebalancer:
 
     async def _move(self, refs: list[ChunkRef], src: str, dst: str) -> list[ChunkRef]:
         """Copy ``refs`` from ``src`` to ``dst``, record the move, delete the old copies."""
+        started = time.time()  # a copy on src written again since (a new upload) stays
         copied = await asyncio.gather(*(self._copy(ref, src, dst) for ref in refs))
         made = [ref for ref, ok in zip(refs, copied, strict=True) if ok]
         if not made:
@@ -121,12 +121,16 @@ class Rebalancer:
                 lambda tx: _record(tx, [r.id for r in made], src, dst),
             )
         )
+        # A copy not moved (its chunk left src meanwhile: collected, drained) stays on
+        # dst: a writer of the same bytes may have committed it there since. If nothing
+        # names it, it is an orphan, the sweep's (``_sweep.py``).
         for ref in made:
-            gone = src if ref.id in moved else dst  # not moved: the new copy is an orphan
+            if ref.id not in moved:
+                continue
             try:
-                await self._chunks.delete(gone, ref.id, math.inf)
+                await self._chunks.delete(src, ref.id, started)
             except GrabenError as exc:
-                log.info("could not delete the moved copy of %s on %s: %s", ref.id, gone, exc)
+                log.info("could not delete the moved copy of %s on %s: %s", ref.id, src, exc)
         return [ref for ref in made if ref.id in moved]
 
     async def _copy(self, ref: ChunkRef, src: str, dst: str) -> bool:

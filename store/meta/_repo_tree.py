@@ -253,6 +253,11 @@ class Chunks(Protocol):
         in ``collected`` under that cutoff, and the store's totals of what was freed grow
         by them."""
 
+    def orphaned(self, ids: Iterable[str], cutoff_ns: int) -> list[str]:
+        """Of these chunk ids (files found on a node), those no metadata names, each
+        recorded in ``collected`` under ``cutoff_ns`` before its files are deleted: a
+        commit naming one later must show its copy written since, as after collection."""
+
     def collected(self, ids: Iterable[str]) -> dict[str, int]:
         """Of these chunk ids, those collection forgot lately, with the cutoff (ns) their
         copies were deleted under: a copy written before it may be gone."""

@@ -100,6 +100,7 @@ from ._scopes import (
     unproven,
     verify,
 )
+from ._sweep import SWEEP_GRACE_S, Sweep
 
 log = logging.getLogger("graben.meta")
 AnyRequest: Any = Union[request_types()]  # noqa: UP007  (built at run time)
@@ -151,12 +152,15 @@ class MetaService:
         tier: str | None = None,
         collect_grace: float = COLLECT_GRACE_S,
         collect_per_round: int = COLLECT_CHUNKS,
+        orphan_grace: float = SWEEP_GRACE_S,
     ) -> None:
         """``tls``: serve over TLS only, and dial the data nodes (repair) over TLS.
         ``tier``: the cluster's S3 tier (``s3://BUCKET/PREFIX``), where chunks of class
         ``s3`` go. ``collect_grace``: seconds a chunk stays unused before the leader
         collects it (``inf``: never; ``fsck --collect`` does); ``collect_per_round``:
-        chunks a round collects at most (``_collect.py``)."""
+        chunks a round collects at most (``_collect.py``); ``orphan_grace``: how old a
+        chunk file no metadata names must be before the leader's sweep deletes it
+        (``inf``: never; ``_sweep.py``)."""
         self._tls = None if tls is None else wire_tls.server_context(tls)
         self.metadata = Metadata(
             repo,
@@ -223,6 +227,17 @@ class MetaService:
             metrics=None if self.metrics is None else CollectMetrics(self.metrics),
         )
         """The leader's collection rounds."""
+        self.sweep = Sweep(
+            self.metadata.records,
+            self.chunks,
+            self._run,
+            self._fence,
+            lambda: self.metadata.policy.store_id,
+            self.metadata.nodes.restore_point,
+            grace_s=orphan_grace,
+            metrics=self.metrics,
+        )
+        """The leader's sweep of the nodes' orphan chunk files."""
         if not math.isinf(collect_grace):
             self.metadata.policy.collect_grace_s = collect_grace
         self.id = uuid.uuid4().hex[:12]
@@ -322,6 +337,8 @@ class MetaService:
             while await self.convert_once() == CONVERT_CHUNKS and time.monotonic() < until:
                 pass
             await self.collect_once()
+            if not math.isinf(self.sweep.grace_s):
+                await self.sweep.once()
         except Deposed as exc:
             log.warning("repair stopped: %s", exc.message)
             self.leadership.lose(exc.message)

@@ -145,6 +145,19 @@ class SqlChunks:
             (chunks, freed),
         )
 
+    def orphaned(self, ids: Iterable[str], cutoff_ns: int) -> list[str]:
+        wanted = list(ids)
+        named = self.named(wanted) if wanted else set()
+        orphans = [c for c in wanted if c not in named]
+        now = time.time_ns()
+        self.sql.many(
+            "INSERT INTO collected (chunk, cutoff_ns, made_ns) VALUES (%s, %s, %s) "
+            "ON CONFLICT (chunk) DO UPDATE SET cutoff_ns = excluded.cutoff_ns, "
+            "made_ns = excluded.made_ns",
+            [(c, cutoff_ns, now) for c in orphans],
+        )
+        return orphans
+
     def collected(self, ids: Iterable[str]) -> dict[str, int]:
         wanted = list(ids)
         if not wanted:
