@@ -26,6 +26,7 @@ from ._repo import Repository
 from ._service import MetaService
 from .engines import (
     DEFAULT_KEEP_S,
+    SCHEMA_VERSION,
     Backup,
     SQLiteRepository,
     backup,
@@ -41,6 +42,7 @@ __all__ = [
     "INLINE_LIMIT",
     "INLINE_MAX",
     "LOCAL_NODE",
+    "SCHEMA_VERSION",
     "Backup",
     "MetaService",
     "Metadata",
