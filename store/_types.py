@@ -363,6 +363,8 @@ class ServiceState(msgspec.Struct, frozen=True):
     """Unix time it started, by the engine's clock."""
     last_seen: float
     """Unix time of its last heartbeat, by the engine's clock."""
+    schema_version: int = 0
+    """The schema version its code was written for (0: a service from before 17)."""
     alive: bool = True
     """Heard from within the last few seconds."""
 

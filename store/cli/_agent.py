@@ -4,13 +4,12 @@ and ``graben agent drop JOB``."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeAlias
 
 from .._config import AGENT_PORT
 from ..wire import auth
-from ._cluster import _serve, secret_arg
+from ._cluster import Started, _serve, secret_arg
 from ._listen import endpoint, endpoints_arg, metrics_arg, size_arg
 from ._logs import log_arg
 from ._main import config_arg
@@ -89,7 +88,7 @@ def _agent_serve(args: argparse.Namespace) -> int:
     secret = auth.load_secret(args.secret_file)
     host, port = args.listen
 
-    async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
+    async def start() -> Started:
         agent = Agent(
             args.dir,
             limit=args.memory_limit,
@@ -100,7 +99,7 @@ def _agent_serve(args: argparse.Namespace) -> int:
             meta=args.meta,
         )
         server = await agent.start(host, AGENT_PORT if port is None else port)
-        return f"{host}:{server.port}", agent.close
+        return f"{host}:{server.port}", agent.close, None
 
     return _serve(start)
 

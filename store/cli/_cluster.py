@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import urlsplit
 
 from .._config import encryption_key_file, resolve
-from .._errors import InvalidArgument, NotFound
+from .._errors import GrabenError, InvalidArgument, NotFound
 from ..meta import COLLECT_CHUNKS, COLLECT_GRACE_S, INLINE_LIMIT, INLINE_MAX, SWEEP_GRACE_S
 from ..wire import DEFAULT_IDLE_TIMEOUT, auth
 from ._backup import add_backup
@@ -307,7 +307,12 @@ def raise_open_files(want: int = OPEN_FILES) -> int:
     return soft
 
 
-def _serve(start: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]]) -> int:
+Started: TypeAlias = tuple[str, Callable[[], Awaitable[None]], Awaitable[GrabenError] | None]
+"""What a server's start gives ``_serve``: where it listens, how to close it, and what
+ends it from within, with the error to exit with (``None``: only a signal ends it)."""
+
+
+def _serve(start: Callable[[], Awaitable[Started]]) -> int:
     limit = raise_open_files()
     if limit < LOW_OPEN_FILES:
         log.warning(
@@ -321,12 +326,22 @@ def _serve(start: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        where, close = await start()
+        where, close, ended = await start()
         print(f"listening on {where}", flush=True)
+        stopped = asyncio.ensure_future(stop.wait())
+        ending = None if ended is None else asyncio.ensure_future(ended)
         try:
-            await stop.wait()
+            await asyncio.wait(
+                [stopped] if ending is None else [stopped, ending],
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         finally:
             await close()
+            stopped.cancel()
+            if ending is not None:
+                ending.cancel()  # a no-op once it has ended
+        if ending is not None and ending.done() and not ending.cancelled():
+            raise ending.result()
 
     asyncio.run(main())
     return 0
@@ -355,7 +370,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
         repo = _open_engine(path, init=args.init)
     host, port = args.listen
 
-    async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
+    async def start() -> Started:
         service = MetaService(
             repo,
             secret=secret,
@@ -376,7 +391,8 @@ def _meta_serve(args: argparse.Namespace) -> int:
         server = await service.start(
             host, META_PORT if port is None else port, advertise=advertise_address(args.advertise)
         )
-        return advertised(args.listen, server.port, args.advertise), service.close
+        where = advertised(args.listen, server.port, args.advertise)
+        return where, service.close, service.until_outdated()
 
     return _serve(start)
 
@@ -416,7 +432,7 @@ def _node_serve(args: argparse.Namespace) -> int:
     key = args.encryption_key_file or encryption_key_file()
     sealer = None if key is None else load_key(key)
 
-    async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
+    async def start() -> Started:
         node = DataNode(
             args.data,
             rack=args.rack,
@@ -431,7 +447,7 @@ def _node_serve(args: argparse.Namespace) -> int:
             sealer=sealer,
         )
         await start_node(node, args.listen, args.advertise)
-        return node.address, node.close
+        return node.address, node.close, None
 
     return _serve(start)
 

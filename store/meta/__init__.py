@@ -27,6 +27,7 @@ from ._service import MetaService
 from ._sweep import SWEEP_GRACE_S
 from .engines import (
     DEFAULT_KEEP_S,
+    SCHEMA_VERSION,
     Backup,
     SQLiteRepository,
     backup,
@@ -42,6 +43,7 @@ __all__ = [
     "INLINE_LIMIT",
     "INLINE_MAX",
     "LOCAL_NODE",
+    "SCHEMA_VERSION",
     "SWEEP_GRACE_S",
     "Backup",
     "MetaService",

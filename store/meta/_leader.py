@@ -51,14 +51,17 @@ LEASE_S = 5.0
 """How long a lease lasts past its last renewal, by the engine's clock."""
 BEAT_S = 1.0
 """Seconds between a service's heartbeats (each one renews the lease of a leader)."""
-GONE_S = 5.0
-"""A service not heard from for this long shows as gone."""
 PRUNE_S = 600.0
 """A service not heard from for this long is forgotten."""
 
 
 class Deposed(PermissionDenied):
     """This service no longer holds the lease: a duty's write was refused, nothing written."""
+
+
+class SchemaChanged(GrabenError):
+    """The engine's schema is no longer the one this service was written for: a newer
+    graben migrated it (one that did not see this service beat), so this one stops."""
 
 
 def claim(tx: Tx, holder: str, now: float, lease_s: float) -> Lease:
@@ -77,6 +80,13 @@ def beat(repo: Repository, me: ServiceState, lease_s: float) -> Lease:
     """Record the service as alive and claim the lease, in one write transaction."""
 
     def record(tx: Tx) -> Lease:
+        found = tx.services.schema_version()
+        if found != me.schema_version:
+            raise SchemaChanged(
+                f"the engine's schema is now version {found}, not the {me.schema_version} "
+                f"metadata service {me.id} at {me.address} was written for: another graben "
+                "has migrated it; this service stops (upgrade it, then start it again)"
+            )
         now = tx.services.now()
         tx.services.upsert_service(msgspec.structs.replace(me, started=now, last_seen=now))
         tx.services.forget_services(seen_before=now - PRUNE_S)
@@ -144,6 +154,9 @@ class Leadership:
         self._watchdog: asyncio.TimerHandle | None = None
         self._failing = False
         self._gauges = None if metrics is None else _Gauges(metrics)
+        self.outdated: SchemaChanged | None = None
+        """Why the service must stop, once a beat found the schema changed under it."""
+        self._outdated = asyncio.Event()
 
     @property
     def leading(self) -> bool:
@@ -159,10 +172,18 @@ class Leadership:
     async def beat(self) -> None:
         """Heartbeat and renew (or take) the lease; a failure ends leadership only when the
         lease lapses (the watchdog)."""
+        if self.outdated is not None:
+            return
         sent = time.monotonic()
         loop = asyncio.get_running_loop()
         try:
             lease = await loop.run_in_executor(self._thread, beat, self.repo, self.me, self.lease_s)
+        except SchemaChanged as exc:
+            log.error("%s", exc.message)
+            self.lose("the engine's schema changed under it")
+            self.outdated = exc
+            self._outdated.set()
+            return
         except GrabenError as exc:
             if not self._failing:  # one line per outage, not one a second
                 log.warning("metadata service %s cannot reach the engine: %s", self.me.id, exc)
@@ -177,6 +198,12 @@ class Leadership:
             self.lose(f"service {lease.holder} holds the lease (fence {lease.fence})")
             return
         self._hold(lease.fence, sent + self.lease_s * 0.9)
+
+    async def until_outdated(self) -> SchemaChanged:
+        """Wait until a beat finds the schema changed under this service; why it must stop."""
+        await self._outdated.wait()
+        assert self.outdated is not None
+        return self.outdated
 
     def _hold(self, fence: int, deadline: float) -> None:
         now = time.monotonic()

@@ -17,11 +17,10 @@ import msgspec
 from .._errors import PermissionDenied
 from .._types import Health, NodeState
 from ..transport import GetHealth, GetStoreId, Heartbeat, Joined, ListNodes, RestorePoint
-from ._leader import GONE_S
 from ._operations import handles
 from ._placement import LOCAL_NODE
 from ._policy import Policy
-from ._repo import Repository, Tx, encrypted
+from ._repo import GONE_S, Repository, Tx, encrypted
 
 DRAINING = "draining"
 """A node's state while its copies move off (``meta/_drain.py``)."""

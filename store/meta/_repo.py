@@ -35,6 +35,7 @@ from typing import Protocol, TypeVar
 
 from .._types import ChunkProblem
 from ._repo_records import (
+    GONE_S,
     BadCopies,
     ChangeFeed,
     Identity,
@@ -66,6 +67,7 @@ from ._repo_tree import (
 )
 
 __all__ = [
+    "GONE_S",
     "INODE_COLUMNS",
     "IN_TIER",
     "NEW_INODE_COLUMNS",

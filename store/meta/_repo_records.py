@@ -17,6 +17,8 @@ from typing import Protocol
 
 from .._types import ChunkRef, NodeState, PathChange, QuotaState, ServiceState, TokenInfo
 
+GONE_S = 5.0
+"""A metadata service not heard from for this long shows as gone (it beats every second)."""
 TokenRow = tuple[TokenInfo, str]
 """A token as the engine keeps it: what ``token ls`` shows, and the digest of its secret."""
 
@@ -162,6 +164,10 @@ class Services(Protocol):
 
     def forget_services(self, ids: Iterable[str] = (), seen_before: float = 0.0) -> None:
         """Drop the services named, and those last seen before ``seen_before``."""
+
+    def schema_version(self) -> int:
+        """The engine's schema version as it stands now: a newer graben may have migrated
+        it since this one opened the engine."""
 
 
 class BadCopies(Protocol):

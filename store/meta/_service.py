@@ -80,7 +80,7 @@ from ._collect import COLLECT_CHUNKS, COLLECT_GRACE_S, CollectMetrics, Collector
 from ._commits import Reached
 from ._convert import CONVERT_CHUNKS, Converter, for_readers
 from ._grants import TENANT_TTL_S, Capabilities
-from ._leader import BEAT_S, LEASE_S, Deposed, Leadership
+from ._leader import BEAT_S, LEASE_S, Deposed, Leadership, SchemaChanged
 from ._metadata import Metadata
 from ._nodes import Vigil
 from ._placement import place
@@ -101,6 +101,7 @@ from ._scopes import (
     verify,
 )
 from ._sweep import SWEEP_GRACE_S, Sweep
+from .engines import SCHEMA_VERSION
 
 log = logging.getLogger("graben.meta")
 AnyRequest: Any = Union[request_types()]  # noqa: UP007  (built at run time)
@@ -279,6 +280,7 @@ class MetaService:
             self.metadata.repo.location.partition(":")[0],
             0.0,
             0.0,
+            SCHEMA_VERSION,
         )
         self.leadership = Leadership(
             self.metadata.repo, me, lease_s=self._lease_s, metrics=self.metrics
@@ -287,6 +289,13 @@ class MetaService:
         self._beating = every(BEAT_S, self.leadership.beat, "heartbeat")
         self._repairing = every(self.repair_interval, self._duties, "repair")
         return self.server
+
+    async def until_outdated(self) -> SchemaChanged:
+        """Wait until the engine's schema changes under this service (a newer graben
+        migrated it); why it must stop. Call after ``start``; ``close`` it then."""
+        if self.leadership is None:
+            raise InvalidArgument("until_outdated is for a service that has started")
+        return await self.leadership.until_outdated()
 
     async def close(self) -> None:
         """Stop serving and repairing; give the lease up; release the engine."""

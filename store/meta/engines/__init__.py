@@ -26,10 +26,12 @@ modules; nothing else of the store.
 from ._backup import DEFAULT_KEEP_S, Backup, backup, restore
 from ._optional import open_postgres
 from ._postgres_url import is_postgres
+from ._schema import SCHEMA_VERSION
 from ._sqlite import SQLiteRepository
 
 __all__ = [
     "DEFAULT_KEEP_S",
+    "SCHEMA_VERSION",
     "Backup",
     "SQLiteRepository",
     "backup",

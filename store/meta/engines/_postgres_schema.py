@@ -21,11 +21,18 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..._errors import GrabenError, IntegrityError, InvalidArgument, NotFound, PermissionDenied
+from ..._errors import IntegrityError, InvalidArgument, NotFound, PermissionDenied
 from ..._types import ChunkProblem
 from ._checks import Dialect, PathOf
 from ._checks import inconsistencies as _inconsistencies
-from ._schema import MIGRATIONS, POSTGRES, scripts
+from ._schema import (
+    POSTGRES,
+    SCHEMA_VERSION,
+    live_services_query,
+    refuse_live_services,
+    refuse_newer,
+    scripts,
+)
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 SCHEMA_LOCK = 0x67726162656E
@@ -148,14 +155,14 @@ def prepare(db: Connection, where: str, *, create: bool) -> None:
 
 def _migrate(db: Connection, where: str) -> None:
     version = _version(db)
-    if version > len(MIGRATIONS):
-        raise GrabenError(
-            f"the store's schema is version {version}, newer than this graben "
-            f"understands ({len(MIGRATIONS)}); upgrade graben",
-            where,
-        )
+    refuse_newer(version, where)
     if version == 0 and _has_tables(db):
         raise IntegrityError("this database holds something else, not a graben store", where)
+    query = live_services_query(version) if version < SCHEMA_VERSION else None
+    if query is not None:
+        now = db.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        assert now is not None
+        refuse_live_services(version, db.execute(query).fetchall(), float(now[0]), where)
     if version == 0:
         db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
         db.execute("INSERT INTO schema_version VALUES (0)")

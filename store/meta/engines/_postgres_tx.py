@@ -273,6 +273,11 @@ class PostgresServices(SqlServices):
         assert row is not None
         return float(row[0])
 
+    def schema_version(self) -> int:
+        row = self.sql.one("SELECT version FROM schema_version")
+        assert row is not None
+        return int(row[0])
+
     def lease(self) -> Lease:
         # Read to be changed or relied on (a fenced write): held till the commit.
         lock = " FOR UPDATE" if self.writing else ""

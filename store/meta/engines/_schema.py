@@ -13,9 +13,10 @@ and its paging cursor (``name > after``) must agree with what clients expect.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from .._repo import ROOT_INODE
+from ..._errors import GrabenError
+from .._repo import GONE_S, ROOT_INODE
 from ._sums import POSTGRES_FUNCTION, SUMMED, expression
 
 SQLITE = {
@@ -259,7 +260,15 @@ MIGRATIONS = (
     ALTER TABLE store ADD COLUMN freed_chunks {int} NOT NULL DEFAULT 0;
     ALTER TABLE store ADD COLUMN freed_bytes {int} NOT NULL DEFAULT 0;
     """,
+    # 17: the schema version each metadata service was written for, so a newer one can
+    # name the services it must not migrate the schema under (0: recorded before 17).
+    """
+    ALTER TABLE services ADD COLUMN schema_version {int} NOT NULL DEFAULT 0;
+    """,
 )
+SCHEMA_VERSION = len(MIGRATIONS)
+"""The schema version this code writes and reads: a store at another one is migrated
+(an older one) or refused (a newer one)."""
 
 
 _SQLITE_SUMMED = {
@@ -349,3 +358,43 @@ def scripts(words: Mapping[str, str], after: int) -> list[tuple[int, list[str]]]
         (number, [s.strip() for s in step.format(**values).split(";") if s.strip()])
         for number, step in enumerate(MIGRATIONS[after:], start=after + 1)
     ]
+
+
+def refuse_newer(version: int, where: str) -> None:
+    """Refuse a store whose schema a newer graben has written: this code cannot read it."""
+    if version > SCHEMA_VERSION:
+        raise GrabenError(
+            f"the store's schema is version {version}, newer than this graben "
+            f"understands ({SCHEMA_VERSION}); upgrade graben",
+            where,
+        )
+
+
+def live_services_query(version: int) -> str | None:
+    """The query for the metadata services an engine at ``version`` records: id,
+    address, last heartbeat and schema version (``None``: no registry before 5)."""
+    if version < 5:
+        return None
+    schema = "schema_version" if version >= 17 else str(version)
+    return f"SELECT id, address, last_seen, {schema} FROM services ORDER BY id"
+
+
+def refuse_live_services(
+    version: int, services: Iterable[tuple[str, str, float, int]], now: float, where: str
+) -> None:
+    """Refuse to migrate a schema at ``version`` while a service still beats on it.
+
+    A service reads and writes the schema it was written for; migrated under it, its
+    next statements would fail in ways it cannot explain. A service last heard from
+    over ``GONE_S`` ago has stopped (killed: a clean stop leaves the registry at once).
+    """
+    for ident, address, last_seen, schema in services:
+        if last_seen >= now - GONE_S:
+            raise GrabenError(
+                f"metadata service {ident} at {address} (schema version {schema or version}) "
+                f"still runs on this engine (heard from {max(now - last_seen, 0.0):.0f} s ago); "
+                f"this graben would migrate the schema from version {version} to "
+                f"{SCHEMA_VERSION}, which that service cannot use: stop it first (or stop "
+                f"every service and upgrade them together), then start this one",
+                where,
+            )

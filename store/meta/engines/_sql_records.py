@@ -187,15 +187,16 @@ class SqlServices:
     def upsert_service(self, service: ServiceState) -> None:
         s = service
         self.sql.execute(
-            "INSERT INTO services (id, address, engine, started, last_seen) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+            "INSERT INTO services (id, address, engine, started, last_seen, schema_version) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
             "address = excluded.address, last_seen = excluded.last_seen",
-            (s.id, s.address, s.engine, s.started, s.last_seen),
+            (s.id, s.address, s.engine, s.started, s.last_seen, s.schema_version),
         )
 
     def services(self) -> list[ServiceState]:
         rows = self.sql.rows(
-            "SELECT id, address, engine, started, last_seen FROM services ORDER BY id"
+            "SELECT id, address, engine, started, last_seen, schema_version "
+            "FROM services ORDER BY id"
         )
         return [ServiceState(*row) for row in rows]
 
@@ -203,6 +204,12 @@ class SqlServices:
         self.sql.execute(
             "DELETE FROM services WHERE id = ANY(%s) OR last_seen < %s", (list(ids), seen_before)
         )
+
+    def schema_version(self) -> int:
+        # SQLite's place for it; PostgreSQL keeps it in a table (``PostgresServices``).
+        row = self.sql.one("PRAGMA user_version")
+        assert row is not None
+        return int(row[0])
 
 
 class SqlBadCopies:

@@ -28,7 +28,14 @@ from pathlib import Path
 
 from ..._errors import GrabenError, IntegrityError, NoSpace, NotFound, Unavailable
 from .._repo import Conflict, R, Tx
-from ._schema import MIGRATIONS, SQLITE, scripts
+from ._schema import (
+    SCHEMA_VERSION,
+    SQLITE,
+    live_services_query,
+    refuse_live_services,
+    refuse_newer,
+    scripts,
+)
 from ._sqlite_tx import sqlite_tx
 from ._sums import FUNCTION, row_sum
 
@@ -129,16 +136,14 @@ class SQLiteRepository:
     def _apply_migrations(self) -> None:
         with self._transaction("BEGIN EXCLUSIVE") as db:
             version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > len(MIGRATIONS):
-                raise GrabenError(
-                    f"the store's schema is version {version}, newer than this graben "
-                    f"understands ({len(MIGRATIONS)}); upgrade graben",
-                    self.path,
-                )
+            refuse_newer(version, self.path)
             if version == 0 and _has_tables(db):
                 raise IntegrityError(
                     "this database holds something else, not a graben store", self.path
                 )
+            query = live_services_query(version) if version < SCHEMA_VERSION else None
+            if query is not None:
+                refuse_live_services(version, db.execute(query).fetchall(), time.time(), self.path)
             for number, statements in scripts(SQLITE, version):
                 for statement in statements:
                     db.execute(statement)

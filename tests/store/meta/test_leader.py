@@ -22,12 +22,12 @@ from pg_kit import (  # noqa: F401  (fixtures)
 )
 
 from graben.store._types import NodeState, ServiceState
-from graben.store.meta import Metadata
+from graben.store.meta import SCHEMA_VERSION, Metadata
 from graben.store.meta._leader import PRUNE_S, Deposed, Leadership, beat, resign
 
 
 def _me(name: str) -> ServiceState:
-    return ServiceState(name, f"{name}.example:7100", "test", 0.0, 0.0)
+    return ServiceState(name, f"{name}.example:7100", "test", 0.0, 0.0, SCHEMA_VERSION)
 
 
 def _replicas(engine: Engine, chunk_id: str) -> list[str]:

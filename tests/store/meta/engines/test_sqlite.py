@@ -10,7 +10,8 @@ import pytest
 
 from graben.store import GrabenError, IntegrityError, NotADirectory, connect
 from graben.store.meta._repo import Inode, Tx
-from graben.store.meta.engines._sqlite import MIGRATIONS, SQLiteRepository
+from graben.store.meta.engines._schema import MIGRATIONS
+from graben.store.meta.engines._sqlite import SQLiteRepository
 
 
 def test_new_store_is_at_the_latest_schema_in_wal_mode(tmp_path: Path) -> None:
