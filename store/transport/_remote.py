@@ -643,7 +643,9 @@ class RemoteChunks:
     async def inventory(self, node: str, store: str, after: str = "") -> list[tuple[str, float]]:
         conn = await self._conn(node)
         query = encode(NodeQuery(store, after, page_entries()))
-        body, _ = await conn.call("chunk.inventory", query, token=self._token)
+        body, _ = await conn.call(
+            "chunk.inventory", query, token=self._token, timeout=self._timeout
+        )
         found: list[tuple[str, float]] = decode(body, list[tuple[str, float]])
         return found
 
@@ -652,14 +654,19 @@ class RemoteChunks:
     ) -> list[tuple[str, int, float]]:
         conn = await self._conn(node)
         query = encode(NodeQuery(store, after, page_entries()))
-        body, _ = await conn.call("chunk.temporaries", query, token=self._token)
+        body, _ = await conn.call(
+            "chunk.temporaries", query, token=self._token, timeout=self._timeout
+        )
         found: list[tuple[str, int, float]] = decode(body, list[tuple[str, int, float]])
         return found
 
     async def clean(self, node: str, store: str, older_than: float) -> tuple[int, int]:
         conn = await self._conn(node)
         body, _ = await conn.call(
-            "chunk.clean", encode(NodeClean(store, older_than)), token=self._token
+            "chunk.clean",
+            encode(NodeClean(store, older_than)),
+            token=self._token,
+            timeout=self._timeout,
         )
         done: tuple[int, int] = decode(body, tuple[int, int])
         return done
@@ -667,14 +674,16 @@ class RemoteChunks:
     async def adoption(self, node: str, store: str, *, vouch: bool = False) -> bool:
         conn = await self._conn(node)
         body = encode(NodeVouch(store, vouch))
-        reply, _ = await conn.call("chunk.adoption", body, token=self._token)
+        reply, _ = await conn.call("chunk.adoption", body, token=self._token, timeout=self._timeout)
         taken: bool = decode(reply, bool)
         return taken
 
     async def delete(self, node: str, chunk_id: str, older_than: float) -> bool:
         conn = await self._conn(node)
         cap = await self._grants.get(chunk_id, "delete")
-        body, _ = await conn.call("chunk.delete", encode((chunk_id, older_than, cap)))
+        body, _ = await conn.call(
+            "chunk.delete", encode((chunk_id, older_than, cap)), timeout=self._timeout
+        )
         gone: bool = decode(body, bool)
         return gone
 

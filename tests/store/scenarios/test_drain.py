@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -146,3 +147,32 @@ def test_a_drained_node_s_erasure_coded_pieces_are_made_again_elsewhere(tmp_path
         assert client.get("/ds/f") == data
         report = client.fsck()
         assert report.ok, report
+
+
+def test_a_drain_goes_on_while_another_node_hangs(cluster4: LocalCluster) -> None:
+    """A node SIGSTOPped mid-drain holds the leader's rounds up no longer than a call's
+    bound (``NODE_CALL_S``, 15 s), not the minute a call may take: the drain ends while
+    that node is still stopped, and every byte reads back once it runs again."""
+    ids = [_node_id(cluster4, i) for i in range(4)]
+    written = {f"/f{i}": os.urandom(200 * KiB) for i in range(12)}
+    with connect(cluster4.url, chunk_size=64 * KiB) as client:
+        for path, data in written.items():
+            client.put(path, data, replication=2)
+        held = Counter(n for p in written for n in _holders(client, p))
+        target, hung = (n for n, _ in held.most_common(2))
+        hung_proc = cluster4.nodes[ids.index(hung)]
+        drained = _graben(cluster4.url, "node", "drain", target)
+        assert drained.returncode == 0, drained.stderr
+        hung_proc.send_signal(signal.SIGSTOP)
+        try:
+            took = eventually(lambda: _state(client, target)[0] == "drained", 45)
+        finally:
+            hung_proc.send_signal(signal.SIGCONT)
+        print(f"drained in {took:.1f} s with a node stopped")
+        for path, data in written.items():
+            assert client.get(path) == data, path
+
+
+def _holders(client: Client, path: str) -> set[str]:
+    layout = _loop.run(client.aio.meta.request(GetLayout(path)))
+    return {n for e in layout.extents for n in layout.replicas[e.chunk.id]}
