@@ -33,6 +33,7 @@ WORKLOAD_MODULES = (
         "tls",
         "faults",
         "classes",
+        "collect",
         "fsspec",
         "checkpoint",
         "memory",
