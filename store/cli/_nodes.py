@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 
+from .._errors import InvalidArgument
+from ..client import Client
 from . import _render as out
 from ._cmds import Subparsers, _command, _json_flag
 from ._stores import open_client
@@ -26,7 +28,9 @@ def add_node_actions(actions: Subparsers) -> None:
         "graben status shows the copies left, then 'drained'.",
         _drain,
     )
-    drain.add_argument("id", help="the node's id (graben status shows it)")
+    drain.add_argument(
+        "id", help="the node's id, as graben status shows it (a unique start), or its address"
+    )
     drain.add_argument(
         "--undo", action="store_true", help="put a draining node back in service instead"
     )
@@ -38,12 +42,14 @@ def add_node_actions(actions: Subparsers) -> None:
         "only copy of anything: drain it first.",
         _remove,
     )
-    remove.add_argument("id", help="the node's id (graben status shows it)")
+    remove.add_argument(
+        "id", help="the node's id, as graben status shows it (a unique start), or its address"
+    )
 
 
 def _drain(args: argparse.Namespace) -> int:
     with open_client(args.store, args) as client:
-        node = client.drain_node(args.id, undo=args.undo)
+        node = client.drain_node(_node(client, args.id), undo=args.undo)
     if args.json:
         out.emit_json(node)
         return 0
@@ -54,6 +60,25 @@ def _drain(args: argparse.Namespace) -> int:
 
 def _remove(args: argparse.Namespace) -> int:
     with open_client(args.store, args) as client:
-        client.remove_node(args.id)
-    out.emit_lines([f"node {args.id} removed"])
+        node = _node(client, args.id)
+        client.remove_node(node)
+    out.emit_lines([f"node {node} removed"])
     return 0
+
+
+def _node(client: Client, given: str) -> str:
+    """The full id of the node ``given`` names: its id, the start of one (``status``
+    shows 12 characters), or its address; as given when none matches (the service
+    then says it is not registered)."""
+    if not given:
+        raise InvalidArgument("name a data node: its id or its address (graben status)")
+    nodes = client.health().nodes
+    if any(n.id == given for n in nodes):
+        return given
+    found = {n.id for n in nodes if n.id.startswith(given) or n.address == given}
+    if len(found) > 1:
+        raise InvalidArgument(
+            f"{given!r} names {len(found)} data nodes ({', '.join(sorted(found))}): give more "
+            "of the id"
+        )
+    return found.pop() if found else given

@@ -176,3 +176,18 @@ def test_a_drain_goes_on_while_another_node_hangs(cluster4: LocalCluster) -> Non
 def _holders(client: Client, path: str) -> set[str]:
     layout = _loop.run(client.aio.meta.request(GetLayout(path)))
     return {n for e in layout.extents for n in layout.replicas[e.chunk.id]}
+
+
+def test_a_node_is_named_as_status_shows_it_or_by_its_address(cluster4: LocalCluster) -> None:
+    """``status`` shows 12 characters of an id: drain takes them, or the address."""
+    full = _node_id(cluster4, 1)
+    with connect(cluster4.url) as client:
+        (address,) = [n.address for n in client.health().nodes if n.id == full]
+    drained = _graben(cluster4.url, "node", "drain", full[:12])
+    assert drained.returncode == 0 and f"node {full}: drained" in drained.stdout, drained
+    undone = _graben(cluster4.url, "node", "drain", address, "--undo")
+    assert undone.returncode == 0 and f"node {full}: in service" in undone.stdout, undone
+    vague = _graben(cluster4.url, "node", "drain", "")
+    assert vague.returncode != 0 and "name a data node" in vague.stderr
+    unknown = _graben(cluster4.url, "node", "rm", "f" * 12)
+    assert unknown.returncode != 0 and "no data node" in unknown.stderr, unknown
