@@ -58,8 +58,9 @@ EXPIRE_EVERY_S = 60.0
 RETRY_MOST = 100_000
 """Copies on nodes that could not be reached, kept to delete on their return, at most."""
 Run = Callable[..., Awaitable[Any]]
-ListNodes = Callable[[], Awaitable[list[NodeState]]]
 """Runs a blocking function on an engine thread."""
+ListNodes = Callable[[], Awaitable[list[NodeState]]]
+"""The registered data nodes, each ``alive`` or not (``MetaService._list_nodes``)."""
 
 
 class CollectMetrics:
