@@ -15,7 +15,13 @@ A shared module of the store: imports its errors, no layer.
 
 from ._aws import aws_environment, aws_settings
 from ._env import ENV_SECRET, ENV_SECRET_FILE, ENV_TOKEN, ENV_TOKEN_FILE, child_environment, env
-from ._limits import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, RESERVE, page_entries
+from ._limits import (
+    DEFAULT_CHUNK_SIZE,
+    MAX_CHUNK_SIZE,
+    RESERVE,
+    page_entries,
+    too_many_orphans,
+)
 from ._options import DEFAULT_REPLICA_DEADLINE, Options
 from ._places import AGENT_PORT, agent_address, cache_home, encryption_key_file
 from ._sizes import parse_size
@@ -49,4 +55,5 @@ __all__ = [
     "resolve",
     "split_url",
     "tls_from_env",
+    "too_many_orphans",
 ]

@@ -18,6 +18,20 @@ RESERVE = 64 << 20
 """Bytes a node keeps free beyond the chunk, so a disk stops taking chunks before it fills."""
 
 
+REFUSE_SHARE = 0.1
+"""Collection deletes no orphan when they are more than this share of the chunk files ..."""
+REFUSE_FEW = 64
+"""... and more than this many (a killed writer's few never trip it)."""
+
+
+def too_many_orphans(orphans: int, held: int) -> bool:
+    """Whether ``orphans`` of the ``held`` chunk files, named by no metadata, are more
+    than crashed writers leave: what a wrong, empty or old metadata database looks like,
+    where deleting them would delete live data (fsck's collection and the leader's sweep
+    both refuse then)."""
+    return orphans > REFUSE_FEW and orphans > REFUSE_SHARE * held
+
+
 def page_entries(asked: int = 0, default: int = PAGE_ENTRIES) -> int:
     """Entries per page: ``asked`` if positive and smaller, else ``$GRABEN_PAGE_ENTRIES``
     (tests lower it to cross many pages), else ``default``."""

@@ -14,7 +14,7 @@ Collection deletes nothing if the metadata contradicts itself, if a node's
 chunk files cannot be shown to be this metadata's (its ``store-id`` was
 missing and taken from the metadata over chunks already there), or if far more
 chunk files are orphans than a crashed writer leaves (more than
-``REFUSE_SHARE`` of all copies, and more than ``REFUSE_FEW``): that is what a
+10% of all copies, and more than 64: ``too_many_orphans``): that is what a
 wrong, empty or restored-from-old metadata database looks like, and
 collecting then would delete live data. ``force`` overrides both. A
 metadata database restored from a backup (``graben meta restore``) says when
@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .._buffers import BufferPool
+from .._config import too_many_orphans
 from .._errors import (
     GrabenError,
     IntegrityError,
@@ -63,10 +64,6 @@ from ..transport import (
 from ._reader import Report
 
 Progress = Callable[[int], None]
-REFUSE_SHARE = 0.1
-"""Collection refuses when orphans are more than this share of the copies the nodes hold ..."""
-REFUSE_FEW = 64
-"""... and more than this many (a killed writer's few never trip it)."""
 QUIET_S = 60.0
 """A temporary untouched this long is reported (a live writer's is seconds old)."""
 
@@ -335,7 +332,7 @@ class Fsck:
             )
         doomed = sum(1 for _, _, mtime in self._found.orphans if self._unexplained(mtime, cutoff))
         held = self._found.held
-        if doomed > REFUSE_FEW and doomed > REFUSE_SHARE * held:
+        if too_many_orphans(doomed, held):
             raise IntegrityError(
                 f"refusing to collect: {doomed} of {held} chunk files on the nodes "
                 f"({doomed / held:.0%}) are named by no metadata: is this the store's right "

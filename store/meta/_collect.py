@@ -33,11 +33,11 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .._errors import GrabenError, InvalidArgument
-from .._types import ChunkRef, NodeState
+from .._types import NodeState
 from ..transport import RemoteChunks
 from ..wire import Metrics, auth
 from ._chunks import ChunkRecords
@@ -143,25 +143,17 @@ class Collector:
         return len(forgotten)
 
     async def _delete(self, forgotten: list[Forgotten]) -> None:
-        """Every copy of what a round forgot, under its chunk's cutoff."""
-        slots = asyncio.Semaphore(DELETES_AT_ONCE)
-
-        async def delete(node: str, ref: ChunkRef, cutoff_ns: int) -> int | GrabenError:
-            """Bytes freed (0: the node kept a copy written since), or why not (the copy
-            is then kept for the node's return)."""
-            async with slots:
-                try:
-                    gone = await self._chunks.delete(node, ref.id, cutoff_ns / 1e9)
-                except GrabenError as exc:
-                    self._remember(node, ref.id, cutoff_ns / 1e9)
-                    return exc
-            return ref.length if gone else 0
-
-        outcomes = await asyncio.gather(
-            *(delete(node, ref, cut) for ref, nodes, cut in forgotten for node in nodes)
-        )
-        freed = [o for o in outcomes if isinstance(o, int)]
-        failed = [o for o in outcomes if isinstance(o, GrabenError)]
+        """Every copy of what a round forgot, under its chunk's cutoff; one that cannot be
+        reached is kept for its node's return."""
+        each = [(node, ref, cut / 1e9) for ref, nodes, cut in forgotten for node in nodes]
+        outcomes = await delete_copies(self._chunks, [(n, r.id, c) for n, r, c in each])
+        freed, failed = [], []
+        for (node, ref, cutoff), outcome in zip(each, outcomes, strict=True):
+            if isinstance(outcome, GrabenError):
+                failed.append(outcome)
+                self._remember(node, ref.id, cutoff)
+            else:  # 0: the node kept a copy written since
+                freed.append(ref.length if outcome else 0)
         kept = freed.count(0)
         log.info(
             "collected %d chunks and pieces unused for %g s: %d copies deleted (%d bytes)%s",
@@ -197,23 +189,32 @@ class Collector:
         nodes = {n.id: n.alive for n in await self._list_nodes()}
         for node in [n for n in self._unreached if n not in nodes]:
             del self._unreached[node]
-        back = [n for n in self._unreached if nodes.get(n)]
-        slots = asyncio.Semaphore(DELETES_AT_ONCE)
-
-        async def delete(node: str, chunk: str, cutoff: float) -> bool:
-            async with slots:
-                try:
-                    return await self._chunks.delete(node, chunk, cutoff)
-                except GrabenError:
-                    self._remember(node, chunk, cutoff)
-                    return False
-
-        for node in back:
-            copies = self._unreached.pop(node)
-            gone = await asyncio.gather(*(delete(node, c, cut) for c, cut in copies.items()))
+        for node in [n for n in self._unreached if nodes.get(n)]:
+            copies = [(node, chunk, cut) for chunk, cut in self._unreached.pop(node).items()]
+            outcomes = await delete_copies(self._chunks, copies)
+            for copy, outcome in zip(copies, outcomes, strict=True):
+                if isinstance(outcome, GrabenError):
+                    self._remember(*copy)
             log.info(
                 "deleted %d of %d copies of collected chunks on data node %s, which is back",
-                sum(gone),
+                outcomes.count(True),
                 len(copies),
                 node,
             )
+
+
+async def delete_copies(
+    chunks: RemoteChunks, copies: Sequence[tuple[str, str, float]]
+) -> list[bool | GrabenError]:
+    """Delete each copy ``(node, chunk id, cutoff)``, ``DELETES_AT_ONCE`` at a time: whether
+    it went (``False``: the node kept a copy written since the cutoff), or why not."""
+    slots = asyncio.Semaphore(DELETES_AT_ONCE)
+
+    async def delete(node: str, chunk: str, cutoff: float) -> bool | GrabenError:
+        async with slots:
+            try:
+                return await chunks.delete(node, chunk, cutoff)
+            except GrabenError as exc:
+                return exc
+
+    return list(await asyncio.gather(*(delete(*copy) for copy in copies)))

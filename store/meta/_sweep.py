@@ -17,7 +17,7 @@ collection: ``meta/_commits.py``), which makes a shorter grace safe as well.
 Nothing is deleted from a node that took its store id over chunk files already
 there (nothing shows they are this store's: ``fsck --collect --force`` vouches
 for them), nor when more of a node's files are orphans than crashed writers
-leave (over ``REFUSE_SHARE`` of them and ``REFUSE_FEW``): that is what a wrong
+leave (``too_many_orphans``: over 10% of them and 64): that is what a wrong
 or an old metadata database looks like. Orphans that a restore explains
 (written after the backup) or that collection forgot and could not delete do
 not count. Each refusal is logged once a pass, naming fsck.
@@ -25,17 +25,18 @@ not count. Each refusal is logged once a pass, naming fsck.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._config import too_many_orphans
 from .._errors import GrabenError, InvalidArgument
 from ..transport import RemoteChunks
 from ..wire import Metrics, auth
 from ._chunks import ChunkRecords
+from ._collect import Run, delete_copies
 
 log = logging.getLogger("graben.meta")
 SWEEP_GRACE_S = auth.RECEIPT_TTL_S
@@ -46,14 +47,6 @@ PAGES_PER_ROUND = 4
 """Inventory pages a round reads: a node of millions of chunks takes many rounds."""
 MOST_FOUND = 100_000
 """Orphans one pass remembers; a node holding more is fsck's (the pass stops)."""
-REFUSE_SHARE = 0.1
-"""No deleting when unexplained orphans are more than this share of a node's files ..."""
-REFUSE_FEW = 64
-"""... and more than this many (a killed writer's few never trip it)."""
-DELETES_AT_ONCE = 64
-"""Orphans being deleted at once."""
-Run = Callable[..., Awaitable[Any]]
-"""Runs a blocking function on an engine thread."""
 
 
 @dataclass
@@ -150,16 +143,8 @@ class Sweep:
         if not old or not await self._trusted(sweep, old):
             return 0
         doomed = await self._run(self._records.sweep, [c for c, _ in old], cutoff, self._fence())
-        slots = asyncio.Semaphore(DELETES_AT_ONCE)
-
-        async def delete(chunk: str) -> bool:
-            async with slots:
-                try:
-                    return await self._chunks.delete(sweep.node, chunk, cutoff)
-                except GrabenError:
-                    return False  # the next pass tries again
-
-        gone = sum(await asyncio.gather(*(delete(c) for c in doomed)))
+        outcomes = await delete_copies(self._chunks, [(sweep.node, c, cutoff) for c in doomed])
+        gone = outcomes.count(True)  # one not reached: the next pass tries again
         try:
             temporaries, _ = await self._chunks.clean(sweep.node, self._store(), cutoff)
         except GrabenError:
@@ -194,7 +179,7 @@ class Sweep:
         unexplained = [
             c for c, mtime in old if c not in explained and not (restored and mtime >= restored)
         ]
-        if len(unexplained) > REFUSE_FEW and len(unexplained) > REFUSE_SHARE * sweep.held:
+        if too_many_orphans(len(unexplained), sweep.held):
             log.warning(
                 "not sweeping data node %s: %d of its %d chunk files are named by no "
                 "metadata: is this the store's right metadata database, restored whole? "
