@@ -4,6 +4,7 @@ take, the bytes ``graben du --physical`` counts, and the two brought within a ma
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -53,3 +54,18 @@ def seconds_until_within(
         assert time.monotonic() - started < limit, (node_bytes(cluster, nodes), want)
         time.sleep(0.1)
     return time.monotonic() - started
+
+
+def plant_orphans(node_dir: Path, count: int, age_s: float, tag: int = 0) -> list[Path]:
+    """``count`` chunk files no metadata names in a node's ``--data``, last written
+    ``age_s`` ago (``tag`` tells the plantings of one test apart)."""
+    planted = []
+    then = time.time() - age_s
+    for i in range(count):
+        name = (f"{tag:02x}{i:04x}" * 11)[:64]
+        path = node_dir / "chunks" / name[:2] / name[2:4] / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"orphan")
+        os.utime(path, (then, then))
+        planted.append(path)
+    return planted

@@ -6,6 +6,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from pg_kit import (  # noqa: F401  (the PostgreSQL fixtures, for every test below)
+    engine_fixture,
+    pg_cluster_fixture,
+    pg_database_fixture,
+    pg_server_fixture,
+    pg_url_fixture,
+)
 
 
 def _chunk_files(root: Path) -> list[Path]:

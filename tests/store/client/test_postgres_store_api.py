@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import test_store_api
-from pg_kit import PgServer, pg_cluster_fixture, pg_server_fixture  # noqa: F401  (fixtures)
+from pg_kit import PgServer
 from store_kit import SMALL_CHUNK
 
 from graben.store import AsyncClient, Client, connect

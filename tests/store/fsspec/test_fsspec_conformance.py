@@ -22,7 +22,6 @@ from fsspec.tests.abstract import (
     AbstractPipeTests,
     AbstractPutTests,
 )
-from pg_kit import pg_cluster_fixture, pg_server_fixture  # noqa: F401  (fixtures)
 
 from graben.store import GrabenFileSystem
 

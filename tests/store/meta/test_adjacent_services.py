@@ -19,14 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pg_kit import (  # noqa: F401  (fixtures)
-    MIGRATIONS,
-    Engine,
-    engine_fixture,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-)
+from pg_kit import MIGRATIONS, Engine
 
 from graben.store import GrabenError
 from graben.store._types import ServiceState

@@ -8,17 +8,7 @@ import stat
 import time
 
 import pytest
-from pg_kit import (  # noqa: F401  (fixtures)
-    MIGRATIONS,
-    Engine,
-    chunk,
-    engine_fixture,
-    file,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-    refs,
-)
+from pg_kit import MIGRATIONS, Engine, chunk, file, refs
 
 from graben.store import AlreadyExists, InvalidArgument, IsADirectory, NameTooLong, NotFound
 from graben.store._types import Change

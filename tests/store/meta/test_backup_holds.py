@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import time
 
-from pg_kit import (  # noqa: F401  (fixtures)
-    Engine,
-    engine_fixture,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-)
+from pg_kit import Engine
 
 from graben.store._hashing import chunk_ref
 from graben.store._types import Extent, FileCommit, StoredChunk

@@ -7,15 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from pg_kit import (  # noqa: F401  (fixtures)
-    Engine,
-    chunk,
-    engine_fixture,
-    file,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-)
+from pg_kit import Engine, chunk, file
 
 from graben.fuse._follow import Cursor
 from graben.store import GrabenError

@@ -18,16 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from pg_kit import (  # noqa: F401  (fixtures)
-    Engine,
-    chunk,
-    engine_fixture,
-    file,
-    names,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-)
+from pg_kit import Engine, chunk, file, names
 
 from graben.store import AlreadyExists, GrabenError, InvalidPath, NotFound
 from graben.store.meta import Metadata

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import pg_kit
 import pytest
 from pg_kit import Engine, chunk, file
 
@@ -12,10 +11,6 @@ from graben.store import CannotPlace, NotFound, Refused
 from graben.store._types import NodeState
 from graben.store.meta import Metadata
 from graben.store.meta._placement import place
-
-# Both engines: the fixtures of pg_kit, here by name.
-engine_fixture, pg_url_fixture = pg_kit.engine_fixture, pg_kit.pg_url_fixture
-pg_server_fixture, pg_database_fixture = pg_kit.pg_server_fixture, pg_kit.pg_database_fixture
 
 
 def _joined(ns: Metadata, *ids: str) -> None:

@@ -4,16 +4,7 @@ their bytes, served in the layout, checked, collected, never "degraded"."""
 from __future__ import annotations
 
 import pytest
-from pg_kit import (  # noqa: F401  (fixtures)
-    MIGRATIONS,
-    Engine,
-    chunk,
-    engine_fixture,
-    file,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-)
+from pg_kit import MIGRATIONS, Engine, chunk, file
 
 from graben.store import IntegrityError, InvalidArgument
 from graben.store._hashing import chunk_ref

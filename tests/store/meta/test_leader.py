@@ -11,15 +11,7 @@ import asyncio
 import time
 
 import pytest
-from pg_kit import (  # noqa: F401  (fixtures)
-    Engine,
-    chunk,
-    engine_fixture,
-    file,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-)
+from pg_kit import Engine, chunk, file
 
 from graben.store._types import NodeState, ServiceState
 from graben.store.meta import SCHEMA_VERSION, Metadata

@@ -10,15 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from pg_kit import (  # noqa: F401  (fixtures)
-    Engine,
-    chunk,
-    engine_fixture,
-    file,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-)
+from pg_kit import Engine, chunk, file
 
 from graben.store import AlreadyExists, Change, NotFound
 from graben.store.meta import Metadata

@@ -6,15 +6,7 @@ from __future__ import annotations
 import errno
 
 import pytest
-from pg_kit import (  # noqa: F401  (fixtures)
-    Engine,
-    chunk,
-    engine_fixture,
-    file,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-)
+from pg_kit import Engine, chunk, file
 
 from graben.store import CrossDevice, NotFound, QuotaExceeded
 from graben.store.meta import Metadata

@@ -17,14 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from pg_kit import (  # noqa: F401  (fixtures)
-    MIGRATIONS,
-    Engine,
-    engine_fixture,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-)
+from pg_kit import MIGRATIONS, Engine
 
 import graben.store as gs
 from graben.store.meta.engines._schema import POSTGRES, SQLITE, scripts

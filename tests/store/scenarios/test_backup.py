@@ -19,12 +19,7 @@ from pathlib import Path
 
 import pytest
 from cluster_kit import LocalCluster, alive, eventually
-from pg_kit import (  # noqa: F401  (fixtures)
-    PgServer,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-)
+from pg_kit import PgServer
 from store_kit import SMALL_CHUNK
 
 from graben.store import NotFound, connect

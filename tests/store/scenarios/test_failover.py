@@ -29,7 +29,6 @@ import fsspec
 import msgspec
 import pytest
 from cluster_kit import LocalCluster
-from pg_kit import pg_database_fixture, pg_server_fixture, pg_url_fixture  # noqa: F401
 from store_kit import SMALL_CHUNK
 
 from graben.store import Client, InvalidArgument, connect, local, split_url

@@ -9,11 +9,6 @@ from pathlib import Path
 
 import pytest
 from cluster_kit import LocalCluster
-from pg_kit import (  # noqa: F401  (fixtures)
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-)
 
 from graben.store import connect
 

@@ -24,12 +24,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from cluster_kit import alive, copies, eventually
-from pg_kit import (  # noqa: F401  (fixtures)
-    Engine,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-)
+from pg_kit import Engine
 from ranks_kit import free_port
 
 from graben.store import connect

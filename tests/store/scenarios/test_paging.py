@@ -7,13 +7,12 @@ many pages; the slow one runs a real 100,000-chunk cluster at the default.
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cluster_kit import LocalCluster
+from collect_kit import plant_orphans
 
 from graben.store import connect
 from graben.store.client import _loop
@@ -34,19 +33,6 @@ def _chunk_files(root: Path) -> list[Path]:
 def _blocks(count: int, tag: int) -> list[bytes]:
     """``count`` distinct 4 KiB blocks, cheap to make."""
     return [tag.to_bytes(4, "big") + i.to_bytes(8, "big") + bytes(CHUNK - 12) for i in range(count)]
-
-
-def _plant_orphans(node_dir: Path, count: int, age_s: float) -> list[Path]:
-    planted = []
-    for i in range(count):
-        name = f"{i:02x}" * 32
-        path = node_dir / "chunks" / name[:2] / name[2:4] / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"orphan")
-        then = time.time() - age_s
-        os.utime(path, (then, then))
-        planted.append(path)
-    return planted
 
 
 @pytest.fixture
@@ -82,7 +68,7 @@ def test_fsck_and_collection_page_through_a_cluster(cluster: LocalCluster) -> No
         for i in range(3):
             client.put_parts(f"/gone/{i}", _blocks(5, 100 + i))
         client.rm("/gone", recursive=True)  # 15 chunks unreferenced, 45 copies
-        orphans = _plant_orphans(cluster.node_dir(2), 20, age_s=60)
+        orphans = plant_orphans(cluster.node_dir(2), 20, age_s=60)
         held = len(_chunk_files(cluster.root))
         assert held == 3 * 60 + 3 * 15 + 20
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from cluster_kit import LocalCluster, eventually, scrape, sum_of
+from collect_kit import plant_orphans
 from ranks_kit import free_port
 
 from graben.store import IntegrityError, connect
@@ -21,20 +22,6 @@ from graben.store.client import AsyncClient
 
 DAY = 86400.0
 KiB = 1 << 10
-
-
-def _plant(node_dir: Path, tag: int, count: int, age_s: float) -> list[Path]:
-    """``count`` chunk files no metadata names, last written ``age_s`` ago."""
-    planted = []
-    for i in range(count):
-        name = (f"{tag:02x}{i:02x}" * 16)[:64]
-        path = node_dir / "chunks" / name[:2] / name[2:4] / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"orphan")
-        then = time.time() - age_s
-        os.utime(path, (then, then))
-        planted.append(path)
-    return planted
 
 
 def test_old_orphans_go_and_young_ones_stay(tmp_path: Path) -> None:
@@ -47,8 +34,8 @@ def test_old_orphans_go_and_young_ones_stay(tmp_path: Path) -> None:
         data = os.urandom(300 * KiB)
         with connect(cluster.url, chunk_size=64 * KiB) as client:
             client.put("/kept", data)
-        old = _plant(cluster.node_dir(0), 1, 3, age_s=2 * DAY)
-        young = _plant(cluster.node_dir(0), 2, 2, age_s=0)
+        old = plant_orphans(cluster.node_dir(0), 3, 2 * DAY, tag=1)
+        young = plant_orphans(cluster.node_dir(0), 2, 0, tag=2)
         eventually(lambda: not any(p.exists() for p in old), 30)
         eventually(lambda: sum_of(scrape(port), "graben_sweep_deleted_chunks_total") == 3)
         assert all(p.exists() for p in young)
@@ -121,8 +108,8 @@ def test_a_node_full_of_unknown_chunk_files_is_not_swept(tmp_path: Path) -> None
     with LocalCluster(tmp_path, nodes=3, repair=0.2, meta_args=("--orphan-grace", "1")) as cluster:
         with connect(cluster.url, inline_max=0) as client:
             client.put("/small", b"small" * 100)
-        many = _plant(cluster.node_dir(0), 3, 100, age_s=2 * DAY)
-        few = _plant(cluster.node_dir(1), 4, 2, age_s=2 * DAY)
+        many = plant_orphans(cluster.node_dir(0), 100, 2 * DAY, tag=3)
+        few = plant_orphans(cluster.node_dir(1), 2, 2 * DAY, tag=4)
         eventually(lambda: not any(p.exists() for p in few), 30)  # a pass has ended
         time.sleep(2)  # node 0's pass too, at the same pace
         assert all(p.exists() for p in many)

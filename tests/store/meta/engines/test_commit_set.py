@@ -7,15 +7,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
-from pg_kit import (  # noqa: F401  (fixtures)
-    Engine,
-    chunk,
-    engine_fixture,
-    file,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-)
+from pg_kit import Engine, chunk, file
 
 from graben.store import AlreadyExists, DirectoryNotEmpty, NotADirectory, NotFound
 from graben.store.meta import Metadata, _changes

@@ -9,18 +9,7 @@ and what fsck's engine cross-check says of it.
 from __future__ import annotations
 
 import pytest
-from pg_kit import (  # noqa: F401  (fixtures)
-    MIGRATIONS,
-    Engine,
-    chunk,
-    engine_fixture,
-    file,
-    names,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-    refs,
-)
+from pg_kit import MIGRATIONS, Engine, chunk, file, names, refs
 
 from graben.store import (
     AlreadyExists,

@@ -21,19 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pg_kit import (  # noqa: F401  (fixtures)
-    MIGRATIONS,
-    Engine,
-    PgServer,
-    chunk,
-    engine_fixture,
-    file,
-    names,
-    pg_database_fixture,
-    pg_server_fixture,
-    pg_url_fixture,
-    refs,
-)
+from pg_kit import MIGRATIONS, Engine, PgServer, chunk, file, names, refs
 
 from graben.store import AlreadyExists, GrabenError, NotFound, PermissionDenied, Unavailable
 from graben.store.meta import Metadata
