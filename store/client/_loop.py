@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import signal
 import threading
 from collections.abc import Coroutine
 from concurrent.futures import Future
@@ -67,10 +68,25 @@ def loop() -> asyncio.AbstractEventLoop:
         found = _state.get(os.getpid())
         if found is None:
             _state.clear()
-            found = _state[os.getpid()] = asyncio.new_event_loop()
-            thread = threading.Thread(target=found.run_forever, name="graben-loop", daemon=True)
-            thread.start()
+            found = _state[os.getpid()] = _start_loop()
         return found
+
+
+def _start_loop() -> asyncio.AbstractEventLoop:
+    """A new loop running on its own thread. On the main thread, Ctrl-C waits until
+    both exist: raised half-way through the loop's constructor, it would leave an
+    object whose finaliser prints a traceback at exit. (The thread inherits the
+    mask, so SIGINT keeps going to the main thread, as Python expects.)"""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if main else None
+    try:
+        started = asyncio.new_event_loop()
+        thread = threading.Thread(target=started.run_forever, name="graben-loop", daemon=True)
+        thread.start()
+    finally:
+        if before is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    return started
 
 
 def submit(coro: Coroutine[Any, Any, T]) -> Future[T]:
@@ -83,7 +99,11 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     if not alive():
         coro.close()
         raise RuntimeError("graben: Python is exiting; the store can no longer be used")
-    background = loop()
+    try:
+        background = loop()
+    except BaseException:  # Ctrl-C: the coroutine was never started, say nothing of it
+        coro.close()
+        raise
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:
