@@ -1,7 +1,7 @@
 """The FUSE operations: the kernel's requests answered from the store.
 
-Every handler runs on pyfuse3's trio loop. Store calls block, so they run in
-worker threads (``trio.to_thread``): one slow read does not stall the others.
+Every handler runs on the daemon's asyncio loop (``_aio``). Store calls that block
+run in worker threads (``in_thread``): one slow read does not stall the others.
 Every error becomes a ``FUSEError`` with the errno it means (graben's errors
 carry theirs); anything unexpected is logged and answered with ``EIO``, so no
 exception reaches the loop.
