@@ -26,7 +26,7 @@ import pyfuse3
 
 from graben.store import AsyncClient, ChangeFeed, Client, FileInfo, NotFound, ReadFile
 
-from ._aio import Tasks, in_thread, settled
+from ._aio import Tasks, in_thread
 from ._blocks import Blocks, ReadAheadCounts
 from ._follow import PAGE as FEED_PAGE
 from ._follow import Known
@@ -195,14 +195,9 @@ class Base(pyfuse3.Operations):
         return await in_thread(fn, *args, **kwargs)
 
     async def _ask(self, call: Callable[[AsyncClient], Awaitable[R]]) -> R:
-        """``call(client.aio)`` on the store client's own loop, this task waiting without a
-        thread: a metadata call costs no thread hand-off on this side."""
-        future = self.client.submit(call)
-        try:
-            return await settled(asyncio.wrap_future(future))
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
+        """``call(client.aio)``, awaited here: the client lives on this loop (the mount
+        adopted it), so a metadata call costs no thread hand-off."""
+        return await call(self.client.aio)
 
     async def changes(self, after: int, missing: tuple[int, ...]) -> ChangeFeed:
         """The store's change feed past ``after`` (``_follow``)."""

@@ -26,7 +26,14 @@ from pathlib import Path
 import pyfuse3
 import pyfuse3.asyncio
 
-from graben.store import Client, GrabenError, connect, read_token_file, serve_metrics
+from graben.store import (
+    Client,
+    GrabenError,
+    adopt_loop,
+    connect,
+    read_token_file,
+    serve_metrics,
+)
 
 from ._aio import Tasks, in_thread
 from ._follow import follow
@@ -132,9 +139,19 @@ def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = 
     With ``ready_fd``, tell the process that started this one how it went:
     ``b"1"`` once mounted, or ``b"0"`` and one line saying why not; then close it.
     """
-    with contextlib.ExitStack() as stack:
+    pyfuse3.asyncio.enable()
+    asyncio.run(_serve(url, target, options, ready_fd))
+
+
+async def _serve(url: str, target: Path, options: MountOptions, ready_fd: int | None) -> None:
+    """``serve`` on the daemon's loop, which the store client shares (``adopt_loop``): the
+    handlers await its calls with no hand-off. What blocks (the client's making, the
+    mount, the teardown) runs in a worker thread."""
+    adopt_loop()
+    stack = contextlib.ExitStack()
+    try:
         try:
-            ops = _mounted(stack, url, target, options)
+            ops = await in_thread(_mounted, stack, url, target, options)
         except Exception as exc:
             if ready_fd is not None:
                 _send_ready(ready_fd, b"0" + _one_line(exc).encode(errors="replace"))
@@ -142,8 +159,9 @@ def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = 
         if ready_fd is not None:
             _send_ready(ready_fd, b"1")
         log.info("mounted %s on %s", url, target)
-        pyfuse3.asyncio.enable()
-        asyncio.run(_main(ops))
+        await _main(ops)
+    finally:
+        await in_thread(stack.close)
 
 
 def _mounted(
