@@ -13,7 +13,7 @@ import stat
 import sys
 from dataclasses import dataclass
 
-from .._errors import InvalidArgument, InvalidPath, IsADirectory
+from .._errors import InvalidArgument, InvalidPath, IsADirectory, NotFound
 from .._paths import is_within, normalize
 from .._types import FileInfo
 from ..client import Client
@@ -31,11 +31,13 @@ class Entry:
     """Its attributes, as listed."""
 
 
-def walk(client: Client, root: str) -> list[Entry]:
+def walk(client: Client, root: str, *, live: bool = False) -> list[Entry]:
     """``root`` and everything below it, each directory before its entries, by name.
 
     Every name is checked to be one plain name, so that a damaged or hostile
     listing cannot lead a caller writing ``parts`` out of its own directory.
+    With ``live``, a directory below ``root`` removed while it is walked is left out
+    (a count over a store in use), rather than fail the walk.
     """
     found: list[Entry] = []
     pending = [Entry((), client.stat(root))]
@@ -43,7 +45,12 @@ def walk(client: Client, root: str) -> list[Entry]:
         entry = pending.pop()
         found.append(entry)
         if entry.info.is_dir:
-            listing = client.ls(entry.info.path)
+            try:
+                listing = client.ls(entry.info.path)
+            except NotFound:
+                if not live or not entry.parts:
+                    raise
+                continue
             pending += reversed([Entry((*entry.parts, _plain(i.name)), i) for i in listing])
     return found
 
@@ -75,10 +82,13 @@ def physical(client: Client, root: str) -> tuple[int, int]:
     distinct chunk once, times the copies the metadata knows of (shared with files
     elsewhere or not); an erasure-coded chunk, the pieces its nodes hold."""
     held: dict[str, int] = {}
-    for entry in walk(client, root):
+    for entry in walk(client, root, live=True):
         if entry.info.is_dir:
             continue
-        layout = client.layout(entry.info.path)
+        try:
+            layout = client.layout(entry.info.path)
+        except NotFound:  # removed since it was listed: no longer held for it
+            continue
         for extent in layout.extents:
             stripe = layout.stripes.get(extent.chunk.id)
             if stripe is not None:

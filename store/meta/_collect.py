@@ -18,10 +18,13 @@ that are gone (``meta/_commits.py``). The records are kept a day
 are taken to agree (NTP): a copy rewritten just after the cutoff on a node
 whose clock runs behind may go, and a commit naming it is then refused.
 
-A copy on a node that cannot be reached stays, an orphan; so do the chunk
-files of uploads that never committed (no metadata names them): those are the
-orphan sweep's (``_sweep.py``), after its own, longer grace, or ``fsck
---collect``'s.
+A copy on a node that cannot be reached is remembered (up to ``RETRY_MOST``,
+in this service's memory) and deleted at the first round that finds the node
+heartbeating again, so a node that was down gets its space back within a
+round of its return; one forgotten (more than that, a new leader) stays an
+orphan. So do the chunk files of uploads that never committed (no metadata
+names them): those are the orphan sweep's (``_sweep.py``), after its own,
+longer grace, or ``fsck --collect``'s.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._errors import GrabenError, InvalidArgument
-from .._types import ChunkRef
+from .._types import ChunkRef, NodeState
 from ..transport import RemoteChunks
 from ..wire import Metrics, auth
 from ._chunks import ChunkRecords
@@ -52,8 +55,12 @@ KEEP_RECORDS_S = auth.RECEIPT_TTL_S
 """How long the record of a collected chunk is kept: as long as a writer's receipt."""
 EXPIRE_EVERY_S = 60.0
 """How often a round forgets the records older than that."""
+RETRY_MOST = 100_000
+"""Copies on nodes that could not be reached, kept to delete on their return, at most."""
 Run = Callable[..., Awaitable[Any]]
 """Runs a blocking function on an engine thread."""
+ListNodes = Callable[[], Awaitable[list[NodeState]]]
+"""The registered data nodes, each ``alive`` or not (``MetaService._list_nodes``)."""
 
 
 class CollectMetrics:
@@ -97,6 +104,7 @@ class Collector:
         grace_s: float = COLLECT_GRACE_S,
         per_round: int = COLLECT_CHUNKS,
         metrics: CollectMetrics | None = None,
+        list_nodes: ListNodes | None = None,
     ) -> None:
         if not grace_s >= 0:
             raise InvalidArgument(f"the collection grace must be 0 s or more, not {grace_s}")
@@ -106,6 +114,9 @@ class Collector:
         self.grace_s, self.per_round = grace_s, per_round
         self._metrics = metrics
         self._expired_at = -math.inf
+        self._list_nodes = list_nodes
+        self._unreached: dict[str, dict[str, float]] = {}
+        """Node -> chunk -> cutoff (s): copies a round could not delete, for its return."""
 
     async def once(self) -> int:
         """Collect a round's share; chunks and pieces forgotten (their copies deleted,
@@ -119,6 +130,8 @@ class Collector:
         if forgotten:
             await self._chunks.nodes()  # fresh addresses
             await self._delete(forgotten)
+        if self._unreached:
+            await self._delete_on_return()
         if time.monotonic() - self._expired_at > EXPIRE_EVERY_S:
             before = time.time() - KEEP_RECORDS_S
             await self._run(self._records.expire_collected, before, fence)
@@ -134,11 +147,13 @@ class Collector:
         slots = asyncio.Semaphore(DELETES_AT_ONCE)
 
         async def delete(node: str, ref: ChunkRef, cutoff_ns: int) -> int | GrabenError:
-            """Bytes freed (0: the node kept a copy written since), or why not."""
+            """Bytes freed (0: the node kept a copy written since), or why not (the copy
+            is then kept for the node's return)."""
             async with slots:
                 try:
                     gone = await self._chunks.delete(node, ref.id, cutoff_ns / 1e9)
                 except GrabenError as exc:
+                    self._remember(node, ref.id, cutoff_ns / 1e9)
                     return exc
             return ref.length if gone else 0
 
@@ -158,8 +173,8 @@ class Collector:
         )
         if failed:
             log.warning(
-                "could not delete %d copies of collected chunks (first: %s): orphans now, "
-                "for the orphan sweep (or fsck --collect)",
+                "could not delete %d copies of collected chunks (first: %s): deleted when "
+                "their nodes heartbeat again",
                 len(failed),
                 failed[0].message,
             )
@@ -168,3 +183,37 @@ class Collector:
             self._metrics.freed_bytes.inc(sum(freed))
             self._metrics.kept.inc(kept)
             self._metrics.failed.inc(len(failed))
+
+    def _remember(self, node: str, chunk: str, cutoff: float) -> None:
+        """A copy to delete when ``node`` is back (beyond ``RETRY_MOST``: the sweep's)."""
+        if sum(map(len, self._unreached.values())) < RETRY_MOST:
+            self._unreached.setdefault(node, {})[chunk] = cutoff
+
+    async def _delete_on_return(self) -> None:
+        """Delete the copies remembered on nodes that heartbeat again; forget those of
+        nodes no longer registered (removed)."""
+        if self._list_nodes is None:
+            return
+        nodes = {n.id: n.alive for n in await self._list_nodes()}
+        for node in [n for n in self._unreached if n not in nodes]:
+            del self._unreached[node]
+        back = [n for n in self._unreached if nodes.get(n)]
+        slots = asyncio.Semaphore(DELETES_AT_ONCE)
+
+        async def delete(node: str, chunk: str, cutoff: float) -> bool:
+            async with slots:
+                try:
+                    return await self._chunks.delete(node, chunk, cutoff)
+                except GrabenError:
+                    self._remember(node, chunk, cutoff)
+                    return False
+
+        for node in back:
+            copies = self._unreached.pop(node)
+            gone = await asyncio.gather(*(delete(node, c, cut) for c, cut in copies.items()))
+            log.info(
+                "deleted %d of %d copies of collected chunks on data node %s, which is back",
+                sum(gone),
+                len(copies),
+                node,
+            )

@@ -232,6 +232,7 @@ class MetaService:
             grace_s=collect_grace,
             per_round=collect_per_round,
             metrics=None if self.metrics is None else CollectMetrics(self.metrics),
+            list_nodes=self._list_nodes,
         )
         """The leader's collection rounds."""
         self.sweep = Sweep(

@@ -9,6 +9,7 @@ and whether the loaded weights are the trained ones.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 
@@ -56,6 +57,12 @@ def main(url: str, rank: int, world: int, port: int) -> None:
         steps = [c.step for c in manager.list()]
         print(json.dumps({"steps": steps, "latest": latest, "same": same}))
         manager.close()
+        # DDP's reducer holds the default group, and freed last (at main's return) it
+        # runs the group's destructor holding the GIL, which joins a gloo thread that
+        # waits for the GIL: a deadlock 1 run in ~50 (seen in CI, py-spy's stacks). Freed
+        # here, the group is released by destroy_process_group, without the GIL.
+        del ddp
+        gc.collect()
         dist.barrier()  # torch's advice: every rank reaches the teardown before any leaves
         print("closed; past the last barrier", file=sys.stderr, flush=True)
     finally:

@@ -64,10 +64,12 @@ def sqlite_path(engine: str) -> Path:
     return Path("/" + unquote(parts.path).lstrip("/"))  # sqlite:////abs and sqlite:///abs
 
 
-def _open(engine: str) -> Repository:
+def _open(engine: str, *, migrate: bool) -> Repository:
+    """The store in ``engine``; migrated only if ``migrate`` (never under running services,
+    which run their own schema)."""
     if is_postgres(engine):
-        return open_postgres(engine, create=False)
-    return SQLiteRepository(sqlite_path(engine), create=False)
+        return open_postgres(engine, create=False, migrate=migrate)
+    return SQLiteRepository(sqlite_path(engine), create=False, migrate=migrate)
 
 
 def backup(engine: str, out: Path, *, keep_s: float = DEFAULT_KEEP_S) -> Backup:
@@ -80,7 +82,7 @@ def backup(engine: str, out: Path, *, keep_s: float = DEFAULT_KEEP_S) -> Backup:
         raise NotFound("no such directory for the backup", str(out.parent))
     taken = time.time_ns()
     until = taken + int(keep_s * 1e9)
-    repo = _open(engine)
+    repo = _open(engine, migrate=False)
     try:
         store_id = repo.transact(lambda tx: _hold(tx, f"{out.name}@{taken}", taken, until))
     finally:
@@ -115,7 +117,7 @@ def restore(engine: str, source: Path, *, replace: bool = False) -> Backup:
         _pg_restore(engine, source)
     else:
         _sqlite_restore(sqlite_path(engine), source, replace=replace)
-    repo = _open(engine)
+    repo = _open(engine, migrate=True)  # its services are stopped: brought up to date
     try:
         store_id, taken = repo.transact(_mark_restored)
     finally:

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from .._repo import Repository
 
 
-def open_postgres(url: str, *, create: bool) -> Repository:
-    """``PostgresRepository(url, create=create)`` (see ``_postgres.py``)."""
+def open_postgres(url: str, *, create: bool, migrate: bool = True) -> Repository:
+    """``PostgresRepository(url, create=create, migrate=migrate)`` (``_postgres.py``)."""
     try:
         from ._postgres import PostgresRepository
     except ImportError as exc:
@@ -25,4 +25,4 @@ def open_postgres(url: str, *, create: bool) -> Repository:
             f"PostgreSQL support is not installed ({exc.name} is missing): "
             "pip install 'graben[postgres]'"
         ) from None
-    return PostgresRepository(url, create=create)
+    return PostgresRepository(url, create=create, migrate=migrate)

@@ -101,6 +101,7 @@ class PostgresRepository:
         url: str,
         *,
         create: bool,
+        migrate: bool = True,
         pool_size: int = POOL_SIZE,
         wait_s: float = WAIT_S,
         busy_s: float = BUSY_S,
@@ -111,6 +112,7 @@ class PostgresRepository:
         Without ``create``, a missing database, or one without graben's schema,
         is ``NotFound`` and is left as it was. A transaction waits ``wait_s`` for
         a connection, a writer ``busy_s`` for the others; then ``Unavailable``.
+        Without ``migrate``, a schema older than this code's is refused, not migrated.
         """
         if urlsplit(url).scheme not in SCHEMES:
             raise InvalidArgument(f"not a PostgreSQL URL: {display_url(url)}")
@@ -124,7 +126,7 @@ class PostgresRepository:
         """Write transactions run again because a concurrent writer conflicted."""
         try:
             with open_database(url, self.where, create=create) as db:
-                prepare(db, self.where, create=create)
+                prepare(db, self.where, create=create, migrate=migrate)
         except psycopg.Error as exc:
             raise _translate(exc, self.where) from exc
         self._pool: ConnectionPool[Connection] = ConnectionPool(

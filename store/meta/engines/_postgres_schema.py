@@ -31,6 +31,7 @@ from ._schema import (
     live_services_query,
     refuse_live_services,
     refuse_newer,
+    refuse_older,
     scripts,
 )
 
@@ -129,7 +130,7 @@ def _create_database(url: str, where: str) -> None:
 # -- the schema ---------------------------------------------------------------------------
 
 
-def prepare(db: Connection, where: str, *, create: bool) -> None:
+def prepare(db: Connection, where: str, *, create: bool, migrate: bool = True) -> None:
     """Check the database and bring its schema up to date, in one locked transaction.
 
     Without ``create``, a database without graben's schema (and no tables) is ``NotFound``.
@@ -145,7 +146,7 @@ def prepare(db: Connection, where: str, *, create: bool) -> None:
         raise NotFound("no graben metadata database here (the database is empty)", where)
     db.execute(f"BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
     try:
-        _migrate(db, where)
+        _migrate(db, where, migrate)
     except BaseException:
         if db.info.transaction_status != psycopg.pq.TransactionStatus.UNKNOWN:
             db.execute("ROLLBACK")
@@ -153,9 +154,11 @@ def prepare(db: Connection, where: str, *, create: bool) -> None:
     db.execute("COMMIT")
 
 
-def _migrate(db: Connection, where: str) -> None:
+def _migrate(db: Connection, where: str, migrate: bool) -> None:
     version = _version(db)
     refuse_newer(version, where)
+    if not migrate:
+        refuse_older(version, where)
     if version == 0 and _has_tables(db):
         raise IntegrityError("this database holds something else, not a graben store", where)
     query = live_services_query(version) if version < SCHEMA_VERSION else None

@@ -370,6 +370,17 @@ def refuse_newer(version: int, where: str) -> None:
         )
 
 
+def refuse_older(version: int, where: str) -> None:
+    """A tool that must not migrate (a backup) refuses a schema older than this code's."""
+    if version < SCHEMA_VERSION:
+        raise GrabenError(
+            f"the store's schema is version {version}, older than this graben's "
+            f"({SCHEMA_VERSION}), and a backup does not migrate it: take it with the graben "
+            "its services run, or upgrade them first",
+            where,
+        )
+
+
 def live_services_query(version: int) -> str | None:
     """The query for the metadata services an engine at ``version`` records: id,
     address, last heartbeat and schema version (``None``: no registry before 5)."""

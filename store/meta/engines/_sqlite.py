@@ -34,6 +34,7 @@ from ._schema import (
     live_services_query,
     refuse_live_services,
     refuse_newer,
+    refuse_older,
     scripts,
 )
 from ._sqlite_tx import sqlite_tx
@@ -67,11 +68,12 @@ def _set_wal(db: sqlite3.Connection) -> None:
 class SQLiteRepository:
     """The SQLite engine (see ``Repository`` in ``_repo.py``)."""
 
-    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+    def __init__(self, path: str | Path, *, create: bool = True, migrate: bool = True) -> None:
         """Open the engine at ``path``; with ``create``, make a new store if there is none.
 
         Without ``create``, a missing file, or one holding no schema (0 bytes,
-        say), is ``NotFound`` and is left as it was.
+        say), is ``NotFound`` and is left as it was. Without ``migrate``, a schema
+        older than this code's is refused, not migrated (``refuse_older``).
         """
         self.path = str(path)
         self.location = f"sqlite://{Path(path).absolute()}"
@@ -85,7 +87,7 @@ class SQLiteRepository:
         else:
             _require_schema(self.path)
         try:
-            self._migrate()
+            self._migrate(migrate)
         except BaseException:
             self.close()
             raise
@@ -127,16 +129,18 @@ class SQLiteRepository:
                 db.close()
         self._all = live
 
-    def _migrate(self) -> None:
+    def _migrate(self, migrate: bool) -> None:
         try:
-            self._apply_migrations()
+            self._apply_migrations(migrate)
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
 
-    def _apply_migrations(self) -> None:
+    def _apply_migrations(self, migrate: bool) -> None:
         with self._transaction("BEGIN EXCLUSIVE") as db:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             refuse_newer(version, self.path)
+            if not migrate:
+                refuse_older(version, self.path)
             if version == 0 and _has_tables(db):
                 raise IntegrityError(
                     "this database holds something else, not a graben store", self.path

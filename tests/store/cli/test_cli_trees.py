@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from pathlib import Path
 
 import msgspec
@@ -234,3 +235,28 @@ def test_links_made_through_a_mount_are_neither_followed_nor_made(
     assert graben("stat", "/copy/escape").code == 1
     failed(graben("get", "/runs/ckpt/escape", str(tmp_path / "x")), "symbolic link")
     failed(graben("cp", "/runs/ckpt/escape", "/x"), "symbolic link")
+
+
+def test_du_physical_counts_a_tree_files_leave_while_it_walks(graben: Graben) -> None:
+    """A file or directory removed between its listing and its layout is no longer held
+    for the tree: ``du --physical`` counts the rest instead of failing (a checkpoint's
+    retention removes steps while an operator watches the disk)."""
+    with connect(graben.store, inline_max=0) as client:
+        for d in range(20):
+            for f in range(15):
+                client.put(f"/runs/s{d:02d}/f{f:02d}", os.urandom(100))
+        removing = threading.Thread(target=_remove_all, args=(client, 20))
+        removing.start()
+        outcomes = []
+        while removing.is_alive():
+            outcomes.append(graben("du", "--physical", "/runs", "--json"))
+        removing.join()
+    assert [o.err for o in outcomes if o.code != 0] == []
+    assert len(outcomes) > 1
+
+
+def _remove_all(client: Client, dirs: int) -> None:
+    for d in range(dirs):
+        for f in range(15):
+            client.rm(f"/runs/s{d:02d}/f{f:02d}")
+        client.rm(f"/runs/s{d:02d}")

@@ -146,3 +146,21 @@ def test_a_store_migrated_from_each_version_has_the_schema_of_a_new_one(
         assert catalog(engine) == catalog(new)
     finally:
         new.close()
+
+
+def test_a_backup_never_migrates_the_engine_it_copies(tmp_path: Path) -> None:
+    """Services of the older graben still run on it: a newer graben's backup refuses,
+    saying why, and leaves the schema as it was; a restore of such a copy, its services
+    stopped, brings it up to date."""
+    from graben.store.meta import backup, restore
+
+    store = unpack(VERSIONS[-1], tmp_path)
+    engine = f"sqlite:///{store / 'meta.db'}"
+    with pytest.raises(gs.GrabenError, match=r"older than this graben's.*does not migrate"):
+        backup(engine, tmp_path / "b.db")
+    with sqlite3.connect(store / "meta.db") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == VERSIONS[-1]
+    assert not (tmp_path / "b.db").exists()
+    restore(f"sqlite:///{tmp_path / 'restored.db'}", store / "meta.db")
+    with sqlite3.connect(tmp_path / "restored.db") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == MIGRATIONS

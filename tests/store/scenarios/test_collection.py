@@ -154,3 +154,21 @@ def test_identical_bytes_uploaded_again_while_the_leader_collects_them_all_read_
         assert met > 0, "no upload met a collection of its bytes: the test proved nothing"
     finally:
         local.close()
+
+
+def test_a_node_down_while_its_copies_were_collected_gets_its_space_back_on_return(
+    cluster: tuple[LocalCluster, int],
+) -> None:
+    """Collection cannot delete the copies on a node that is down; it deletes them once
+    the node heartbeats again (not a day later, by the orphan sweep)."""
+    local, _ = cluster
+    with connect(local.url, chunk_size=MiB) as client:
+        client.put("/gone", os.urandom(4 * MiB))
+        held = local.chunk_files(2)
+        assert len(held) == 4
+        local.kill(2)
+        client.rm("/gone")
+        eventually(lambda: not local.chunk_files(0) and not local.chunk_files(1), 60)
+        assert all(p.exists() for p in held)  # down: not deleted
+        local.start_node(2)
+        eventually(lambda: not any(p.exists() for p in held), 60)
