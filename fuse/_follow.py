@@ -161,7 +161,8 @@ async def _invalidations(
         if inode is None:  # the kernel holds no inode of this path from us
             whole.elsewhere(path, there=now[0] != 0)
             if parent is not None:
-                work.append((parent, None))  # but its directory's mtime and links moved
+                work.append((parent, os.fsencode(name)))  # a negative entry the kernel kept
+                work.append((parent, None))  # and its directory's mtime and links moved
             continue
         was = known.get(inode)
         kernel_saw = None if was is None else (was.inode, was.ctime_ns)
