@@ -39,6 +39,7 @@ WORKLOAD_MODULES = (
         "memory",
         "fuse",
         "mounts",
+        "tools",
         "dataset",
     ),
 )

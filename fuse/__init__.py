@@ -22,7 +22,7 @@ __all__ = ["MountError", "MountOptions", "clean_stale", "mount", "serve", "unmou
 __getattr__ = _optional_door(
     __name__,
     "fuse",
-    needs=("pyfuse3", "trio"),
+    needs=("pyfuse3",),
     names={
         "._mount": ("MountError", "clean_stale", "mount", "serve", "unmount"),
         "._options": ("MountOptions",),

@@ -3,13 +3,14 @@
 ``Base`` holds the open files (``OpenFile``: one per inode with open
 handles, its spool while it is written), the handles (``Handle``) and the
 inode table, and turns a store call into a worker-thread call (store calls
-block; pyfuse3 runs on trio). ``answers_errno`` gives the kernel an errno for
-every error. The handlers themselves are in ``_handles`` (open files) and
-``_ops`` (names, directories).
+block; pyfuse3 runs on the daemon's asyncio loop, ``_aio``). ``answers_errno``
+gives the kernel an errno for every error. The handlers themselves are in
+``_handles`` (open files) and ``_ops`` (names, directories).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import functools
@@ -22,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
-import trio
 
 from graben.store import AsyncClient, ChangeFeed, Client, FileInfo, NotFound, ReadFile
 
+from ._aio import Tasks, in_thread
 from ._blocks import Blocks, ReadAheadCounts
 from ._follow import PAGE as FEED_PAGE
 from ._follow import Known
@@ -103,7 +104,7 @@ class OpenFile:
     mtime_set: int | None = None
     """A modification time set (utimens) since its last write: its next commit keeps it
     (``cp -p``, ``tar x`` set the time before they close)."""
-    lock: trio.Lock = field(default_factory=trio.Lock)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while the spool is committed: its mapping must not change meanwhile."""
 
 
@@ -164,15 +165,15 @@ class Base(pyfuse3.Operations):
         """Changes this mount made to inodes so far (``note_own_change``)."""
         self._own_changes = 0
         """Changes of names or owners this mount has under way (``own_change``)."""
-        self._quiet = trio.Event()
+        self._quiet = asyncio.Event()
         self._quiet.set()
-        self._not_weighing = trio.Event()
+        self._not_weighing = asyncio.Event()
         self._not_weighing.set()
         self._uid, self._gid = os.getuid(), os.getgid()
         self.local = client.local
         """The store runs in this process (embedded)."""
         self._releases = Releases()
-        self.nursery: trio.Nursery | None = None
+        self.nursery: Tasks | None = None
         """Where background reads run; set by the mount before serving."""
         self.device: str | None = None
         """The mount's ``major:minor`` (tells its files from others' in ``/proc``)."""
@@ -191,27 +192,12 @@ class Base(pyfuse3.Operations):
 
     async def _call(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         """``fn(*args, **kwargs)`` in a worker thread: store calls block."""
-        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+        return await in_thread(fn, *args, **kwargs)
 
     async def _ask(self, call: Callable[[AsyncClient], Awaitable[R]]) -> R:
-        """``call(client.aio)`` on the store client's own loop, this task waiting without a
-        thread: a metadata call costs no thread hand-off on this side."""
-        future = self.client.submit(call)
-        done, token = trio.Event(), trio.lowlevel.current_trio_token()
-
-        def wake(_: object) -> None:
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(done.set)
-
-        future.add_done_callback(wake)
-        try:
-            await done.wait()
-        except BaseException:
-            future.cancel()
-            with trio.CancelScope(shield=True):  # it may still hold our buffers: let it end
-                await done.wait()
-            raise
-        return future.result()
+        """``call(client.aio)``, awaited here: the client lives on this loop (the mount
+        adopted it), so a metadata call costs no thread hand-off."""
+        return await call(self.client.aio)
 
     async def changes(self, after: int, missing: tuple[int, ...]) -> ChangeFeed:
         """The store's change feed past ``after`` (``_follow``)."""
@@ -260,7 +246,7 @@ class Base(pyfuse3.Operations):
         client's. It waits while the feed is being weighed (``weighing``)."""
         await self._not_weighing.wait()
         if not self._own_changes:
-            self._quiet = trio.Event()
+            self._quiet = asyncio.Event()
         self._own_changes += 1
         try:
             yield
@@ -276,10 +262,11 @@ class Base(pyfuse3.Operations):
         still follows others' changes), and with none begun until it has decided, so
         what it compares (what the mount noted, what the store says now) is of one
         moment."""
-        self._not_weighing = trio.Event()
+        self._not_weighing = asyncio.Event()
         try:
-            with trio.move_on_after(SETTLE_S):
-                await self._quiet.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SETTLE_S):
+                    await self._quiet.wait()
             yield
         finally:
             self._not_weighing.set()

@@ -11,13 +11,14 @@ gets the next blocks fetched while it reads this one. Memory is bounded:
 
 from __future__ import annotations
 
+import asyncio
 import mmap
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import trio
+from ._aio import Tasks, in_thread
 
 AHEAD = 2
 """Blocks fetched ahead of a reader going forward."""
@@ -42,7 +43,7 @@ class _Block:
     def __init__(self, buffer: mmap.mmap) -> None:
         self.buffer = buffer
         self.length = 0
-        self.ready = trio.Event()
+        self.ready = asyncio.Event()
         self.error: BaseException | None = None
 
 
@@ -54,7 +55,7 @@ class Blocks:
         fetch: Fetch,
         size: int,
         block: int,
-        nursery: trio.Nursery,
+        nursery: Tasks,
         counts: ReadAheadCounts | None = None,
     ) -> None:
         self._fetch, self._size, self._nursery = fetch, size, nursery
@@ -125,7 +126,7 @@ class Blocks:
 
     async def _load(self, index: int, block: _Block) -> None:
         try:
-            block.length = await trio.to_thread.run_sync(self._fill, index, block.buffer)
+            block.length = await in_thread(self._fill, index, block.buffer)
         except Exception as exc:  # handed to the reader that waits for this block
             block.error = exc
         finally:

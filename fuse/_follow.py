@@ -18,6 +18,7 @@ took its number first may commit later), and when it fell behind.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import posixpath
@@ -27,10 +28,10 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 import pyfuse3
-import trio
 
 from graben.store import ChangeFeed, FileInfo, GrabenError, PathChange
 
+from ._aio import in_thread
 from ._inodes import ROOT, InodeTable
 from ._names import WholeDirs
 
@@ -117,12 +118,12 @@ async def follow(
             if lost:
                 log.warning("changes were missed (away too long): the kernel forgets all")
                 whole.clear()
-                await trio.to_thread.run_sync(_forget_all, inodes)
+                await in_thread(_forget_all, inodes)
             elif changes:
                 async with weighing():
                     work = await _invalidations(changes, current, inodes, known, whole)
                 if work:
-                    await trio.to_thread.run_sync(_invalidate, work)
+                    await in_thread(_invalidate, work)
             more = len(feed.changes) >= PAGE
         except (GrabenError, OSError) as exc:
             if not failing:
@@ -134,7 +135,7 @@ async def follow(
                 log.info("following the store's changes again")
             failing = False
         if not more:
-            await trio.sleep(every)
+            await asyncio.sleep(every)
 
 
 Invalidation = tuple[int, bytes | None]
@@ -160,7 +161,8 @@ async def _invalidations(
         if inode is None:  # the kernel holds no inode of this path from us
             whole.elsewhere(path, there=now[0] != 0)
             if parent is not None:
-                work.append((parent, None))  # but its directory's mtime and links moved
+                work.append((parent, os.fsencode(name)))  # a negative entry the kernel kept
+                work.append((parent, None))  # and its directory's mtime and links moved
             continue
         was = known.get(inode)
         kernel_saw = None if was is None else (was.inode, was.ctime_ns)

@@ -255,7 +255,7 @@ class FileHandles(Base):
                 async with self.own_change():  # its row in the feed is no other client's
                     done = None if stream is None else await stream.finish(spool)
                     if done is None:
-                        with spool.mapped() as view:
+                        async with spool.mapped_for_put() as view:
                             done = await self._ask(
                                 lambda aio: aio.put(path, view, attributes=change)
                             )

@@ -1,10 +1,11 @@
 """The mount daemon's Prometheus metrics (``graben mount --metrics HOST:PORT``).
 
 Every FUSE request the daemon answers is counted by op and outcome (``ok``
-or the errno's name) and timed; reads and writes add their bytes. The rest
-is read when scraped, from the state the mount keeps anyway: the spool's
-bytes and limit, files and handles open, and the read-ahead's hits (a
-kernel read answered from a block already fetched or in flight) and misses.
+or the errno's name; a lookup answered with a negative entry is ``ENOENT``)
+and timed; reads and writes add their bytes. The rest is read when scraped,
+from the state the mount keeps anyway: the spool's bytes and limit, files and
+handles open, and the read-ahead's hits (a kernel read answered from a block
+already fetched or in flight) and misses.
 
 The names follow the servers' (``graben_requests_total``,
 ``graben_request_seconds``), with ``graben_mount_`` for the mount's own. As
@@ -87,6 +88,8 @@ class MountMetrics:
             start, outcome = time.perf_counter(), "ok"
             try:
                 result = await handler(*args, **kwargs)
+                if isinstance(result, pyfuse3.EntryAttributes) and result.st_ino == 0:
+                    outcome = "ENOENT"  # a negative entry: the name is not there
             except pyfuse3.FUSEError as exc:
                 outcome = errno.errorcode.get(exc.errno, str(exc.errno))
                 raise

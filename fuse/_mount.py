@@ -9,6 +9,7 @@ next mount.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -23,10 +24,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyfuse3
-import trio
+import pyfuse3.asyncio
 
-from graben.store import Client, GrabenError, connect, read_token_file, serve_metrics
+from graben.store import (
+    Client,
+    GrabenError,
+    adopt_loop,
+    connect,
+    read_token_file,
+    serve_metrics,
+)
 
+from ._aio import Tasks, in_thread
 from ._follow import follow
 from ._metrics import MountMetrics
 from ._openers import mount_device
@@ -130,9 +139,19 @@ def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = 
     With ``ready_fd``, tell the process that started this one how it went:
     ``b"1"`` once mounted, or ``b"0"`` and one line saying why not; then close it.
     """
-    with contextlib.ExitStack() as stack:
+    pyfuse3.asyncio.enable()
+    asyncio.run(_serve(url, target, options, ready_fd))
+
+
+async def _serve(url: str, target: Path, options: MountOptions, ready_fd: int | None) -> None:
+    """``serve`` on the daemon's loop, which the store client shares (``adopt_loop``): the
+    handlers await its calls with no hand-off. What blocks (the client's making, the
+    mount, the teardown) runs in a worker thread."""
+    adopt_loop()
+    stack = contextlib.ExitStack()
+    try:
         try:
-            ops = _mounted(stack, url, target, options)
+            ops = await in_thread(_mounted, stack, url, target, options)
         except Exception as exc:
             if ready_fd is not None:
                 _send_ready(ready_fd, b"0" + _one_line(exc).encode(errors="replace"))
@@ -140,7 +159,9 @@ def serve(url: str, target: Path, options: MountOptions, ready_fd: int | None = 
         if ready_fd is not None:
             _send_ready(ready_fd, b"1")
         log.info("mounted %s on %s", url, target)
-        trio.run(_main, ops)
+        await _main(ops)
+    finally:
+        await in_thread(stack.close)
 
 
 def _mounted(
@@ -304,9 +325,9 @@ async def _widen_read_ahead(device: str | None) -> None:
     read's throughput here. Set once the kernel has taken our INIT reply
     (which sets it too). Needs root (the knob is in sysfs).
     """
-    await trio.sleep(INIT_SETTLE_S)
+    await asyncio.sleep(INIT_SETTLE_S)
     if device is not None:
-        await trio.to_thread.run_sync(_set_read_ahead, device)
+        await in_thread(_set_read_ahead, device)
 
 
 def _set_read_ahead(device: str) -> None:
@@ -318,22 +339,18 @@ def _set_read_ahead(device: str) -> None:
 
 
 async def _main(ops: Operations) -> None:
-    async with trio.open_nursery() as nursery:
-        ops.nursery = nursery
-        nursery.start_soon(_stop_on_signal)
-        nursery.start_soon(_widen_read_ahead, ops.device)
-        nursery.start_soon(
-            follow, ops.changes, ops.current, ops.inodes, ops.known, ops.whole, ops.weighing
-        )
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(signum, pyfuse3.terminate)
+    tasks = ops.nursery = Tasks()
+    tasks.start_soon(_widen_read_ahead, ops.device)
+    tasks.start_soon(
+        follow, ops.changes, ops.current, ops.inodes, ops.known, ops.whole, ops.weighing
+    )
+    try:
         await pyfuse3.main()
-        nursery.cancel_scope.cancel()
-
-
-async def _stop_on_signal() -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async for _ in signals:
-            pyfuse3.terminate()
-            return
+    finally:
+        await tasks.cancel_all()
 
 
 def _start_daemon(url: str, target: Path, options: MountOptions) -> int:

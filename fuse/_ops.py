@@ -1,7 +1,7 @@
 """The FUSE operations: the kernel's requests answered from the store.
 
-Every handler runs on pyfuse3's trio loop. Store calls block, so they run in
-worker threads (``trio.to_thread``): one slow read does not stall the others.
+Every handler runs on the daemon's asyncio loop (``_aio``). Store calls that block
+run in worker threads (``in_thread``): one slow read does not stall the others.
 Every error becomes a ``FUSEError`` with the errno it means (graben's errors
 carry theirs); anything unexpected is logged and answered with ``EIO``, so no
 exception reaches the loop.
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import pyfuse3
 
-from graben.store import Change, FileInfo
+from graben.store import Change, FileInfo, NotFound
 
 from ._base import (
     BLKSIZE,
@@ -62,14 +62,26 @@ class Operations(FileHandles):
         await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.peek(path)
         if inode is None and self.whole.lacks(path):
-            raise pyfuse3.FUSEError(errno.ENOENT)  # its directory is held whole, without it
+            return self._absent()  # its directory is held whole, without it
         attrs = await self._stat(inode, path) if inode is not None else None
         if attrs is None:
             since = self.changes_made
-            info = await self._stat_path(path)
+            try:
+                info = await self._stat_path(path)
+            except NotFound:
+                return self._absent()
             number = self.inodes.number(path, linked(info))
             attrs = self._attrs(number, info, self._open.get(number), since=since)
         self.inodes.lookup(path)
+        return attrs
+
+    def _absent(self) -> pyfuse3.EntryAttributes:
+        """A name that is not there, which the kernel may remember for the entry timeout
+        (a negative entry: ``git status``, ``import`` probe the same missing names again
+        and again); another client's creating it drops it sooner (``_follow``)."""
+        attrs = pyfuse3.EntryAttributes()
+        attrs.st_ino = 0
+        attrs.entry_timeout = self.timeout
         return attrs
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:

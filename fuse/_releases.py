@@ -10,22 +10,21 @@ request, waiting here, sees the file committed (close-to-open).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
-
-import trio
 
 
 class Releases:
     """The releases under way, by inode."""
 
     def __init__(self) -> None:
-        self._running: dict[int, list[trio.Event]] = {}
+        self._running: dict[int, list[asyncio.Event]] = {}
 
     @contextlib.contextmanager
     def running(self, inode: int) -> Iterator[None]:
         """Register a release of ``inode`` for the block (enter it before any ``await``)."""
-        done = trio.Event()
+        done = asyncio.Event()
         self._running.setdefault(inode, []).append(done)
         try:
             yield

@@ -10,6 +10,7 @@ write that would take it over fails with ``ENOSPC`` and changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import gc
@@ -19,7 +20,7 @@ import mmap
 import os
 import secrets
 import traceback
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 from graben.store import IntegrityError, NoSpace
 
@@ -27,6 +28,8 @@ log = logging.getLogger("graben.fuse")
 COPY_BLOCK = 8 << 20
 """Bytes copied at a time when a file's committed content is spooled."""
 PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
+TURNS = 4
+"""Turns of the loop a failed put's own tasks take to end (``mapped_for_put``)."""
 
 
 class Spool:
@@ -115,6 +118,20 @@ class SpoolFile:
             return
         with mapping(self.fd, self.size) as view:
             yield view
+
+    @contextlib.asynccontextmanager
+    async def mapped_for_put(self) -> AsyncIterator[memoryview]:
+        """``mapped`` for a put awaited on this loop. A put that fails leaves tasks of its
+        own ending on this loop: their done callbacks, run at its next turns, hold the
+        error, whose frames hold slices of the view. Those turns come before the
+        mapping is closed."""
+        with self.mapped() as view:
+            try:
+                yield view
+            except BaseException:
+                for _ in range(TURNS):
+                    await asyncio.sleep(0)
+                raise
 
     def close(self) -> None:
         """Drop the content and give its bytes back to the spool."""

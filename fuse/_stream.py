@@ -12,12 +12,12 @@ file is committed from the spool as usual.
 
 from __future__ import annotations
 
+import asyncio
 import mmap
-
-import trio
 
 from graben.store import Client, FileInfo, WriteFile
 
+from ._aio import Tasks, in_thread
 from ._spool import SpoolFile, mapping
 
 
@@ -29,7 +29,7 @@ class Stream:
         self._file: WriteFile | None = None
         self.sent = 0
         """Bytes of the spool fed to the upload."""
-        self._idle = trio.Event()
+        self._idle = asyncio.Event()
         self._idle.set()
         self.failed: BaseException | None = None
 
@@ -37,11 +37,11 @@ class Stream:
         """Whether a write at ``offset`` keeps the file sequential."""
         return self.failed is None and offset == spool.size
 
-    def advance(self, spool: SpoolFile, nursery: trio.Nursery) -> None:
+    def advance(self, spool: SpoolFile, nursery: Tasks) -> None:
         """Feed whole steps written since the last feed, in the background."""
         upto = spool.size - spool.size % self._step
         if self._idle.is_set() and upto > self.sent and self.failed is None:
-            self._idle = trio.Event()
+            self._idle = asyncio.Event()
             nursery.start_soon(self._feed, spool, upto)
 
     async def finish(self, spool: SpoolFile) -> FileInfo | None:
@@ -51,8 +51,8 @@ class Stream:
         await self._idle.wait()
         if self.failed is None and self._file is not None:
             try:
-                await trio.to_thread.run_sync(self._send, spool, spool.size)
-                return await trio.to_thread.run_sync(self._file.commit)
+                await in_thread(self._send, spool, spool.size)
+                return await in_thread(self._file.commit)
             except Exception as exc:
                 self.failed = exc
         await self.abandon()
@@ -63,11 +63,11 @@ class Stream:
         await self._idle.wait()
         if self._file is not None:
             file, self._file = self._file, None
-            await trio.to_thread.run_sync(file.abort)
+            await in_thread(file.abort)
 
     async def _feed(self, spool: SpoolFile, upto: int) -> None:
         try:
-            await trio.to_thread.run_sync(self._send, spool, upto)
+            await in_thread(self._send, spool, upto)
         except Exception as exc:  # the commit falls back to the spool
             self.failed = exc
         finally:

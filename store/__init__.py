@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from .client import Upload as Upload
     from .client import WriteFile as WriteFile
     from .client import WriteOptions as WriteOptions
+    from .client import adopt_loop as adopt_loop
     from .client import clear_shared_clients as clear_shared_clients
     from .client import connect as connect
     from .client import shared_client as shared_client

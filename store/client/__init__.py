@@ -19,6 +19,7 @@ from ._afiles import AsyncReadFile, AsyncWriteFile
 from ._agent import AgentClient
 from ._client import Client, connect
 from ._files import ReadFile, WriteFile
+from ._loop import adopt as adopt_loop
 from ._shared import clear_shared_clients, shared_client
 from ._unmade import made as store_made
 from ._upload import Staging, Upload, WriteOptions
@@ -34,6 +35,7 @@ __all__ = [
     "Upload",
     "WriteFile",
     "WriteOptions",
+    "adopt_loop",
     "clear_shared_clients",
     "connect",
     "shared_client",

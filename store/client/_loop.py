@@ -57,6 +57,22 @@ def _stop() -> None:
     _exiting.set()
 
 
+def adopt() -> None:
+    """Make the running loop, on this thread, the process's background loop.
+
+    For a program that runs its own asyncio loop for good (the FUSE daemon):
+    clients made from now on live on it, so its coroutines await their
+    ``AsyncClient`` directly, with no hand-off to another thread, while the
+    sync facade, called from other threads, runs its calls there too (not from
+    the loop's own thread: that raises). Before any client is made."""
+    running = asyncio.get_running_loop()
+    with _lock:
+        found = _state.get(os.getpid())
+        if found is not None and found is not running:
+            raise RuntimeError("graben's background loop runs already: adopt() comes first")
+        _state[os.getpid()] = running
+
+
 def alive() -> bool:
     """Whether the background loop can still run work (false once Python is exiting)."""
     return not _exiting.is_set()

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from cluster_kit import scrape, sum_of
+from cluster_kit import eventually, scrape, sum_of
 from fuse_kit import mounted, needs_fuse
 from ranks_kit import free_port
 
@@ -73,3 +73,22 @@ def test_bad_metrics_address_fails_the_mount(tmp_path: Path) -> None:
     with pytest.raises(MountError, match="HOST:PORT"):
         mount(store, point, options)
     assert not os.path.ismount(point)
+
+
+def test_a_missing_name_is_asked_once_while_the_kernel_remembers_it(tmp_path: Path) -> None:
+    """A lookup that finds nothing is answered with a negative entry: probing the same
+    missing name again (``git status``, ``import``) costs no trip to the daemon within the
+    entry timeout; made by another client, the name is seen within a second."""
+    store = tmp_path / "store"
+    with connect(os.fspath(store)) as client:
+        client.put("/other", b"there")
+    port = free_port()
+    with mounted(os.fspath(store), tmp_path, metrics=f"127.0.0.1:{port}", timeout=30) as point:
+        for _ in range(20):
+            assert not (point / "missing").exists()
+        asked = scrape(port)['graben_requests_total{op="lookup",outcome="ENOENT"}']
+        with connect(os.fspath(store)) as client:
+            client.put("/missing", b"now here")
+        seen = eventually((point / "missing").exists, 5)
+    assert asked == 1
+    assert seen < 2.0
