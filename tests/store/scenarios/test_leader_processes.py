@@ -50,6 +50,10 @@ class Meta:
                     *(*GRABEN, "meta", "serve", "--init", "--engine", engine),
                     *("--listen", "127.0.0.1:0", "--repair-interval", "0.5"),
                     *("--heartbeat-timeout", "5", "--metrics", f"127.0.0.1:{self.metrics_port}"),
+                    # Repair is the only duty that talks to the nodes here: a test that
+                    # waits for the leader's connection to a node means repair's copy
+                    # (a rebalance onto the new, empty node or a sweep would connect too).
+                    *("--rebalance-rate", "0", "--orphan-grace", "inf"),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=err,
