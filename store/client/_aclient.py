@@ -16,7 +16,7 @@ from typing import Literal
 from .. import _paths
 from .._buffers import BufferPool
 from .._config import Options, cluster_url, resolve
-from .._errors import AlreadyExists, InvalidArgument, IsADirectory, NotFound
+from .._errors import AlreadyExists, GrabenError, InvalidArgument, IsADirectory, NotFound
 from .._types import (
     Buffer,
     Change,
@@ -50,6 +50,7 @@ from ..transport import (
     MakeDir,
     MetaTransport,
     Remove,
+    RemoveEach,
     RemoveNode,
     Rename,
     ReportBad,
@@ -63,7 +64,7 @@ from ..transport import (
     WhoAmI,
     open_cluster,
 )
-from ..wire import auth, tls
+from ..wire import auth, from_wire, tls
 from . import _pages
 from ._afiles import AsyncFileOpener
 from ._fsck import Fsck
@@ -210,6 +211,16 @@ class AsyncClient:
     async def rm(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file or empty directory; everything below it with ``recursive``."""
         await self.meta.request(Remove(_paths.normalize(path), recursive))
+
+    async def remove_each(
+        self, paths: Sequence[str], *, directories: bool = True
+    ) -> list[GrabenError | None]:
+        """Remove each path in turn, in one transaction: for each, ``None`` if it went,
+        else why it did not (gone already, a directory not empty, or with
+        ``directories=False`` a directory at all); the others go regardless."""
+        clean = tuple(_paths.normalize(p) for p in paths)
+        done = await self.meta.request(RemoveEach(clean, directories))
+        return [None if r.error is None else from_wire(r.error) for r in done]
 
     async def rename(
         self, src: str, dst: str, *, replace: bool = True, replace_tree: bool = False

@@ -190,6 +190,7 @@ class Client:
     ls = Mirror(AsyncClient.ls)
     mkdir = Mirror(AsyncClient.mkdir)
     rm = Mirror(AsyncClient.rm)
+    remove_each = Mirror(AsyncClient.remove_each)
     rename = Mirror(AsyncClient.rename)
     publish = Mirror(AsyncClient.publish)
     health = Mirror(AsyncClient.health)

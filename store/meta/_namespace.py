@@ -37,10 +37,13 @@ from ..transport import (
     Listing,
     MakeDir,
     Remove,
+    Removed,
+    RemoveEach,
     Rename,
     SetAttributes,
     Stat,
 )
+from ..wire import to_wire
 from ._changes import changed, feed
 from ._commits import (
     PERMISSION_BITS,
@@ -185,12 +188,45 @@ class Namespace:
             raise InvalidPath("refusing to remove the root", _paths.join_parts(parts))
         return write_once(self.repo, key, int, lambda tx: self._remove(tx, parts, path, recursive))
 
-    def _remove(self, tx: Tx, parts: tuple[str, ...], path: str, recursive: bool) -> int:
+    @handles(RemoveEach)
+    def remove_each(
+        self, paths: tuple[str, ...], directories: bool = True, *, key: str = ""
+    ) -> list[Removed]:
+        """Remove each path in turn, in one transaction (one fsync for all); a path that
+        cannot go gets its error and leaves the others alone."""
+
+        def each(tx: Tx) -> list[Removed]:
+            done = []
+            for path in paths:
+                try:
+                    parts = _paths.split(path)
+                    if not parts:
+                        raise InvalidPath("refusing to remove the root", "/")
+                    count = self._remove(tx, parts, path, False, directories=directories)
+                except (NotFound, NotADirectory, IsADirectory, DirectoryNotEmpty, InvalidPath) as e:
+                    done.append(Removed(error=to_wire(e)))  # raised before anything changed
+                else:
+                    done.append(Removed(count))
+            return done
+
+        return write_once(self.repo, key, list[Removed], each)
+
+    def _remove(
+        self,
+        tx: Tx,
+        parts: tuple[str, ...],
+        path: str,
+        recursive: bool,
+        *,
+        directories: bool = True,
+    ) -> int:
         clean = _paths.join_parts(parts)
         parent = resolve_dir(tx, parts[:-1], path)
         node = tx.tree.locked_entry(parent.id, parts[-1])  # a directory: no entry added meanwhile
         if node is None:
             raise NotFound("no such file or directory", clean)
+        if node.kind == "directory" and not directories:
+            raise IsADirectory("is a directory", clean)
         if node.kind == "directory" and not recursive and tx.tree.has_children(node.id):
             raise DirectoryNotEmpty("directory not empty (use recursive)", clean)
         self._unname(tx, parent.id, parts[-1], node)

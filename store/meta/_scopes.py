@@ -122,7 +122,9 @@ def authorize(scope: Scope, request: Request[Any]) -> None:
         )
     scope.need(right, *paths)
     field = request.rule.not_the_prefix
-    if field and _paths.normalize(getattr(request, field)) == scope.prefix:
+    named = getattr(request, field) if field else ()
+    named = (named,) if isinstance(named, str) else named  # a path, or several
+    if any(_paths.normalize(path) == scope.prefix for path in named):
         raise PermissionDenied(
             f"token {scope.token} may change what is below {scope.prefix}, not it",
             scope.prefix,

@@ -45,6 +45,7 @@ from ._replies import (
     Joined,
     Listing,
     Placement,
+    Removed,
     Settings,
 )
 from ._requests import (
@@ -71,6 +72,7 @@ from ._requests import (
     MakeDir,
     Prepare,
     Remove,
+    RemoveEach,
     Rename,
     Repeat,
     ReportBad,
@@ -143,7 +145,9 @@ __all__ = [
     "RemoteChunks",
     "RemoteMeta",
     "Remove",
+    "RemoveEach",
     "RemoveNode",
+    "Removed",
     "Rename",
     "Repeat",
     "ReportBad",

@@ -90,6 +90,13 @@ class Settings(msgspec.Struct, frozen=True):
     """Largest file (bytes) the engine keeps inline, in its own rows; 0: none."""
 
 
+class Removed(msgspec.Struct, frozen=True):
+    """One path's outcome in a ``RemoveEach``: how many entries went, or why none did."""
+
+    count: int = 0
+    error: WireError | None = None
+
+
 class Committed(msgspec.Struct, frozen=True):
     """One batch's outcome in a ``CommitEach``: its files, or its error."""
 

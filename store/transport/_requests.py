@@ -39,7 +39,7 @@ from .._types import (
     NodeState,
     Op,
 )
-from ._replies import ChunkPage, Committed, Joined, Listing, Placement, Settings
+from ._replies import ChunkPage, Committed, Joined, Listing, Placement, Removed, Settings
 
 R = TypeVar("R")
 
@@ -157,6 +157,19 @@ class Remove(Request[int], frozen=True):
     rule = Rule(WRITES, KEYED, "w", lambda r: (r.path,), not_the_prefix="path")
     path: str
     recursive: bool = False
+    key: str = ""
+
+
+class RemoveEach(Request[list[Removed]], frozen=True):
+    """Remove several paths in one transaction, in their order, each on its own: a path
+    that cannot go (gone already, a directory not empty) gets its error and the others
+    go (a mount's unlinks, answered at once and removed in groups)."""
+
+    response = list[Removed]
+    rule = Rule(WRITES, KEYED, "w", lambda r: r.paths, not_the_prefix="paths")
+    paths: tuple[str, ...]
+    directories: bool = True
+    """Whether an empty directory may go too (``False``: unlink's ``IsADirectory``)."""
     key: str = ""
 
 
