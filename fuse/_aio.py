@@ -50,9 +50,14 @@ class Tasks:
 
     def start_soon(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         """Run ``fn(*args)`` in the background (an error is logged by asyncio)."""
-        task = asyncio.get_running_loop().create_task(fn(*args))
+        self.start(fn(*args))
+
+    def start(self, coro: Coroutine[Any, Any, R]) -> asyncio.Task[R]:
+        """Run ``coro`` in the background; its task, to wait for."""
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def cancel_all(self) -> None:
         """Cancel every task still running and wait for them."""

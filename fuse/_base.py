@@ -18,7 +18,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -34,6 +34,7 @@ from ._inodes import InodeTable, is_unlinked
 from ._names import WholeDirs
 from ._openers import Opener
 from ._releases import Releases
+from ._removals import Removals
 from ._spool import Spool, SpoolFile
 from ._stream import Stream
 
@@ -173,6 +174,8 @@ class Base(pyfuse3.Operations):
         self.local = client.local
         """The store runs in this process (embedded)."""
         self._releases = Releases()
+        self.removals = Removals(self._remove_each, self._unremoved)
+        """Unlinks answered and not yet removed from the store (``_removals``)."""
         self.nursery: Tasks | None = None
         """Where background reads run; set by the mount before serving."""
         self.device: str | None = None
@@ -198,6 +201,29 @@ class Base(pyfuse3.Operations):
         """``call(client.aio)``, awaited here: the client lives on this loop (the mount
         adopted it), so a metadata call costs no thread hand-off."""
         return await call(self.client.aio)
+
+    async def _remove_each(
+        self, paths: Sequence[str], directories: Sequence[bool]
+    ) -> list[BaseException | None]:
+        """Remove a group of unlinked files (and emptied directories) in one call."""
+        async with self.own_change():  # their rows in the feed are no other client's
+            done = await self._ask(lambda aio: aio.remove_each(paths, directories=directories))
+        return list(done)
+
+    async def _unremoved(self, path: str) -> None:
+        """The store kept ``path`` after its unlink was answered: the name is back, for
+        the daemon and (its negative entry dropped) for the kernel."""
+        self.whole.added(path)
+        directory, _, name = path.rpartition("/")
+        parent = self.inodes.peek(directory or "/")
+        if parent is not None:
+            with contextlib.suppress(OSError):
+                await in_thread(pyfuse3.invalidate_entry, parent, os.fsencode(name))
+
+    async def _names_settled(self) -> None:
+        """Wait until the unlinks answered so far are removed from the store: a handler
+        that reads or changes names sees the store as its caller's earlier calls left it."""
+        await self.removals.settled()
 
     async def changes(self, after: int, missing: tuple[int, ...]) -> ChangeFeed:
         """The store's change feed past ``after`` (``_follow``)."""

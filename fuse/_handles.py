@@ -32,6 +32,7 @@ class FileHandles(Base):
     @answers_errno
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         writing = flags & (os.O_WRONLY | os.O_RDWR) != 0
+        await self._names_settled()
         await self._releases.settled(inode)
         path = self._path(inode)
         if writing or flags & os.O_TRUNC:
@@ -117,6 +118,7 @@ class FileHandles(Base):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         path = self._child(parent_inode, name)
         self._writable(path)
+        await self._names_settled()
         await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.lookup(path)
         self.whole.added(path)
@@ -203,6 +205,7 @@ class FileHandles(Base):
     async def fsync(self, fh: int, datasync: bool) -> None:
         handle = self._handles[fh]
         handle.file.abandoned = False  # asked for by a live process
+        await self._names_settled()  # what was unlinked before stays unlinked
         await self._commit(handle.inode, handle.file)
 
     @answers_errno

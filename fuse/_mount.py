@@ -350,7 +350,10 @@ async def _main(ops: Operations) -> None:
     try:
         await pyfuse3.main()
     finally:
-        await tasks.cancel_all()
+        try:
+            await ops.removals.settled()  # every unlink answered is done in the store
+        finally:
+            await tasks.cancel_all()
 
 
 def _start_daemon(url: str, target: Path, options: MountOptions) -> int:

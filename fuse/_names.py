@@ -59,6 +59,10 @@ class WholeDirs:
         names = self._names.get(parent)
         return names is not None and name not in names
 
+    def empty(self, path: str) -> bool:
+        """Whether the directory ``path`` is held, with no name in it."""
+        return self._names.get(path) == set()
+
     def added(self, path: str) -> None:
         """This mount made ``path`` (a file, directory, link or node)."""
         parent, name = posixpath.split(path)

@@ -59,6 +59,9 @@ class Operations(FileHandles):
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
+        if path in self.removals:
+            return self._absent()  # unlinked here, on its way out of the store
+        await self._names_settled()
         await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.peek(path)
         if inode is None and self.whole.lacks(path):
@@ -92,6 +95,7 @@ class Operations(FileHandles):
 
     @answers_errno
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        await self._names_settled()  # a directory's times change with each name that goes
         await self._releases.settled(inode)
         file = self._open.get(inode)
         if file is not None and file.unlinked:
@@ -107,6 +111,7 @@ class Operations(FileHandles):
         fh: int | None,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
+        await self._names_settled()
         await self._releases.settled(inode)
         if fields.update_size:
             self._writable_inode(inode)
@@ -148,6 +153,7 @@ class Operations(FileHandles):
     ) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
         self._writable(path)
+        await self._names_settled()
         bits, uid, gid = mode & 0o7777, ctx.uid, ctx.gid
         since = self.whole.mark()
         info = await self._ask(lambda aio: aio.mkdir(path, mode=bits, uid=uid, gid=gid))
@@ -161,6 +167,7 @@ class Operations(FileHandles):
     ) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
         self._writable(path)
+        await self._names_settled()
         owner = Change(uid=ctx.uid, gid=ctx.gid)
         info = await self._ask(
             lambda aio: aio.put(path, target, exclusive=True, permissions=SYMLINK, attributes=owner)
@@ -176,6 +183,7 @@ class Operations(FileHandles):
         I/O); a regular file from mknod is an empty file."""
         path = self._child(parent_inode, name)
         self._writable(path)
+        await self._names_settled()
         await self._releases.settled(self.inodes.peek(path))
         if stat.S_ISREG(mode) or not stat.S_IFMT(mode):
             owner, bits = Change(uid=ctx.uid, gid=ctx.gid), mode & 0o7777
@@ -195,6 +203,7 @@ class Operations(FileHandles):
         """Another name for a file: one inode, with its link count."""
         new = self._child(new_parent_inode, new_name)
         self._writable(new)
+        await self._names_settled()
         await self._releases.settled(inode)
         file = self._open.get(inode)
         if file is not None and (file.created or (file.spool is not None and file.spool.dirty)):
@@ -211,6 +220,7 @@ class Operations(FileHandles):
     @answers_errno
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
         path = self._path(inode)
+        await self._names_settled()
         if not stat.S_ISLNK((await self._stat_path(path)).mode):
             raise pyfuse3.FUSEError(errno.EINVAL)
         return await self._ask(lambda aio: aio.get(path))
@@ -219,6 +229,15 @@ class Operations(FileHandles):
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         path = self._child(parent_inode, name)
         self._writable(path)
+        if self.whole.empty(path) and not self._opened_below(path):
+            # rm -rf listed it and unlinked every name: the kernel knows it is a
+            # directory, the daemon that it is empty. Removed after its names.
+            assert self.nursery is not None
+            self.removals.add(path, self.nursery, directory=True)
+            self.whole.removed(path)
+            self.inodes.removed(path)
+            return
+        await self._names_settled()
         await self._releases.all_settled()
         if not (await self._stat_path(path)).is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
@@ -226,6 +245,15 @@ class Operations(FileHandles):
             await self._ask(lambda aio: aio.rm(path))
             self.whole.removed(path)
             self.inodes.removed(path)
+
+    def _opened_below(self, top: str) -> bool:
+        """Whether a file at or below ``top`` is open (created there, maybe)."""
+        prefix = top.rstrip("/") + "/"
+        return any(
+            self.inodes.path(inode).startswith(prefix)
+            for inode in self._open
+            if inode in self.inodes
+        )
 
     @answers_errno
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -236,15 +264,13 @@ class Operations(FileHandles):
         if self.known.pop(inode or 0, None) is not None:  # one name fewer
             self.changes_made += 1
         file = self._open.get(inode) if inode is not None else None
-        async with self.own_change():
-            if file is not None and file.created:
-                file.unlinked = True
-            else:
-                if (await self._stat_path(path)).is_dir:
-                    raise pyfuse3.FUSEError(errno.EISDIR)
-                await self._ask(lambda aio: aio.rm(path))
-            self.whole.removed(path)
-            self.inodes.removed(path)
+        if file is not None and file.created:
+            file.unlinked = True  # never in the store
+        else:  # the kernel knows it is no directory (EISDIR is its answer)
+            assert self.nursery is not None
+            self.removals.add(path, self.nursery)
+        self.whole.removed(path)
+        self.inodes.removed(path)
         if file is not None and inode is not None and not self.inodes.names(inode):
             file.unlinked = True  # its handles read the version they opened
 
@@ -263,6 +289,7 @@ class Operations(FileHandles):
         old = self._child(parent_inode_old, name_old)
         new = self._child(parent_inode_new, name_new)
         self._writable(old, new)
+        await self._names_settled()
         await self._releases.all_settled()
         await self._commit_below(old)
         replace = not flags & pyfuse3.RENAME_NOREPLACE
@@ -292,6 +319,7 @@ class Operations(FileHandles):
 
     @answers_errno
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        await self._names_settled()
         await self._releases.all_settled()
         path = self._path(inode)
         since, made = self.whole.mark(), self.changes_made
@@ -335,7 +363,14 @@ class Operations(FileHandles):
         self._listings.pop(fh, None)
 
     @answers_errno
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        """The directory's changes are in the store (every other one was on its answer;
+        an unlink answered at once is now too)."""
+        await self._names_settled()
+
+    @answers_errno
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        await self._names_settled()  # df after rm: what the removals freed
         if self.reach != "/":  # a tenant's token: its quota is its disk
             total, free = await self._quota_space()
         else:

@@ -213,13 +213,15 @@ class AsyncClient:
         await self.meta.request(Remove(_paths.normalize(path), recursive))
 
     async def remove_each(
-        self, paths: Sequence[str], *, directories: bool = True
+        self, paths: Sequence[str], *, directories: bool | Sequence[bool] = True
     ) -> list[GrabenError | None]:
         """Remove each path in turn, in one transaction: for each, ``None`` if it went,
-        else why it did not (gone already, a directory not empty, or with
-        ``directories=False`` a directory at all); the others go regardless."""
+        else why it did not (gone already, a directory not empty, or a directory at all
+        where ``directories`` says no: one flag for all or one a path); the others go
+        regardless."""
         clean = tuple(_paths.normalize(p) for p in paths)
-        done = await self.meta.request(RemoveEach(clean, directories))
+        flags = (directories,) * len(clean) if isinstance(directories, bool) else directories
+        done = await self.meta.request(RemoveEach(clean, tuple(flags)))
         return [None if r.error is None else from_wire(r.error) for r in done]
 
     async def rename(

@@ -190,19 +190,23 @@ class Namespace:
 
     @handles(RemoveEach)
     def remove_each(
-        self, paths: tuple[str, ...], directories: bool = True, *, key: str = ""
+        self, paths: tuple[str, ...], directories: tuple[bool, ...] = (), *, key: str = ""
     ) -> list[Removed]:
         """Remove each path in turn, in one transaction (one fsync for all); a path that
         cannot go gets its error and leaves the others alone."""
 
+        if directories and len(directories) != len(paths):
+            raise InvalidArgument(f"{len(paths)} paths, {len(directories)} directory flags")
+        may_be_dirs = directories or (True,) * len(paths)
+
         def each(tx: Tx) -> list[Removed]:
             done = []
-            for path in paths:
+            for path, directory in zip(paths, may_be_dirs, strict=True):
                 try:
                     parts = _paths.split(path)
                     if not parts:
                         raise InvalidPath("refusing to remove the root", "/")
-                    count = self._remove(tx, parts, path, False, directories=directories)
+                    count = self._remove(tx, parts, path, False, directories=directory)
                 except (NotFound, NotADirectory, IsADirectory, DirectoryNotEmpty, InvalidPath) as e:
                     done.append(Removed(error=to_wire(e)))  # raised before anything changed
                 else:

@@ -168,8 +168,9 @@ class RemoveEach(Request[list[Removed]], frozen=True):
     response = list[Removed]
     rule = Rule(WRITES, KEYED, "w", lambda r: r.paths, not_the_prefix="paths")
     paths: tuple[str, ...]
-    directories: bool = True
-    """Whether an empty directory may go too (``False``: unlink's ``IsADirectory``)."""
+    directories: tuple[bool, ...] = ()
+    """For each path, whether it may be an (empty) directory (``False``: unlink's
+    ``IsADirectory``); none given: each may."""
     key: str = ""
 
 
