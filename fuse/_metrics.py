@@ -124,6 +124,11 @@ class _State:
         yield GaugeMetricFamily("graben_mount_open_files", "Files open", value=ops.open_files)
         yield GaugeMetricFamily("graben_mount_handles", "Open handles", value=ops.open_handles)
         yield CounterMetricFamily(
+            "graben_mount_removal_groups",
+            "Groups of unlinks removed from the store in one call each (_removals)",
+            value=ops.removals.groups,
+        )
+        yield CounterMetricFamily(
             "graben_mount_read_ahead_hits",
             "Kernel reads answered from a block fetched ahead (or being fetched)",
             value=ahead.hits,

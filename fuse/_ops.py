@@ -61,7 +61,6 @@ class Operations(FileHandles):
         path = self._child(parent_inode, name)
         if path in self.removals:
             return self._absent()  # unlinked here, on its way out of the store
-        await self._names_settled()
         await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.peek(path)
         if inode is None and self.whole.lacks(path):
@@ -95,7 +94,12 @@ class Operations(FileHandles):
 
     @answers_errno
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        await self._names_settled()  # a directory's times change with each name that goes
+        known = self.known.get(inode)
+        if known is not None and known.is_dir:
+            now = self.removals.seen_in(self._path(inode), known)
+            if now is not None:  # names in it unlinked, going: their effect, known here
+                return self._attrs(inode, now, None)
+        await self._names_settled()  # a link's count changes with its other names
         await self._releases.settled(inode)
         file = self._open.get(inode)
         if file is not None and file.unlinked:

@@ -21,7 +21,14 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import posixpath
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+
+import msgspec
+
+from graben.store import FileInfo
 
 from ._aio import Tasks
 
@@ -41,6 +48,12 @@ class Removals:
         """Called for a path that did not go: the daemon's view gets the name back."""
         self._queued: list[tuple[str, bool]] = []
         self._pending: set[str] = set()
+        self._in: Counter[str] = Counter()
+        """Directories with names pending, and how many."""
+        self._dirs_in: Counter[str] = Counter()
+        """Directories with directories pending in them, and how many (their links)."""
+        self._changed: dict[str, int] = {}
+        """When a name in each directory with names pending last went (ns)."""
         self._task: asyncio.Task[None] | None = None
         self.groups = 0
         """Groups removed so far (for the tests and the metrics)."""
@@ -53,8 +66,23 @@ class Removals:
         """Queue ``path``'s removal (its unlink, or rmdir, is answered now)."""
         self._queued.append((path, directory))
         self._pending.add(path)
+        parent = posixpath.dirname(path)
+        self._in[parent] += 1
+        self._dirs_in[parent] += directory
+        self._changed[parent] = time.time_ns()
         if self._task is None:
             self._task = tasks.start(self._run())
+
+    def seen_in(self, directory: str, info: FileInfo) -> FileInfo | None:
+        """The attributes of ``directory`` (``info``, from before) as its pending
+        removals leave it: a newer mtime and ctime, a link fewer for each directory
+        gone; ``None`` if none is pending in it. (The kernel asks for a directory's
+        attributes after each unlink in it: answered here, ``rm -rf`` waits on none.)"""
+        if not self._in[directory]:
+            return None
+        when = max(info.mtime_ns, self._changed[directory])
+        links = info.nlink - self._dirs_in[directory]
+        return msgspec.structs.replace(info, mtime_ns=when, ctime_ns=when, nlink=links)
 
     async def settled(self) -> None:
         """Wait until every unlink answered so far is removed from the store."""
@@ -71,8 +99,13 @@ class Removals:
                 except Exception as exc:  # each path learns it below
                     outcomes = [exc] * len(group)
                 self.groups += 1
-                for path, outcome in zip(paths, outcomes, strict=True):
+                for (path, directory), outcome in zip(group, outcomes, strict=True):
                     self._pending.discard(path)
+                    parent = posixpath.dirname(path)
+                    self._in[parent] -= 1
+                    self._dirs_in[parent] -= directory
+                    if not self._in[parent]:
+                        del self._in[parent], self._dirs_in[parent], self._changed[parent]
                     if outcome is not None and getattr(outcome, "errno", 0) != errno.ENOENT:
                         log.warning("%s: unlinked, but the store kept it: %s", path, outcome)
                         await self._back(path)
