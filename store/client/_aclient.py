@@ -16,7 +16,14 @@ from typing import Literal
 from .. import _paths
 from .._buffers import BufferPool
 from .._config import Options, cluster_url, resolve
-from .._errors import AlreadyExists, GrabenError, InvalidArgument, IsADirectory, NotFound
+from .._errors import (
+    AlreadyExists,
+    GrabenError,
+    InvalidArgument,
+    IsADirectory,
+    NotFound,
+    ProtocolError,
+)
 from .._types import (
     Buffer,
     Change,
@@ -56,6 +63,7 @@ from ..transport import (
     ReportBad,
     RevokeTokens,
     SetAttributes,
+    SetAttributesEach,
     SetClass,
     SetQuota,
     Settings,
@@ -64,7 +72,7 @@ from ..transport import (
     WhoAmI,
     open_cluster,
 )
-from ..wire import auth, from_wire, tls
+from ..wire import WireError, auth, from_wire, tls
 from . import _pages
 from ._afiles import AsyncFileOpener
 from ._fsck import Fsck
@@ -538,6 +546,16 @@ class AsyncClient:
         change = Change(mode, mtime_ns, atime_ns, uid, gid)
         return await self.meta.request(SetAttributes(_paths.normalize(path), change))
 
+    async def set_attributes_each(
+        self, changes: Sequence[tuple[str, Change]]
+    ) -> list[FileInfo | GrabenError]:
+        """``set_attributes`` for several paths in one transaction, in order: for each,
+        its attributes now, or why it did not change (gone); the others change
+        regardless."""
+        paths = tuple(_paths.normalize(path) for path, _ in changes)
+        done = await self.meta.request(SetAttributesEach(paths, tuple(c for _, c in changes)))
+        return [r.info if r.error is None and r.info else _refusal(r.error) for r in done]
+
     async def link(self, src: str, dst: str) -> FileInfo:
         """Give the file at ``src`` another name (a hard link): both names show one file,
         and a version written through either. ``dst``'s directory must exist."""
@@ -641,3 +659,10 @@ def _token(options: Options) -> str:
     if options.token_file is not None:
         return auth.read_token_file(os.fspath(options.token_file))
     return auth.cluster_token(options.token)
+
+
+def _refusal(error: WireError | None) -> GrabenError:
+    """A path's error in a reply of several; none at all is the server's fault."""
+    if error is None:
+        return ProtocolError("a reply with neither attributes nor an error")
+    return from_wire(error)

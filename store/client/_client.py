@@ -217,6 +217,7 @@ class Client:
     get_range = Mirror(AsyncClient.get_range)
     layout = Mirror(AsyncClient.layout)
     set_attributes = Mirror(AsyncClient.set_attributes)
+    set_attributes_each = Mirror(AsyncClient.set_attributes_each)
     link = Mirror(AsyncClient.link)
     mknod = Mirror(AsyncClient.mknod)
     copy = Mirror(AsyncClient.copy)

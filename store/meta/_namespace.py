@@ -30,6 +30,7 @@ from ..transport import (
     LAYOUT_PAGE,
     LIST_PAGE,
     MAX_PAGE,
+    Changed,
     Changes,
     GetLayout,
     Link,
@@ -41,6 +42,7 @@ from ..transport import (
     RemoveEach,
     Rename,
     SetAttributes,
+    SetAttributesEach,
     Stat,
 )
 from ..wire import to_wire
@@ -398,6 +400,35 @@ class Namespace:
             return info(clean, after)
 
         return write_once(self.repo, key, FileInfo, apply)
+
+    @handles(SetAttributesEach)
+    def set_attributes_each(
+        self, paths: tuple[str, ...], changes: tuple[Change, ...], *, key: str = ""
+    ) -> list[Changed]:
+        """``set_attributes`` for each path in turn, in one transaction (one fsync for
+        all); a path that is gone gets its error and leaves the others alone."""
+        if len(paths) != len(changes):
+            raise InvalidArgument(f"{len(paths)} paths, {len(changes)} changes")
+        for path, change in zip(paths, changes, strict=True):
+            _check_change(change, _paths.normalize(path))  # all refused, or none
+
+        def each(tx: Tx) -> list[Changed]:
+            done, now = [], time.time_ns()
+            for path, change in zip(paths, changes, strict=True):
+                parts = _paths.split(path)
+                clean = _paths.join_parts(parts)
+                try:
+                    node = lock(tx, resolve(tx, parts, clean))
+                except (NotFound, NotADirectory) as exc:  # raised before anything changed
+                    done.append(Changed(error=to_wire(exc)))
+                    continue
+                after = changed_inode(node, change, now)
+                tx.tree.update(after)
+                changed(tx, (clean, after))
+                done.append(Changed(info(clean, after)))
+            return done
+
+        return write_once(self.repo, key, list[Changed], each)
 
 
 class _MovesDirectory(Exception):

@@ -97,6 +97,13 @@ class Removed(msgspec.Struct, frozen=True):
     error: WireError | None = None
 
 
+class Changed(msgspec.Struct, frozen=True):
+    """One path's outcome in a ``SetAttributesEach``: its attributes now, or its error."""
+
+    info: FileInfo | None = None
+    error: WireError | None = None
+
+
 class Committed(msgspec.Struct, frozen=True):
     """One batch's outcome in a ``CommitEach``: its files, or its error."""
 

@@ -39,7 +39,16 @@ from .._types import (
     NodeState,
     Op,
 )
-from ._replies import ChunkPage, Committed, Joined, Listing, Placement, Removed, Settings
+from ._replies import (
+    Changed,
+    ChunkPage,
+    Committed,
+    Joined,
+    Listing,
+    Placement,
+    Removed,
+    Settings,
+)
 
 R = TypeVar("R")
 
@@ -204,6 +213,19 @@ class SetAttributes(Request[FileInfo], frozen=True):
     path: str
     change: Change = msgspec.field(default_factory=Change)
     """What changes; what it leaves ``None`` stays."""
+    key: str = ""
+
+
+class SetAttributesEach(Request[list[Changed]], frozen=True):
+    """``SetAttributes`` for several paths in one transaction, in their order, each on
+    its own: a path that is gone gets its error and the others change (a mount's
+    ``chmod``, ``touch`` and ``chown``, answered at once and sent in groups)."""
+
+    response = list[Changed]
+    rule = Rule(WRITES, KEYED, "w", lambda r: r.paths)
+    paths: tuple[str, ...]
+    changes: tuple[Change, ...]
+    """One a path."""
     key: str = ""
 
 

@@ -1,6 +1,7 @@
-"""``remove_each``: several removals in one transaction, each on its own (a mount's
-unlinks go this way in groups), on both kinds of store; a tenant's token is held to
-its prefix for every path it names."""
+"""``remove_each`` and ``set_attributes_each``: several removals or attribute changes in
+one transaction, each on its own (a mount's unlinks, chmods and touches go this way in
+groups), on both kinds of store; a tenant's token is held to its prefix for every path
+it names."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from graben.store import (
+    Change,
     Client,
     DirectoryNotEmpty,
+    FileInfo,
+    InvalidArgument,
     IsADirectory,
     NotFound,
     PermissionDenied,
@@ -60,6 +64,29 @@ def test_a_group_of_thousands_is_one_call(client: Client) -> None:
     assert client.ls("/many") == []
 
 
+def test_attributes_change_in_order_and_a_gone_path_is_its_own_error(client: Client) -> None:
+    client.put("/a/f", b"f")
+    client.mkdir("/a/d")
+    before = client.stat("/a/f")
+    done = client.set_attributes_each(
+        [
+            ("/a/f", Change(mode=0o600)),
+            ("/a/gone", Change(mode=0o600)),
+            ("/a/d", Change(mtime_ns=10**18, uid=7, gid=8)),
+            ("/a/f", Change(mode=0o640, mtime_ns=2 * 10**18)),
+        ]
+    )
+    assert isinstance(done[1], NotFound)
+    f, d = done[3], done[2]
+    assert isinstance(f, FileInfo) and isinstance(d, FileInfo)
+    assert f.mode & 0o777 == 0o640 and f.mtime_ns == 2 * 10**18 and f.ctime_ns > before.ctime_ns
+    assert client.stat("/a/f") == f
+    assert (d.mtime_ns, d.uid, d.gid, d.is_dir) == (10**18, 7, 8, True)
+    with pytest.raises(InvalidArgument):  # a bad change refuses the call: nothing changes
+        client.set_attributes_each([("/a/f", Change(mode=0o700)), ("/a/d", Change(mode=1 << 20))])
+    assert client.stat("/a/f").mode & 0o777 == 0o640
+
+
 @pytest.fixture(scope="module")
 def tenant_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     c = LocalCluster(tmp_path_factory.mktemp("remove-each"), 1, replication=1)
@@ -84,5 +111,10 @@ def test_a_tenants_token_removes_only_below_its_prefix(
             with pytest.raises(PermissionDenied):
                 team_a.remove_each(["/teams/a"])  # the prefix itself is the operator's
             assert operator.exists("/teams/a/mine") and operator.exists("/teams/b/theirs")
+            with pytest.raises(PermissionDenied):
+                team_a.set_attributes_each([("/teams/b/theirs", Change(mode=0o600))])
+            assert operator.stat("/teams/b/theirs").mode & 0o777 != 0o600
+            [mine] = team_a.set_attributes_each([("/teams/a/mine", Change(mode=0o600))])
+            assert isinstance(mine, FileInfo) and mine.mode & 0o777 == 0o600
             assert team_a.remove_each(["/teams/a/mine"]) == [None]
         assert not operator.exists("/teams/a/mine") and operator.exists("/teams/b/theirs")
