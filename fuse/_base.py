@@ -24,7 +24,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 
-from graben.store import AsyncClient, ChangeFeed, Client, FileInfo, NotFound, ReadFile
+from graben.store import AsyncClient, Change, ChangeFeed, Client, FileInfo, NotFound, ReadFile
 
 from ._aio import Tasks, in_thread
 from ._blocks import Blocks, ReadAheadCounts
@@ -33,8 +33,8 @@ from ._follow import Known
 from ._inodes import InodeTable, is_unlinked
 from ._names import WholeDirs
 from ._openers import Opener
+from ._queue import ChangeQueue, Sent
 from ._releases import Releases
-from ._removals import Removals
 from ._spool import Spool, SpoolFile
 from ._stream import Stream
 
@@ -174,8 +174,10 @@ class Base(pyfuse3.Operations):
         self.local = client.local
         """The store runs in this process (embedded)."""
         self._releases = Releases()
-        self.removals = Removals(self._remove_each, self._unremoved)
-        """Unlinks answered and not yet removed from the store (``_removals``)."""
+        self.queue = ChangeQueue(
+            Sent(self._remove_each, self._set_attributes_each, self._kept, self._changed)
+        )
+        """Unlinks and attribute changes answered, not yet in the store (``_queue``)."""
         self.nursery: Tasks | None = None
         """Where background reads run; set by the mount before serving."""
         self.device: str | None = None
@@ -210,7 +212,31 @@ class Base(pyfuse3.Operations):
             done = await self._ask(lambda aio: aio.remove_each(paths, directories=directories))
         return list(done)
 
-    async def _unremoved(self, path: str) -> None:
+    async def _set_attributes_each(
+        self, changes: Sequence[tuple[str, Change]]
+    ) -> Sequence[FileInfo | BaseException]:
+        """Change the attributes of a group of paths in one call."""
+        async with self.own_change():  # their rows in the feed are no other client's
+            return await self._ask(lambda aio: aio.set_attributes_each(changes))
+
+    async def _changed(self, path: str, info: FileInfo | None) -> None:
+        """The store changed ``path``'s attributes to ``info`` (the kernel holds what the
+        daemon answered, a moment older), or did not (``None``: both ask again)."""
+        inode = self.inodes.peek(path)
+        if inode is None:
+            return
+        if info is not None:
+            self.note_own_change(inode, info)
+            if not info.is_dir:
+                return  # what was answered, but for the ctime's nanoseconds
+        else:
+            self.known.pop(inode, None)
+        # A directory answered from what the daemon knew may have had names made in it
+        # since (its links): the kernel asks again.
+        with contextlib.suppress(OSError):
+            await in_thread(pyfuse3.invalidate_inode, inode, True)
+
+    async def _kept(self, path: str) -> None:
         """The store kept ``path`` after its unlink was answered: the name is back, for
         the daemon and (its negative entry dropped) for the kernel."""
         self.whole.added(path)
@@ -223,7 +249,7 @@ class Base(pyfuse3.Operations):
     async def _names_settled(self) -> None:
         """Wait until the unlinks answered so far are removed from the store: a handler
         that reads or changes names sees the store as its caller's earlier calls left it."""
-        await self.removals.settled()
+        await self.queue.settled()
 
     async def changes(self, after: int, missing: tuple[int, ...]) -> ChangeFeed:
         """The store's change feed past ``after`` (``_follow``)."""

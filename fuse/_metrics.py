@@ -124,9 +124,9 @@ class _State:
         yield GaugeMetricFamily("graben_mount_open_files", "Files open", value=ops.open_files)
         yield GaugeMetricFamily("graben_mount_handles", "Open handles", value=ops.open_handles)
         yield CounterMetricFamily(
-            "graben_mount_removal_groups",
-            "Groups of unlinks removed from the store in one call each (_removals)",
-            value=ops.removals.groups,
+            "graben_mount_change_groups",
+            "Calls sending queued unlinks or attribute changes, a group each (_queue)",
+            value=ops.queue.groups,
         )
         yield CounterMetricFamily(
             "graben_mount_read_ahead_hits",

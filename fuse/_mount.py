@@ -351,7 +351,7 @@ async def _main(ops: Operations) -> None:
         await pyfuse3.main()
     finally:
         try:
-            await ops.removals.settled()  # every unlink answered is done in the store
+            await ops.queue.settled()  # every change answered is in the store
         finally:
             await tasks.cancel_all()
 

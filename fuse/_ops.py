@@ -23,6 +23,7 @@ import errno
 import os
 import posixpath
 import stat
+import time
 from collections.abc import Sequence
 
 import pyfuse3
@@ -40,7 +41,8 @@ from ._base import (
     within,
 )
 from ._handles import FileHandles, set_attributes
-from ._inodes import ROOT
+from ._inodes import ROOT, is_unlinked
+from ._queue import changed
 
 UNBOUNDED = 1 << 50
 """What ``df`` shows a tenant's mount with no byte quota: 1 PiB."""
@@ -59,8 +61,10 @@ class Operations(FileHandles):
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
-        if path in self.removals:
+        if path in self.queue:
             return self._absent()  # unlinked here, on its way out of the store
+        if self.queue.changing(path):
+            await self._names_settled()  # its attributes as the store has them
         await self._releases.settled(self.inodes.peek(path))
         inode = self.inodes.peek(path)
         if inode is None and self.whole.lacks(path):
@@ -96,7 +100,7 @@ class Operations(FileHandles):
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         known = self.known.get(inode)
         if known is not None and known.is_dir:
-            now = self.removals.seen_in(self._path(inode), known)
+            now = self.queue.seen_in(self._path(inode), known)
             if now is not None:  # names in it unlinked, going: their effect, known here
                 return self._attrs(inode, now, None)
         await self._names_settled()  # a link's count changes with its other names
@@ -115,13 +119,6 @@ class Operations(FileHandles):
         fh: int | None,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
-        await self._names_settled()
-        await self._releases.settled(inode)
-        if fields.update_size:
-            self._writable_inode(inode)
-            if attr.st_size > MAX_FILE_SIZE:
-                raise pyfuse3.FUSEError(errno.EFBIG)
-            await self._truncate(inode, attr.st_size, commit=fh is None)
         change = Change(
             mode=attr.st_mode & 0o7777 if fields.update_mode else None,
             mtime_ns=_time(attr.st_mtime_ns) if fields.update_mtime else None,
@@ -129,10 +126,44 @@ class Operations(FileHandles):
             uid=attr.st_uid if fields.update_uid else None,
             gid=attr.st_gid if fields.update_gid else None,
         )
+        await self._releases.settled(inode)  # a close's commit first, then the change
+        if not fields.update_size and change != Change():
+            queued = self._queue_attributes(inode, change)
+            if queued is not None:
+                return queued
+        await self._names_settled()
+        if fields.update_size:
+            self._writable_inode(inode)
+            if attr.st_size > MAX_FILE_SIZE:
+                raise pyfuse3.FUSEError(errno.EFBIG)
+            await self._truncate(inode, attr.st_size, commit=fh is None)
         if change != Change():
             self._writable_inode(inode)
             await self._set_attributes(inode, change)
         return await self.getattr(inode, ctx)
+
+    def _queue_attributes(self, inode: int, change: Change) -> pyfuse3.EntryAttributes | None:
+        """chmod adding bits or touch of a path with no open file, whose attributes the
+        daemon knows: answered now with what the store will make of them, sent in a group
+        (``_queue``); ``None`` where it must go to the store first. A change that takes
+        a right away (a bit cleared, an owner changed) is in the store before it is
+        answered, for every client: a crash cannot leave it undone."""
+        known = self.known.get(inode)
+        if known is None or inode in self._open or inode not in self.inodes:
+            return None
+        if change.uid is not None or change.gid is not None:
+            return None
+        if change.mode is not None and known.mode & 0o7777 & ~change.mode:
+            return None
+        path = self.inodes.path(inode)
+        if is_unlinked(path) or path in self.queue:
+            return None
+        self._writable(path)
+        assert self.nursery is not None
+        self.queue.set_attributes(path, change, self.nursery)
+        info = changed(known, change, time.time_ns())
+        self.note_own_change(inode, info)
+        return self._attrs(inode, info, None)
 
     async def _set_attributes(self, inode: int, change: Change) -> None:
         """chmod, chown and utimens (the kernel checked who may: ``default_permissions``)."""
@@ -237,7 +268,7 @@ class Operations(FileHandles):
             # rm -rf listed it and unlinked every name: the kernel knows it is a
             # directory, the daemon that it is empty. Removed after its names.
             assert self.nursery is not None
-            self.removals.add(path, self.nursery, directory=True)
+            self.queue.remove(path, self.nursery, directory=True)
             self.whole.removed(path)
             self.inodes.removed(path)
             return
@@ -272,7 +303,7 @@ class Operations(FileHandles):
             file.unlinked = True  # never in the store
         else:  # the kernel knows it is no directory (EISDIR is its answer)
             assert self.nursery is not None
-            self.removals.add(path, self.nursery)
+            self.queue.remove(path, self.nursery)
         self.whole.removed(path)
         self.inodes.removed(path)
         if file is not None and inode is not None and not self.inodes.names(inode):

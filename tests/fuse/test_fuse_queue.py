@@ -1,6 +1,7 @@
-"""Unlinks answered at once and removed in groups (``fuse/_removals.py``), on real
-mounts of both kinds of store: ``rm -rf`` leaves nothing, in far fewer store calls
-than names; the callers' order holds; ``fsync`` of the directory waits for them."""
+"""Unlinks and attribute changes answered at once and sent in groups
+(``fuse/_queue.py``), on real mounts of both kinds of store: ``rm -rf`` and
+``chmod -R`` in fewer store calls than names; the callers' order holds; ``fsync`` of
+the directory waits for them."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from fuse_kit import mounted, needs_fuse
 from ranks_kit import free_port
 
 from graben.fuse._aio import Tasks
-from graben.fuse._removals import Removals
-from graben.store import connect
+from graben.fuse._queue import ChangeQueue, Sent
+from graben.store import Change, FileInfo, connect
 
 pytestmark = needs_fuse
 
@@ -36,13 +37,49 @@ def test_rm_rf_leaves_nothing_in_fewer_calls_than_names(store_url: str, tmp_path
     port = free_port()
     with mounted(store_url, tmp_path, metrics=f"127.0.0.1:{port}") as point:
         names = _tree(point / "tree", 8, 40)
-        before = scrape(port)["graben_mount_removal_groups_total"]
+        before = scrape(port)["graben_mount_change_groups_total"]
         subprocess.run(["rm", "-rf", str(point / "tree")], check=True)
         assert not (point / "tree").exists()
         with connect(store_url) as client:
             eventually(lambda: not client.exists("/tree"), 1.0)  # the coherence bound
-        groups = scrape(port)["graben_mount_removal_groups_total"] - before
+        groups = scrape(port)["graben_mount_change_groups_total"] - before
     assert 0 < groups < names / 2, (groups, names)  # 8-100 groups here for 344 names
+
+
+def test_chmod_R_and_touch_in_fewer_calls_than_names(store_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    with mounted(store_url, tmp_path, metrics=f"127.0.0.1:{port}") as point:
+        names = _tree(point / "modes", 4, 30)
+        before = scrape(port)["graben_mount_change_groups_total"]
+        subprocess.run(["chmod", "-R", "g+w,o+x", str(point / "modes")], check=True)
+        subprocess.run(
+            ["touch", "-h", "-d", "2001-02-03 04:05:06", str(point / "modes" / "d1" / "f3")],
+            check=True,
+        )
+        groups = scrape(port)["graben_mount_change_groups_total"] - before
+        seen = {p: p.lstat() for p in (point / "modes").rglob("*")}
+        with connect(store_url) as client:
+            for p, st in seen.items():
+                stored = client.stat("/" + str(p.relative_to(point)))
+                assert stored.mode & 0o7777 == st.st_mode & 0o7777, p
+                assert st.st_mode & 0o021 == 0o021, p
+            f3 = client.stat("/modes/d1/f3")
+        assert f3.mtime_ns == seen[point / "modes" / "d1" / "f3"].st_mtime_ns
+        assert f3.mtime_ns == 981173106 * 10**9
+    assert 0 < groups < names / 2, (groups, names)
+
+
+def test_a_change_that_takes_a_right_away_is_in_the_store_when_answered(
+    store_url: str, tmp_path: Path
+) -> None:
+    with mounted(store_url, tmp_path) as point, connect(store_url) as client:
+        secret = point / "secret"
+        secret.write_bytes(b"key")
+        for mode in (0o640, 0o600, 0o400):
+            os.chmod(secret, mode)
+            assert client.stat("/secret").mode & 0o7777 == mode  # at once, not eventually
+        os.chown(secret, 1234, 1234)
+        assert (client.stat("/secret").uid, client.stat("/secret").gid) == (1234, 1234)
 
 
 def test_the_same_name_unlinked_and_made_again_keeps_the_callers_order(
@@ -114,32 +151,54 @@ def test_rmdir_of_a_directory_not_empty_still_says_so(store_url: str, tmp_path: 
 # -- the queue alone, with a store function of the test's own --------------------------
 
 
-def test_a_group_forms_while_one_is_removed_and_refusals_come_back() -> None:
+def test_a_group_forms_while_one_is_sent_and_refusals_come_back() -> None:
     calls: list[list[str]] = []
-    back: list[str] = []
+    kept: list[str] = []
+    told: list[tuple[str, bool]] = []
 
     async def remove(paths: Sequence[str], dirs: Sequence[bool]) -> list[BaseException | None]:
         calls.append(list(paths))
         await asyncio.sleep(0.01)  # the store's latency
         return [
-            NotADirectoryError(errno.EISDIR, "is a dir") if p.endswith("x") else None for p in paths
+            IsADirectoryError(errno.EISDIR, "is one") if p.endswith("x") else None for p in paths
         ]
 
-    async def put_back(path: str) -> None:
-        back.append(path)
+    async def set_attributes(
+        changes: Sequence[tuple[str, Change]],
+    ) -> list[FileInfo | BaseException]:
+        calls.append([p for p, _ in changes])
+        await asyncio.sleep(0.01)
+        return [
+            FileNotFoundError(errno.ENOENT, "gone")
+            if p.endswith("gone")
+            else FileInfo(p, "file", 1, 0, 5)
+            for p, _ in changes
+        ]
+
+    async def back(path: str) -> None:
+        kept.append(path)
+
+    async def changed(path: str, info: FileInfo | None) -> None:
+        told.append((path, info is not None))
 
     async def main() -> None:
         tasks = Tasks()
-        removals = Removals(remove, put_back)
-        removals.add("/a/0", tasks)
+        queue = ChangeQueue(Sent(remove, set_attributes, back, changed))
+        queue.remove("/a/0", tasks)
         await asyncio.sleep(0)
         for i in range(1, 50):
-            removals.add(f"/a/{i}", tasks)
-        removals.add("/a/x", tasks)
-        assert "/a/7" in removals
-        await removals.settled()
-        assert "/a/7" not in removals
+            queue.remove(f"/a/{i}", tasks)
+        queue.remove("/a/x", tasks)
+        queue.set_attributes("/b/f", Change(mode=0o600), tasks)
+        queue.set_attributes("/b/gone", Change(mode=0o600), tasks)
+        queue.remove("/b/y", tasks)
+        assert "/a/7" in queue and queue.changing("/b/f")
+        await queue.settled()
+        assert "/a/7" not in queue and not queue.changing("/b/f")
 
     asyncio.run(main())
-    assert calls[0] == ["/a/0"] and len(calls) == 2 and len(calls[1]) == 50
-    assert back == ["/a/x"]
+    # The first alone; then what came meanwhile, in order, a call a run of one kind.
+    assert calls[0] == ["/a/0"] and len(calls[1]) == 50
+    assert calls[2:] == [["/b/f", "/b/gone"], ["/b/y"]]
+    assert kept == ["/a/x"]
+    assert told == [("/b/f", True), ("/b/gone", False)]
