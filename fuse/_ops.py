@@ -100,8 +100,12 @@ class Operations(FileHandles):
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         known = self.known.get(inode)
         if known is not None and known.is_dir:
-            now = self.queue.seen_in(self._path(inode), known)
-            if now is not None:  # names in it unlinked, going: their effect, known here
+            path = self._path(inode)
+            now = self.queue.seen_in(path)  # names in it unlinked, going
+            before = self.queue.removing_in(path) if now is None else None
+            if before is not None and not before[1]:
+                now = self.queue.based(path, await self._stat_path(path), before)
+            if now is not None:  # the store's, and the effect of what is queued
                 return self._attrs(inode, now, None)
         await self._names_settled()  # a link's count changes with its other names
         await self._releases.settled(inode)

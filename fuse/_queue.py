@@ -86,8 +86,13 @@ class ChangeQueue:
         """Paths whose attribute changes are queued, and how many."""
         self._in: Counter[str] = Counter()
         """Directories with names pending removal, and how many."""
-        self._dirs_in: Counter[str] = Counter()
-        """Directories with directories pending removal in them (their links)."""
+        self._dirs_waiting: Counter[str] = Counter()
+        """Directories with directories queued for removal in them, not yet sent."""
+        self._dirs_sending: Counter[str] = Counter()
+        """Directories with directories whose removal is being sent."""
+        self._base: dict[str, FileInfo] = {}
+        """A directory's attributes as the store gave them while removals in it were
+        pending (``seen_in``), its links less each directory removed in it since."""
         self._when: dict[str, int] = {}
         """When a name in each directory with removals pending last went (ns)."""
         self._task: asyncio.Task[None] | None = None
@@ -107,7 +112,7 @@ class ChangeQueue:
         self._gone.add(path)
         parent = posixpath.dirname(path)
         self._in[parent] += 1
-        self._dirs_in[parent] += directory
+        self._dirs_waiting[parent] += directory
         self._when[parent] = time.time_ns()
         self._add(Removal(path, directory), tasks)
 
@@ -121,16 +126,34 @@ class ChangeQueue:
         if self._task is None:
             self._task = tasks.start(self._run())
 
-    def seen_in(self, directory: str, info: FileInfo) -> FileInfo | None:
-        """The attributes of ``directory`` (``info``, from before) as its pending
-        removals leave it: a newer mtime and ctime, a link fewer for each directory
-        gone; ``None`` if none is pending in it. (The kernel asks for a directory's
-        attributes after each unlink in it: answered here, ``rm -rf`` waits on none.)"""
+    def removing_in(self, directory: str) -> tuple[int, int] | None:
+        """``None`` if no removal in ``directory`` is pending; else how many directories
+        in it are queued and how many being sent (``seen_in`` takes it back)."""
         if not self._in[directory]:
             return None
-        when = max(info.mtime_ns, self._when[directory])
-        links = info.nlink - self._dirs_in[directory]
-        return msgspec.structs.replace(info, mtime_ns=when, ctime_ns=when, nlink=links)
+        return self._dirs_waiting[directory], self._dirs_sending[directory]
+
+    def seen_in(self, directory: str) -> FileInfo | None:
+        """The attributes of ``directory`` as its pending removals leave it, from the
+        store's (``based``): a newer mtime and ctime, a link fewer for each directory
+        queued or being sent. ``None`` if the store's are not known. (The kernel asks
+        for a directory's attributes after each unlink in it: ``rm -rf`` waits on no
+        group and asks the store once a directory.)"""
+        base = self._base.get(directory)
+        if base is None or not self._in[directory]:
+            return None
+        when = max(base.mtime_ns, self._when[directory])
+        links = base.nlink - self._dirs_waiting[directory] - self._dirs_sending[directory]
+        return msgspec.structs.replace(base, mtime_ns=when, ctime_ns=when, nlink=links)
+
+    def based(self, directory: str, info: FileInfo, before: tuple[int, int]) -> FileInfo | None:
+        """``seen_in``, from ``info``, which the store gave while ``removing_in`` said
+        ``before``; ``None`` if that cannot be told (a directory in it was being sent,
+        or was sent meanwhile: wait for the queue)."""
+        if before[1] or self.removing_in(directory) != before:
+            return None
+        self._base[directory] = info
+        return self.seen_in(directory)
 
     async def settled(self) -> None:
         """Wait until every change answered so far is in the store."""
@@ -141,6 +164,11 @@ class ChangeQueue:
         try:
             while self._queued:
                 group, self._queued = self._queued, []
+                for item in group:
+                    if isinstance(item, Removal) and item.directory:
+                        parent = posixpath.dirname(item.path)
+                        self._dirs_waiting[parent] -= 1
+                        self._dirs_sending[parent] += 1
                 for run in _runs(group):
                     self.groups += 1
                     if isinstance(run[0], Removal):
@@ -160,9 +188,15 @@ class ChangeQueue:
             self._gone.discard(item.path)
             parent = posixpath.dirname(item.path)
             self._in[parent] -= 1
-            self._dirs_in[parent] -= item.directory
+            self._dirs_sending[parent] -= item.directory
+            base = self._base.get(parent)
+            if item.directory and outcome is None and base is not None:
+                self._base[parent] = msgspec.structs.replace(base, nlink=base.nlink - 1)
             if not self._in[parent]:
-                del self._in[parent], self._dirs_in[parent], self._when[parent]
+                del self._in[parent], self._when[parent]
+                self._base.pop(parent, None)
+                self._dirs_waiting.pop(parent, None)
+                self._dirs_sending.pop(parent, None)
             if outcome is not None and getattr(outcome, "errno", 0) != errno.ENOENT:
                 log.warning("%s: unlinked, but the store kept it: %s", item.path, outcome)
                 await self._sent.kept(item.path)
