@@ -16,6 +16,7 @@ import errno
 import functools
 import logging
 import os
+import posixpath
 import stat
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -164,6 +165,10 @@ class Base(pyfuse3.Operations):
         from here until the change feed says another client changed it (``_follow``)."""
         self.changes_made = 0
         """Changes this mount made to inodes so far (``note_own_change``)."""
+        self.exact: set[int] = set()
+        """Directories whose attributes in ``known`` are the store's now: read from it,
+        then changed only by this mount's commits of new files in them (whose times it
+        knows). Any other change in one, here or elsewhere, drops it from the set."""
         self._own_changes = 0
         """Changes of names or owners this mount has under way (``own_change``)."""
         self._quiet = asyncio.Event()
@@ -329,6 +334,15 @@ class Base(pyfuse3.Operations):
         store read begun before now may be older (``since``)."""
         self.known[inode] = info
         self.changes_made += 1
+        if info.is_dir:
+            self.exact.add(inode)
+
+    def names_changed_in(self, path: str) -> None:
+        """This mount made or removed a name in the directory of ``path``: what the
+        daemon knows of that directory's attributes is no longer the store's."""
+        parent = self.inodes.peek(posixpath.dirname(path))
+        if parent is not None:
+            self.exact.discard(parent)
 
     def _newest(self, inode: int, info: FileInfo, since: int | None) -> FileInfo:
         """``info``, read from the store when ``changes_made`` was ``since``; or what this
@@ -338,6 +352,8 @@ class Base(pyfuse3.Operations):
         if since is not None and since != self.changes_made and was is not None:
             return was
         self.known[inode] = info
+        if info.is_dir:
+            self.exact.add(inode)
         return info
 
     def _attrs(
@@ -386,8 +402,8 @@ class Base(pyfuse3.Operations):
         if file is not None and (file.created or file.unlinked):
             return self._attrs(inode, file.info, file)
         info, since = self.known.get(inode), self.changes_made
-        if info is None or info.is_dir:  # a directory changes with every name in it
-            info = await self._stat_path(path)
+        if info is None or (info.is_dir and inode not in self.exact):
+            info = await self._stat_path(path)  # a directory changes with every name in it
         return self._attrs(inode, info, file, since=since)
 
     async def _stat_path(self, path: str) -> FileInfo:

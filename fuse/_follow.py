@@ -163,6 +163,7 @@ async def _invalidations(
             if parent is not None:
                 work.append((parent, os.fsencode(name)))  # a negative entry the kernel kept
                 work.append((parent, None))  # and its directory's mtime and links moved
+                known.pop(parent, None)
             continue
         was = known.get(inode)
         kernel_saw = None if was is None else (was.inode, was.ctime_ns)
@@ -175,6 +176,7 @@ async def _invalidations(
             if kernel_saw is None or kernel_saw[0] != now[0]:
                 work.append((parent, os.fsencode(name)))  # gone, or another file now
             work.append((parent, None))
+            known.pop(parent, None)
     return work
 
 

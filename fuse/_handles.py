@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import cast
 
+import msgspec
 import pyfuse3
 
 from graben.store import AsyncClient, Change, FileInfo, ReadFile
@@ -257,12 +258,14 @@ class FileHandles(Base):
             try:
                 async with self.own_change():  # its row in the feed is no other client's
                     done = None if stream is None else await stream.finish(spool)
+                    streamed = done is not None
                     if done is None:
                         async with spool.mapped_for_put() as view:
                             done = await self._ask(
                                 lambda aio: aio.put(path, view, attributes=change)
                             )
-                    elif change != Change():  # a stream commits what a plain open would
+                    made = done.ctime_ns  # when the name was made, if it was
+                    if streamed and change != Change():  # a stream commits as a plain open
                         done = await self._ask(lambda aio: set_attributes(aio, path, change))
                     self.note_own_change(inode, done)
                 file.permissions = file.uid = file.gid = file.mtime_set = None
@@ -270,13 +273,18 @@ class FileHandles(Base):
                 spool.dirty = True
                 raise
         if file.created:
-            self._entries_changed(path)
+            self._entries_changed(path, made)
         file.created = False
 
-    def _entries_changed(self, path: str) -> None:
-        """A new name in a directory is in the store now: the kernel's copy of the
-        directory's attributes (its mtime) is out of date."""
+    def _entries_changed(self, path: str, when: int) -> None:
+        """A new name in a directory is in the store now, made at ``when`` (the commit's
+        time, which the directory's mtime and ctime took): the kernel's copy of the
+        directory's attributes is out of date; the daemon's is brought up to date."""
         parent = self.inodes.peek(path.rpartition("/")[0] or "/")
+        was = self.known.get(parent) if parent is not None else None
+        if parent in self.exact and was is not None:
+            when = max(when, was.mtime_ns)
+            self.known[parent] = msgspec.structs.replace(was, mtime_ns=when, ctime_ns=when)
         if parent is not None:
             try:
                 pyfuse3.invalidate_inode(parent, attr_only=True)

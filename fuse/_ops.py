@@ -106,7 +106,9 @@ class Operations(FileHandles):
             if before is not None and not before[1]:
                 now = self.queue.based(path, await self._stat_path(path), before)
             if now is not None:  # the store's, and the effect of what is queued
-                return self._attrs(inode, now, None)
+                attrs = self._attrs(inode, now, None)
+                self.exact.discard(inode)
+                return attrs
         await self._names_settled()  # a link's count changes with its other names
         await self._releases.settled(inode)
         file = self._open.get(inode)
@@ -167,7 +169,9 @@ class Operations(FileHandles):
         self.queue.set_attributes(path, change, self.nursery)
         info = changed(known, change, time.time_ns())
         self.note_own_change(inode, info)
-        return self._attrs(inode, info, None)
+        attrs = self._attrs(inode, info, None)
+        self.exact.discard(inode)  # the store's ctime will be its own
+        return attrs
 
     async def _set_attributes(self, inode: int, change: Change) -> None:
         """chmod, chown and utimens (the kernel checked who may: ``default_permissions``)."""
@@ -196,6 +200,7 @@ class Operations(FileHandles):
         bits, uid, gid = mode & 0o7777, ctx.uid, ctx.gid
         since = self.whole.mark()
         info = await self._ask(lambda aio: aio.mkdir(path, mode=bits, uid=uid, gid=gid))
+        self.names_changed_in(path)
         self.whole.added(path)
         self.whole.hold(path, (), since)  # new: empty
         return self._attrs(self.inodes.lookup(path), info, None)
@@ -211,6 +216,7 @@ class Operations(FileHandles):
         info = await self._ask(
             lambda aio: aio.put(path, target, exclusive=True, permissions=SYMLINK, attributes=owner)
         )
+        self.names_changed_in(path)
         self.whole.added(path)
         return self._attrs(self.inodes.lookup(path), info, None)
 
@@ -232,6 +238,7 @@ class Operations(FileHandles):
         else:
             uid, gid = ctx.uid, ctx.gid
             info = await self._ask(lambda aio: aio.mknod(path, mode, rdev=rdev, uid=uid, gid=gid))
+        self.names_changed_in(path)
         self.whole.added(path)
         return self._attrs(self.inodes.lookup(path), info, None)
 
@@ -250,6 +257,7 @@ class Operations(FileHandles):
         old = self._path(inode)
         async with self.own_change():
             info = await self._ask(lambda aio: aio.link(old, new))
+            self.names_changed_in(new)
             self.whole.added(new)
             self.inodes.alias(new, inode)
             self.inodes.lookup(new, info.inode)
@@ -273,6 +281,7 @@ class Operations(FileHandles):
             # directory, the daemon that it is empty. Removed after its names.
             assert self.nursery is not None
             self.queue.remove(path, self.nursery, directory=True)
+            self.names_changed_in(path)
             self.whole.removed(path)
             self.inodes.removed(path)
             return
@@ -282,6 +291,7 @@ class Operations(FileHandles):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         async with self.own_change():
             await self._ask(lambda aio: aio.rm(path))
+            self.names_changed_in(path)
             self.whole.removed(path)
             self.inodes.removed(path)
 
@@ -308,6 +318,7 @@ class Operations(FileHandles):
         else:  # the kernel knows it is no directory (EISDIR is its answer)
             assert self.nursery is not None
             self.queue.remove(path, self.nursery)
+        self.names_changed_in(path)
         self.whole.removed(path)
         self.inodes.removed(path)
         if file is not None and inode is not None and not self.inodes.names(inode):
@@ -334,6 +345,8 @@ class Operations(FileHandles):
         replace = not flags & pyfuse3.RENAME_NOREPLACE
         async with self.own_change():
             info = await self._ask(lambda aio: aio.rename(old, new, replace=replace))
+            self.names_changed_in(old)
+            self.names_changed_in(new)
             self.whole.moved(old, new)
             moved, replaced = self.inodes.peek(old), self.inodes.peek(new)
             if replaced is not None and replaced != moved:  # one name fewer
