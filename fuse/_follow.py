@@ -104,12 +104,14 @@ async def follow(
     whole: WholeDirs,
     weighing: Weighing,
     every: float = FOLLOW_S,
+    exact: set[int] | None = None,
 ) -> None:
     """Ask for changes every ``every`` seconds, for ever; drop what the kernel and the
     daemon hold of each path another client changed. A page is weighed with none of the
     mount's own changes under way (``weighing``): its own rename, committed and in the
     feed but not yet noted, would look like another client's."""
     cursor, failing = Cursor(), False
+    exact = set() if exact is None else exact  # directories whose attributes are known
     while True:
         more = False
         try:
@@ -118,10 +120,12 @@ async def follow(
             if lost:
                 log.warning("changes were missed (away too long): the kernel forgets all")
                 whole.clear()
+                exact.clear()
                 await in_thread(_forget_all, inodes)
             elif changes:
                 async with weighing():
                     work = await _invalidations(changes, current, inodes, known, whole)
+                exact.difference_update(inode for inode, _ in work)  # known, but old
                 if work:
                     await in_thread(_invalidate, work)
             more = len(feed.changes) >= PAGE
@@ -129,6 +133,7 @@ async def follow(
             if not failing:
                 log.warning("cannot follow the store's changes (%s); trying again", exc)
                 whole.clear()  # what changed meanwhile cannot be told
+                exact.clear()
             failing = True
         else:
             if failing:
@@ -163,7 +168,6 @@ async def _invalidations(
             if parent is not None:
                 work.append((parent, os.fsencode(name)))  # a negative entry the kernel kept
                 work.append((parent, None))  # and its directory's mtime and links moved
-                known.pop(parent, None)
             continue
         was = known.get(inode)
         kernel_saw = None if was is None else (was.inode, was.ctime_ns)
@@ -176,7 +180,6 @@ async def _invalidations(
             if kernel_saw is None or kernel_saw[0] != now[0]:
                 work.append((parent, os.fsencode(name)))  # gone, or another file now
             work.append((parent, None))
-            known.pop(parent, None)
     return work
 
 

@@ -36,7 +36,7 @@ from graben.store import (
 )
 
 from ._aio import Tasks, in_thread
-from ._follow import follow
+from ._follow import FOLLOW_S, follow
 from ._metrics import MountMetrics
 from ._openers import mount_device
 from ._ops import Operations
@@ -345,7 +345,15 @@ async def _main(ops: Operations) -> None:
     tasks = ops.nursery = Tasks()
     tasks.start_soon(_widen_read_ahead, ops.device)
     tasks.start_soon(
-        follow, ops.changes, ops.current, ops.inodes, ops.known, ops.whole, ops.weighing
+        follow,
+        ops.changes,
+        ops.current,
+        ops.inodes,
+        ops.known,
+        ops.whole,
+        ops.weighing,
+        FOLLOW_S,
+        ops.exact,
     )
     try:
         await pyfuse3.main()
