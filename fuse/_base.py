@@ -220,9 +220,15 @@ class Base(pyfuse3.Operations):
     async def _set_attributes_each(
         self, changes: Sequence[tuple[str, Change]]
     ) -> Sequence[FileInfo | BaseException]:
-        """Change the attributes of a group of paths in one call."""
+        """Change the attributes of a group of paths in one call; what the store made of
+        them is noted before the change feed may weigh their rows."""
         async with self.own_change():  # their rows in the feed are no other client's
-            return await self._ask(lambda aio: aio.set_attributes_each(changes))
+            done = await self._ask(lambda aio: aio.set_attributes_each(changes))
+            for (path, _), info in zip(changes, done, strict=True):
+                inode = self.inodes.peek(path)
+                if isinstance(info, FileInfo) and inode is not None:
+                    self.note_own_change(inode, info)
+        return done
 
     async def _changed(self, path: str, info: FileInfo | None) -> None:
         """The store changed ``path``'s attributes to ``info`` (the kernel holds what the
@@ -230,8 +236,7 @@ class Base(pyfuse3.Operations):
         inode = self.inodes.peek(path)
         if inode is None:
             return
-        if info is not None:
-            self.note_own_change(inode, info)
+        if info is not None:  # noted already (``_set_attributes_each``)
             if not info.is_dir:
                 return  # what was answered, but for the ctime's nanoseconds
         else:
