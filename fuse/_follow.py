@@ -124,7 +124,8 @@ async def follow(
                 await in_thread(_forget_all, inodes)
             elif changes:
                 async with weighing():
-                    work = await _invalidations(changes, current, inodes, known, whole)
+                    work, negative = await _invalidations(changes, current, inodes, known, whole)
+                work += _still_due(negative, inodes)
                 exact.difference_update(inode for inode, _ in work)  # known, but old
                 if work:
                     await in_thread(_invalidate, work)
@@ -154,11 +155,13 @@ async def _invalidations(
     inodes: InodeTable,
     known: Known,
     whole: WholeDirs,
-) -> list[Invalidation]:
+) -> tuple[list[Invalidation], list[Invalidation]]:
     """What the kernel must forget for ``changes``: nothing where it holds what the path
-    is now (the mount's own writes, a path changed again since, one looked up since)."""
+    is now (the mount's own writes, a path changed again since, one looked up since);
+    apart, the negative entries it may keep of names made elsewhere (``_still_due``)."""
     last = {change.path: (change.inode, change.ctime_ns) for change in changes}
     work: list[Invalidation] = []
+    negative: list[Invalidation] = []
     for path, now in last.items():
         inode = inodes.peek(path)
         parent_path, name = posixpath.split(path)
@@ -166,7 +169,8 @@ async def _invalidations(
         if inode is None:  # the kernel holds no inode of this path from us
             whole.elsewhere(path, there=now[0] != 0)
             if parent is not None:
-                work.append((parent, os.fsencode(name)))  # a negative entry the kernel kept
+                if now[0]:  # made: a negative entry the kernel kept goes
+                    negative.append((parent, os.fsencode(name)))
                 work.append((parent, None))  # and its directory's mtime and links moved
             continue
         was = known.get(inode)
@@ -180,7 +184,22 @@ async def _invalidations(
             if kernel_saw is None or kernel_saw[0] != now[0]:
                 work.append((parent, os.fsencode(name)))  # gone, or another file now
             work.append((parent, None))
-    return work
+    return work, negative
+
+
+def _still_due(negative: list[Invalidation], inodes: InodeTable) -> list[Invalidation]:
+    """The negative entries to drop, less the names the mount itself has given an inode
+    since they were weighed (its own rename back or create, just made: the kernel's
+    entry is positive and the store's; dropping it would make the kernel forget the
+    inode, and its number change: pjdfstest's rename tests, back and forth)."""
+    due = []
+    for inode, name in negative:
+        if name is not None and inode in inodes:
+            path = inodes.child(inodes.path(inode), os.fsdecode(name))
+            if inodes.peek(path) is not None:
+                continue
+        due.append((inode, name))
+    return due
 
 
 def _invalidate(work: Sequence[Invalidation]) -> None:
