@@ -9,6 +9,7 @@ import asyncio
 import errno
 import os
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -208,3 +209,24 @@ def test_a_group_forms_while_one_is_sent_and_refusals_come_back() -> None:
     assert calls[2:] == [["/b/f", "/b/gone"], ["/b/y"]]
     assert kept == ["/a/x"]
     assert told == [("/b/f", True), ("/b/gone", False)]
+
+
+def test_a_file_renamed_back_and_forth_keeps_its_inode_number(
+    store_url: str, tmp_path: Path
+) -> None:
+    """pjdfstest's rename tests' pattern: the change feed, weighing the rows of the
+    mount's own renames, must not make the kernel forget the file (a new number)."""
+    with mounted(store_url, tmp_path) as point:
+        a, b = point / "one", point / "two"
+        a.mkdir()
+        b.mkdir()
+        (a / "f").write_bytes(b"f")
+        number = (a / "f").stat().st_ino
+        deadline = time.monotonic() + 3.0  # the feed is read every 0.2 s
+        while time.monotonic() < deadline:
+            (b / "g").write_bytes(b"replaced")
+            os.rename(a / "f", b / "g")
+            assert (b / "g").lstat().st_ino == number
+            os.rename(b / "g", a / "f")
+            assert (a / "f").lstat().st_ino == number
+            assert not (b / "g").exists()
