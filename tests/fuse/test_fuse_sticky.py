@@ -227,14 +227,17 @@ def test_owners_and_sticky_directories_as_on_ext4(
     try:
         table = scenarios()
         problems = differences(table, reference, run_all(base, table))
-        if problems and all("'ino'" in line for line in problems):
+        for attempt in range(2):
+            if not problems or not all("'ino'" in line for line in problems):
+                break
             # Under load the cluster mount now and then gives a renamed inode a new number
             # (its numbers are its own, freed when the kernel forgets them; numbers taken
-            # from the store's inodes, issue 53, end it). A scenario that differs only so
-            # runs once more, in a directory of its own, and must match ext4 then.
+            # from the store's inodes, issue 53, end it; CI's load once hit the same
+            # scenarios twice). A scenario that differs only so runs again, up to twice,
+            # in a directory of its own, and must match ext4 then.
             again = {line.split(":")[0]: table[line.split(":")[0]] for line in problems}
-            (base / "again").mkdir()
-            problems = differences(again, reference, run_all(base / "again", again))
+            (base / f"again{attempt}").mkdir()
+            problems = differences(again, reference, run_all(base / f"again{attempt}", again))
         assert not problems, f"{len(problems)} differences:\n" + "\n".join(problems[:40])
     finally:
         direct.rm(f"/{base.name}", recursive=True)
