@@ -41,7 +41,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -66,6 +66,9 @@ SYNCED = ", then sync"
 
 
 # -- the systems, mounted once per run ---------------------------------------------------
+
+Fixture = Callable[[Context], AbstractContextManager["Mount | str"]]
+"""A run-wide fixture of one system: its ``Mount``, or why it could not start."""
 
 
 def _fixture(
@@ -134,18 +137,25 @@ def mounts(ctx: Context) -> list[Mount]:
             "--target is a store: the mount workloads need a mounted directory "
             f"(graben mount {ctx.target_url} DIR, then --target DIR)"
         )
+    mounts = mounted(ctx, SYSTEMS, "mount workloads")
+    if not mounts:
+        raise Skip("no file system could be mounted here")
+    return mounts
+
+
+def mounted(ctx: Context, systems: Mapping[str, Fixture], label: str) -> list[Mount]:
+    """The ``systems`` that mount here, in this trial's order (a rotation); each one
+    that cannot is named once a run, after ``label``."""
     mounts, told = [], ctx.fixture(_told)
-    for name, fixture in SYSTEMS.items():
+    for name, fixture in systems.items():
         got = ctx.fixture(fixture)
         if isinstance(got, str):
             if name not in told:
-                ctx.console.print(f"mount workloads: {name} left out: {got}")
+                ctx.console.print(f"{label}: {name} left out: {got}")
                 told.add(name)
             continue
         mounts.append(got)
-    if not mounts:
-        raise Skip("no file system could be mounted here")
-    shift = ctx.trial % len(mounts)
+    shift = ctx.trial % (len(mounts) or 1)
     return mounts[shift:] + mounts[:shift]
 
 

@@ -51,7 +51,7 @@ from .._context import Context
 from .._kit import MiB, environ, need_space
 from .._peers import Mount
 from .._registry import Result, Skip, workload
-from .mounts import EMBEDDED, SYSTEMS, _fixture, _target, _told
+from .mounts import EMBEDDED, SYSTEMS, _fixture, _target, mounted
 
 NAME = "mount-tools"
 LOCAL = "local disk"
@@ -103,17 +103,7 @@ def _mounts(ctx: Context) -> list[Mount]:
         raise Skip(f"{NAME} needs a mounted directory: --target DIR, not a store's URL")
     if ctx.target_path is not None:
         return [ctx.fixture(_target)]
-    mounts, told = [], ctx.fixture(_told)
-    for name, fixture in _SYSTEMS.items():
-        got = ctx.fixture(fixture)
-        if isinstance(got, str):
-            if name not in told:
-                ctx.console.print(f"{NAME}: {name} left out: {got}")
-                told.add(name)
-            continue
-        mounts.append(got)
-    shift = ctx.trial % (len(mounts) or 1)
-    return mounts[shift:] + mounts[:shift]
+    return mounted(ctx, _SYSTEMS, NAME)
 
 
 # -- the sources on local disk ---------------------------------------------------------------
