@@ -35,7 +35,7 @@ from graben.store import (
     serve_metrics,
 )
 
-from ._aio import Tasks, in_thread
+from ._aio import Readable, Tasks, in_thread
 from ._follow import FOLLOW_S, follow
 from ._metrics import MountMetrics
 from ._openers import mount_device
@@ -355,9 +355,13 @@ async def _main(ops: Operations) -> None:
         FOLLOW_S,
         ops.exact,
     )
+    readable = Readable(pyfuse3.asyncio.ClosedResourceError)
+    pyfuse3.asyncio.wait_readable = readable.wait_readable
+    pyfuse3.asyncio.notify_closing = readable.notify_closing
     try:
         await pyfuse3.main()
     finally:
+        readable.close()  # the device is closed next, in a worker thread
         try:
             await ops.queue.settled()  # every change answered is in the store
         finally:
