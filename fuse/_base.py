@@ -25,7 +25,15 @@ from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 
-from graben.store import AsyncClient, Change, ChangeFeed, Client, FileInfo, NotFound, ReadFile
+from graben.store import (
+    AsyncClient,
+    AsyncReadFile,
+    Change,
+    ChangeFeed,
+    Client,
+    FileInfo,
+    NotFound,
+)
 
 from ._aio import Tasks, in_thread
 from ._blocks import Blocks, ReadAheadCounts
@@ -128,7 +136,7 @@ class Listing:
 class Handle:
     inode: int
     file: OpenFile
-    reader: ReadFile | None = None
+    reader: AsyncReadFile | None = None
     blocks: Blocks | None = None
     writing: bool = False
     opener: Opener | None = None

@@ -1,32 +1,33 @@
 """Read-ahead for one open file: large blocks fetched off the loop, small reads served from them.
 
-The kernel asks for 128 KiB to 1 MiB at a time. A trip to a worker thread and
-through the store client per request would cost more than the copy, so a
-handle reads a block (the store's chunk size: whole chunks go straight into
-our buffer, without the store's own staging copy) in a worker thread and
-answers the kernel's requests from memory on the loop. A reader going forward
-gets the next blocks fetched while it reads this one. Memory is bounded:
-``KEPT`` blocks per open file, reused in turn.
+The kernel asks for 128 KiB to 1 MiB at a time. A trip through the store
+client per request would cost more than the copy, so a handle reads a block
+(the store's chunk size: whole chunks go straight into our buffer, without the
+store's own staging copy) with the store's reader, on the loop (its fetches
+and checksums do not hold it), and answers the kernel's requests from memory.
+A reader going forward gets the next blocks fetched while it reads this one.
+Memory is bounded: ``KEPT`` blocks per open file, reused in turn, none larger
+than the file (a 2 KiB file costs a page, not a chunk).
 """
 
 from __future__ import annotations
 
 import asyncio
 import mmap
-import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from ._aio import Tasks, in_thread
+from ._aio import Tasks
 
 AHEAD = 2
 """Blocks fetched ahead of a reader going forward."""
 KEPT = AHEAD + 2
 """Blocks held per open file."""
 
-Fetch = Callable[[int, memoryview], int]
-"""Fill the buffer from the given offset of the file (blocking); bytes read."""
+Fetch = Callable[[int, memoryview], Awaitable[int]]
+"""Fill the buffer from the given offset of the file; bytes read (0 at its end)."""
+PAGE = mmap.PAGESIZE
 
 
 @dataclass(slots=True)
@@ -61,9 +62,10 @@ class Blocks:
         self._fetch, self._size, self._nursery = fetch, size, nursery
         self._counts = counts or ReadAheadCounts()
         self._block = block
+        self._buffer_size = max(PAGE, min(block, -(-size // PAGE) * PAGE))
         self._blocks: OrderedDict[int, _Block] = OrderedDict()
         self._spare: list[mmap.mmap] = []
-        self._lock = threading.Lock()  # one fetch at a time on the file object
+        self._lock = asyncio.Lock()  # one fetch at a time on the store's reader
         self._sequential_offset = 0
         """Where a reader going forward asks next."""
 
@@ -119,26 +121,27 @@ class Blocks:
             _, old = self._blocks.popitem(last=False)
             if old.ready.is_set():
                 self._spare.append(old.buffer)
-        block = _Block(self._spare.pop() if self._spare else mmap.mmap(-1, self._block))
+        block = _Block(self._spare.pop() if self._spare else mmap.mmap(-1, self._buffer_size))
         self._blocks[index] = block
         self._nursery.start_soon(self._load, index, block)
         return block
 
     async def _load(self, index: int, block: _Block) -> None:
         try:
-            block.length = await in_thread(self._fill, index, block.buffer)
+            block.length = await self._fill(index, block.buffer)
         except Exception as exc:  # handed to the reader that waits for this block
             block.error = exc
         finally:
             block.ready.set()
 
-    def _fill(self, index: int, buffer: mmap.mmap) -> int:
+    async def _fill(self, index: int, buffer: mmap.mmap) -> int:
         length = min(self._block, self._size - index * self._block)
-        with self._lock, memoryview(buffer) as view:
-            done = 0
-            while done < length:
-                n = self._fetch(index * self._block + done, view[done:length])
-                if n <= 0:
-                    break
-                done += n
+        async with self._lock:
+            with memoryview(buffer) as view:
+                done = 0
+                while done < length:
+                    n = await self._fetch(index * self._block + done, view[done:length])
+                    if n <= 0:
+                        break
+                    done += n
         return done

@@ -12,13 +12,13 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 import msgspec
 import pyfuse3
 
-from graben.store import AsyncClient, Change, FileInfo, ReadFile
+from graben.store import AsyncClient, AsyncReadFile, Change, FileInfo
 
 from ._base import Base, Handle, OpenFile, answers_errno, log
 from ._blocks import Blocks
@@ -56,7 +56,7 @@ class FileHandles(Base):
             if file.spool is None and not file.created:
                 # Opened now, so the handle reads this version even if the path
                 # is overwritten or unlinked before it reads.
-                handle.reader = await self._call(self.client.open, path, "rb")
+                handle.reader = await self._reader(path)
                 file.info = handle.reader.info
                 self._opened(inode, file.info)
         except BaseException:
@@ -65,6 +65,10 @@ class FileHandles(Base):
         fh = self._new_fh()
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, keep_cache=self._keep_cache(inode, handle))
+
+    async def _reader(self, path: str) -> AsyncReadFile:
+        """The version of ``path`` committed now, read on this loop."""
+        return cast(AsyncReadFile, await self.client.aio.open(path, "rb"))
 
     def _opened(self, inode: int, info: FileInfo) -> None:
         """Close-to-open: an open sees the version committed last, wherever it was
@@ -83,7 +87,11 @@ class FileHandles(Base):
                 log.debug("could not invalidate inode %d: %s", inode, exc)
 
     def _keep_cache(self, inode: int, handle: Handle) -> bool:
-        """Whether the kernel may keep the pages it cached for the inode at its last open."""
+        """Whether the kernel may keep the pages it cached for the inode at its last open.
+
+        Not those of a version this mount wrote: tried, the kernel read such a file
+        again anyway, likely as its mtime from the write differs from the store's
+        (libfuse's ``auto_inval_data``, which pyfuse3 leaves on)."""
         if handle.reader is None:
             self._versions.pop(inode, None)
             return False
@@ -140,7 +148,7 @@ class FileHandles(Base):
         if handle.file.spool is not None:
             return handle.file.spool.read(off, size)
         if handle.reader is None:  # opened before a write elsewhere dropped its spool
-            handle.reader = await self._call(self.client.open, self._path(handle.inode), "rb")
+            handle.reader = await self._reader(self._path(handle.inode))
         if handle.blocks is None:
             assert self.nursery is not None
             reader = handle.reader
@@ -225,7 +233,7 @@ class FileHandles(Base):
             log.warning("%s: not committed at its last close (%s): %s", path, name, exc)
         finally:
             if handle.reader is not None:
-                await self._call(handle.reader.close)
+                await handle.reader.close()
 
     async def _truncate(self, inode: int, size: int, *, commit: bool) -> None:
         """Cut or extend a file; ``commit`` publishes it now (else its last close does)."""
@@ -333,9 +341,9 @@ async def set_attributes(client: AsyncClient, path: str, change: Change) -> File
     )
 
 
-def _positional(reader: ReadFile) -> Callable[[int, memoryview], int]:
-    def fetch(offset: int, into: memoryview) -> int:
+def _positional(reader: AsyncReadFile) -> Callable[[int, memoryview], Awaitable[int]]:
+    async def fetch(offset: int, into: memoryview) -> int:
         reader.seek(offset)
-        return reader.readinto(into)
+        return await reader.readinto(into)
 
     return fetch
