@@ -92,4 +92,3 @@ def test_a_missing_name_is_asked_once_while_the_kernel_remembers_it(tmp_path: Pa
         seen = eventually((point / "missing").exists, 5)
     assert asked == 1
     assert seen < 2.0
-
