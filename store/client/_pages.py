@@ -12,21 +12,36 @@ loud ``IntegrityError``, not a short or wrong read.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from .._errors import IntegrityError, NotFound
 from .._types import Capability, Extent, FileInfo, FileLayout
-from ..transport import LAYOUT_PAGE, LIST_PAGE, GetLayout, ListDir, MetaTransport
+from ..transport import LAYOUT_PAGE, LIST_PAGE, GetLayout, ListDir, MetaTransport, Request
+
+R = TypeVar("R")
 
 RESTARTS = 5
 """Times a layout is gathered again because its file was replaced meanwhile."""
 
 
+async def _read(meta: MetaTransport, request: Request[R]) -> R:
+    """``request`` answered: an embedded store's in this thread (one indexed SQLite read
+    costs less than handing it to a reader thread and back: a mount's ``open`` of a small
+    file 290 -> 172 us), a service's over the wire."""
+    read = meta.local_read
+    if read is not None:
+        answer: R = read(request)
+        return answer
+    return await meta.request(request)
+
+
 async def listing(meta: MetaTransport, path: str) -> list[FileInfo]:
     """Every entry of a directory (a file lists as itself), sorted by name."""
-    page = await meta.request(ListDir(path, limit=LIST_PAGE))
+    page = await _read(meta, ListDir(path, limit=LIST_PAGE))
     entries = list(page.entries)
     while page.more and entries:
         request = ListDir(path, entries[-1].name, LIST_PAGE, page.directory)
-        page = await meta.request(request)
+        page = await _read(meta, request)
         entries.extend(page.entries)
     return entries
 
@@ -34,7 +49,7 @@ async def listing(meta: MetaTransport, path: str) -> list[FileInfo]:
 async def layout(meta: MetaTransport, path: str) -> FileLayout:
     """A file's whole layout, of one version, checked."""
     for _ in range(RESTARTS):
-        first = await meta.request(GetLayout(path, limit=LAYOUT_PAGE))
+        first = await _read(meta, GetLayout(path, limit=LAYOUT_PAGE))
         try:
             whole = await _rest(meta, path, first)
         except NotFound:
