@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import logging
 import os
@@ -22,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import pyfuse3
 import pyfuse3.asyncio
@@ -45,6 +47,8 @@ from ._spool import Spool
 
 log = logging.getLogger("graben.fuse")
 READY_TIMEOUT_S = 60.0
+IDLE_S = 2.0
+"""A mount that took no chunk buffer for this long gives back the memory it holds."""
 """How long ``mount`` waits for the daemon to say the mount is ready (longer than a
 client keeps trying an unreachable store, so that the daemon's own error is logged)."""
 DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED)
@@ -317,6 +321,33 @@ def _device(target: Path) -> str | None:
         return None
 
 
+class _Pool(Protocol):
+    taken: int
+
+    def trim(self) -> None: ...
+
+
+async def _give_back_when_idle(pool: _Pool) -> None:
+    """Once the mount has taken no chunk buffer for ``IDLE_S``, unmap those the store
+    client keeps for reuse and hand the heap's free pages back to the system (glibc's
+    ``malloc_trim``): a mount left running holds what a burst of I/O needed only while
+    the burst lasts (a 512 MiB write and read left ~80 MiB resident before)."""
+    try:
+        trim_heap = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        trim_heap = None
+    seen, given_back = pool.taken, True
+    while True:
+        await asyncio.sleep(IDLE_S)
+        if pool.taken != seen:
+            seen, given_back = pool.taken, False
+        elif not given_back:
+            given_back = True
+            pool.trim()
+            if trim_heap is not None:
+                await in_thread(trim_heap, 0)
+
+
 async def _widen_read_ahead(device: str | None) -> None:
     """Let the kernel read ahead 4 MiB, in 1 MiB requests, instead of 128 KiB ones.
 
@@ -344,6 +375,7 @@ async def _main(ops: Operations) -> None:
         loop.add_signal_handler(signum, pyfuse3.terminate)
     tasks = ops.nursery = Tasks()
     tasks.start_soon(_widen_read_ahead, ops.device)
+    tasks.start_soon(_give_back_when_idle, ops.client.aio.pool)
     tasks.start_soon(
         follow,
         ops.changes,

@@ -36,9 +36,17 @@ class BufferPool:
         self._keep = keep
         self._free: list[mmap.mmap] = []
         self._lock = threading.Lock()
+        self.taken = 0
+        """Buffers handed out so far (a caller that trims when idle watches it)."""
+
+    @property
+    def kept(self) -> int:
+        """Buffers held for reuse now."""
+        return len(self._free)
 
     def get(self, size: int = 0) -> mmap.mmap:
         """A buffer of at least ``size`` bytes (default: the pool's size); ``put`` it back."""
+        self.taken += 1
         if size > self.size:
             return mmap.mmap(-1, size)
         with self._lock:
@@ -56,6 +64,11 @@ class BufferPool:
 
     def close(self) -> None:
         """Unmap every pooled buffer."""
+        self.trim()
+
+    def trim(self) -> None:
+        """Unmap the buffers held for reuse (the pool stays usable: a long-lived process
+        gives their memory back while idle)."""
         with self._lock:
             free, self._free = self._free, []
         for buffer in free:
