@@ -124,11 +124,10 @@ async def follow(
                 await in_thread(_forget_all, inodes)
             elif changes:
                 async with weighing():
-                    work, negative = await _invalidations(changes, current, inodes, known, whole)
-                work += _still_due(negative, inodes)
+                    work, names = await _invalidations(changes, current, inodes, known, whole)
                 exact.difference_update(inode for inode, _ in work)  # known, but old
-                if work:
-                    await in_thread(_invalidate, work)
+                if work or names:
+                    await in_thread(_invalidate, work, names, inodes, known)
             more = len(feed.changes) >= PAGE
         except (GrabenError, OSError) as exc:
             if not failing:
@@ -147,6 +146,9 @@ async def follow(
 Invalidation = tuple[int, bytes | None]
 """An inode whose attributes and pages the kernel drops; with a name, the directory
 entry of that name in it is dropped instead."""
+NameDrop = tuple[int, bytes, int | None, FileInfo | None]
+"""A directory entry to drop: (its directory's inode, its name), with what the daemon
+held of the name when the feed was weighed (its inode, and what it knew of that)."""
 
 
 async def _invalidations(
@@ -155,13 +157,13 @@ async def _invalidations(
     inodes: InodeTable,
     known: Known,
     whole: WholeDirs,
-) -> tuple[list[Invalidation], list[Invalidation]]:
+) -> tuple[list[Invalidation], list[NameDrop]]:
     """What the kernel must forget for ``changes``: nothing where it holds what the path
     is now (the mount's own writes, a path changed again since, one looked up since);
-    apart, the negative entries it may keep of names made elsewhere (``_still_due``)."""
+    apart, the directory entries to drop, checked again just before (``still_due``)."""
     last = {change.path: (change.inode, change.ctime_ns) for change in changes}
     work: list[Invalidation] = []
-    negative: list[Invalidation] = []
+    names: list[NameDrop] = []
     for path, now in last.items():
         inode = inodes.peek(path)
         parent_path, name = posixpath.split(path)
@@ -169,8 +171,10 @@ async def _invalidations(
         if inode is None:  # the kernel holds no inode of this path from us
             whole.elsewhere(path, there=now[0] != 0)
             if parent is not None:
-                if now[0]:  # made: a negative entry the kernel kept goes
-                    negative.append((parent, os.fsencode(name)))
+                # Made, and there now (not this mount's own name renamed away again):
+                # a negative entry the kernel kept goes.
+                if now[0] and (await current(path))[0]:
+                    names.append((parent, os.fsencode(name), None, None))
                 work.append((parent, None))  # and its directory's mtime and links moved
             continue
         was = known.get(inode)
@@ -182,36 +186,47 @@ async def _invalidations(
         work.append((inode, None))
         if parent is not None:
             if kernel_saw is None or kernel_saw[0] != now[0]:
-                work.append((parent, os.fsencode(name)))  # gone, or another file now
+                names.append((parent, os.fsencode(name), inode, None))  # gone, or another
             work.append((parent, None))
-    return work, negative
+    return work, names
 
 
-def _still_due(negative: list[Invalidation], inodes: InodeTable) -> list[Invalidation]:
-    """The negative entries to drop, less the names the mount itself has given an inode
-    since they were weighed (its own rename back or create, just made: the kernel's
-    entry is positive and the store's; dropping it would make the kernel forget the
-    inode, and its number change: pjdfstest's rename tests, back and forth)."""
-    due = []
-    for inode, name in negative:
-        if name is not None and inode in inodes:
-            path = inodes.child(inodes.path(inode), os.fsdecode(name))
-            if inodes.peek(path) is not None:
-                continue
-        due.append((inode, name))
-    return due
+def still_due(drop: NameDrop, inodes: InodeTable, known: Known) -> bool:
+    """Whether a directory entry weighed for dropping is still to drop: not if the daemon
+    has learned the name anew since, the mount itself having made it, renamed it back or
+    looked it up (the kernel's entry is the store's; dropping it would make the kernel
+    forget the inode, and its number change: pjdfstest's rename tests, back and forth,
+    which under load ran into the gap between weighing and telling the kernel)."""
+    parent, name, inode, knew = drop
+    if parent not in inodes:
+        return True
+    now = inodes.peek(inodes.child(inodes.path(parent), os.fsdecode(name)))
+    return now == inode and (now is None or known.get(now) is knew)
 
 
-def _invalidate(work: Sequence[Invalidation]) -> None:
-    """Tell the kernel (a worker thread: a call waits for related requests to end)."""
+def _invalidate(
+    work: Sequence[Invalidation],
+    names: Sequence[NameDrop] = (),
+    inodes: InodeTable | None = None,
+    known: Known | None = None,
+) -> None:
+    """Tell the kernel (a worker thread: a call waits for related requests to end); each
+    entry in ``names`` checked just before (``still_due``: the loop goes on meanwhile)."""
     for inode, name in work:
-        try:
-            if name is None:
-                pyfuse3.invalidate_inode(inode)
-            else:
-                pyfuse3.invalidate_entry(inode, name)
-        except OSError as exc:  # the kernel forgot it meanwhile
-            log.debug("could not invalidate inode %d %r: %s", inode, name, exc)
+        _tell(inode, name)
+    for drop in names:
+        if inodes is None or known is None or still_due(drop, inodes, known):
+            _tell(drop[0], drop[1])
+
+
+def _tell(inode: int, name: bytes | None) -> None:
+    try:
+        if name is None:
+            pyfuse3.invalidate_inode(inode)
+        else:
+            pyfuse3.invalidate_entry(inode, name)
+    except OSError as exc:  # the kernel forgot it meanwhile
+        log.debug("could not invalidate inode %d %r: %s", inode, name, exc)
 
 
 def _forget_all(inodes: InodeTable) -> None:
