@@ -40,7 +40,7 @@ from ._blocks import Blocks, ReadAheadCounts
 from ._follow import PAGE as FEED_PAGE
 from ._follow import Known
 from ._inodes import InodeTable, is_unlinked
-from ._names import WholeDirs
+from ._names import Listings, WholeDirs
 from ._openers import Opener
 from ._queue import ChangeQueue, Sent
 from ._releases import Releases
@@ -166,8 +166,11 @@ class Base(pyfuse3.Operations):
         self._listings: dict[int, Listing] = {}
         self._next_fh = 1
         self._versions: dict[int, tuple[int, int]] = {}
-        self.whole = WholeDirs()
-        """Directories whose every name the daemon knows (``_names``)."""
+        self.listings: Listings[Entry] = Listings()
+        """Directory listings answered again while nothing changed them (``_names``)."""
+        self.whole = WholeDirs(self.listings)
+        """Directories whose every name the daemon knows (``_names``); it tells
+        ``listings`` of every change of names, here or elsewhere."""
         self.known: Known = {}
         """What the kernel was last told of each inode: a file's attributes are answered
         from here until the change feed says another client changed it (``_follow``)."""
@@ -241,6 +244,7 @@ class Base(pyfuse3.Operations):
     async def _changed(self, path: str, info: FileInfo | None) -> None:
         """The store changed ``path``'s attributes to ``info`` (the kernel holds what the
         daemon answered, a moment older), or did not (``None``: both ask again)."""
+        self.listings.touch(path)
         inode = self.inodes.peek(path)
         if inode is None:
             return
@@ -349,10 +353,13 @@ class Base(pyfuse3.Operations):
         self.changes_made += 1
         if info.is_dir:
             self.exact.add(inode)
+        if inode in self.inodes:
+            self.listings.touch(self.inodes.path(inode))
 
     def names_changed_in(self, path: str) -> None:
         """This mount made or removed a name in the directory of ``path``: what the
         daemon knows of that directory's attributes is no longer the store's."""
+        self.listings.touch(path)
         parent = self.inodes.peek(posixpath.dirname(path))
         if parent is not None:
             self.exact.discard(parent)

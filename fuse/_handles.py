@@ -288,6 +288,7 @@ class FileHandles(Base):
         """A new name in a directory is in the store now, made at ``when`` (the commit's
         time, which the directory's mtime and ctime took): the kernel's copy of the
         directory's attributes is out of date; the daemon's is brought up to date."""
+        self.listings.touch(path)
         parent = self.inodes.peek(path.rpartition("/")[0] or "/")
         was = self.known.get(parent) if parent is not None else None
         if parent in self.exact and was is not None:

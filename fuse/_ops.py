@@ -375,9 +375,7 @@ class Operations(FileHandles):
         await self._releases.all_settled()
         path = self._path(inode)
         since, made = self.whole.mark(), self.changes_made
-        entries: list[Entry] = [
-            (info.name, info.path, info) for info in await self._ask(lambda aio: aio.ls(path))
-        ]
+        entries = list(await self._listed(path))
         listed = {name for name, _, _ in entries}
         for other, file in self._open.items():
             pending = self.inodes.path(other)
@@ -391,6 +389,21 @@ class Operations(FileHandles):
         fh = self._new_fh()
         self._listings[fh] = Listing(dots + entries, made)
         return fh
+
+    async def _listed(self, path: str) -> list[Entry]:
+        """The directory's entries as the store has them: kept from its last listing if
+        nothing changed it since (``Listings``), else read. A listing with a file of
+        several names is not kept: a link made or removed in another directory changes
+        that file's link count."""
+        kept = self.listings.get(path)
+        if kept is not None:
+            return kept
+        since = self.listings.mark()
+        infos = await self._ask(lambda aio: aio.ls(path))
+        entries: list[Entry] = [(info.name, info.path, info) for info in infos]
+        if not any(info.nlink > 1 and not info.is_dir for info in infos):
+            self.listings.keep(path, entries, since)
+        return entries
 
     @answers_errno
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:

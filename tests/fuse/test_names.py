@@ -3,7 +3,7 @@ missing a name that is there, as far as the change feed tells."""
 
 from __future__ import annotations
 
-from graben.fuse._names import MAX_DIRS, WholeDirs
+from graben.fuse._names import MAX_DIRS, MAX_LISTED, Listings, WholeDirs
 
 
 def test_a_new_name_in_a_held_directory_is_surely_missing() -> None:
@@ -53,3 +53,65 @@ def test_held_directories_are_bounded() -> None:
     for i in range(MAX_DIRS + 10):
         dirs.hold(f"/d{i}", [], dirs.mark())
     assert len(dirs) == MAX_DIRS and not dirs.lacks("/d0/x") and dirs.lacks(f"/d{MAX_DIRS}/x")
+
+
+# -- listings kept (``Listings``) ---------------------------------------------------------
+
+
+def _kept(dirs: WholeDirs, *paths: str) -> list[str]:
+    for path in paths:
+        dirs.listings.keep(path, [f"{path} listed"], dirs.listings.mark())
+    return [p for p in paths if dirs.listings.get(p) is not None]
+
+
+def test_a_change_here_lets_go_of_the_listings_that_show_it() -> None:
+    """A name made in /a/b changes /a/b's listing, /a/b's attributes (in /a's listing)
+    and nothing above: / and a sibling stay kept."""
+    dirs = WholeDirs()
+    tree = ("/", "/a", "/a/b", "/a/b/c", "/a/side")
+    assert _kept(dirs, *tree) == list(tree)
+    dirs.added("/a/b/new")
+    assert [p for p in tree if dirs.listings.get(p) is not None] == ["/", "/a/b/c", "/a/side"]
+    assert _kept(dirs, "/a", "/a/b") == ["/a", "/a/b"]  # listed again after the change
+    dirs.listings.touch("/a/side/f")  # an attribute changed: a chmod, a commit
+    assert dirs.listings.get("/a/side") is None and dirs.listings.get("/a") is None
+    assert dirs.listings.get("/a/b") == ["/a/b listed"]
+
+
+def test_renames_and_removals_here_let_go_of_both_sides() -> None:
+    dirs = WholeDirs()
+    _kept(dirs, "/x", "/y", "/y/sub")
+    dirs.moved("/x/f", "/y/g")
+    assert dirs.listings.get("/x") is None and dirs.listings.get("/y") is None
+    assert dirs.listings.get("/y/sub") == ["/y/sub listed"]
+    dirs.removed("/y/sub")
+    assert dirs.listings.get("/y/sub") is None
+
+
+def test_a_change_elsewhere_or_a_lost_feed_lets_go_of_every_listing() -> None:
+    dirs = WholeDirs()
+    _kept(dirs, "/p", "/q")
+    dirs.elsewhere("/far/away", there=False)
+    assert dirs.listings.get("/p") is None and dirs.listings.get("/q") is None
+    _kept(dirs, "/p")
+    dirs.clear()
+    assert dirs.listings.get("/p") is None
+
+
+def test_a_listing_read_while_anything_changed_is_not_kept() -> None:
+    listings: Listings[str] = Listings()
+    since = listings.mark()
+    listings.touch("/elsewhere/entirely")
+    listings.keep("/d", ["stale?"], since)
+    assert listings.get("/d") is None
+
+
+def test_listings_kept_are_bounded_by_their_entries() -> None:
+    listings: Listings[int] = Listings()
+    half = MAX_LISTED // 2
+    for name in ("/one", "/two", "/three"):
+        listings.keep(name, list(range(half)), listings.mark())
+    assert listings.get("/one") is None  # the oldest went
+    assert listings.get("/two") is not None and listings.get("/three") is not None
+    listings.keep("/huge", list(range(MAX_LISTED + 1)), listings.mark())
+    assert listings.get("/huge") is None
