@@ -48,7 +48,7 @@ from graben.store.local import cluster_up, make_secret_file
 
 from .. import _peers, _tree
 from .._context import Context
-from .._kit import MiB, environ, need_space
+from .._kit import MiB, drop_all_caches, environ, need_space
 from .._peers import Mount
 from .._registry import Result, Skip, workload
 from .mounts import EMBEDDED, SYSTEMS, _fixture, _target, mounted
@@ -201,17 +201,6 @@ def _check(ran: Ran) -> None:
         raise RuntimeError(f"{NAME}: preparing the sources: {ran.failure}")
 
 
-def _drop_caches() -> str | None:
-    """Every clean page, dentry and inode out of the kernel's caches; why not, if it could not."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as f:
-            f.write("3\n")
-    except OSError as exc:
-        return f"caches kept: drop_caches {exc.strerror}"
-    return None
-
-
 # -- the tools, on one system ------------------------------------------------------------------
 
 
@@ -221,7 +210,7 @@ def _tools(src: Sources, where: Path) -> Iterator[tuple[str, Ran]]:
     yield "cp -a, then sync", _run(["cp", "-a", str(src.copy), str(copy)], where, sync=True)
     yield "find", _run(["find", str(copy)], where)
     yield "du -s", _run(["du", "-s", str(copy)], where)
-    dropped = _drop_caches()
+    dropped = drop_all_caches()
     yield ("tar c, caches dropped" if dropped is None else f"tar c, {dropped}"), _tar_c(copy)
     unpacked.mkdir()
     tar_x = ["tar", "-xf", str(src.tarball), "-C", str(unpacked)]
