@@ -383,9 +383,9 @@ def _timed_read(ctx: Context, name: str, system: str, path: Path, view: memoryvi
 
 def _evict(mount: Mount, path: Path, buffer: mmap.mmap, *, cold: bool) -> None:
     """The file's pages on the mount out of the cache; its data files out (cold) or in.
-    As root every page goes (``drop_all_caches``): evicting one file's pages through a
-    mount (``POSIX_FADV_DONTNEED``) may leave them cached, as the 8-10 GB/s SeaweedFS
-    read that way suggests."""
+    As root every page goes (``drop_all_caches``), whatever a daemon asked the kernel to
+    keep; elsewhere the file's own (``POSIX_FADV_DONTNEED``). What a daemon holds in its
+    own memory stays (SeaweedFS's chunk cache: its warm reads run at 8-10 GB/s)."""
     if drop_all_caches() is not None:
         drop_cache([path])
     data = files_under(mount.data) if mount.data is not None else []
