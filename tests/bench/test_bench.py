@@ -365,7 +365,11 @@ def test_mount_workloads_measure_graben_beside_juicefs_and_seaweedfs(tmp_path: P
     assert {f"find: {system}" for system in ("graben cluster RF=1", *peers[2:3], peers[4])} <= {
         r["system"] for r in tools
     }
-    assert all(r["baseline"] == "graben embedded" for r in rows if r not in reread + tools)
+    idle = [r for r in rows if r["system"].endswith(", idle 5 s")]  # beside graben's, idle
+    assert {r["baseline"] for r in idle} == {"graben embedded, idle 5 s"}
+    assert {r["system"] for r in idle} >= {"graben embedded, idle 5 s", "JuiceFS, idle 5 s"}
+    others = reread + tools + idle
+    assert all(r["baseline"] == "graben embedded" for r in rows if r not in others)
     with open("/proc/self/mountinfo") as table:
         assert str(tmp_path) not in table.read()
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, check=False)

@@ -54,5 +54,7 @@ def test_three_empty_nodes_take_their_share_of_three_loaded_ones_at_the_rate(
             for path, data in written.items():
                 assert client.get(path) == data
                 assert set(copies(client, path)) == {3}
-            report = client.fsck()
-            assert report.ok, report
+            # A move may still be under way (the loads are within 15%, not equal): fsck
+            # takes the metadata, then the nodes' files, so one copy moving between the two
+            # reads looks missing. A copy truly lost stays missing.
+            eventually(lambda: client.fsck().ok, 10)
