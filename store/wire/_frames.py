@@ -101,6 +101,11 @@ OnRefused = Callable[[Header, GrabenError], None]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)
+_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
+"""A decoder per body type: ``msgspec.msgpack.decode(body, type=...)`` works out the
+type's layout on every call (19 µs for the metadata service's union of 39 requests,
+against 0.09 µs with a decoder made once: a fifth of the service's busy time)."""
+MAX_DECODERS = 256
 
 
 class FileSpan(NamedTuple):
@@ -121,8 +126,13 @@ def encode(value: Any) -> msgspec.Raw:
 
 def decode(body: msgspec.Raw, kind: type[Any]) -> Any:
     """A msgpack body as ``kind``; a ``ProtocolError`` if it is not one."""
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        if len(_decoders) >= MAX_DECODERS:
+            _decoders.clear()
+        decoder = _decoders[kind] = msgspec.msgpack.Decoder(kind)
     try:
-        return msgspec.msgpack.decode(body, type=kind)
+        return decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise ProtocolError(f"malformed request body: {exc}") from None
     except (msgspec.DecodeError, RecursionError) as exc:

@@ -320,6 +320,22 @@ def test_nil_body_decodes_as_none() -> None:
     assert decode(NIL, type(None)) is None
 
 
+def test_a_body_type_decodes_the_same_and_refuses_the_same_every_time() -> None:
+    """``decode`` keeps a decoder per type: the second call of a type (a union of request
+    kinds, a list of a struct) decodes and refuses exactly as the first."""
+    from graben.store.meta._service import AnyRequest
+    from graben.store.transport import ListDir, Stat
+
+    for _ in range(2):
+        assert decode(encode(Stat("/a/b")), AnyRequest) == Stat("/a/b")
+        assert decode(encode([Stat("/x"), Stat("/y")]), list[Stat]) == [Stat("/x"), Stat("/y")]
+        assert decode(encode(ListDir("/d", limit=3)), AnyRequest) == ListDir("/d", limit=3)
+        with pytest.raises(GrabenError, match="malformed request body"):
+            decode(encode({"type": "Stat", "path": 3}), AnyRequest)
+        with pytest.raises(GrabenError, match="undecodable request body"):
+            decode(msgspec.Raw(b"\xc1"), list[Stat])
+
+
 def test_a_periodic_task_outlives_failing_rounds() -> None:
     from graben.store.wire import every, stop
 
