@@ -359,8 +359,7 @@ class Base(pyfuse3.Operations):
     def names_changed_in(self, path: str) -> None:
         """This mount made or removed a name in the directory of ``path``: what the
         daemon knows of that directory's attributes is no longer the store's."""
-        self.listings.touch(path)
-        parent = self.inodes.peek(posixpath.dirname(path))
+        parent = self.inodes.peek(posixpath.dirname(path))  # (``whole`` tells ``listings``)
         if parent is not None:
             self.exact.discard(parent)
 

@@ -230,15 +230,5 @@ def _runs(group: list[Queued]) -> list[list[Queued]]:
 
 
 def changed(info: FileInfo, change: Change, now_ns: int) -> FileInfo:
-    """``info`` with ``change`` applied at ``now_ns``, as the store applies it (its type
-    bits stay; the ctime moves to now)."""
-    c = change
-    return msgspec.structs.replace(
-        info,
-        mode=info.mode if c.mode is None else info.mode & ~0o7777 | c.mode,
-        mtime_ns=info.mtime_ns if c.mtime_ns is None else c.mtime_ns,
-        atime_ns=info.atime_ns if c.atime_ns is None else c.atime_ns,
-        uid=info.uid if c.uid is None else c.uid,
-        gid=info.gid if c.gid is None else c.gid,
-        ctime_ns=max(info.ctime_ns, now_ns),
-    )
+    """``info`` with ``change`` applied at ``now_ns``, by the store's rule (``Change.applied``)."""
+    return msgspec.structs.replace(info, **change.applied(info, now_ns))

@@ -18,7 +18,7 @@ so servers and clients share one set of types.
 from __future__ import annotations
 
 import mmap
-from typing import Final, Literal, TypeAlias, get_args
+from typing import Final, Literal, Protocol, TypeAlias, TypedDict, get_args
 
 import msgspec
 
@@ -90,6 +90,46 @@ class Change(msgspec.Struct, frozen=True):
     """Owner's user id (-1: none recorded)."""
     gid: int | None = None
     """Owner's group id (-1: none recorded)."""
+
+    def applied(self, was: Attributed, now_ns: int) -> Applied:
+        """The attributes of ``was`` that this change sets at ``now_ns``, as the store sets
+        them (its type bits stay; the ctime moves to now): ``replace(was, **these)``."""
+        return Applied(
+            mode=was.mode if self.mode is None else was.mode & ~0o7777 | self.mode,
+            mtime_ns=was.mtime_ns if self.mtime_ns is None else self.mtime_ns,
+            atime_ns=was.atime_ns if self.atime_ns is None else self.atime_ns,
+            uid=was.uid if self.uid is None else self.uid,
+            gid=was.gid if self.gid is None else self.gid,
+            ctime_ns=max(was.ctime_ns, now_ns),
+        )
+
+
+class Applied(TypedDict):
+    """The attributes a ``Change`` sets (``Change.applied``)."""
+
+    mode: int
+    mtime_ns: int
+    atime_ns: int
+    uid: int
+    gid: int
+    ctime_ns: int
+
+
+class Attributed(Protocol):
+    """What ``Change.applied`` reads: a file's attributes (``FileInfo``, an engine's inode)."""
+
+    @property
+    def mode(self) -> int: ...
+    @property
+    def mtime_ns(self) -> int: ...
+    @property
+    def atime_ns(self) -> int: ...
+    @property
+    def uid(self) -> int: ...
+    @property
+    def gid(self) -> int: ...
+    @property
+    def ctime_ns(self) -> int: ...
 
 
 class ChunkRef(msgspec.Struct, frozen=True):

@@ -436,18 +436,8 @@ class _MovesDirectory(Exception):
 
 
 def changed_inode(node: Inode, change: Change, now_ns: int) -> Inode:
-    """``node`` with ``change`` applied at ``now_ns`` (its type bits stay)."""
-    c = change
-    mode = node.mode if c.mode is None else node.mode & ~PERMISSION_BITS | c.mode
-    return dataclasses.replace(
-        node,
-        mode=mode,
-        mtime_ns=node.mtime_ns if c.mtime_ns is None else c.mtime_ns,
-        atime_ns=node.atime_ns if c.atime_ns is None else c.atime_ns,
-        uid=node.uid if c.uid is None else c.uid,
-        gid=node.gid if c.gid is None else c.gid,
-        ctime_ns=max(node.ctime_ns, now_ns),
-    )
+    """``node`` with ``change`` applied at ``now_ns`` (``Change.applied``)."""
+    return dataclasses.replace(node, **change.applied(node, now_ns))
 
 
 def _check_change(change: Change, path: str) -> None:
