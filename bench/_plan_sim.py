@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 
 from graben.checkpoint import GrabenLoadPlanner, GrabenReader, GrabenSavePlanner, GrabenWriter
 from graben.checkpoint._ranked import rank_metadata, rank_metadata_name
-from graben.store import Client
+from graben.store import AsyncClient, Client, FileCommit, WriteOptions
 
 ROWS, COLS = 16, 8
 """Rows and columns of each rank's block of a parameter (the size does not matter here)."""
@@ -101,12 +101,17 @@ class SimulatedGrabenWriter(GrabenWriter):
 
     def _write_rank(
         self, plan: SavePlan, planner: SavePlanner, target: Any
-    ) -> tuple[list[WriteResult], bytes]:
+    ) -> tuple[list[WriteResult], bytes, list[FileCommit]]:
         results = results_of(plan, target.file)
         metadata = rank_metadata(plan.items, results)
         name = posixpath.join(target.staging, rank_metadata_name(target.rank))
-        self.client.put(name, metadata, replication=self.replication)
-        return results, metadata
+        write = WriteOptions(replication=self.replication)
+
+        async def stage(aio: AsyncClient) -> list[FileCommit]:
+            upload, _ = await aio.stage_parts(name, [metadata], write=write)
+            return await aio.finish_uploads([upload])
+
+        return results, metadata, self.client.submit(stage).result()
 
 
 class SimulatedFileSystemWriter(FileSystemWriter):

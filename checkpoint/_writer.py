@@ -21,6 +21,7 @@ from graben.store import (
     AlreadyExists,
     AsyncClient,
     Client,
+    FileCommit,
     InvalidArgument,
     Upload,
     WriteOptions,
@@ -58,20 +59,25 @@ class _Target:
 
 
 class _Results(list[WriteResult]):
-    """A rank's write results; empty when the coordinator already holds them."""
+    """A rank's write results (empty when the coordinator already holds them), and its
+    files, finished and not committed: the coordinator commits every rank's at once."""
 
     digest: bytes
     """Names the results (whether sent or not)."""
     unchanged: bool
     """Whether they were left out because the coordinator holds them."""
+    files: list[FileCommit]
+    """The rank's file, its index and its metadata, for the coordinator to commit."""
 
 
-def _results(results: list[WriteResult], metadata: bytes, known: bytes) -> _Results:
+def _results(
+    results: list[WriteResult], metadata: bytes, known: bytes, files: list[FileCommit]
+) -> _Results:
     """``results`` to send the coordinator; ``metadata``, the rank's, holds all they say."""
     digest = hashlib.blake2b(metadata, digest_size=16).digest()
     unchanged = digest == known
     sent = _Results([] if unchanged else results)
-    sent.digest, sent.unchanged = digest, unchanged
+    sent.digest, sent.unchanged, sent.files = digest, unchanged, files
     return sent
 
 
@@ -165,9 +171,9 @@ class GrabenWriter(OnStore, StorageWriter):
                 "of its plan); use GrabenSavePlanner for plan caching",
                 self.path,
             )
-        results, metadata = self._write_rank(plan, planner, target)
+        results, metadata, files = self._write_rank(plan, planner, target)
         done: Future[list[WriteResult]] = Future()
-        done.set_result(_results(results, metadata, target.known))
+        done.set_result(_results(results, metadata, target.known, files))
         return done
 
     def _stale(self, staging: str) -> bool:
@@ -180,9 +186,10 @@ class GrabenWriter(OnStore, StorageWriter):
 
     def _write_rank(
         self, plan: SavePlan, planner: SavePlanner, target: _Target
-    ) -> tuple[list[WriteResult], bytes]:
-        """Write this rank's file, its index and its metadata in one commit (the small two
-        ride in it: the engine keeps them); their results and the metadata."""
+    ) -> tuple[list[WriteResult], bytes, list[FileCommit]]:
+        """Write this rank's file, its index and its metadata, uncommitted (the small two
+        ride in the coordinator's commit: the engine keeps them); their results, the
+        metadata and the files for the coordinator to commit."""
         records = [(item, self._record(item, planner.resolve_data(item))) for item in plan.items]
         results, firsts, position = [], [], 0
         parts: list[memoryview | bytes] = []
@@ -195,7 +202,7 @@ class GrabenWriter(OnStore, StorageWriter):
         metadata = rank_metadata(plan.items, results)
         join, copies = posixpath.join, self.replication
 
-        async def save(aio: AsyncClient) -> None:
+        async def save(aio: AsyncClient) -> list[FileCommit]:
             # each part's crc32c comes from the store's chunk checksums: no pass of our own
             write = WriteOptions(replication=copies)
             data, sums = await aio.stage_parts(
@@ -210,10 +217,9 @@ class GrabenWriter(OnStore, StorageWriter):
                 join(target.staging, INDEX_DIR, target.file): encode_index(index),
                 join(target.staging, rank_metadata_name(target.rank)): metadata,
             }
-            await aio.commit_uploads([data, *await _staged(aio, small, copies)])
+            return await aio.finish_uploads([data, *await _staged(aio, small, copies)])
 
-        self.client.submit(save).result()
-        return results, metadata
+        return results, metadata, self.client.submit(save).result()
 
     def _record(self, item: WriteItem, data: Any) -> Record:
         record = bytes_record(data) if item.type == WriteItemType.BYTE_IO else tensor_record(data)
@@ -223,14 +229,17 @@ class GrabenWriter(OnStore, StorageWriter):
         last = self._last = self._reuse(metadata, results)
         metadata.storage_meta = self.storage_meta()
         staging, copies = self._staging, self.replication
+        ranks = _ranks_files(staging, results)
         files = {
             posixpath.join(staging, METADATA): last.metadata,
             posixpath.join(staging, DIRECTORY): last.directory,
         }
 
         async def publish(aio: AsyncClient) -> None:
-            last = await _staged(aio, files, copies)
-            await aio.publish(last, staging, self.path, replace=self.overwrite, replace_tree=True)
+            mine = await _staged(aio, files, copies)
+            await aio.publish(
+                mine, staging, self.path, replace=self.overwrite, replace_tree=True, files=ranks
+            )
 
         self.client.submit(publish).result()
 
@@ -254,6 +263,25 @@ class GrabenWriter(OnStore, StorageWriter):
         )
         directory = encode_directory(directory_of(metadata, full))
         return _LastSave(digests, full, keys, data, directory, self._store)
+
+
+def _ranks_files(staging: str, results: list[list[WriteResult]]) -> list[FileCommit]:
+    """Every rank's files, each checked to be one a rank of this save writes (a rank
+    cannot have the coordinator commit anything else)."""
+    files = []
+    for rank, sent in enumerate(results):
+        assert isinstance(sent, _Results), "write_data makes every rank's results"
+        name = _Target(staging, rank, b"").file
+        allowed = {
+            posixpath.join(staging, name),
+            posixpath.join(staging, INDEX_DIR, name),
+            posixpath.join(staging, rank_metadata_name(rank)),
+        }
+        for file in sent.files:
+            if file.path not in allowed:
+                raise InvalidArgument(f"rank {rank} sent a file outside its own", file.path)
+        files.extend(sent.files)
+    return files
 
 
 async def _staged(aio: AsyncClient, files: dict[str, bytes], copies: int | None) -> list[Upload]:

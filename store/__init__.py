@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from ._types import ChunkProblem as ChunkProblem
     from ._types import ClassState as ClassState
     from ._types import Collection as Collection
+    from ._types import FileCommit as FileCommit
     from ._types import FileInfo as FileInfo
     from ._types import FsckReport as FsckReport
     from ._types import PathChange as PathChange

@@ -76,7 +76,7 @@ from ..wire import WireError, auth, from_wire, tls
 from . import _pages
 from ._afiles import AsyncFileOpener
 from ._fsck import Fsck
-from ._parts import finished, stage_parts
+from ._parts import finished, inline_batches, stage_parts
 from ._reader import Reader, Report
 from ._slow import SlowNodes
 from ._unmade import made, unmade
@@ -253,14 +253,30 @@ class AsyncClient:
         *,
         replace: bool = True,
         replace_tree: bool = False,
+        files: Sequence[FileCommit] = (),
     ) -> FileInfo:
         """Commit ``uploads`` and ``rename(src, dst)`` in one transaction: readers see
-        neither or both (how a checkpoint's last files and its name arrive at once)."""
-        files = await finished(uploads)
+        neither or both (how a checkpoint's last files and its name arrive at once).
+
+        ``files``: more files to commit, finished elsewhere (``finish_uploads`` in other
+        processes: every rank's files of a checkpoint). They should lie inside ``src``:
+        past ``COMMIT_INLINE_MAX`` bytes kept inline, the first of them are committed in
+        transactions of their own before the last one.
+        """
+        mine = await finished(uploads)
+        *before, last = inline_batches([*files, *mine])
+        for batch in before:
+            await self.meta.request(Commit(tuple(batch)))
         move = Rename(
-            _paths.normalize(src), _paths.normalize(dst), replace, replace_tree, files=tuple(files)
+            _paths.normalize(src), _paths.normalize(dst), replace, replace_tree, files=tuple(last)
         )
         return await self.meta.request(move)
+
+    async def finish_uploads(self, uploads: Sequence[Upload]) -> list[FileCommit]:
+        """Wait for each upload's chunks and commit none: what another process's
+        ``publish(files=...)`` makes visible (a checkpoint's ranks
+        hand theirs to the coordinator). Chunks no commit names are collected later."""
+        return await finished(uploads)
 
     async def _report_bad(self, chunk: str, node: str, reason: str) -> None:
         await self.meta.request(ReportBad(chunk, node, reason))

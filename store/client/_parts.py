@@ -5,7 +5,8 @@ and its kin: a part of ``DIRECT_PART`` bytes or more becomes chunks of its
 own, uncopied (so an unchanged tensor in the next checkpoint dedups); smaller
 parts are packed together into pooled chunk buffers. Each part's crc32c
 comes back with it, a large part's combined from its chunks' own.
-``finished`` gathers several finished uploads into one commit's files.
+``finished`` gathers several finished uploads into one commit's files, and
+``inline_batches`` cuts many files into commits of modest size.
 """
 
 from __future__ import annotations
@@ -82,6 +83,22 @@ async def finished(uploads: Sequence[Upload]) -> list[FileCommit]:
             raise outcome
         commits.append(outcome)
     return commits
+
+
+def inline_batches(files: Sequence[FileCommit]) -> list[list[FileCommit]]:
+    """``files`` in order, cut so that no batch carries more than ``COMMIT_INLINE_MAX``
+    bytes for the engine to keep (a file carrying more is a batch alone); at least one
+    batch, maybe empty."""
+    batches: list[list[FileCommit]] = [[]]
+    budget = COMMIT_INLINE_MAX
+    for file in files:
+        carried = sum(len(s.data) for s in file.stored if s.data is not None)
+        if carried > budget and batches[-1]:
+            batches.append([])
+            budget = COMMIT_INLINE_MAX
+        batches[-1].append(file)
+        budget -= carried
+    return batches
 
 
 def _part_crc(span: tuple[int, int] | int, extents: Sequence[Extent]) -> int:

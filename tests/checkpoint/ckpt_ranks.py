@@ -7,7 +7,9 @@ check every value it loads. ``steps`` saves twice with one
 and prints ``reused=`` for the second. ``load`` uses ``GrabenLoadPlanner``
 and prints the rank files whose metadata it read as JSON. ``die`` saves
 like ``save`` but rank 1 is killed (``os._exit``) halfway through writing
-its file.
+its file; ``die-staged`` kills rank 1 once its files are stored, before the
+coordinator has them; ``die-before-commit`` and ``die-after-commit`` kill the
+coordinator (rank 0) just before and just after its publishing commit.
 """
 
 from __future__ import annotations
@@ -108,7 +110,33 @@ def _act(action: str, url: str, mesh: DeviceMesh, rank: int) -> None:
         writer = GrabenWriter(url)
         if action == "die" and rank == 1:
             _die_halfway(writer)
+        elif action in DYING and rank == DYING[action]:
+            _die_at(writer, action)
         dcp.save(state(mesh, fill=True), storage_writer=writer)
+
+
+DYING = {"die-staged": 1, "die-before-commit": 0, "die-after-commit": 0}
+"""Each way to die and the rank that dies."""
+
+
+def _die_at(writer: GrabenWriter, action: str) -> None:
+    """The rank is killed at the step ``action`` names."""
+    aio = writer.client.aio
+    finish, publish = aio.finish_uploads, aio.publish
+
+    async def staged(*args: object, **kwargs: object) -> object:
+        await finish(*args, **kwargs)  # type: ignore[arg-type]
+        os._exit(9)
+
+    async def published(*args: object, **kwargs: object) -> object:
+        if action == "die-after-commit":
+            await publish(*args, **kwargs)  # type: ignore[arg-type]
+        os._exit(9)
+
+    if action == "die-staged":
+        aio.finish_uploads = staged  # type: ignore[method-assign,assignment]
+    else:
+        aio.publish = published  # type: ignore[method-assign,assignment]
 
 
 def _die_halfway(writer: GrabenWriter) -> None:

@@ -94,9 +94,10 @@ def test_round_trip_every_kind_of_item(home: Path) -> None:
         assert [e.path for e in client.ls("/ckpt")] == ["/ckpt/step-1"]  # no staging left
 
 
-def test_a_save_is_one_commit_and_one_publishing_rename(home: Path) -> None:
-    """A rank's file, index and metadata go in one commit; the coordinator's two files
-    and the rename that publishes them in one more: two metadata writes for a save."""
+def test_a_save_is_one_publishing_rename(home: Path) -> None:
+    """A rank's file, index and metadata are not committed by the rank: the coordinator
+    commits them with its two files and the rename that publishes them, one metadata
+    write for a save."""
     from collections import Counter
 
     from graben.store.transport import Commit, Rename
@@ -113,7 +114,7 @@ def test_a_save_is_one_commit_and_one_publishing_rename(home: Path) -> None:
         state = _state()
         writer = GrabenWriter("graben:///ckpt/step-1", client=client)
         dcp.save(state, storage_writer=writer, no_dist=True)
-    assert (sent[Commit.__name__], sent[Rename.__name__]) == (1, 1)
+    assert (sent[Commit.__name__], sent[Rename.__name__]) == (0, 1)
     _assert_same(_load("graben:///ckpt/step-1", state), state)
 
 
@@ -249,6 +250,37 @@ def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint(cluster_url: str)
     assert outcomes[1][0] == 9
     with connect(cluster_url) as client:
         assert not client.exists(fresh)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ["die-staged", "die-before-commit", "die-after-commit"])
+def test_a_save_killed_at_each_step_leaves_one_whole_checkpoint(
+    cluster_url: str, step: str
+) -> None:
+    """A rank killed with its files stored and not handed on, the coordinator killed
+    before its one commit and after it: the checkpoint is the previous one, untouched
+    (or, after the commit, the new one, whole), and a checkpoint never saved before
+    is absent (or whole); either way it loads."""
+    base = f"/steps-{uuid.uuid4().hex[:8]}"
+    url = f"{cluster_url}{base}/ckpt"
+    assert_ok(run_ranks(RANKS, "save", url, 2))
+    with connect(cluster_url) as client:
+        before = _listing(client, f"{base}/ckpt")
+    outcomes = run_ranks(RANKS, step, url, 2)
+    dead = 1 if step == "die-staged" else 0
+    assert outcomes[dead][0] == 9, outcomes
+    published = step == "die-after-commit"
+    with connect(cluster_url) as client:
+        after = _listing(client, f"{base}/ckpt")
+        assert (after != before) == published, (before, after)
+        assert len(after) == len(before)
+    assert_ok(run_ranks(RANKS, "load", url, 2))
+    fresh = f"{base}/fresh"
+    assert run_ranks(RANKS, step, f"{cluster_url}{fresh}", 2)[dead][0] == 9
+    with connect(cluster_url) as client:
+        assert client.exists(fresh) == published
+    if published:
+        assert_ok(run_ranks(RANKS, "load", f"{cluster_url}{fresh}", 2))
 
 
 def _listing(client: Client, path: str) -> dict[str, tuple[int, int]]:
