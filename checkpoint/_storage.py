@@ -13,11 +13,12 @@ Save (DCP calls, in order: ``reset``, ``set_up_storage_writer``,
   digest of that rank's write results it still holds from the last save;
 - each rank writes its items into one file there, tensors straight from
   their memory, plus an index (where each tensor's bytes start, crc32c) and
-  its part of the metadata (``_ranked``); it sends the coordinator its
-  results, or only their digest when the coordinator holds them;
-- ``finish`` writes ``.metadata`` (the last save's bytes when nothing
-  changed) and the directory of keys into the staging directory and renames
-  it onto the checkpoint in one transaction. Until then nothing is visible;
+  its part of the metadata (``_ranked``), stored and not committed; it sends
+  the coordinator those files and its results, or only their digest when the
+  coordinator holds them;
+- ``finish`` commits every rank's files, ``.metadata`` (the last save's bytes
+  when nothing changed) and the directory of keys, and renames the staging
+  directory onto the checkpoint, in one transaction. Until then nothing is visible;
   a crash leaves the previous checkpoint as it was, and an overwrite
   replaces the old tree in the same transaction.
 
