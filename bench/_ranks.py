@@ -27,8 +27,10 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -163,10 +165,13 @@ class _Ranks:
                 client.close()
 
 
-def _worker(conn: multiprocessing.connection.Connection, storage: Storage, ranks: range) -> None:
-    """A worker process: its ranks do what the coordinator says until told to stop."""
+def _worker(
+    conn: multiprocessing.connection.Connection, host: Callable[[range], Any], ranks: range
+) -> None:
+    """A worker process: its ranks (``host(ranks)``) do what the coordinator says until
+    told to stop."""
     raise_open_files()
-    hosted = _Ranks(storage, ranks)
+    hosted = host(ranks)
     try:
         conn.send("ready")
         while True:
@@ -181,10 +186,14 @@ def _worker(conn: multiprocessing.connection.Connection, storage: Storage, ranks
         hosted.close()
 
 
-class _Workers:
-    """The worker processes, and the collectives between them and the coordinator."""
+class Workers:
+    """The worker processes, and the collectives between them and the coordinator.
 
-    def __init__(self, storage: Storage, ranks: int, processes: int) -> None:
+    Each hosts a block of the ranks: ``host(block)`` (picklable: a class, or a
+    ``functools.partial`` of one), whose methods ``tell`` and ``scatter`` call by name
+    and which has a ``close``."""
+
+    def __init__(self, host: Callable[[range], Any], ranks: int, processes: int) -> None:
         spawn = multiprocessing.get_context("spawn")  # no torch state forked
         self.pipes: list[multiprocessing.connection.Connection] = []
         self.procs: list[Any] = []
@@ -192,7 +201,7 @@ class _Workers:
         self.blocks = [range(at, min(ranks, at + per)) for at in range(0, ranks, per)]
         for block in self.blocks:
             here, there = spawn.Pipe()
-            proc = spawn.Process(target=_worker, args=(there, storage, block))
+            proc = spawn.Process(target=_worker, args=(there, host, block))
             proc.start()
             self.pipes.append(here)
             self.procs.append(proc)
@@ -240,7 +249,7 @@ def save_and_load(
     the same processes, and the first save opens the connections.
     """
     raise_open_files()
-    workers = _Workers(storage, ranks, processes)
+    workers = Workers(partial(_Ranks, storage), ranks, processes)
     client = storage.client()
     try:
         if warm_up:
@@ -287,7 +296,7 @@ def tree_cpu(root: int | None = None) -> float:
     return total
 
 
-def _save(workers: _Workers, storage: Storage, client: Client | None, seed: int) -> float:
+def _save(workers: Workers, storage: Storage, client: Client | None, seed: int) -> float:
     """One save; seconds from the ranks told to write to the published checkpoint."""
     plans = workers.tell("plan", storage, seed)
     coordinator, planner = storage.writer(client), DefaultSavePlanner()

@@ -20,9 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from graben.store import AgentClient, connect
+from graben.store.local import make_secret_file
 
 from .._context import Context
-from .._kit import free_port, gbps
+from .._kit import environ, free_port, gbps
 from .._registry import Result, Skip, workload
 from .checkpoint import rank_job
 from .cluster import local_cluster
@@ -130,3 +131,45 @@ def ckpt_memory_loop(ctx: Context) -> list[Result]:
         Result(name, copy, report["copy"] * 1e3, unit, PLAIN),
         Result(name, saving, report["saving"] * 1e3, unit, PLAIN),
     ]
+
+
+MEMORY_RANKS = {True: (256, 4 << 20), False: (1024, 1 << 20)}
+"""Ranks and bytes each saves, ``--quick`` or not: 1 GiB a step either way (each step's
+segments and their peers' copies, two steps kept, fit this machine's memory)."""
+
+
+@workload("ckpt-memory-ranks", "Memory tier, 1,024 ranks over 8 agents: blocked, held (ms)")
+def ckpt_memory_ranks(ctx: Context) -> list[Result]:
+    """Many ranks (``--quick``: 256 of 4 MiB, else 1,024 of 1 MiB) in 4 processes save
+    into the memory tier of 8 agents standing for hosts, peers paired, every step
+    (``_memory_ranks``): each rank's blocked time beside its own ``copy_`` of the same
+    tensors, the time until every rank holds the step, and the agents' cost."""
+    from .._memory_ranks import save_steps
+
+    world, size = MEMORY_RANKS[ctx.quick]
+    secret = make_secret_file(ctx.scratch / "agents-secret")
+    with ctx.step(f"{world} ranks save into 8 agents every step", 1) as tick:
+        with environ({"GRABEN_SECRET_FILE": str(secret)}):
+            out = save_steps(world, size)
+        tick(1)
+    name, ms, ranks = "ckpt-memory-ranks", "ms", f"{world} ranks"
+    copy_p99 = f"plain copy_ of the same tensors, {ranks}: p99"
+    copy_median = f"plain copy_ of the same tensors, {ranks}: median"
+    rows = [
+        (copy_p99, out.copy_p99 * 1e3, ms, copy_p99),
+        (copy_median, out.copy_median * 1e3, ms, copy_median),
+        (f"save into the memory tier, {ranks}: blocked, p99", out.blocked_p99 * 1e3, ms, copy_p99),
+        (
+            f"save into the memory tier, {ranks}: blocked, median",
+            out.blocked_median * 1e3,
+            ms,
+            copy_median,
+        ),
+        (f"{ranks}: saves blocked over 2x the rank's copy_ + 20 ms", out.over_bound, "saves", ""),
+        (f"{ranks}: first rank's save to the step held by all", out.first_to_held * 1e3, ms, ""),
+        (f"{ranks}: last rank's save to the step held by all", out.last_to_held * 1e3, ms, ""),
+        (f"{ranks}: CPU per rank and save", out.rank_cpu_per_save * 1e3, ms, ""),
+        ("8 agents together: CPU per step", out.agents_cpu_per_step * 1e3, ms, ""),
+        ("an agent's resident memory, most", out.agent_rss_max / 2**20, "MiB", ""),
+    ]
+    return [Result(name, row, float(v), unit, base or row) for row, v, unit, base in rows]
