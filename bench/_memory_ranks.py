@@ -13,7 +13,8 @@ copied, as on a real job. The ranks are threads in a few worker processes (as in
    ahead while the loop trained), the agreement that every rank staged (the
    manager's ``all_reduce``; here, the pipes between the processes), then ``done``;
    the time from the call to ``done``'s return is what the rank was blocked;
-3. each rank then asks its agent until the step is held there (``steps``).
+3. each rank then waits for its agent's answer to ``done``: the step is held there
+   (the manager waits for it at the rank's next call to the agent instead).
 
 Between two saves the coordinator waits ``STEP_S``, standing for the training step.
 
@@ -52,8 +53,6 @@ AGENTS = 8
 """Agents standing for hosts."""
 WARM_STEPS = 3
 """Saves before the timed ones: segments reserved ahead, pages touched, as in a job."""
-HELD_POLL_S = 0.005
-"""How often a rank asks its agent whether the step is held."""
 STEP_S = 1.0
 """The training step between two saves (the GPU's work, here a sleep): an agent's hashing
 and peer copy of one step run in it, as they would on a host's spare cores."""
@@ -114,11 +113,10 @@ class _Tiers:
         machine's monotonic clock (``perf_counter``, the same in every process)."""
 
         def done(i: int) -> tuple[float, float, float]:
-            tier, rank = self.tiers[i], self.ranks[i]
+            tier = self.tiers[i]
             tier.done(step, 1, False)
             returned = time.perf_counter()
-            while step not in tier.client.steps(tier.job, rank, tier.world):
-                time.sleep(HELD_POLL_S)
+            tier.client.settle()  # the agent answered done: the step is held there
             return self._began[i], returned, time.perf_counter()
 
         return self._each(done)
@@ -149,8 +147,7 @@ class MemoryOutcome:
     agents_cpu_per_step: float
     """CPU seconds (user + system) of every agent together, per timed step."""
     rank_cpu_per_save: float
-    """CPU seconds the ranks' processes spent on a save (and the check that it is held),
-    per rank."""
+    """CPU seconds the ranks' processes spent on a save, per rank."""
     agent_rss_max: int
     """The largest resident memory of an agent at the end, in bytes."""
     agent_shm_max: int

@@ -31,6 +31,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import blake3
@@ -59,12 +60,56 @@ MAX_SUM = 64 << 20
 """Most bytes read of a ``.sum`` or ``job`` file."""
 
 
+Line = tuple[str, int, int]
+"""A rank's segments: its job, rank and world size."""
+
+
+class Shelf(dict[tuple[SegmentKey, bool], Held]):
+    """Every segment held, by key and whether it is a peer's copy; with their bytes and
+    each rank's segments kept up to date, so that neither is a pass over all of them (an
+    agent holds a few segments for each of its host's ranks, and a peer's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = 0
+        """Bytes of every segment held."""
+        self.lines: dict[Line, dict[tuple[SegmentKey, bool], Held]] = {}
+
+    def __setitem__(self, at: tuple[SegmentKey, bool], held: Held) -> None:
+        self.pop(at, None)
+        super().__setitem__(at, held)
+        self.used += held.size
+        self.lines.setdefault(line_of(at[0]), {})[at] = held
+
+    def __delitem__(self, at: tuple[SegmentKey, bool]) -> None:
+        self.pop(at)
+
+    def pop(self, at: tuple[SegmentKey, bool], *default: Any) -> Any:
+        if at not in self:
+            return super().pop(at, *default)
+        held = super().pop(at)
+        self.used -= held.size
+        line = self.lines[line_of(at[0])]
+        del line[at]
+        if not line:
+            del self.lines[line_of(at[0])]
+        return held
+
+    def line(self, key: SegmentKey) -> list[Held]:
+        """The segments of ``key``'s rank (its own and peers' copies)."""
+        return list(self.lines.get(line_of(key), {}).values())
+
+
+def line_of(key: SegmentKey) -> Line:
+    return (key.job, key.rank, key.world)
+
+
 class Segments:
     """The files and what is known of each (see the module docstring)."""
 
     def __init__(self, root: Path, secret: bytes) -> None:
         self.root = Path(os.path.abspath(root))
-        self.held: dict[tuple[SegmentKey, bool], Held] = {}
+        self.held = Shelf()
         self.sums: dict[tuple[SegmentKey, bool], Sums] = {}
         """The sums of each sealed segment."""
         self._order = 0
@@ -94,7 +139,7 @@ class Segments:
     @property
     def used(self) -> int:
         """Bytes of every segment held."""
-        return sum(h.size for h in self.held.values())
+        return self.held.used
 
     def path(self, key: SegmentKey, peer: bool, complete: bool) -> Path:
         return self.root / _kind(peer) / _job_name(key.job) / _name(key, complete)
@@ -202,11 +247,7 @@ class Segments:
 
     def steps(self, job: str, rank: int, world: int) -> set[int]:
         """Steps of that rank held complete here (own or a peer's copy)."""
-        return {
-            h.key.step
-            for h in self.held.values()
-            if h.complete and (h.key.job, h.key.rank, h.key.world) == (job, rank, world)
-        }
+        return {h.key.step for h in self.held.lines.get((job, rank, world), {}).values() if h.complete}
 
     @contextlib.contextmanager
     def _job(self, job: str, peer: bool, make: bool) -> Iterator[int]:

@@ -167,7 +167,7 @@ class Agent:
         if key not in self._sealing and (key, False) not in self.segments.sums:
             self.segments.intend(held, done.ranges)  # hashed after a restart if not before
             self._sealing[key] = asyncio.create_task(self._seal(held, done.ranges))
-        self._tidy()
+        self._tidy(key)
         return Answer()
 
     async def _seal(self, held: Held, ranges: list[tuple[int, int]]) -> None:
@@ -261,7 +261,7 @@ class Agent:
             copy = self.segments.complete(key, peer=True)
             assert copy is not None
             await self._check_copy(copy, piece.sums)
-            self._tidy()
+            self._tidy(key)
         return Answer()
 
     async def agent_get(self, call: Call, payload: memoryview | None) -> Answer:
@@ -339,17 +339,26 @@ class Agent:
         return self.segments.create(key, size, peer, fit.reuse, to_store)
 
     def _room(self, key: SegmentKey, size: int) -> Room | None:
-        everything = self.segments.held.values()
-        return room(key, everything, size, self.limit, self._stored, self.keep, self._pinned)
+        """How ``key``'s segment fits: within its own rank's segments where they make the
+        room (a rank saving again: its old segment's pages), else among all of them."""
+        line = self.segments.held.line(key)
+        others = self.segments.used - sum(h.size for h in line)
+        args = (self._stored, self.keep, self._pinned)
+        fit = room(key, line, size, self.limit - others, *args)
+        if fit is not None:
+            return fit
+        return room(key, self.segments.held.values(), size, self.limit, *args)
 
     @property
     def _pinned(self) -> set[SegmentKey]:
         """Own segments never dropped nor reused now: being hashed, or copied to a peer."""
         return self._sending | self._sealing.keys()
 
-    def _tidy(self) -> None:
-        everything = self.segments.held.values()
-        for held in surplus(everything, self._stored, self.keep, self._pinned):
+    def _tidy(self, key: SegmentKey | None = None) -> None:
+        """Drop what may go now: of ``key``'s rank (what one rank's call changed), else of
+        every rank (the rules are each rank's own)."""
+        some = self.segments.held.line(key) if key is not None else self.segments.held.values()
+        for held in surplus(some, self._stored, self.keep, self._pinned):
             self.segments.drop(held)
 
     async def _push_all(self) -> None:

@@ -111,6 +111,11 @@ class AgentClient:
         self._settle()
         return run(self._acall(op, body, kind, timeout))
 
+    def settle(self) -> None:
+        """Wait for the reply to a call sent without waiting (``done(wait=False)``); raise
+        its error. Every other call does this first."""
+        self._settle()
+
     def _settle(self) -> None:
         """Wait for a call sent without waiting; raise its error."""
         sent, self._sent = self._sent, None

@@ -91,3 +91,37 @@ def test_room_reuses_the_same_rank_s_old_segment_first() -> None:
     assert fit is not None and fit.reuse == held(1, rank=0)
     other = room(SegmentKey("j", 9, 1, 2), line, 10 * MB, 60 * MB, {"j": 3}, keep=2)
     assert other is not None and other.reuse == held(1, rank=1)
+
+
+def test_the_shelf_keeps_its_bytes_and_each_rank_s_segments_as_it_changes() -> None:
+    """Whatever is set, replaced, deleted or popped, the shelf's bytes and each rank's
+    segments are what a pass over all of them would find."""
+    import random
+
+    from graben.store.agent._segments import Shelf, line_of
+
+    shelf, rng = Shelf(), random.Random(7)
+    for _ in range(2000):
+        h = held(
+            rng.randrange(5),
+            rank=rng.randrange(3),
+            size=rng.randrange(1, 9) * MB,
+            peer=rng.random() < 0.5,
+            job=rng.choice("jk"),
+        )
+        at = (h.key, h.peer)
+        move = rng.randrange(4)
+        if move < 2:
+            shelf[at] = h
+        elif move == 2 and at in shelf:
+            del shelf[at]
+        else:
+            shelf.pop(at, None)
+        assert shelf.used == sum(x.size for x in shelf.values())
+        lines: dict[tuple[str, int, int], set[tuple[SegmentKey, bool]]] = {}
+        for where in shelf:
+            lines.setdefault(line_of(where[0]), set()).add(where)
+        assert {line: set(found) for line, found in shelf.lines.items()} == lines
+    assert shelf.line(KEY) and sorted(steps(shelf.line(KEY))) == sorted(
+        (h.key.step, h.peer) for h in shelf.values() if line_of(h.key) == line_of(KEY)
+    )
