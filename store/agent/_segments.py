@@ -31,8 +31,8 @@ import os
 import re
 import stat
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import blake3
 import msgspec
@@ -247,7 +247,9 @@ class Segments:
 
     def steps(self, job: str, rank: int, world: int) -> set[int]:
         """Steps of that rank held complete here (own or a peer's copy)."""
-        return {h.key.step for h in self.held.lines.get((job, rank, world), {}).values() if h.complete}
+        return {
+            h.key.step for h in self.held.lines.get((job, rank, world), {}).values() if h.complete
+        }
 
     @contextlib.contextmanager
     def _job(self, job: str, peer: bool, make: bool) -> Iterator[int]:
