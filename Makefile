@@ -12,7 +12,7 @@ SYSTEM_PACKAGES := libfuse3-dev fuse3 pkg-config fio postgresql rsync
 # make run: every door once, beside its baseline and its strongest peer (a few minutes);
 # make bench: the whole table the README and docs/benchmarks.md cite, in $(VENV)/bench.json.
 SHORT := write cluster-write-rf3 cluster-read cluster-small-files cluster-ec fsspec-cat mount-write \
-	ckpt-ranks ckpt-incremental ckpt-memory dataset-epoch
+	ckpt-ranks ckpt-incremental ckpt-memory ckpt-memory-ranks dataset-epoch
 run: install peers
 	$(BIN)/graben bench --quick --json $(VENV)/bench-short.json $(SHORT)
 
