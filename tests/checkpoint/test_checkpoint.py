@@ -21,7 +21,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
 from graben.checkpoint import GrabenReader, GrabenWriter
-from graben.store import Client, IntegrityError, connect
+from graben.store import Client, IntegrityError, InvalidArgument, connect
 
 RANKS = Path(__file__).with_name("ckpt_ranks.py")
 # DCP warns that no_dist means one process: what these tests mean.
@@ -313,3 +313,23 @@ def test_zstd_checkpoints_are_smaller_and_read_by_dcp_too(home: Path, tmp_path: 
     out = _zeros_like(state)
     dcp.load(out, storage_reader=FileSystemReader(str(local)), no_dist=True)
     _assert_same(out, state)
+
+
+def test_the_coordinator_commits_no_file_a_rank_names_outside_its_own() -> None:
+    """A rank's results name its files for the coordinator to commit: a file at any other
+    name (another rank's, another checkpoint's, anywhere) is refused before anything is
+    committed."""
+    from graben.checkpoint._writer import _ranks_files, _Results, _results
+    from graben.store import FileCommit
+
+    staging = "/ckpt/.s.saving-1"
+
+    def sent(rank: int, *paths: str) -> _Results:
+        return _results([], b"m", b"", [FileCommit(p, ()) for p in paths])
+
+    own = [f"{staging}/__1_0.distcp", f"{staging}/.graben/__1.metadata"]
+    files = _ranks_files(staging, [sent(0, f"{staging}/__0_0.distcp"), sent(1, *own)])
+    assert [f.path for f in files] == [f"{staging}/__0_0.distcp", *own]
+    for wrong in (f"{staging}/__0_0.distcp", "/ckpt/s/__1_0.distcp", "/etc/x", f"{staging}/../x"):
+        with pytest.raises(InvalidArgument, match="outside its own"):
+            _ranks_files(staging, [sent(0), sent(1, wrong)])
