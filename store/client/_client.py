@@ -213,6 +213,7 @@ class Client:
     put_parts_checked = Mirror(AsyncClient.put_parts_checked)
     stage_parts = Mirror(AsyncClient.stage_parts)
     commit_uploads = Mirror(AsyncClient.commit_uploads)
+    finish_uploads = Mirror(AsyncClient.finish_uploads)
     get = Mirror(AsyncClient.get)
     get_range = Mirror(AsyncClient.get_range)
     layout = Mirror(AsyncClient.layout)
