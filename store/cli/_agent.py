@@ -44,7 +44,11 @@ def add_agent(sub: Subparsers) -> None:
         "--dir", type=Path, default=DEFAULT_DIR, help=f"shared-memory directory ({DEFAULT_DIR})"
     )
     serve.add_argument(
-        "--memory-limit", type=size_arg, required=True, help="most bytes of segments held (8G)"
+        "--memory-limit",
+        type=size_arg,
+        required=True,
+        metavar="SIZE",
+        help="most bytes of segments held, e.g. 8G (required)",
     )
     serve.add_argument("--keep", type=_keep, default=2, help="newest steps kept per rank (2)")
     serve.add_argument(

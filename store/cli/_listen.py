@@ -10,6 +10,7 @@ address the others are told (a node's heartbeats carry it); a wildcard
 from __future__ import annotations
 
 import argparse
+import re
 from typing import TYPE_CHECKING, Any
 
 from .._config import parse_size
@@ -114,6 +115,22 @@ async def start_node(node: DataNode, listen: tuple[str, int | None], advertise: 
     raise Unavailable(
         f"no free port from {NODE_PORT} to {NODE_PORT + NODE_PORTS - 1} on {host}; "
         "give --listen HOST:PORT"
+    )
+
+
+_COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def count_arg(text: str) -> int:
+    """A count as people write it (``10000000``, ``10_000``, ``10M``, ``1.5k``: thousands,
+    not KiB), or argparse's usage error."""
+    found = re.fullmatch(r"\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([kKmMgGtT]?)\s*", text)
+    if found is not None:
+        value = float(found.group(1).replace("_", "")) * _COUNT_UNITS[found.group(2).lower()]
+        if value == int(value):
+            return int(value)
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a count: a whole number, or with k, M, G or T (10M)"
     )
 
 

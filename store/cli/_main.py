@@ -16,11 +16,13 @@ the table ``[section]`` of that TOML file gives defaults for any of its flags
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points, version
 from pathlib import Path
-from typing import TypeAlias
+from typing import NoReturn, TypeAlias, cast
 
 from rich.console import Console
 from rich.text import Text
@@ -44,11 +46,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     Loading one command's module only keeps ``graben ls`` from importing
     what ``graben ckpt`` needs (torch takes a second or two).
     """
-    parser = argparse.ArgumentParser(
-        prog="graben", description="graben: storage for ML training clusters."
-    )
+    parser = _Parser(prog="graben", description="graben: storage for ML training clusters.")
     parser.add_argument("--version", action="version", version=f"graben {version('graben')}")
-    sub = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    # its parsers are _Parser too (argparse makes them of the parent's class)
+    sub = cast(
+        Subparsers, parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    )
     entries = sorted(entry_points(group=GROUP), key=lambda e: e.name)
     if any(e.name == command for e in entries):
         entries = [e for e in entries if e.name == command]
@@ -64,6 +67,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             _err(f"warning: command {entry.name!r} is unavailable ({entry.value}): {exc}")
     _whole_flags_only(parser)
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' too), naming the closest command or choice
+    when one is mistyped: ``graben lss`` says "did you mean 'ls'?"."""
+
+    def error(self, message: str) -> NoReturn:
+        found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if found is not None:
+            choices = re.findall(r"'([^']*)'", found.group(2))
+            close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
+            if close:
+                message = f"{message}; did you mean '{close[0]}'?"
+        super().error(message)
 
 
 def _whole_flags_only(parser: argparse.ArgumentParser) -> None:

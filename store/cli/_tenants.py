@@ -20,7 +20,7 @@ from .._errors import InvalidArgument
 from .._types import QuotaState, TokenInfo
 from . import _render as out
 from ._cmds import Subparsers, _command, _human_flag, _json_flag
-from ._listen import size_arg
+from ._listen import count_arg, size_arg
 from ._stores import open_client
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
@@ -42,7 +42,9 @@ def _limits(parser: argparse.ArgumentParser) -> None:
         ("--physical", "bytes on disk, every copy counted (30G)"),
     ):
         parser.add_argument(flag, type=size_arg, default=0, metavar="SIZE", help=f"most {what}")
-    parser.add_argument("--files", type=int, default=0, metavar="N", help="most files")
+    parser.add_argument(
+        "--files", type=count_arg, default=0, metavar="N", help="most files (10000, 10k, 10M)"
+    )
 
 
 def add_tenant(sub: Subparsers) -> None:

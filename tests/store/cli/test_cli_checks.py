@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from cli_kit import Graben, MiB, chunk_files, failed, flip_byte, run_script, write
 
-from graben.store.cli import _render
+from graben.store.cli import _main, _render
 
 # --- fsck -----------------------------------------------------------------------------
 
@@ -217,3 +217,47 @@ def test_installed_script_stops_quietly_when_the_reader_goes_away(store: Path) -
         err = proc.stderr.read()
         assert proc.wait(timeout=30) == 0
     assert err == b""
+
+
+@pytest.mark.parametrize(
+    ("argv", "meant"),
+    [
+        (["lss"], "ls"),
+        (["tenant", "ad", "x"], "add"),
+        (["fskc"], "fsck"),
+    ],
+)
+def test_a_mistyped_command_is_told_the_closest_one(
+    graben: Graben, argv: list[str], meant: str
+) -> None:
+    result = graben(*argv, store=False)
+    assert result.code == 2 and result.out == b""
+    assert f"did you mean '{meant}'?" in result.err, result.err
+
+
+def test_nothing_close_suggests_nothing(graben: Graben) -> None:
+    result = graben("zzzzzz", store=False)
+    assert result.code == 2 and "invalid choice" in result.err and "did you mean" not in result.err
+
+
+def test_counts_are_written_as_people_write_them() -> None:
+    """``--files 10M`` (the README's tenant block) is ten million files, as sizes are."""
+    import argparse
+
+    from graben.store.cli._listen import count_arg
+
+    for text, count in (("10000000", 10**7), ("10M", 10**7), ("10_000", 10**4), ("1.5k", 1500)):
+        assert count_arg(text) == count, text
+    for bad in ("10MiB", "-1", "1.5", "ten", "", "1e3"):
+        with pytest.raises(argparse.ArgumentTypeError, match="not a count"):
+            count_arg(bad)
+    parser = _main.build_parser("tenant")
+    args = parser.parse_args(["tenant", "add", "a", "--root", "/teams/a", "--files", "10M"])
+    assert args.files == 10**7
+
+
+def test_a_required_flags_help_shows_no_default(graben: Graben) -> None:
+    result = graben("agent", "serve", "--help", store=False)
+    assert result.code == 0
+    text = " ".join(result.text.split())
+    assert "most bytes of segments held, e.g. 8G (required)" in text and "(8G)" not in text
