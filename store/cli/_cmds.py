@@ -38,9 +38,14 @@ _PATH_HELP = "store path, or a graben://host:port/path URL naming the store too"
 # --- parsers ----------------------------------------------------------------------
 
 
-def _command(sub: Subparsers, name: str, summary: str, run: Run) -> argparse.ArgumentParser:
-    """A subcommand parser with the options every store command shares."""
-    parser = sub.add_parser(name, help=summary, description=summary)
+def _command(
+    sub: Subparsers, name: str, summary: str, run: Run, *, short_help: bool = True
+) -> argparse.ArgumentParser:
+    """A subcommand parser with the options every store command shares (``short_help``
+    False: ``--help`` only, ``-h`` left for the command's own use, as ``du -h``)."""
+    parser = sub.add_parser(name, help=summary, description=summary, add_help=short_help)
+    if not short_help:
+        parser.add_argument("--help", action="help", help="show this help message and exit")
     parser.add_argument("--store", metavar="URL", help=_STORE_HELP)
     timeout_arg(parser)
     tls_arg(parser)
@@ -52,9 +57,9 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (and nothing else)")
 
 
-def _human_flag(parser: argparse.ArgumentParser) -> None:
+def _human_flag(parser: argparse.ArgumentParser, *short: str) -> None:
     parser.add_argument(
-        "-H", "--human", action="store_true", help="sizes in KiB, MiB, GiB (default: bytes)"
+        *short, "-H", "--human", action="store_true", help="sizes in KiB, MiB, GiB (default: bytes)"
     )
 
 
@@ -77,8 +82,9 @@ def add_stat(sub: Subparsers) -> None:
 
 
 def add_du(sub: Subparsers) -> None:
-    """``graben du [PATH] [--physical] [-H] [--json]``."""
-    parser = _command(sub, "du", "Count the files and bytes at or below a path.", _du)
+    """``graben du [PATH] [--physical] [-h|-H] [--json]`` (``-h`` as Unix ``du``'s)."""
+    summary = "Count the files and bytes at or below a path."
+    parser = _command(sub, "du", summary, _du, short_help=False)
     parser.add_argument("path", nargs="?", default="/", help=f"{_PATH_HELP} (default: /)")
     parser.add_argument(
         "--physical",
@@ -86,7 +92,7 @@ def add_du(sub: Subparsers) -> None:
         help="the bytes the store holds for them: each distinct chunk once, times its "
         "copies (reads every file's layout)",
     )
-    _human_flag(parser)
+    _human_flag(parser, "-h")
     _json_flag(parser)
 
 

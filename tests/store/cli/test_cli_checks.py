@@ -261,3 +261,16 @@ def test_a_required_flags_help_shows_no_default(graben: Graben) -> None:
     assert result.code == 0
     text = " ".join(result.text.split())
     assert "most bytes of segments held, e.g. 8G (required)" in text and "(8G)" not in text
+
+
+def test_du_h_is_human_sizes_as_unix_du_s(graben: Graben, tmp_path: Path) -> None:
+    """``du -h`` gives sizes in KiB, MiB... (as every Unix ``du``), not the help; ``--help``
+    still helps, and ``-H`` still works."""
+    assert graben("put", str(write(tmp_path / "f", b"x" * (2 * MiB))), "/f").code == 0
+    for flag in ("-h", "-H"):
+        result = graben("du", flag, "/")
+        assert result.code == 0 and "usage" not in result.text, result
+        assert "2.0 MiB" in result.text or "2 MiB" in result.text, result.text
+    assert str(2 * MiB) in graben("du", "/").text
+    helped = graben("du", "--help", store=False)
+    assert helped.code == 0 and "usage: graben du" in helped.text
