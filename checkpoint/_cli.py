@@ -66,12 +66,13 @@ def add_ckpt(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _ls(args: argparse.Namespace) -> int:
     # No torch here: listing reads names and sizes (a second or two less per call)
-    from ._steps import listing, with_memory
+    from ._steps import jobs_below, listing, with_memory
 
     store, root = split_url(args.root)
     _require_root(args.root)
     with connect(store) as client:
         listed = listing(client, args.root, root)
+        jobs = [] if listed or args.json else jobs_below(client, args.root, root)
     held = _held(args.agent, args.root.rstrip("/"))
     if held is not None:
         listed = with_memory(listed, held, args.root)
@@ -80,7 +81,8 @@ def _ls(args: argparse.Namespace) -> int:
         print(json.dumps(rows))
         return 0
     if not rows:
-        print(f"no checkpoints in {args.root}", file=sys.stderr)
+        below = f"; jobs below it: {', '.join(jobs)} (graben ckpt ls URL)" if jobs else ""
+        print(f"no checkpoints in {args.root}{below}", file=sys.stderr)
     for row in rows:
         published = row["published"]
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(published)) if published else "-"

@@ -98,6 +98,26 @@ def listing(client: Client, root_url: str, root: str) -> list[Listed]:
     ]
 
 
+JOBS_LOOKED_AT = 200
+"""Directories below a folder ``ckpt ls`` looks into for jobs, when it holds none itself."""
+
+
+def jobs_below(client: Client, root_url: str, root: str) -> list[str]:
+    """The jobs right below ``root`` (directories holding a manager's steps or its
+    ``latest``): where a folder of jobs sends one who lists it. The first
+    ``JOBS_LOOKED_AT`` directories are looked into."""
+    try:
+        dirs = [e for e in client.ls(root) if e.is_dir][:JOBS_LOOKED_AT]
+    except NotFound:
+        return []
+    base, found = root_url.rstrip("/"), []
+    for entry in dirs:
+        names = [child.name for child in client.ls(entry.path)]
+        if LATEST in names or any(step_of(name) is not None for name in names):
+            found.append(f"{base}/{entry.name}")
+    return found
+
+
 def with_memory(rows: list[Listed], held: list[Held], root_url: str) -> list[Listed]:
     """``rows`` with what a memory agent ``held`` of their job: each step's tiers, and the
     steps held only in memory, in step order."""

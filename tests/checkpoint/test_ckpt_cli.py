@@ -103,3 +103,19 @@ def test_rm_of_a_root_or_nothing_is_refused(home: Path, capsys: pytest.CaptureFi
     _fails(capsys, retention, "no such checkpoint root")
     with CheckpointManager(ROOT) as manager:
         assert [c.step for c in manager.list()] == [100, 200]  # nothing was lost
+
+
+def test_ls_of_a_folder_of_jobs_names_the_jobs(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder holding several jobs has no checkpoints of its own: ``ckpt ls`` says so,
+    and names the jobs below it to list instead."""
+    with CheckpointManager("graben:///runs/b", keep_last=None) as manager:
+        manager.save(1, {"w": torch.zeros(2)})
+    assert main(["ckpt", "ls", "graben:///runs"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and "no checkpoints in graben:///runs;" in err
+    assert "jobs below it: graben:///runs/a, graben:///runs/b" in err, err
+    assert "empty" not in err
+    assert main(["ckpt", "ls", "graben:///runs", "--json"]) == 0
+    assert capsys.readouterr().out == "[]\n"
