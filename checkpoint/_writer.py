@@ -55,7 +55,12 @@ class _Target:
     @property
     def file(self) -> str:
         """This rank's file name inside the staging directory."""
-        return f"__{self.rank}_0{SUFFIX}"
+        return _rank_file(self.rank)
+
+
+def _rank_file(rank: int) -> str:
+    """Rank file ``rank``'s name inside the staging directory (and the checkpoint)."""
+    return f"__{rank}_0{SUFFIX}"
 
 
 class _Results(list[WriteResult]):
@@ -271,7 +276,7 @@ def _ranks_files(staging: str, results: list[list[WriteResult]]) -> list[FileCom
     files = []
     for rank, sent in enumerate(results):
         assert isinstance(sent, _Results), "write_data makes every rank's results"
-        name = _Target(staging, rank, b"").file
+        name = _rank_file(rank)
         allowed = {
             posixpath.join(staging, name),
             posixpath.join(staging, INDEX_DIR, name),

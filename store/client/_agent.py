@@ -47,7 +47,7 @@ class AgentClient:
     def reserve_ahead(self, key: SegmentKey, size: int, *, to_store: bool = False) -> Future[str]:
         """``reserve``, sent now and answered later: the future holds the path (or the
         error). A rank asks for its next save's segment while it trains."""
-        self._settle()
+        self.settle()
         ahead: Future[str] = submit(self._acall("agent.reserve", Reserve(key, size, to_store), str))
         return ahead
 
@@ -68,7 +68,7 @@ class AgentClient:
         if wait:
             self._call("agent.done", Done(key, ranges), None)
         else:
-            self._settle()
+            self.settle()
             self._sent = submit(self._acall("agent.done", Done(key, ranges), None))
 
     def stored(self, job: str, step: int) -> None:
@@ -98,7 +98,7 @@ class AgentClient:
 
     def close(self) -> None:
         try:
-            self._settle()
+            self.settle()
         finally:
             self._close()
 
@@ -108,16 +108,12 @@ class AgentClient:
             run(conn.close())
 
     def _call(self, op: str, body: object, kind: Any, timeout: float = AGENT_TIMEOUT_S) -> Any:
-        self._settle()
+        self.settle()
         return run(self._acall(op, body, kind, timeout))
 
     def settle(self) -> None:
         """Wait for the reply to a call sent without waiting (``done(wait=False)``); raise
         its error. Every other call does this first."""
-        self._settle()
-
-    def _settle(self) -> None:
-        """Wait for a call sent without waiting; raise its error."""
         sent, self._sent = self._sent, None
         if sent is not None:
             sent.result()
