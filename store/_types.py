@@ -388,6 +388,8 @@ class NodeState(msgspec.Struct, frozen=True):
     on it); ``"drained"`` once it holds nothing (``Health`` says so; it may be removed)."""
     held: int = 0
     """Chunk copies and pieces it holds, as ``Health`` counts them (0 elsewhere)."""
+    metrics: str = ""
+    """``host:port`` of its Prometheus ``/metrics``; ``""``: it serves none."""
 
 
 class ServiceState(msgspec.Struct, frozen=True):
@@ -407,6 +409,8 @@ class ServiceState(msgspec.Struct, frozen=True):
     """The schema version its code was written for (0: a service from before 17)."""
     alive: bool = True
     """Heard from within the last few seconds."""
+    metrics: str = ""
+    """``host:port`` of its Prometheus ``/metrics``; ``""``: it serves none."""
 
 
 class Collection(msgspec.Struct, frozen=True):

@@ -32,7 +32,7 @@ from graben.store.wire._auth import RECEIPT_TTL_S
 
 AFTER_ANY_COLLECTION = 2.0**33
 """A time (the year 2242) after every cutoff a test's collection takes copies under."""
-MIGRATIONS = 17
+MIGRATIONS = 18
 """The schema version graben writes today."""
 
 
@@ -132,10 +132,11 @@ class Engine:
             return cur.fetchall() if cur.description else []
 
     def back_to_7(self) -> None:
-        """Take back schemas 8 to 17, row checksums, the change feed, storage classes,
+        """Take back schemas 8 to 18, row checksums, the change feed, storage classes,
         tenants, the record of encryption, backups' holds, the nodes' stored bytes and
-        scrub time, their drain state, collection's records and the services' schema
-        versions (a store as an older graben left it)."""
+        scrub time, their drain state, collection's records, the services' schema
+        versions and the servers' metrics addresses (a store as an older graben left
+        it)."""
         for table in SUMMED:
             self.sql(f"ALTER TABLE {table} DROP COLUMN sum")
         tables = ("changes", "classes", "pieces", "tenants", "tokens", "quotas")
@@ -143,9 +144,10 @@ class Engine:
             self.sql(f"DROP TABLE {table}")
         for column in ("sealed", "restored_ns", "freed_chunks", "freed_bytes"):
             self.sql(f"ALTER TABLE store DROP COLUMN {column}")
-        for column in ("stored", "scrubbed", "state"):
+        for column in ("stored", "scrubbed", "state", "metrics"):
             self.sql(f"ALTER TABLE nodes DROP COLUMN {column}")
-        self.sql("ALTER TABLE services DROP COLUMN schema_version")
+        for column in ("schema_version", "metrics"):
+            self.sql(f"ALTER TABLE services DROP COLUMN {column}")
 
     def set_version(self, version: int) -> None:
         """Record ``version`` as the store's schema version."""

@@ -14,7 +14,15 @@ A shared module of the store: imports its errors, no layer.
 """
 
 from ._aws import aws_environment, aws_settings
-from ._env import ENV_SECRET, ENV_SECRET_FILE, ENV_TOKEN, ENV_TOKEN_FILE, child_environment, env
+from ._env import (
+    ENV_METRICS,
+    ENV_SECRET,
+    ENV_SECRET_FILE,
+    ENV_TOKEN,
+    ENV_TOKEN_FILE,
+    child_environment,
+    env,
+)
 from ._limits import (
     DEFAULT_CHUNK_SIZE,
     MAX_CHUNK_SIZE,
@@ -32,6 +40,7 @@ __all__ = [
     "AGENT_PORT",
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_REPLICA_DEADLINE",
+    "ENV_METRICS",
     "ENV_SECRET",
     "ENV_SECRET_FILE",
     "ENV_TOKEN",

@@ -10,7 +10,7 @@ from typing import TypeAlias
 from .._config import AGENT_PORT
 from ..wire import auth
 from ._cluster import Started, _serve, secret_arg
-from ._listen import endpoint, endpoints_arg, metrics_arg, size_arg
+from ._listen import endpoint, endpoints_arg, metrics_arg, metrics_at, size_arg
 from ._logs import log_arg
 from ._main import config_arg
 
@@ -99,7 +99,7 @@ def _agent_serve(args: argparse.Namespace) -> int:
             secret=secret,
             keep=args.keep,
             peers=args.peer,
-            metrics_at=args.metrics,
+            metrics_at=metrics_at(args.metrics, args.listen),
             meta=args.meta,
         )
         server = await agent.start(host, AGENT_PORT if port is None else port)

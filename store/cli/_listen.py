@@ -4,7 +4,8 @@ Default ports: the metadata service 7100; a data node the first free one from
 7200 upward on its ``--listen`` host (so several nodes on one host need no
 ports). ``--listen HOST:0`` takes any free port. ``--advertise`` is the
 address the others are told (a node's heartbeats carry it); a wildcard
-``--listen`` needs one. ``--metrics`` is where a server serves its Prometheus metrics.
+``--listen`` needs one. ``--metrics`` is where a server serves its Prometheus metrics:
+on by default, beside its own port (``metrics_at``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import argparse
 import re
 from typing import TYPE_CHECKING, Any
 
-from .._config import parse_size
+from .._config import ENV_METRICS, env, parse_size
 from .._errors import InvalidArgument, Unavailable
+from ..wire import BESIDE, METRICS_OFFSET, WILDCARDS
 
 if TYPE_CHECKING:
     from ..node import DataNode
@@ -23,7 +25,8 @@ META_PORT = 7100
 NODE_PORT = 7200
 NODE_PORTS = 100
 """Ports a data node given no port tries, from ``NODE_PORT`` upward."""
-WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
+OFF = "off"
+"""``--metrics off``: no metrics served."""
 
 
 def address_arg(text: str) -> tuple[str, int]:
@@ -64,14 +67,41 @@ def listen_args(parser: argparse.ArgumentParser, default: str, what: str) -> Non
 
 
 def metrics_arg(parser: argparse.ArgumentParser, where: str = "") -> None:
+    """``--metrics HOST:PORT`` or ``off``; ``where`` says where they are without it
+    (default: a server's, ``metrics_at``)."""
     parser.add_argument(
         "--metrics",
-        type=address_arg,
+        type=metrics_value,
         default=None,
-        metavar="HOST:PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics"
-        + (f": {where}" if where else " (default: none)"),
+        metavar="HOST:PORT|off",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics, or none ('off'); "
+        + (
+            where
+            or f"default: --listen's host, its port + {METRICS_OFFSET} (7100: 8100); "
+            "any free port if --listen's is 0"
+        ),
     )
+
+
+def metrics_value(text: str) -> tuple[str, int] | str:
+    """``--metrics``' value: ``HOST:PORT``, or ``OFF``."""
+    return OFF if text.strip().lower() in ("off", "none", "no") else address_arg(text)
+
+
+def metrics_at(given: tuple[str, int] | str | None, listen: tuple[str, int | None]) -> Any:
+    """Where a server serves its metrics: ``--metrics``' address (not given:
+    ``$GRABEN_METRICS``'); ``None`` for ``off``; by default on ``--listen``'s host beside
+    the server's port (``BESIDE``), or any free port if it listens on any free port."""
+    if given is None and (told := env(ENV_METRICS)):
+        try:
+            given = metrics_value(told)
+        except argparse.ArgumentTypeError as exc:
+            raise InvalidArgument(f"${ENV_METRICS}: {exc}") from None
+    if given == OFF:
+        return None
+    if given is not None:
+        return given
+    return listen[0], 0 if listen[1] == 0 else BESIDE
 
 
 def check_advertise(listen: tuple[str, int | None], advertise: object) -> None:

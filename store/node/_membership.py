@@ -45,6 +45,8 @@ class Membership:
         """The store this node belongs to; ``None`` until its first heartbeat is answered."""
         self.address = ""
         """Where clients dial it, as its heartbeats say (set once it listens)."""
+        self.metrics = ""
+        """Where its ``/metrics`` are, as its heartbeats say (``""``: none)."""
         sealer = store.sealer
         self._sealed = "none" if sealer is None else sealer.check
         """What the heartbeats say of its encryption at rest (its key's check value)."""
@@ -84,7 +86,9 @@ class Membership:
         self._say_if_full(free)
         state = NodeState(self.node, self.address, self.rack, free, total)
         stored, scrubbed = await self._stored_bytes(), self.scrubbed
-        state = msgspec.structs.replace(state, stored=stored, scrubbed=scrubbed)
+        state = msgspec.structs.replace(
+            state, stored=stored, scrubbed=scrubbed, metrics=self.metrics
+        )
         beat = Heartbeat(state, self.store_id or "", sealed=self._sealed)
         try:
             joined: Joined = await self.request(beat)

@@ -70,8 +70,10 @@ from ..wire import (
     Server,
     auth,
     decode,
+    dialled,
     encode,
     every,
+    serve_if_asked,
     stop,
     to_wire,
 )
@@ -187,9 +189,15 @@ class DataNode:
             metrics=self.metrics,
             tls=self._tls,
         )
-        dialled = advertise or host
-        self.address = dialled if ":" in dialled else f"{dialled}:{self.server.port}"
+        told = advertise or host
+        self.address = told if ":" in told else f"{told}:{self.server.port}"
         self.membership.address = self.address
+        try:
+            where = self.serve_metrics(self.server.port)
+        except BaseException:
+            await self.server.close()
+            raise
+        self.membership.metrics = dialled(where, self.address) if where else ""
         try:
             await self.membership.beat(first=True)
         except PermissionDenied:  # not the store's encryption: refuse to start
@@ -201,12 +209,11 @@ class DataNode:
         self._scrubbing = every(self.scrub_interval, self.scrub_once, "scrub")
         return self.server
 
-    def serve_metrics(self) -> None:
-        """Serve ``/metrics``, if asked and not yet (``start`` does; a caller trying port
-        after port for the node calls it first, so a metrics port taken fails only once)."""
-        if self.metrics is not None and self._metrics_at is not None and not self.metrics.serving:
-            where = self.metrics.serve(*self._metrics_at)
-            log.info("metrics at http://%s/metrics", where)
+    def serve_metrics(self, port: int | None = None) -> str:
+        """Serve ``/metrics``, if asked and not yet; where (``start`` does, ``port`` its
+        own once bound; a caller trying port after port for the node calls it first, so a
+        metrics port taken fails only once)."""
+        return serve_if_asked(self.metrics, self._metrics_at, port)
 
     async def close(self) -> None:
         """Stop heartbeating and serving."""

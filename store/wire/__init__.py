@@ -14,7 +14,15 @@ May import: the store's shared modules only (``graben.store._types``,
 from . import _auth as auth
 from . import _tls as tls
 from ._frames import Call, FileSpan, WireError, decode, encode, from_wire, to_wire
-from ._metrics import Metrics, serve_metrics
+from ._metrics import (
+    BESIDE,
+    METRICS_OFFSET,
+    WILDCARDS,
+    Metrics,
+    dialled,
+    serve_if_asked,
+    serve_metrics,
+)
 from ._rpc import (
     CLIENT_IDLE_S,
     CONNECT_TIMEOUT,
@@ -29,10 +37,13 @@ from ._rpc import (
 from ._tasks import every, stop
 
 __all__ = [
+    "BESIDE",
     "CLIENT_IDLE_S",
     "CONNECT_TIMEOUT",
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_TIMEOUT",
+    "METRICS_OFFSET",
+    "WILDCARDS",
     "Answer",
     "Call",
     "Connection",
@@ -44,9 +55,11 @@ __all__ = [
     "WireError",
     "auth",
     "decode",
+    "dialled",
     "encode",
     "every",
     "from_wire",
+    "serve_if_asked",
     "serve_metrics",
     "stop",
     "tls",

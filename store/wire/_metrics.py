@@ -17,6 +17,7 @@ import this package too, and need not pay for it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,17 @@ from .._errors import Unavailable
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge
 
+METRICS_OFFSET = 1000
+"""Unless told otherwise, a server serves its metrics on its own port + this: the
+metadata service's 7100 on 8100, a data node's 7200 on 8200, a memory agent's 7300 on
+8300 (``graben ... serve --metrics off`` serves none)."""
+BESIDE = -1
+"""The port of ``metrics=(HOST, BESIDE)``: the server's own port + ``METRICS_OFFSET``,
+else (that port taken) any free one, and the log says which."""
+WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
+"""Hosts that bind every interface: nobody dials them."""
+
+log = logging.getLogger("graben.metrics")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 """Seconds: metadata requests take well under a millisecond, a chunk write some tens."""
 
@@ -55,6 +67,8 @@ class Metrics:
             "graben_response_bytes", "Bytes of reply bodies and payloads sent", ("op",)
         )
         self._stop: Callable[[], None] | None = None
+        self.address = ""
+        """``HOST:PORT`` ``/metrics`` is served at; ``""``: not served."""
 
     def counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
         """A counter in this server's registry (``_total`` is added to ``name``)."""
@@ -80,16 +94,43 @@ class Metrics:
         """Whether ``/metrics`` is being served."""
         return self._stop is not None
 
-    def serve(self, host: str, port: int) -> str:
-        """Serve ``/metrics`` on ``host:port`` until ``close``; the address bound."""
-        where, self._stop = serve_metrics(self.registry, host, port)
-        return where
+    def serve(self, host: str, port: int, server_port: int | None = None) -> str:
+        """Serve ``/metrics`` on ``host:port`` until ``close``; the address bound (``""``
+        until it is served).
+
+        ``port`` ``BESIDE`` waits for the server's own port (``server_port``; ``None``:
+        not bound yet), then serves on it + ``METRICS_OFFSET``, else (taken) on any free
+        one. Called again once serving, it changes nothing."""
+        if self._stop is not None or (port == BESIDE and server_port is None):
+            return self.address
+        if port != BESIDE:
+            self.address, self._stop = serve_metrics(self.registry, host, port)
+            return self.address
+        assert server_port is not None
+        try:
+            return self.serve(host, server_port + METRICS_OFFSET)
+        except Unavailable as exc:
+            self.serve(host, 0)
+            log.warning("%s; metrics at http://%s/metrics instead", exc.message, self.address)
+            return self.address
 
     def close(self) -> None:
         """Stop serving ``/metrics`` (a scrape in flight finishes first)."""
-        stop, self._stop = self._stop, None
+        stop, self._stop, self.address = self._stop, None, ""
         if stop is not None:
             stop()
+
+
+def serve_if_asked(
+    metrics: Metrics | None, at: tuple[str, int] | None, server_port: int | None = None
+) -> str:
+    """Serve ``metrics`` at ``at`` if both are given and it is not served yet (see
+    ``Metrics.serve``); where it is served (``""``: nowhere yet)."""
+    if metrics is None or at is None:
+        return ""
+    if not metrics.address and (where := metrics.serve(*at, server_port)):
+        log.info("metrics at http://%s/metrics", where)
+    return metrics.address
 
 
 def serve_metrics(
@@ -113,3 +154,12 @@ def serve_metrics(
         thread.join()
 
     return f"{host}:{server.server_port}", stop
+
+
+def dialled(bound: str, advertised: str) -> str:
+    """The address others dial for metrics bound at ``bound`` (``HOST:PORT``): the same,
+    unless it binds every interface; then the host the server advertises."""
+    host, _, port = bound.rpartition(":")
+    if host.strip("[]") in WILDCARDS:
+        host = advertised.rpartition(":")[0] if ":" in advertised else advertised
+    return f"{host}:{port}"

@@ -265,6 +265,12 @@ MIGRATIONS = (
     """
     ALTER TABLE services ADD COLUMN schema_version {int} NOT NULL DEFAULT 0;
     """,
+    # 18: where each server serves its Prometheus metrics ('': none), for `graben stats`
+    # and the status page to find them.
+    """
+    ALTER TABLE nodes ADD COLUMN metrics {text} NOT NULL DEFAULT '';
+    ALTER TABLE services ADD COLUMN metrics {text} NOT NULL DEFAULT '';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 """The schema version this code writes and reads: a store at another one is migrated

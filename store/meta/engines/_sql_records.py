@@ -76,20 +76,20 @@ class SqlNodes:
 
     def upsert_node(self, node: NodeState) -> None:
         self.sql.execute(
-            "INSERT INTO nodes (id, address, rack, free, total, last_seen, stored, scrubbed) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
-            "address = excluded.address, rack = excluded.rack, free = excluded.free, "
+            "INSERT INTO nodes (id, address, rack, free, total, last_seen, stored, scrubbed, "
+            "metrics) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE "
+            "SET address = excluded.address, rack = excluded.rack, free = excluded.free, "
             "total = excluded.total, last_seen = excluded.last_seen, "
-            "stored = excluded.stored, scrubbed = excluded.scrubbed",
+            "stored = excluded.stored, scrubbed = excluded.scrubbed, metrics = excluded.metrics",
             (
                 *(node.id, node.address, node.rack, node.free, node.total, node.last_seen),
-                *(node.stored, node.scrubbed),
+                *(node.stored, node.scrubbed, node.metrics),
             ),
         )
 
     def nodes(self) -> list[NodeState]:
         rows = self.sql.rows(
-            "SELECT id, address, rack, free, total, last_seen, stored, scrubbed, state "
+            "SELECT id, address, rack, free, total, last_seen, stored, scrubbed, state, metrics "
             "FROM nodes ORDER BY id"
         )
         return [
@@ -98,8 +98,9 @@ class SqlNodes:
                 stored=stored,
                 scrubbed=scrubbed,
                 state=state,
+                metrics=metrics,
             )
-            for id_, address, rack, free, total, seen, stored, scrubbed, state in rows
+            for id_, address, rack, free, total, seen, stored, scrubbed, state, metrics in rows
         ]
 
     def set_node_state(self, node: str, state: str) -> bool:
@@ -187,18 +188,22 @@ class SqlServices:
     def upsert_service(self, service: ServiceState) -> None:
         s = service
         self.sql.execute(
-            "INSERT INTO services (id, address, engine, started, last_seen, schema_version) "
-            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
-            "address = excluded.address, last_seen = excluded.last_seen",
-            (s.id, s.address, s.engine, s.started, s.last_seen, s.schema_version),
+            "INSERT INTO services (id, address, engine, started, last_seen, schema_version, "
+            "metrics) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+            "address = excluded.address, last_seen = excluded.last_seen, "
+            "metrics = excluded.metrics",
+            (s.id, s.address, s.engine, s.started, s.last_seen, s.schema_version, s.metrics),
         )
 
     def services(self) -> list[ServiceState]:
         rows = self.sql.rows(
-            "SELECT id, address, engine, started, last_seen, schema_version "
+            "SELECT id, address, engine, started, last_seen, schema_version, metrics "
             "FROM services ORDER BY id"
         )
-        return [ServiceState(*row) for row in rows]
+        return [
+            ServiceState(id_, address, engine, started, seen, version, metrics=metrics)
+            for id_, address, engine, started, seen, version, metrics in rows
+        ]
 
     def forget_services(self, ids: Iterable[str] = (), seen_before: float = 0.0) -> None:
         self.sql.execute(

@@ -34,6 +34,8 @@ def back_to_16_with_a_live_service(engine: Engine, last_seen: float) -> None:
     """The engine as a service of schema 16 serving it leaves it: its row, no version."""
     engine.open()
     engine.sql("ALTER TABLE services DROP COLUMN schema_version")
+    engine.sql("ALTER TABLE services DROP COLUMN metrics")  # schema 18's
+    engine.sql("ALTER TABLE nodes DROP COLUMN metrics")
     engine.set_version(16)
     engine.sql(
         "INSERT INTO services (id, address, engine, started, last_seen) "
