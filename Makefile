@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-SYSTEM_PACKAGES := libfuse3-dev fuse3 pkg-config fio postgresql rsync
+SYSTEM_PACKAGES := libfuse3-dev fuse3 pkg-config fio postgresql rsync chromium
 
 .PHONY: run bench test lint system-deps install peers clean
 
@@ -40,9 +40,10 @@ $(STAMP): pyproject.toml constraints.txt | system-deps
 	touch $@
 
 # FUSE needs these (fio: its tests), the PostgreSQL engine's tests a server of their own
-# (never the system's service); the store core needs none, so a failure here only warns.
+# (never the system's service), the status page's tests a browser (chromium, headless);
+# the store core needs none, so a failure here only warns.
 system-deps:
-	@if command -v fusermount3 >/dev/null && command -v fio >/dev/null && command -v rsync >/dev/null && pkg-config --exists fuse3 2>/dev/null \
+	@if command -v fusermount3 >/dev/null && command -v fio >/dev/null && command -v rsync >/dev/null && command -v chromium >/dev/null && pkg-config --exists fuse3 2>/dev/null \
 		&& ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 		(apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null) \

@@ -9,10 +9,10 @@ the reply, then a copy goes to the first peer that takes it, in the
 background), ``agent.stored`` (the store holds a step: older segments may go),
 ``agent.steps`` (complete steps of a rank, here or at a peer), ``agent.locate``
 (the file of a complete segment and its ranges' blake3s, once hashed; pulled
-from a peer first if only a peer has it, and checked), ``agent.list``.
-The cluster's token only: ``agent.status``; between agents ``agent.has``,
-``agent.put`` (a piece of a copy, received in place) and ``agent.get`` (a piece
-sent from the file by ``sendfile``).
+from a peer first if only a peer has it, and checked), ``agent.list``. The
+cluster's token only: ``agent.status``, ``agent.held`` (every segment held: the
+status page's); between agents ``agent.has``, ``agent.put`` (a piece of a copy,
+received in place) and ``agent.get`` (a piece sent from the file by ``sendfile``).
 """
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ class Agent:
                 "agent_locate",
                 "agent_list",
                 "agent_status",
+                "agent_held",
                 "agent_has",
                 "agent_put",
                 "agent_get",
@@ -234,6 +235,9 @@ class Agent:
     async def agent_list(self, call: Call, payload: memoryview | None) -> Answer:
         job: str = decode(call.body, str)
         return Answer(encode([h for h in self.segments.held.values() if h.key.job == job]))
+
+    async def agent_held(self, call: Call, payload: memoryview | None) -> Answer:
+        return Answer(encode(list(self.segments.held.values())))
 
     async def agent_status(self, call: Call, payload: memoryview | None) -> Answer:
         held = self.segments.held

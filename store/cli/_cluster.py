@@ -23,7 +23,7 @@ import asyncio
 import logging
 import resource
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import urlsplit
@@ -48,6 +48,7 @@ from ._listen import (
 from ._logs import log_arg
 from ._main import config_arg
 from ._nodes import add_node_actions
+from ._page import status_args, status_page
 from ._stores import timeout_arg
 from ._tls import server_tls, server_tls_args, tls_arg
 
@@ -144,6 +145,7 @@ def add_meta(sub: Subparsers) -> None:
         "rebalance-rate)",
     )
     collect_args(serve)
+    status_args(serve)
     _tier_arg(serve, "chunks of class s3 are uploaded there")
     _server_args(serve, "meta")
     serve.set_defaults(run=_meta_serve)
@@ -312,7 +314,9 @@ Started: TypeAlias = tuple[str, Callable[[], Awaitable[None]], Awaitable[GrabenE
 ends it from within, with the error to exit with (``None``: only a signal ends it)."""
 
 
-def _serve(start: Callable[[], Awaitable[Started]]) -> int:
+def _serve(start: Callable[[], Awaitable[Started]], said: Sequence[str] = ()) -> int:
+    """Run a server until a signal (or its own end); ``said``: lines printed after the
+    first, ``listening on``, once ``start`` has filled them in."""
     limit = raise_open_files()
     if limit < LOW_OPEN_FILES:
         log.warning(
@@ -328,6 +332,8 @@ def _serve(start: Callable[[], Awaitable[Started]]) -> int:
             loop.add_signal_handler(sig, stop.set)
         where, close, ended = await start()
         print(f"listening on {where}", flush=True)
+        for line in said:
+            print(line, flush=True)
         stopped = asyncio.ensure_future(stop.wait())
         ending = None if ended is None else asyncio.ensure_future(ended)
         try:
@@ -369,6 +375,7 @@ def _meta_serve(args: argparse.Namespace) -> int:
     else:
         repo = _open_engine(path, init=args.init)
     host, port = args.listen
+    said: list[str] = []  # where the status page serves, once it does
 
     async def start() -> Started:
         service = MetaService(
@@ -387,14 +394,16 @@ def _meta_serve(args: argparse.Namespace) -> int:
             metrics=args.metrics,
             tls=tls,
             tier=args.s3_tier,
+            counted=args.status is not None,
         )
         server = await service.start(
             host, META_PORT if port is None else port, advertise=advertise_address(args.advertise)
         )
         where = advertised(args.listen, server.port, args.advertise)
-        return where, service.close, service.until_outdated()
+        close = await status_page(service, args, secret, said)
+        return where, close, service.until_outdated()
 
-    return _serve(start)
+    return _serve(start, said)
 
 
 def _open_engine(path: Path, *, init: bool) -> SQLiteRepository:

@@ -27,6 +27,7 @@ from ._cluster import Subparsers, collect_args
 from ._listen import META_PORT, NODE_PORT, metrics_arg
 from ._logs import log_arg
 from ._main import config_arg
+from ._page import agents_flags, page_address, status_args
 from ._tls import server_tls, server_tls_args, tls_flags, tls_hint
 
 
@@ -98,6 +99,7 @@ def add_cluster(sub: Subparsers) -> None:
         "the metadata service's on PORT, node i's on PORT+1+i, more services' after the "
         "nodes' (0: any free ports)",
     )
+    status_args(up, passed_on=True)
     log_arg(up)
     config_arg(up, "cluster")  # and its servers read [meta] and [node] of the same file
     up.set_defaults(run=_cluster_up)
@@ -138,20 +140,29 @@ def _cluster_up(args: argparse.Namespace) -> int:
         node_port=_node_port(args),
         metrics=args.metrics,
         secret_file=secret_file,
-        meta_args=(*shared, *collecting),
+        meta_args=(*shared, *collecting, *agents_flags(args)),
         node_args=(*sealed, *shared),
         tls=tls,
+        status=page_address(args),
     ) as cluster:
         print(cluster.url, flush=True)
         print(
             f"graben cluster: {args.nodes} data nodes, replication {cluster.replication}; "
             "Ctrl-C stops it\n"
-            f"clients need its secret: export GRABEN_SECRET_FILE={secret_file}" + tls_hint(tls),
+            f"clients need its secret: export GRABEN_SECRET_FILE={secret_file}"
+            + tls_hint(tls)
+            + _page_hint(cluster.status_address),
             file=sys.stderr,
             flush=True,
         )
         _wait_for_signal(cluster)
     return 0
+
+
+def _page_hint(where: str) -> str:
+    if not where:
+        return ""
+    return f"\nstatus page at http://{where}/ (its token: graben token cluster)"
 
 
 def _node_port(args: argparse.Namespace) -> int | None:

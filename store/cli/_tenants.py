@@ -21,6 +21,7 @@ from .._types import QuotaState, TokenInfo
 from . import _render as out
 from ._cmds import Subparsers, _command, _human_flag, _json_flag
 from ._listen import count_arg, size_arg
+from ._page import add_cluster_token
 from ._stores import open_client
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
@@ -65,7 +66,7 @@ def add_tenant(sub: Subparsers) -> None:
 
 
 def add_token(sub: Subparsers) -> None:
-    """``graben token create|ls|revoke``."""
+    """``graben token create|ls|revoke|cluster``."""
     parser = sub.add_parser(
         "token",
         help="Issue, list or revoke tenants' tokens (the operator's).",
@@ -86,6 +87,7 @@ def add_token(sub: Subparsers) -> None:
     revoke = _command(actions, "revoke", "Revoke tokens: refused everywhere within 1 s.", _revoke)
     revoke.add_argument("ids", nargs="*", metavar="ID", help="token ids (token ls shows them)")
     revoke.add_argument("--tenant", default="", help="every token of this tenant")
+    add_cluster_token(actions)
 
 
 def add_quota(sub: Subparsers) -> None:

@@ -60,6 +60,7 @@ class LocalCluster:
         node_args_of: Callable[[int], tuple[str, ...]] = _no_args,
         nodes_meta_first: int = 0,
         tls: TLS | None = None,
+        status: str | None = None,
     ) -> None:
         """``engine``: the metadata's (default: SQLite in ``root/meta.db``); ``init``: the
         first service makes the store if its engine holds none (``meta serve --init``).
@@ -74,7 +75,9 @@ class LocalCluster:
         every node; ``node_args_of(i)``: for node ``i`` alone. ``nodes_meta_first``: the
         service the nodes' ``--meta`` names first (they heartbeat to it while it
         answers). ``tls``: what this kit's own client uses to see the nodes report
-        (the servers take their TLS flags in ``meta_args`` and ``node_args``)."""
+        (the servers take their TLS flags in ``meta_args`` and ``node_args``).
+        ``status``: ``HOST:PORT`` of the first service's status page (``--status``; port
+        0: any free one, kept when it is started again): ``status_address``."""
         if nodes < 1:
             raise InvalidArgument("a cluster needs at least one data node")
         if metas < 1:
@@ -97,6 +100,9 @@ class LocalCluster:
         self._started = time.time()
         self._backoffs: dict[tuple[str, int], Backoff] = {}
         """(role, index) -> that server's restarts, once ``tend`` has seen it."""
+        self._status = status
+        self.status_address = ""
+        """``HOST:PORT`` of the first service's status page (``""``: none)."""
         self.metas: list[subprocess.Popen[str]] = []
         self.meta_addresses: list[str] = []
         """Each metadata service's address, in order."""
@@ -106,6 +112,9 @@ class LocalCluster:
         try:
             for j in range(metas):
                 proc, address = spawn(*self._meta_argv(j, self.engine))
+                if j == 0 and status is not None:  # its second line: where the page is
+                    said = proc.stdout.readline() if proc.stdout is not None else ""
+                    self._status = self.status_address = said.split("//")[-1].strip(" /\n")
                 self.metas.append(proc)
                 self.meta_addresses.append(address)
             for i in range(nodes):
@@ -136,6 +145,7 @@ class LocalCluster:
             *("--engine", url, "--listen", f"127.0.0.1:{self._port + j if self._port else 0}"),
             *self._meta_args,
             *self._metrics_at(j and self._count + j),  # the other services after the nodes
+            *(("--status", self._status) if self._status is not None and j == 0 else ()),
             *self._meta_tail,
         )
 

@@ -8,7 +8,9 @@ idempotency key), the repository interface an engine
 implements (``_repo``), the placement of new chunks on nodes (``_placement``:
 a pure function), the service that runs it all for a cluster
 (``_service``: RPC handlers, heartbeats, and the leader's duties: repair,
-conversion, and collection of chunks no file uses, ``_collect``), the lease that
+conversion, and collection of chunks no file uses, ``_collect``), its read-only
+status page (``_status_web`` over HTTP, ``_status`` its figures, ``_status_html``
+the page), the lease that
 makes one of several services the leader (``_leader``) and the
 engines themselves (``engines``: SQLite for one host, PostgreSQL for
 several). The embedded store runs the same namespace logic in-process.
@@ -24,6 +26,7 @@ from ._placement import LOCAL_NODE
 from ._policy import INLINE_LIMIT, INLINE_MAX
 from ._repo import Repository
 from ._service import MetaService
+from ._status_web import StatusPage
 from ._sweep import SWEEP_GRACE_S
 from .engines import (
     DEFAULT_KEEP_S,
@@ -50,6 +53,7 @@ __all__ = [
     "Metadata",
     "Repository",
     "SQLiteRepository",
+    "StatusPage",
     "backup",
     "is_postgres",
     "open_postgres",

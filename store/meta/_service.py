@@ -153,6 +153,7 @@ class MetaService:
         threads: int = 8,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         metrics: tuple[str, int] | None = None,
+        counted: bool = False,
         tls: TLS | None = None,
         lease_s: float = LEASE_S,
         tier: str | None = None,
@@ -210,8 +211,9 @@ class MetaService:
         """The leader's conversions (to stripes, to the S3 tier), and stripes' repairs."""
         self._repairing: asyncio.Task[None] | None = None
         self._metrics_at = metrics
-        self.metrics = None if metrics is None else Metrics()
-        """Served at ``metrics`` (``HOST:PORT``) from ``start`` to ``close``, if given."""
+        self.metrics = Metrics() if metrics is not None or counted else None
+        """Served at ``metrics`` (``HOST:PORT``) from ``start`` to ``close``, if given; kept
+        unserved if ``counted`` (the status page charts its counters)."""
         self.repairs = Repairs(
             self.metadata.records,
             self.chunks,
@@ -384,19 +386,22 @@ class MetaService:
 
     async def _meta(self, call: Call, payload: memoryview | None) -> Answer:
         scope = await self.tokens.scope(call.token)
-        request = decode(call.body, AnyRequest)
-        if scope is not None:  # a tenant's token (``_scopes.py``)
+        return Answer(encode(await self.ask(scope, decode(call.body, AnyRequest))))
+
+    async def ask(self, scope: Scope | None, request: Request[Any]) -> Any:
+        """``request``'s reply as a caller of ``scope`` (``None``: the cluster's token) gets
+        it over the wire, a tenant's checked and narrowed (``_scopes.py``); the status page's."""
+        if scope is not None:
             authorize(scope, request)
             if needs_engine(request):
                 await self._run(verify, self.metadata.repo, scope, request)
             if isinstance(request, ListDir) and not scope.reaches(request.path):
-                seen = await self._run(listing_above, self.metadata.repo, scope, request.path)
-                return Answer(encode(seen))
+                return await self._run(listing_above, self.metadata.repo, scope, request.path)
             if (tenants := await self._serve_tenant(scope, request)) is not None:
-                return Answer(encode(tenants))
+                return tenants
         ttl = auth.GRANT_TTL_S if scope is None else TENANT_TTL_S
         result = await self._serve(request, ttl)
-        return Answer(encode(result if scope is None else narrow(scope, request, result)))
+        return result if scope is None else narrow(scope, request, result)
 
     async def _serve_tenant(self, scope: Scope, request: Request[Any]) -> Any:
         """What a tenant's token gets in place of ``_serve``'s reply, if anything: its
