@@ -24,11 +24,15 @@ from graben.store.local import make_secret_file
 
 def pytest_configure(config: pytest.Config) -> None:
     """One cluster secret for the session: every server and client the tests start
-    finds it in ``$GRABEN_SECRET_FILE``, as a user's shell would provide it."""
+    finds it in ``$GRABEN_SECRET_FILE``, as a user's shell would provide it; servers
+    serve their metrics on any free port (``$GRABEN_METRICS``)."""
     home = Path(tempfile.mkdtemp(prefix="graben-secret-"))
     config.stash[_SECRET_HOME] = home
     os.environ["GRABEN_SECRET_FILE"] = str(make_secret_file(home / "secret"))
     os.environ["XDG_CACHE_HOME"] = str(home / "cache")  # dataset caches: never the user's own
+    # Servers serve metrics by default on their own port + 1000: a port no test was given
+    # (another test may hold it). Here, on any free one; default_ports.py tries the default.
+    os.environ["GRABEN_METRICS"] = "127.0.0.1:0"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

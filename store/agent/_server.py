@@ -45,6 +45,7 @@ from ..wire import (
     auth,
     decode,
     encode,
+    serve_if_asked,
 )
 from ._segments import Segments
 from ._shelf import Room, room, surplus
@@ -135,6 +136,7 @@ class Agent:
             admit=self._admit,
             metrics=self.metrics,
         )
+        serve_if_asked(self.metrics, self._metrics_at, self.server.port)
         self._pushes = asyncio.Queue()
         self._pusher = asyncio.create_task(self._push_all())
         return self.server
@@ -462,7 +464,7 @@ class Agent:
             ("graben_agent_segments", "Segments held", lambda: len(self.segments.held)),
         ):
             metrics.gauge(name, doc).set_function(value)
-        metrics.serve(*self._metrics_at)
+        serve_if_asked(metrics, self._metrics_at)
 
     def _count(self, name: str, doc: str, n: int = 1) -> None:
         if self.metrics is None:

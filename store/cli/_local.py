@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .._errors import InvalidArgument
 from ..local import LocalCluster, is_new_store, make_secret_file
+from ..wire import METRICS_OFFSET
 from ._cluster import Subparsers, collect_args
 from ._listen import META_PORT, NODE_PORT, metrics_arg
 from ._logs import log_arg
@@ -97,7 +98,7 @@ def add_cluster(sub: Subparsers) -> None:
     metrics_arg(
         up,
         "the metadata service's on PORT, node i's on PORT+1+i, more services' after the "
-        "nodes' (0: any free ports)",
+        f"nodes' (0: any free ports); default: each server's own port + {METRICS_OFFSET}",
     )
     status_args(up, passed_on=True)
     log_arg(up)

@@ -53,7 +53,7 @@ class LocalCluster:
         heartbeat_timeout: float = 10.0,
         port: int = 0,
         node_port: int | None = 0,
-        metrics: tuple[str, int] | None = None,
+        metrics: tuple[str, int] | str | None = None,
         secret_file: Path | None = None,
         meta_args: tuple[str, ...] = (),
         node_args: tuple[str, ...] = (),
@@ -69,9 +69,10 @@ class LocalCluster:
         ``i`` on ``node_port + i`` (0: any free ports; ``node_port=None``: the first free
         from the nodes' default). ``metrics``: ``(host, port)`` of every server's
         ``/metrics``: service 0 on ``port``, node ``i`` on ``port + 1 + i``, the other
-        services after the nodes (port 0: any free ports). ``secret_file``: every
-        server's ``--secret-file``, and whose token this kit shows (default: the
-        environment's). ``meta_args``, ``node_args``: more flags for every service,
+        services after the nodes (port 0: any free ports); ``"off"``: none; ``None``:
+        the servers' default (each beside its own port, any free one beside port 0).
+        ``secret_file``: every server's ``--secret-file``, and whose token this kit shows
+        (default: the environment's). ``meta_args``, ``node_args``: more flags for every service,
         every node; ``node_args_of(i)``: for node ``i`` alone. ``nodes_meta_first``: the
         service the nodes' ``--meta`` names first (they heartbeat to it while it
         answers). ``tls``: what this kit's own client uses to see the nodes report
@@ -152,8 +153,8 @@ class LocalCluster:
     def _metrics_at(self, offset: int) -> tuple[str, ...]:
         """``--metrics`` of server number ``offset`` (0: the first service, 1 + i: node i);
         port 0 stays 0 (any free port) for each."""
-        if self._metrics is None:
-            return ()
+        if self._metrics is None or isinstance(self._metrics, str):
+            return () if self._metrics is None else ("--metrics", self._metrics)
         host, port = self._metrics
         return ("--metrics", f"{host}:{port + offset if port else 0}")
 

@@ -68,8 +68,10 @@ from ..wire import (
     Server,
     auth,
     decode,
+    dialled,
     encode,
     every,
+    serve_if_asked,
     stop,
     to_wire,
 )
@@ -264,9 +266,7 @@ class MetaService:
 
         ``advertise`` (``HOST:PORT``, or ``HOST`` with the bound port) is the address
         the registry of services shows (default: the bound one)."""
-        if self.metrics is not None and self._metrics_at is not None:
-            where = self.metrics.serve(*self._metrics_at)
-            log.info("metrics at http://%s/metrics", where)
+        serve_if_asked(self.metrics, self._metrics_at)
         try:
             self.server = await Server.start(
                 {"meta": self._meta, "ping": self._ping},
@@ -283,13 +283,20 @@ class MetaService:
                 self.metrics.close()
             raise
         told = advertise or host
+        address = told if ":" in told else f"{told}:{self.server.port}"
+        try:
+            metrics = serve_if_asked(self.metrics, self._metrics_at, self.server.port)
+        except BaseException:
+            await self.server.close()
+            raise
         me = ServiceState(
             self.id,
-            told if ":" in told else f"{told}:{self.server.port}",
+            address,
             self.metadata.repo.location.partition(":")[0],
             0.0,
             0.0,
             SCHEMA_VERSION,
+            metrics=dialled(metrics, address) if metrics else "",
         )
         self.leadership = Leadership(
             self.metadata.repo, me, lease_s=self._lease_s, metrics=self.metrics

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from agent_kit import Agents
 from cluster_kit import LocalCluster, scrape, sum_of
 from ranks_kit import free_port
 
@@ -163,11 +167,77 @@ def test_stats_shows_the_rates_of_each_server(
             client.put("/f", os.urandom(MiB))
     out, _ = stats.communicate(timeout=30)
     assert stats.returncode == 0
-    lines = out.splitlines()
-    assert any(f"127.0.0.1:{meta_port}" in line and "meta.Prepare" in line for line in lines)
-    assert any("chunk.write" in line for line in lines)
-    assert any("chunks_short" in line and "repair_queue" in line for line in lines)
-    assert any("free_bytes" in line for line in lines)
+    # A table per server, titled with the address given; its gauges under it.
+    tables = _tables(out)
+    assert list(tables) == servers
+    assert any("meta.Prepare" in line for line in tables[servers[0]])
+    assert any("chunks_short" in line and "repair_queue" in line for line in tables[servers[0]])
+    for node in servers[1:]:
+        assert any("chunk.write" in line for line in tables[node])
+        assert any("free_bytes" in line for line in tables[node])
+
+
+def _tables(out: str) -> dict[str, list[str]]:
+    """``graben stats``' lines under each server's title."""
+    tables: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        title = line.strip() and line[0] not in "┏┃┡│└"
+        if title and not line.startswith(("chunks_short", "free_bytes", "spool")):
+            tables[line.strip()] = []
+            continue
+        list(tables.values())[-1].append(line)
+    return tables
+
+
+def test_stats_finds_a_clusters_servers_and_fits_the_terminal(tmp_path: Path) -> None:
+    """Given no servers, ``graben stats`` reads those of the cluster at ``$GRABEN_URL``:
+    every server serves metrics unless told not to, and records where."""
+    c = LocalCluster(tmp_path, nodes=2, replication=2)
+    try:
+        with connect(c.url) as client:
+            health = client.health()
+        metrics = [s.metrics for s in health.services] + [n.metrics for n in health.nodes]
+        assert all(m.startswith("127.0.0.1:") for m in metrics), metrics
+        stats = subprocess.Popen(
+            [sys.executable, "-m", "graben.store.cli", "stats", "--once", "--interval", "2"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "GRABEN_URL": c.url, "COLUMNS": "80"},
+        )
+        with connect(c.url, chunk_size=MiB) as client:
+            deadline = time.monotonic() + 30
+            while stats.poll() is None and time.monotonic() < deadline:
+                client.put("/f", os.urandom(MiB))
+        out, _ = stats.communicate(timeout=30)
+        assert stats.returncode == 0
+        names = [f"meta {c.meta_address}", *(f"node {a}" for a in c.addresses)]
+        tables = _tables(out)
+        assert sorted(tables) == sorted(names), out
+        assert all(any("chunk.write" in line for line in tables[f"node {a}"]) for a in c.addresses)
+        assert max(map(len, out.splitlines())) <= 80, out
+    finally:
+        c.close()
+
+
+def test_metrics_off_serves_none(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path, nodes=1, replication=1, metrics="off")
+    try:
+        with connect(c.url) as client:
+            health = client.health()
+        assert [s.metrics for s in health.services] == [""]
+        assert [n.metrics for n in health.nodes] == [""]
+        result = subprocess.run(
+            [sys.executable, "-m", "graben.store.cli", "stats", "--once"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "GRABEN_URL": c.url},
+        )
+        assert result.returncode != 0
+        assert "no server of the cluster serves metrics" in result.stderr
+    finally:
+        c.close()
 
 
 def test_stats_of_a_server_without_metrics_says_so() -> None:
@@ -182,3 +252,50 @@ def test_stats_of_a_server_without_metrics_says_so() -> None:
     assert result.returncode != 0
     assert f"cannot read metrics from http://127.0.0.1:{port}/metrics" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+DASHBOARD = Path(__file__).resolve().parents[3] / "docs" / "grafana.json"
+
+
+def _exported(at: str) -> set[str]:
+    """The sample names ``http://at/metrics`` exports or will: a counter's ``_total``,
+    a histogram's ``_bucket``, ``_sum`` and ``_count`` (a family with labels shows no
+    sample until it has one); not the ``_created`` time prometheus_client adds to each."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{at}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    return {
+        family.name + suffix
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith("graben_") and not family.name.endswith("_created")
+        for suffix in suffixes.get(family.type, ("",))
+    }
+
+
+def test_the_grafana_dashboard_charts_what_the_servers_export(tmp_path: Path) -> None:
+    """Every metric docs/grafana.json queries is one a metadata service, a data node or
+    a memory agent exports, and every one they export is charted."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", ())]
+    queried = {name for e in exprs for name in re.findall(r"\bgraben_\w+", e)}
+    assert all(e.count("(") == e.count(")") and e.count("{") == e.count("}") for e in exprs)
+    uses = {p["datasource"]["uid"] for p in dashboard["panels"] if p["type"] != "row"}
+    assert uses == {"${datasource}"}  # the Prometheus the importer picks
+    c = LocalCluster(tmp_path, nodes=1, replication=1)
+    agents = Agents()
+    try:
+        agent_metrics = f"127.0.0.1:{free_port()}"
+        agents.start("a", extra=("--metrics", agent_metrics))
+        with connect(c.url) as client:
+            health = client.health()
+        servers = [health.services[0].metrics, health.nodes[0].metrics, agent_metrics]
+        exported = set().union(*map(_exported, servers))
+    finally:
+        agents.close()
+        c.close()
+    assert queried - exported == set(), "charted, but no server exports it"
+    histograms = {n for n in exported if n.endswith("_bucket")}
+    charted = queried | {n.replace("_bucket", s) for n in histograms for s in ("_sum", "_count")}
+    assert exported - charted == set(), "exported, but not charted"

@@ -65,6 +65,11 @@ def test_the_metadata_service_defaults_to_7100_and_says_so_when_it_is_taken(
     _in_own_network("meta", tmp_path)
 
 
+@needs_own_network
+def test_servers_serve_metrics_beside_their_ports_and_stats_finds_them(tmp_path: Path) -> None:
+    _in_own_network("metrics", tmp_path)
+
+
 def test_a_wildcard_listen_address_needs_an_advertised_one(tmp_path: Path) -> None:
     result = subprocess.run(
         [
