@@ -47,6 +47,7 @@ from graben.store import (
 from ._memory import MemoryTier
 from ._planner import GrabenLoadPlanner, GrabenSavePlanner
 from ._reader import GrabenReader
+from ._state import Target, plain
 from ._steps import LATEST, CheckpointInfo, step_name, step_of
 from ._writer import GrabenWriter
 
@@ -173,6 +174,8 @@ class CheckpointManager:
     ) -> Future[CheckpointInfo] | CheckpointInfo:
         """Save ``state_dict`` as ``step``; it becomes ``latest`` once complete.
 
+        Its values may be modules, optimizers and other ``Stateful`` objects
+        (``{"model": model, "optim": optimizer}``): their state is taken now.
         With ``async_``, return once the state is staged in host memory (the
         same buffers every step) and upload in the background: the returned
         future completes when the checkpoint is published. A previous
@@ -182,6 +185,7 @@ class CheckpointManager:
         its future completes at once for a save that stays in memory, else
         once the store holds it.
         """
+        state_dict = plain(state_dict)
         if self._tiered:
             return self._save_tiered(step, state_dict, async_=async_, planner=planner)
         return self._save_store(step, state_dict, async_=async_, planner=planner)
@@ -359,6 +363,8 @@ class CheckpointManager:
     ) -> int | None:
         """Load the latest checkpoint into ``state_dict`` in place; its step, or ``None``.
 
+        Its modules, optimizers and Statefuls get their state back; an optimizer's
+        plain state dict that cannot take the saved state is refused (``InvalidArgument``).
         With the memory tier: the newest step complete in memory on every rank
         (at this node's agent or its peer), unless the store holds a newer one. A
         step that some rank cannot load from memory (its segment differs from the
@@ -366,28 +372,27 @@ class CheckpointManager:
         warning, and the next newest is tried, then the store's; if none is left,
         the refusal is raised (the state dict may hold refused bytes by then).
         """
-        latest = self.latest()
+        latest, target = self.latest(), Target(state_dict)
         refused: GrabenError | None = None
         if self._tiered:
             for step in self._memory_steps():
                 if latest is not None and step < latest.step:
                     break
-                why = self._memory_load(step, state_dict)
+                why = self._memory_load(step, target)
                 if self._everyone(why is None):
-                    return step
+                    return target.restored(step)
                 elsewhere = IntegrityError(f"another rank refused step {step} in memory")
                 refused = why or refused or elsewhere
         if latest is None:
             if refused is not None:
                 raise refused
             return None
-        self.load(latest.step, state_dict, planner=planner)
-        return latest.step
+        return self._load(latest.step, target, planner)
 
-    def _memory_load(self, step: int, state_dict: dict[str, Any]) -> GrabenError | None:
+    def _memory_load(self, step: int, target: Target) -> GrabenError | None:
         """Load ``step`` from memory on this rank; ``None`` if it did, else why not."""
         try:
-            self._memory_tier().load(step, state_dict)
+            self._memory_tier().load(step, target)
         except GrabenError as exc:
             log.warning("step %d is not loaded from memory: %s", step, exc)
             return exc
@@ -396,10 +401,15 @@ class CheckpointManager:
     def load(
         self, step: int, state_dict: dict[str, Any], *, planner: LoadPlanner | None = None
     ) -> None:
-        """Load checkpoint ``step`` into ``state_dict`` in place."""
+        """Load checkpoint ``step`` into ``state_dict`` in place (as ``load_latest``)."""
+        self._load(step, Target(state_dict), planner)
+
+    def _load(self, step: int, target: Target, planner: LoadPlanner | None) -> int:
         reader = GrabenReader(self.url_of(step), client=self._client)
+        target.check(reader.read_metadata().state_dict_metadata)
         planner = planner or GrabenLoadPlanner()
-        dcp_load(state_dict, storage_reader=reader, planner=planner, process_group=self._group)
+        dcp_load(target.plain, storage_reader=reader, planner=planner, process_group=self._group)
+        return target.restored(step)
 
     def _memory_steps(self) -> builtins.list[int]:
         """The steps every rank can load from memory (a collective), newest first."""

@@ -23,6 +23,7 @@ from typing import Any
 from graben.store import AgentClient, GrabenError, NoSpace, SegmentKey, Timeout, Unavailable
 
 from . import _segment
+from ._state import Target, flat_keys
 
 log = logging.getLogger("graben.checkpoint")
 RETRY_S = 30.0
@@ -144,11 +145,13 @@ class MemoryTier:
             )
             return []
 
-    def load(self, step: int, state_dict: dict[str, Any]) -> None:
-        """Load ``step`` from memory into ``state_dict`` in place, every range read checked
-        against the agent's hash of it (``IntegrityError``: it differs)."""
+    def load(self, step: int, target: Target) -> None:
+        """Load ``step`` from memory into ``target`` in place, every range read checked
+        against the agent's hash of it (``IntegrityError``: it differs; ``InvalidArgument``:
+        ``target.check`` refuses what the step holds)."""
         located = self.client.locate(self.key(step))
-        _segment.load(located.path, located.sums, state_dict)
+        target.check(flat_keys(_segment.saved(located.path, located.sums)))
+        _segment.load(located.path, located.sums, target.plain)
 
     def close(self) -> None:
         """Give back the segment reserved ahead, and let go of the agent and the mappings."""
