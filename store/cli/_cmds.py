@@ -58,13 +58,25 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _human_flag(parser: argparse.ArgumentParser, *short: str) -> None:
-    parser.add_argument(
-        *short, "-H", "--human", action="store_true", help="sizes in KiB, MiB, GiB (default: bytes)"
+    """Sizes in KiB, MiB, GiB (the default; ``-H`` still says so) or, with ``-b``, in bytes
+    (``--json`` always gives bytes)."""
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument(
+        "-b", "--bytes", dest="human", action="store_false", help="sizes in bytes, exactly"
     )
+    sizes.add_argument(
+        *short,
+        "-H",
+        "--human",
+        dest="human",
+        action="store_true",
+        help="sizes in KiB, MiB, GiB (the default)",
+    )
+    parser.set_defaults(human=True)
 
 
 def add_ls(sub: Subparsers) -> None:
-    """``graben ls [PATH] [-l] [-H] [--json]``."""
+    """``graben ls [PATH] [-l] [-b] [--json]``."""
     parser = _command(sub, "ls", "List a directory (or show one file).", _ls)
     parser.add_argument("path", nargs="?", default="/", help=f"{_PATH_HELP} (default: /)")
     parser.add_argument(
@@ -82,7 +94,7 @@ def add_stat(sub: Subparsers) -> None:
 
 
 def add_du(sub: Subparsers) -> None:
-    """``graben du [PATH] [--physical] [-h|-H] [--json]`` (``-h`` as Unix ``du``'s)."""
+    """``graben du [PATH] [--physical] [-b] [--json]`` (``-h`` as Unix ``du``'s, the default)."""
     summary = "Count the files and bytes at or below a path."
     parser = _command(sub, "du", summary, _du, short_help=False)
     parser.add_argument("path", nargs="?", default="/", help=f"{_PATH_HELP} (default: /)")

@@ -207,9 +207,11 @@ def test_ls_lists_names_kinds_and_sizes(graben: Graben) -> None:
         ("/d/a", "directory", 0),
         ("/d/b.bin", "file", 5),
     ]
-    rows = [line.split() for line in graben("ls", "-l", "/d").text.splitlines()]
+    rows = [line.split() for line in graben("ls", "-l", "-b", "/d").text.splitlines()]
     # kind, size, date, time, name
     assert [(r[0], r[1], r[4]) for r in rows] == [("dir", "0", "a/"), ("file", "5", "b.bin")]
+    rows = [line.split() for line in graben("ls", "-l", "/d").text.splitlines()]
+    assert [(r[1], r[2]) for r in rows] == [("0", "B"), ("5", "B")]  # human sizes by default
     assert graben("ls", "/d/b.bin").text == "/d/b.bin\n"  # a file lists as itself
 
 
@@ -246,8 +248,8 @@ def test_du_counts_files_and_bytes(graben: Graben) -> None:
         "bytes": 3 * MiB + 1000,
     }
     assert graben("du", "--json").json()["files"] == 3
-    assert graben("du", "-H", "/d").text == "3.0 MiB  2 files  /d\n"
-    assert graben("du", "/d/a").text == "1000  1 file  /d/a\n"
+    assert graben("du", "/d").text == "3.0 MiB  2 files  /d\n"
+    assert graben("du", "-b", "/d/a").text == "1000  1 file  /d/a\n"
 
 
 # Names a line cannot show as they are, and how each prints: quoted as GNU ls quotes
@@ -307,7 +309,7 @@ def test_stat_and_du_show_an_odd_path_on_one_line(graben: Graben) -> None:
     assert stat[0] == r"path         '/d/a'$'\n''b'"
     assert len(stat) == 9
     assert stat[-1].startswith("class        replicated (as written")
-    assert graben("du", "/d/a\nb").text == "10  1 file  '/d/a'$'\\n''b'\n"
+    assert graben("du", "--bytes", "/d/a\nb").text == "10  1 file  '/d/a'$'\\n''b'\n"
 
 
 def klass(graben: Graben, action: str, *args: str) -> Result:

@@ -265,12 +265,13 @@ def test_a_required_flags_help_shows_no_default(graben: Graben) -> None:
 
 def test_du_h_is_human_sizes_as_unix_du_s(graben: Graben, tmp_path: Path) -> None:
     """``du -h`` gives sizes in KiB, MiB... (as every Unix ``du``), not the help; ``--help``
-    still helps, and ``-H`` still works."""
+    still helps, and ``-H`` still works. Sizes are human by default; ``-b``: bytes."""
     assert graben("put", str(write(tmp_path / "f", b"x" * (2 * MiB))), "/f").code == 0
     for flag in ("-h", "-H"):
         result = graben("du", flag, "/")
         assert result.code == 0 and "usage" not in result.text, result
         assert "2.0 MiB" in result.text or "2 MiB" in result.text, result.text
-    assert str(2 * MiB) in graben("du", "/").text
+    assert "2.0 MiB" in graben("du", "/").text  # human sizes are the default
+    assert str(2 * MiB) in graben("du", "-b", "/").text  # exact bytes when asked
     helped = graben("du", "--help", store=False)
     assert helped.code == 0 and "usage: graben du" in helped.text
