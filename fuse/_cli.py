@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
-from graben.store import parse_size
+from graben.store import LogFormatter, parse_size
 
 from ._options import MountOptions
 
 _URL_HELP = "an embedded store directory, or graben://host:port for a cluster"
 LOG_LEVELS = ("debug", "info", "warning", "error")
-LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s"
 """The servers' line: time, level, component (the logger's name), message."""
 
 
@@ -114,9 +114,11 @@ def _mount(args: argparse.Namespace) -> int:
     from ._mount import mount, serve
 
     if args.ready_fd is not None:
-        logging.basicConfig(
-            level=args.log_level.upper(), format=LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"
-        )
+        handler = logging.StreamHandler()
+        # Several mounts share the spool's log: each line says whose it is.
+        source = f"mount {args.mountpoint.absolute()} pid {os.getpid()}"
+        handler.setFormatter(LogFormatter(source))
+        logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
         serve(args.url, args.mountpoint.absolute(), _options(args), ready_fd=args.ready_fd)
         return 0
     pid = mount(args.url, args.mountpoint, _options(args), foreground=args.foreground)

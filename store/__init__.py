@@ -11,7 +11,8 @@ own doors: importing one without its extra raises ``MissingExtra`` (an
 at ``/metrics``, as the servers and the mount daemon do; ``AgentClient``
 (with ``SegmentKey`` and ``Held``) talks to a node's memory agent;
 ``private_dir`` (with ``trusted_dir`` and ``private_child``) opens a local
-directory that must be the user's alone, walked from ``/``.
+directory that must be the user's alone, walked from ``/``; ``LogFormatter``
+writes graben's log lines, control characters escaped.
 """
 
 import importlib
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
     from ._types import PathChange as PathChange
     from ._types import QuotaState as QuotaState
     from ._types import TokenInfo as TokenInfo
+    from .cli._logs import LogFormatter as LogFormatter
     from .client import AgentClient as AgentClient
     from .client import AsyncClient as AsyncClient
     from .client import AsyncReadFile as AsyncReadFile

@@ -60,13 +60,37 @@ class Repeats(logging.Filter):
         return True
 
 
+class LogFormatter(logging.Formatter):
+    """graben's log lines: one per record, with control characters in its message
+    escaped (``\\n``), so a name a client or a user chose (a path, a mount point)
+    cannot forge a line of its own; a traceback follows as it is. ``source`` goes
+    before the logger's name (escaped too): the mount daemon's ``mount POINT pid N``,
+    as several mounts share one log."""
+
+    def __init__(self, source: str = "") -> None:
+        said = escaped(source).replace("%", "%%") + " " if source else ""
+        super().__init__(FORMAT.replace("%(name)s", said + "%(name)s"), DATE_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escaped(record.message)
+        return super().formatMessage(record)
+
+
+def escaped(text: str) -> str:
+    """``text`` with each control (non-printable) character but a space as Python writes
+    it in a string (``\\n``, ``\\x1b``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def configure(level: str = "info", *, interval: float = REPEAT_S) -> None:
     """Send the process's log records at ``level`` and above to stderr, one line each,
     repeats held back. Calling it again replaces the earlier setup."""
     if level not in LEVELS:
         raise ValueError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(FORMAT, DATE_FORMAT))
+    handler.setFormatter(LogFormatter())
     handler.addFilter(Repeats(interval))
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "graben", False)]:

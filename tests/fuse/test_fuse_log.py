@@ -16,8 +16,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fuse_kit import mounted, needs_fuse
+from fuse_kit import mounted, needs_fuse, unmount_and_wait
 
+from graben.fuse import MountOptions, mount
 from graben.store import Client, connect
 
 pytestmark = needs_fuse
@@ -77,3 +78,28 @@ def assert_no_error(log: Path) -> None:
     lines = log.read_text().splitlines()
     errors = [line for line in lines if " ERROR " in line or "Traceback" in line]
     assert not errors, "\n".join(errors)
+
+
+def test_two_mounts_sharing_a_log_say_which_mount_each_line_is(
+    store_url: str, tmp_path: Path
+) -> None:
+    """Every mount of a spool logs to its one ``mount.log``: each line names its mount
+    point and daemon pid (a point with a newline in its name cannot forge a line)."""
+    log = tmp_path / "spool" / "mount.log"
+    firsts, pids = {}, []
+    for name in ("one", "two\nINFO forged"):
+        point = tmp_path / name / "mnt"
+        point.mkdir(parents=True)
+        pid = mount(store_url, point, MountOptions(spool_dir=tmp_path / "spool", log_file=log))
+        assert pid is not None
+        pids.append(pid)
+        unmount_and_wait(point, pid)
+        firsts[name] = point
+    lines = log.read_text().splitlines()
+    mounted_lines = [line for line in lines if " mounted " in line]
+    assert len(mounted_lines) == 2, lines
+    one, two = mounted_lines
+    assert f"mount {firsts['one']} pid {pids[0]} graben.fuse: mounted" in one
+    escaped = str(firsts["two\nINFO forged"]).replace("\n", "\\n")
+    assert f"mount {escaped} pid {pids[1]} graben.fuse: mounted" in two
+    assert not any(line.startswith("INFO forged") for line in lines)

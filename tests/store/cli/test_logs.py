@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from graben.store import connect
+from graben.store import LogFormatter, connect
 from graben.store.cli._logs import Repeats
 from graben.store.local import spawn, stop, wait_for_nodes
 
@@ -63,6 +63,15 @@ def test_other_messages_loggers_and_levels_are_not_held_back() -> None:
     again = _record("node %s is dead", "d")
     assert repeats.filter(again)
     assert again.getMessage() == "node d is dead (repeated 1 times in the last 10 s)"
+
+
+def test_a_name_with_a_newline_cannot_forge_a_log_line() -> None:
+    """A path a client chose, logged by a server, stays on its record's one line."""
+    line = LogFormatter().format(_record("cannot read %s", "/a\n2026-11-29 WARNING forged\x1b[2J"))
+    assert "\n" not in line and LINE.match(line)
+    assert line.endswith("cannot read /a\\n2026-11-29 WARNING forged\\x1b[2J")
+    mount = LogFormatter("mount /mnt/a\nb pid 7").format(_record("mounted"))
+    assert re.search(r"WARNING mount /mnt/a\\nb pid 7 graben\.meta: mounted$", mount)
 
 
 def test_a_meta_service_that_cannot_repair_logs_a_few_lines_not_one_per_chunk(
