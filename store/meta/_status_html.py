@@ -68,9 +68,11 @@ def render(view: View) -> str:
 
 
 def refused(reason: str, *, status: int = 401) -> str:
-    """The page for a request with no token, or one the service refuses."""
+    """The page for a request with no token, or one the service refuses (401); for no
+    such page (404) or figures the service cannot give now (503), with the same help."""
+    heading = {401: "a token is needed", 404: "no such page"}.get(status, "not now")
     body = (
-        "<h1>graben status: a token is needed</h1>"
+        f"<h1>graben status: {e(heading)}</h1>"
         f'<p class="bad">{e(reason)}</p>'
         "<p>Pass a token once with <code>?token=TOKEN</code> (the page keeps it in a cookie "
         "for this site, sent to it alone, never readable by scripts), or in each request's "
@@ -191,8 +193,9 @@ def _classes(rules: list[ClassRule]) -> str:
 
 
 def _usage(used: int, limit: int, text: str) -> str:
+    """A usage cell: ``text`` (``USED / LIMIT``), and a bar of the share taken."""
     if not limit:
-        return _n(e(f"{text} (no limit)"))
+        return _n(e(f"{text.partition(' / ')[0]} (no limit)"))
     share = used / limit
     width = min(share, 1.0) * 80
     bar = f'<span class="bar{" over" if share >= 1 else ""}" style="width:{width:.0f}px"></span>'

@@ -115,6 +115,7 @@ class _Handler(BaseHTTPRequestHandler):
     status: Status
     loop: asyncio.AbstractEventLoop
     server_version = "graben-status"
+    timeout = ANSWER_S  # a connection that sends nothing holds its thread no longer
 
     def do_HEAD(self) -> None:
         self.do_GET()
@@ -131,14 +132,14 @@ class _Handler(BaseHTTPRequestHandler):
         if not token:
             self._refuse("no token", how)
             return
+        asked = asyncio.run_coroutine_threadsafe(self.status.view(token), self.loop)
         try:
-            view = asyncio.run_coroutine_threadsafe(self.status.view(token), self.loop).result(
-                ANSWER_S
-            )
+            view = asked.result(ANSWER_S)
         except PermissionDenied as exc:
             self._refuse(exc.message, how)
             return
         except (GrabenError, TimeoutError) as exc:
+            asked.cancel()
             self._send(503, refused(f"the service cannot say now: {exc}", status=503))
             return
         if how == "query":  # kept in the cookie, and taken out of the address

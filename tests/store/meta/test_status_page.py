@@ -23,7 +23,10 @@ import pytest
 from agent_kit import Agents
 from cluster_kit import LocalCluster
 
-from graben.store import AgentClient, Client, SegmentKey, connect
+from graben.store import AgentClient, Client, QuotaState, SegmentKey, connect
+from graben.store._types import Health, NodeState, ServiceState
+from graben.store.meta._status import AgentState, ClassRule, Job, JobStep, View
+from graben.store.meta._status_html import render
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_browser = pytest.mark.skipif(
@@ -149,6 +152,29 @@ def _listening(pid: int) -> list[int]:
         if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
             ports.append(int(fields[1].rpartition(":")[2], 16))
     return ports
+
+
+def test_every_text_a_view_holds_is_escaped() -> None:
+    """Without a browser: each field a person may choose, hostile, stays text."""
+    node = NodeState("n<i>", f"h{HOSTILE}:1", f"r{HOSTILE}", 0, 0, state=HOSTILE)
+    service = ServiceState(f"s{HOSTILE}", f"a{HOSTILE}", "sqlite", 0.0, 0.0)
+    health = Health([node], 0, 0, 3, HOSTILE, [service], "", 0, f"sqlite:///{HOSTILE}")
+    quota = QuotaState(f"/q{HOSTILE}", "t", 1, 0, 0, 2, 0, 0)
+    shown = render(
+        View(
+            "operator",
+            "",
+            0.0,
+            [quota],
+            [Job(f"graben://h/{HOSTILE}", [JobStep(1, "store")], error=HOSTILE)],
+            health,
+            {"t": f"/r{HOSTILE}"},
+            [ClassRule(f"/c{HOSTILE}", HOSTILE)],
+            agents=[AgentState(f"a{HOSTILE}", error=HOSTILE)],
+        )
+    )
+    assert "<img" not in shown and "<i>" not in shown
+    assert shown.count("&lt;img src=x onerror=&quot;") >= 12
 
 
 def test_no_token_or_a_bad_one_gets_a_401_page_saying_how_to_pass_one(
