@@ -15,9 +15,12 @@ process may make the store meanwhile: each request looks again.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+import msgspec
 
 from .._errors import NotFound
 from .._types import ChunkRef, FileInfo
@@ -40,7 +43,7 @@ R = TypeVar("R")
 MAKERS = (Prepare, Commit, CommitEach, MakeDir, GetSettings)
 """Requests that make a store: the writes, and the settings a writer asks for first."""
 ROOT = FileInfo("/", "directory", 0, 0, 1, mode=0o755, nlink=2)
-"""A new store's root (inode 1), as its engine makes it."""
+"""A new store's root (inode 1), as its engine makes it (dated when it is made)."""
 
 
 def made(root: Path) -> bool:
@@ -64,6 +67,8 @@ class _Later:
         self._root, self._threads = root, io_threads
         self._lock = threading.Lock()  # sync reads (``local_read``) come from any thread
         self.opened: tuple[LocalMeta, LocalChunks] | None = None
+        now = time.time_ns()  # the root's times until it is made: not 1970
+        self.root = msgspec.structs.replace(ROOT, mtime_ns=now, ctime_ns=now, atime_ns=now)
 
     def open(self, *, make: bool) -> tuple[LocalMeta, LocalChunks] | None:
         """The transports, the store made first if ``make``; ``None`` if it is not made."""
@@ -88,7 +93,7 @@ class _Later:
         if isinstance(request, GetHealth):  # a mount's statfs: the disk it will be on
             return health_before_made(self._root)
         if isinstance(request, Stat) and request.path == "/":
-            return ROOT
+            return self.root
         if isinstance(request, ListDir) and request.path == "/" and not request.directory:
             return Listing([], ROOT.inode)
         raise self._missing()

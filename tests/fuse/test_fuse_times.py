@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fuse_kit import needs_fuse
+from fuse_kit import mounted, needs_fuse
 
 from graben.store import Client
 
@@ -88,3 +88,12 @@ def test_tar_x_keeps_mtimes(here: Path, tmp_path: Path) -> None:
     assert tar_bin is not None
     subprocess.run([tar_bin, "-xf", str(archive), "-C", str(here)], check=True)
     assert _mtimes(here / "src", whole) == whole
+
+
+def test_a_new_stores_root_is_dated_when_it_was_made(tmp_path: Path) -> None:
+    """A new embedded store's root, mounted, shows the day it was made (it was 1970)."""
+    made = time.time()
+    with mounted(str(tmp_path / "store"), tmp_path) as point:
+        seen = os.stat(point)
+    for when in (seen.st_mtime, seen.st_ctime):
+        assert made - 5 <= when <= time.time() + 1, (made, seen)

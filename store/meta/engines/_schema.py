@@ -12,6 +12,7 @@ and its paging cursor (``name > after``) must agree with what clients expect.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 
@@ -79,7 +80,7 @@ MIGRATIONS = (
         node {text} NOT NULL,
         PRIMARY KEY (chunk, node)
     ){rowid};
-    INSERT INTO inodes VALUES ({root}, 'directory', 0, 493, 0, 1, 1);
+    INSERT INTO inodes VALUES ({root}, 'directory', 0, 493, {now_ns}, 1, 1);
     """,
     # 2: the data node registry (the metadata service keeps no state of its own).
     """
@@ -359,7 +360,12 @@ POSTGRES["sums"] = _postgres_sums()
 def scripts(words: Mapping[str, str], after: int) -> list[tuple[int, list[str]]]:
     """The migrations past version ``after``: each one's number and its statements, in
     the engine's ``words``."""
-    values = {**words, "root": str(ROOT_INODE), "store_id": uuid.uuid4().hex}
+    values = {
+        **words,
+        "root": str(ROOT_INODE),
+        "store_id": uuid.uuid4().hex,
+        "now_ns": str(time.time_ns()),  # the root's times: when the store was made, not 1970
+    }
     return [
         (number, [s.strip() for s in step.format(**values).split(";") if s.strip()])
         for number, step in enumerate(MIGRATIONS[after:], start=after + 1)

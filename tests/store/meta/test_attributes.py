@@ -157,3 +157,10 @@ def test_the_roots_mode_owner_and_times_change_like_any_directorys(ns: Metadata)
     assert (after.uid, after.gid, after.mtime_ns) == (1000, 100, 5)
     assert after.ctime_ns >= before.ctime_ns
     assert ns.namespace.stat("/") == after
+
+
+def test_a_new_stores_root_is_dated_when_it_was_made(engine: Engine) -> None:
+    made = time.time_ns()
+    root = Metadata(engine.open()).namespace.stat("/")
+    for when in (root.mtime_ns, root.ctime_ns, root.atime_ns):
+        assert made - 5 * 10**9 <= when <= time.time_ns(), root  # not 1970
