@@ -68,9 +68,17 @@ def _blocks(text: str) -> list[Block]:
 
 
 def _pip(line: str) -> list[str] | None:
-    """What a ``pip install`` line installs, else ``None``."""
+    """What a ``pip install`` line installs (its options and their values left out), else
+    ``None``."""
     words = shlex.split(line, comments=True)
-    return words[2:] if words[:2] == ["pip", "install"] else None
+    if words[:2] != ["pip", "install"]:
+        return None
+    valued = {"--index-url", "--extra-index-url", "-i", "-c", "-r"}
+    return [
+        w
+        for i, w in enumerate(words[2:], 2)
+        if not w.startswith("-") and words[i - 1] not in valued
+    ]
 
 
 BLOCKS = _blocks(README)
@@ -329,6 +337,13 @@ def test_a_pip_line_names_what_exists(words: list[str]) -> None:
             assert set(re.findall(r"[\w-]+", word)) <= extras.keys(), word
         else:
             importlib.metadata.version(word)
+
+
+def test_the_install_section_says_how_to_get_torchs_cpu_build() -> None:
+    """``.[all]`` with pip's default torch pulled a CUDA build of several GB."""
+    install = README.split("## Install", 1)[1].split("## Quickstart")[0]
+    first = next(words for section, words in PIP if section == "Install")
+    assert first == ["torch"] and "download.pytorch.org/whl/cpu" in install
 
 
 def test_the_install_table_names_every_extra() -> None:
