@@ -346,6 +346,13 @@ def test_the_install_section_says_how_to_get_torchs_cpu_build() -> None:
     assert first == ["torch"] and "download.pytorch.org/whl/cpu" in install
 
 
+def test_the_readme_says_cluster_up_keeps_its_shell() -> None:
+    """A reader who pasted ``graben cluster up`` and the next block in one shell waited
+    forever: the README says it stays in the foreground, before the block."""
+    before = README.split("### A cluster", 1)[1].split(f"```sh\n{FOREGROUND}")[0]
+    assert "foreground" in before and "Ctrl-C" in before and "shell of its own" in before
+
+
 def test_the_install_table_names_every_extra() -> None:
     """The README's table of extras is the one in pyproject.toml (``dev`` aside)."""
     table = set(re.findall(r"^\| `([\w-]+)` \|", README.split("## Quickstart")[0], re.M))
