@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..wire import auth
-from ._listen import endpoint
+from ._listen import endpoint, endpoints_arg
 
 if TYPE_CHECKING:
     from ..meta import MetaService
@@ -43,8 +43,8 @@ def status_args(parser: argparse.ArgumentParser, *, passed_on: bool = False) -> 
 
 
 def agents_arg(text: str) -> tuple[str, ...]:
-    """``HOST:PORT[,HOST:PORT...]``, each once."""
-    return tuple(dict.fromkeys(item.strip() for item in text.split(",") if item.strip()))
+    """``HOST:PORT[,HOST:PORT...]``, each once (argparse's usage error for anything else)."""
+    return tuple(f"{host}:{port}" for host, port in endpoints_arg(text))
 
 
 def page_address(args: argparse.Namespace) -> str | None:

@@ -195,19 +195,18 @@ class Status:
             ask(None, GetHealth()), ask(None, ListTenants()), ask(None, GetQuotas(""))
         )
         classes, converting = await asyncio.to_thread(self._classes)
-        agents = [state for state, _ in (await self._held()).values()]
         return View(
             "operator",
             "",
             time.time(),
             quotas,
             await self._jobs(None),
-            health,
-            tenants,
-            classes,
-            converting,
-            agents,
-            list(self._samples),
+            health=health,
+            tenants=tenants,
+            classes=classes,
+            converting=converting,
+            agents=[state for state, _ in (await self._held()).values()],
+            throughput=list(self._samples),
         )
 
     async def _allowed(self, request: Any, scope: Scope | None) -> Any:
@@ -264,7 +263,7 @@ class Status:
                     reply, _ = await conn.call("agent.held", encode(None), token=self._token)
                 finally:
                     await conn.close()
-        except (GrabenError, OSError, TimeoutError) as exc:
+        except (GrabenError, OSError, TimeoutError, ValueError) as exc:  # ValueError: no port
             return AgentState(address, error=str(exc) or type(exc).__name__), []
         held = decode(reply, list[Held])
         return AgentState(address, sum(h.size for h in held), len(held)), held
