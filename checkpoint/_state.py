@@ -69,22 +69,16 @@ class Target:
         return self._plain
 
     def check(self, saved: Iterable[str]) -> None:
-        """``InvalidArgument`` if the checkpoint (``saved``: its keys, flattened as DCP
-        does) holds optimizer state that a plain optimizer state dict given has no place
-        for: loading in place would skip it, silently."""
-        given = {k: v for k, v in self.state_dict.items() if _optimizer_state(v)}
-        if not given:
-            return
-        places = set(flat_keys(given))
-        lost = [k for k in saved if k not in places and _state_key(k) in given]
-        if lost:
-            key = _state_key(lost[0])
-            raise InvalidArgument(
-                f"the checkpoint holds optimizer state ({lost[0]}, ...) that the state "
-                f"dict's {key!r} has no place for (an optimizer's state_dict() taken before "
-                f"its first step is empty): pass the optimizer itself, {{{key!r}: optimizer}}"
-                ", beside its model"
-            )
+        """``InvalidArgument`` if an optimizer's entry and the checkpoint (``saved``: its
+        keys, flattened as DCP does) do not match: optimizer state saved that a plain
+        state dict given has no place for (loading in place would skip it, silently), or
+        an optimizer given whose state the checkpoint lacks."""
+        have = set(saved)
+        for key, value in self.state_dict.items():
+            if isinstance(value, Optimizer):
+                _check_optimizer(key, flat_keys({key: self.plain[key]}), have)
+            elif _optimizer_state(value):
+                _check_places(key, set(flat_keys({key: value})), have)
 
     def restored(self, step: int) -> int:
         """Give the loaded state to the state dict: plain values into it, each object's
@@ -140,7 +134,25 @@ def _optimizer_state(value: Any) -> bool:
     return isinstance(value, Mapping) and "state" in value and "param_groups" in value
 
 
-def _state_key(flat: str) -> str | None:
-    """The top key of an optimizer's ``state`` entry flattened as ``flat``, else None."""
-    key, _, rest = flat.partition(".")
-    return key if rest.startswith("state.") else None
+def _check_places(key: str, places: set[str], saved: set[str]) -> None:
+    lost = sorted(k for k in saved if k.startswith(f"{key}.state.") and k not in places)
+    if lost:
+        raise InvalidArgument(
+            f"the checkpoint holds optimizer state ({lost[0]}, ...) that the state dict's "
+            f"{key!r} has no place for (an optimizer's state_dict() taken before its first "
+            f"step is empty): pass the optimizer itself, {{{key!r}: optimizer}}, beside its model"
+        )
+
+
+def _check_optimizer(key: str, wanted: list[str], saved: set[str]) -> None:
+    missing = [k for k in wanted if k not in saved]
+    if not missing:
+        return
+    why = f"the checkpoint has no {missing[0]} for the optimizer at {key!r} "
+    why += f"({len(missing)} keys missing)"
+    if not any(k.startswith(f"{key}.state.") for k in saved):
+        why += (
+            ": it holds no optimizer state (saved from a state_dict() taken before the "
+            f"first step); resume without {key!r}, then save with it"
+        )
+    raise InvalidArgument(why)

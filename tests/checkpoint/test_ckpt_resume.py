@@ -95,6 +95,21 @@ def test_plain_state_dicts_still_load_and_the_old_pattern_is_refused(root: str) 
             ckpt.load_latest(old)
 
 
+def test_a_checkpoint_of_the_old_pattern_says_it_holds_no_optimizer_state(root: str) -> None:
+    state = job()
+    old = {"model": state["model"].state_dict(), "optim": state["optim"].state_dict()}
+    old["sched"] = state["sched"]
+    with CheckpointManager(root) as ckpt:
+        train(state, range(2))
+        ckpt.save(1, old)  # the optimizer's state_dict() before its first step: no state
+        with pytest.raises(InvalidArgument, match="holds no optimizer state") as refused:
+            fresh = job()
+            del fresh["data"]
+            ckpt.load_latest(fresh)  # not DCP's "Missing key" from every rank
+        assert "resume without 'optim'" in str(refused.value)
+        assert ckpt.load_latest({"model": model(), "sched": job()["sched"]}) == 1
+
+
 def test_an_optimizer_needs_its_model_in_the_state_dict(root: str) -> None:
     state = job()
     train(state, range(1))
