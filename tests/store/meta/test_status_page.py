@@ -51,7 +51,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, agents: Agents) -> Iterato
         replication=2,
         timeout=HEARTBEAT_TIMEOUT,
         status="127.0.0.1:0",
-        meta_args=("--status-agents", agent),
+        meta_args=("--status-agents", f"{agent},127.0.0.1:1"),  # the second: nobody
     ) as made:
         yield made
 
@@ -255,8 +255,9 @@ def test_a_memory_tier_job_shows_with_its_steps_and_tiers(
     jobs = {j["url"]: j for j in view(cluster, operator)["jobs"]}
     tiers = {s["step"]: s["tiers"] for s in jobs[job]["steps"]}
     assert tiers == {0: "store", 1: "memory+store", 2: "memory", 3: "memory 1/2 ranks"}
-    agent = view(cluster, operator)["agents"][0]
+    agent, nobody = view(cluster, operator)["agents"]
     assert agent["address"] == address and agent["segments"] == 3 and not agent["error"]
+    assert nobody["address"] == "127.0.0.1:1" and nobody["error"]  # said, and the rest shown
     client.add_tenant("tj", "/teams/tj")
     outsider = client.issue_token("tj", rights="r")
     assert view(cluster, outsider)["jobs"] == []  # not below its prefix
