@@ -195,4 +195,6 @@ def table(name: str, old: Samples, new: Samples, s: float) -> Table:
             human_size(int((received[1].get(op, 0) - received[0].get(op, 0)) / s)),
             human_size(int((sent[1].get(op, 0) - sent[0].get(op, 0)) / s)),
         )
+    if not out.row_count:
+        out.add_row("(no requests)", *[""] * 5)
     return out
