@@ -61,7 +61,12 @@ def test_mount_log_level_and_line_format(tmp_path: Path) -> None:
     loud_log = (loud / "spool" / "mount.log").read_text()
     assert "mounted" not in quiet_log
     line = next(x for x in loud_log.splitlines() if "mounted" in x)
-    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} INFO graben\.fuse: mounted ", line)
+    # time, level, which mount (point and daemon pid: mounts share a log), component
+    assert re.match(
+        rf"\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{{3}} INFO mount {re.escape(str(loud / 'mnt'))} "
+        r"pid \d+ graben\.fuse: mounted ",
+        line,
+    )
 
 
 def test_bad_metrics_address_fails_the_mount(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from ..._paths import MAX_PATH_BYTES
 from .._repo import NEW_INODE_COLUMNS, ROOT_INODE, Conflict, Inode, new_values
@@ -96,19 +97,25 @@ class SqlTree:
 
     def children(self, parent: int) -> list[tuple[str, Inode]]:
         rows = self.sql.rows(
-            f"SELECT e.name, e.sum, e.inode, {JOINED_INODE} FROM {NAMED} "
+            f"SELECT e.parent, e.name, e.sum, e.inode, {JOINED_INODE} FROM {NAMED} "
             "WHERE e.parent = %s ORDER BY e.name",
             (parent,),
         )
-        return [(row[0], named_entry(parent, row[0], row[1:], self.path_of)) for row in rows]
+        return self._named(rows)
 
     def children_page(self, parent: int, after: str, limit: int) -> list[tuple[str, Inode]]:
         rows = self.sql.rows(
-            f"SELECT e.name, e.sum, e.inode, {JOINED_INODE} FROM {NAMED} "
+            f"SELECT e.parent, e.name, e.sum, e.inode, {JOINED_INODE} FROM {NAMED} "
             "WHERE e.parent = %s AND e.name > %s ORDER BY e.name LIMIT %s",
             (parent, after, min(limit, PAGE_ROWS_MAX)),
         )
-        return [(row[0], named_entry(parent, row[0], row[1:], self.path_of)) for row in rows]
+        return self._named(rows)
+
+    def _named(self, rows: list[tuple[Any, ...]]) -> list[tuple[str, Inode]]:
+        """A directory's rows as names and inodes, each checked against its sum with the
+        parent it holds: a damaged page can hand a range scan a row of another parent
+        (SQLite trusts the B-tree's order), whose sum then does not match."""
+        return [(row[1], named_entry(row[0], row[1], row[2:], self.path_of)) for row in rows]
 
     def has_children(self, parent: int) -> bool:
         return (
