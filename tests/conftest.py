@@ -25,14 +25,16 @@ from graben.store.local import make_secret_file
 def pytest_configure(config: pytest.Config) -> None:
     """One cluster secret for the session: every server and client the tests start
     finds it in ``$GRABEN_SECRET_FILE``, as a user's shell would provide it; servers
-    serve their metrics on any free port (``$GRABEN_METRICS``)."""
+    serve no metrics unless asked (``$GRABEN_METRICS``)."""
     home = Path(tempfile.mkdtemp(prefix="graben-secret-"))
     config.stash[_SECRET_HOME] = home
     os.environ["GRABEN_SECRET_FILE"] = str(make_secret_file(home / "secret"))
     os.environ["XDG_CACHE_HOME"] = str(home / "cache")  # dataset caches: never the user's own
     # Servers serve metrics by default on their own port + 1000: a port no test was given
-    # (another test may hold it). Here, on any free one; default_ports.py tries the default.
-    os.environ["GRABEN_METRICS"] = "127.0.0.1:0"
+    # (another test may hold it). Here none unless a test asks (test_metrics.py), which
+    # saves every server's start its HTTP thread; default_ports.py and the README's
+    # cluster session (in namespaces of their own) try the default itself.
+    os.environ.setdefault("GRABEN_METRICS", "off")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -192,7 +192,7 @@ def _tables(out: str) -> dict[str, list[str]]:
 def test_stats_finds_a_clusters_servers_and_fits_the_terminal(tmp_path: Path) -> None:
     """Given no servers, ``graben stats`` reads those of the cluster at ``$GRABEN_URL``:
     every server serves metrics unless told not to, and records where."""
-    c = LocalCluster(tmp_path, nodes=2, replication=2)
+    c = LocalCluster(tmp_path, nodes=2, replication=2, metrics=("127.0.0.1", 0))
     try:
         with connect(c.url) as client:
             health = client.health()
@@ -283,7 +283,7 @@ def test_the_grafana_dashboard_charts_what_the_servers_export(tmp_path: Path) ->
     assert all(e.count("(") == e.count(")") and e.count("{") == e.count("}") for e in exprs)
     uses = {p["datasource"]["uid"] for p in dashboard["panels"] if p["type"] != "row"}
     assert uses == {"${datasource}"}  # the Prometheus the importer picks
-    c = LocalCluster(tmp_path, nodes=1, replication=1)
+    c = LocalCluster(tmp_path, nodes=1, replication=1, metrics=("127.0.0.1", 0))
     agents = Agents()
     try:
         agent_metrics = f"127.0.0.1:{free_port()}"
