@@ -150,8 +150,11 @@ class MemoryTier:
         against the agent's hash of it (``IntegrityError``: it differs; ``InvalidArgument``:
         ``target.check`` refuses what the step holds)."""
         located = self.client.locate(self.key(step))
-        target.check(flat_keys(_segment.saved(located.path, located.sums)))
-        _segment.load(located.path, located.sums, target.plain)
+
+        def check(saved: Any) -> None:
+            target.check(flat_keys(saved))
+
+        _segment.load(located.path, located.sums, target.plain, check)
 
     def close(self) -> None:
         """Give back the segment reserved ahead, and let go of the agent and the mappings."""

@@ -43,6 +43,8 @@ class GrabenReader(OnStore, StorageReader):
     def __init__(self, checkpoint_id: str | os.PathLike[str], *, client: Client | None = None):
         super().__init__(checkpoint_id, client)
         self._metadata: Metadata | None = None
+        self._read: Metadata | None = None
+        """``read_metadata``'s, kept until ``reset``."""
         self._indexes: dict[str, FileIndex | None] = {}
         self.ranked: RankedMetadata | None = None
         """How the last ``read_metadata`` was read by rank (None when read whole)."""
@@ -50,15 +52,22 @@ class GrabenReader(OnStore, StorageReader):
     # docstring inherited
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         self._repoint(checkpoint_id)
-        self._metadata = self.ranked = None
+        self._metadata = self._read = self.ranked = None
         self._indexes.clear()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """The checkpoint's metadata, read by rank file as planning asks for it.
+        """The checkpoint's metadata, read by rank file as planning asks for it; read once
+        until ``reset``, as the files' indexes are (the checkpoint manager reads it
+        before ``dcp.load`` does, to check the state dict against it).
 
         A checkpoint without graben's directory (DCP's own writers) is read
         whole from ``.metadata``.
         """
+        if self._read is None:
+            self._read = self._read_metadata()
+        return self._read
+
+    def _read_metadata(self) -> Metadata:
         try:
             directory = decode_directory(self.client.get(posixpath.join(self.path, DIRECTORY)))
         except NotFound:

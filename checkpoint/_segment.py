@@ -254,25 +254,23 @@ class Mappings:
         self.close()
 
 
-def saved(path: str, sums: Sums) -> Any:
-    """What the segment at ``path`` holds, each tensor an empty one on the ``meta`` device
-    (its header checked against ``sums``; no data read)."""
-    fd = open_segment(path, os.O_RDONLY)
-    try:
-        skeleton, _ = _skeleton(fd, _expected(sums), path)
-    finally:
-        os.close(fd)
-    return _value(skeleton, lambda s: torch.empty(s.shape, dtype=_dtype(s.dtype), device="meta"))
-
-
-def load(path: str, sums: Sums, state_dict: dict[str, Any]) -> None:
+def load(
+    path: str,
+    sums: Sums,
+    state_dict: dict[str, Any],
+    check: Callable[[Any], None] | None = None,
+) -> None:
     """Load the segment at ``path`` into ``state_dict`` in place (as ``dcp.load`` does),
-    each range read checked against ``sums`` (``IntegrityError``: it differs)."""
+    each range read checked against ``sums`` (``IntegrityError``: it differs). ``check``
+    is given what the segment holds first (each tensor an empty one on the ``meta``
+    device) and may refuse it, before any byte is read."""
     expected = _expected(sums)
     fd = open_segment(path, os.O_RDONLY)
     try:
         with ThreadPoolExecutor(READERS, "graben-segment") as pool:
             skeleton, start = _skeleton(fd, expected, path)
+            if check is not None:
+                check(_value(skeleton, _meta_tensor))
             segment = _Reader(fd, start, pool, expected, path)
             _restore(segment, skeleton, state_dict, "")
             for read in segment.reads:
@@ -493,6 +491,10 @@ def _is_stateful(value: Any) -> bool:
     return callable(getattr(value, "state_dict", None)) and callable(
         getattr(value, "load_state_dict", None)
     )
+
+
+def _meta_tensor(slot: _Slot) -> torch.Tensor:
+    return torch.empty(slot.shape, dtype=_dtype(slot.dtype), device="meta")
 
 
 def _expected(sums: Sums) -> dict[tuple[int, int], bytes]:

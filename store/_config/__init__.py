@@ -8,7 +8,8 @@
 - ``_limits``: the sizes clients and servers agree on (chunks, pages, a disk's reserve);
 - ``_places``: what is on this machine (caches, the encryption key file, the memory agent);
 - ``_aws``: AWS settings, for the dataset door's S3 fetches and the servers' S3 tier;
-- ``_sizes``: sizes as people write them (``parse_size``).
+- ``_sizes``: sizes as people write them (``parse_size``), and as they read them
+  (``human_size``, ``ago``).
 
 A shared module of the store: imports its errors, no layer.
 """
@@ -32,7 +33,7 @@ from ._limits import (
 )
 from ._options import DEFAULT_REPLICA_DEADLINE, Options
 from ._places import AGENT_PORT, agent_address, cache_home, encryption_key_file
-from ._sizes import parse_size
+from ._sizes import ago, human_size, parse_size
 from ._tls import TLS, tls_from_env
 from ._urls import Target, cluster_url, endpoints, resolve, split_url
 
@@ -51,6 +52,7 @@ __all__ = [
     "Options",
     "Target",
     "agent_address",
+    "ago",
     "aws_environment",
     "aws_settings",
     "cache_home",
@@ -59,6 +61,7 @@ __all__ = [
     "encryption_key_file",
     "endpoints",
     "env",
+    "human_size",
     "page_entries",
     "parse_size",
     "resolve",

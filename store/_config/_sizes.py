@@ -1,4 +1,6 @@
-"""Sizes as people write them (``"50G"``): the command line's flags, ``graben.store.parse_size``.
+"""Sizes as people write them (``"50G"``): the command line's flags, ``graben.store.parse_size``;
+and sizes and ages as people read them (``human_size``, ``ago``: the CLI's and the
+status page's).
 
 Pure: no I/O.
 """
@@ -29,3 +31,22 @@ def parse_size(text: str | int) -> int:
     scale = 1 << (10 * _POWERS[unit])
     tenths: int = 10 ** len(fraction)
     return int(whole) * scale + int(fraction or "0") * scale // tenths
+
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human_size(size: int) -> str:
+    """``1536`` -> ``"1.5 KiB"``: binary units, one decimal above bytes."""
+    value, unit = float(size), 0
+    while value >= 1024 and unit < len(_UNITS) - 1:
+        value, unit = value / 1024, unit + 1
+    return f"{size} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"
+
+
+def ago(seconds: float) -> str:
+    """``"40 s ago"``, ``"12 min ago"``, ``"5 h ago"``, ``"3 d ago"``."""
+    for unit, length in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * length:
+            return f"{seconds // length:.0f} {unit} ago"
+    return f"{max(seconds, 0):.0f} s ago"

@@ -88,7 +88,9 @@ def metrics_value(text: str) -> tuple[str, int] | str:
     return OFF if text.strip().lower() in ("off", "none", "no") else address_arg(text)
 
 
-def metrics_at(given: tuple[str, int] | str | None, listen: tuple[str, int | None]) -> Any:
+def metrics_at(
+    given: tuple[str, int] | str | None, listen: tuple[str, int | None]
+) -> tuple[str, int] | None:
     """Where a server serves its metrics: ``--metrics``' address (not given:
     ``$GRABEN_METRICS``'); ``None`` for ``off``; by default on ``--listen``'s host beside
     the server's port (``BESIDE``), or any free port if it listens on any free port."""
@@ -97,7 +99,7 @@ def metrics_at(given: tuple[str, int] | str | None, listen: tuple[str, int | Non
             given = metrics_value(told)
         except argparse.ArgumentTypeError as exc:
             raise InvalidArgument(f"${ENV_METRICS}: {exc}") from None
-    if given == OFF:
+    if isinstance(given, str):  # OFF
         return None
     if given is not None:
         return given

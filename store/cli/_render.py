@@ -30,7 +30,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from .._config import RESERVE, env
+from .._config import RESERVE, ago, env, human_size
 from .._types import (
     DAMAGE,
     ChunkProblem,
@@ -45,7 +45,6 @@ from .._types import (
 LARGE = 64 << 20
 """Work smaller than this finishes before a progress bar would help."""
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 _ESCAPES = {"\a": "a", "\b": "b", "\t": "t", "\n": "n", "\v": "v", "\f": "f", "\r": "r"}
 # Not control characters, but they break a line (U+2028, U+2029) or reorder what a
 # terminal shows of it (the bidirectional overrides), so a name shows them escaped too.
@@ -53,14 +52,6 @@ _UNSHOWABLE = frozenset("\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\
 
 
 # --- values as text -----------------------------------------------------------
-
-
-def human_size(size: int) -> str:
-    """``1536`` -> ``"1.5 KiB"``: binary units, one decimal above bytes."""
-    value, unit = float(size), 0
-    while value >= 1024 and unit < len(_UNITS) - 1:
-        value, unit = value / 1024, unit + 1
-    return f"{size} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"
 
 
 def size_text(size: int, human: bool) -> str:
@@ -260,7 +251,7 @@ def status_lines(health: Health, *, cluster: bool) -> list[str]:
     for node in health.nodes:
         state = "up" if node.alive else "DEAD"
         sizes = (human_size(node.stored), human_size(node.free), human_size(node.total))
-        scrubbed = _ago(now - node.scrubbed) if node.scrubbed else "not yet"
+        scrubbed = ago(now - node.scrubbed) if node.scrubbed else "not yet"
         lines.append(
             f"{node.id[:12]:12} {node.address:21} {node.rack:10} {state:6} "
             f"{sizes[0]:>10} {sizes[1]:>10} {sizes[2]:>10}  {scrubbed}{_leaving(node)}"
@@ -300,14 +291,6 @@ def _service_lines(health: Health) -> list[str]:
     if not health.leader:
         lines.append("no metadata service holds the lease now: repair waits for one")
     return lines
-
-
-def _ago(seconds: float) -> str:
-    """``"40 s ago"``, ``"12 min ago"``, ``"5 h ago"``, ``"3 d ago"``."""
-    for unit, length in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= 2 * length:
-            return f"{seconds // length:.0f} {unit} ago"
-    return f"{max(seconds, 0):.0f} s ago"
 
 
 # --- stdout ---------------------------------------------------------------------

@@ -28,9 +28,9 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Column, Table
 
+from .._config import human_size
 from .._errors import InvalidArgument, ProtocolError, Unavailable
 from ._listen import address_arg
-from ._render import human_size
 from ._tls import tls_arg
 
 if TYPE_CHECKING:

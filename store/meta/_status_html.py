@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import html
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from .._config import RESERVE
+from .._config import RESERVE, ago, human_size
 from .._types import Health, NodeState, QuotaState
 from ._status import HISTORY, AgentState, ClassRule, Job, Sample, View
 
@@ -20,7 +20,6 @@ CHART_W, CHART_H = 600, 120
 """The chart's size, in pixels."""
 STEPS_SHOWN = 12
 """A job's newest steps shown (the older ones are counted)."""
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 _STYLE = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.4em;margin:0} h2{font-size:1.1em;margin:1.4em 0 .4em}
@@ -145,9 +144,9 @@ def _nodes(health: Health) -> str:
             e(n.address),
             e(n.rack),
             _state(n),
-            _n(e(size(n.stored))),
-            _n(e(size(n.free))),
-            _n(e(size(n.total))),
+            _n(e(human_size(n.stored))),
+            _n(e(human_size(n.free))),
+            _n(e(human_size(n.total))),
             _n(e(n.held)),
             e(ago(now - n.last_seen)),
         )
@@ -171,13 +170,13 @@ def _backlogs(view: View) -> str:
         ("damaged copies", health.bad, "repair deletes them"),
         ("copies on draining nodes", draining, "repair moves them off"),
         ("chunks to convert", view.converting, "to their class (counted to 10,000)"),
-        ("chunks no file uses", c.waiting, f"{size(c.waiting_bytes)}; collected {grace}"),
+        ("chunks no file uses", c.waiting, f"{human_size(c.waiting_bytes)}; collected {grace}"),
     ]
     cells = [
         (e(what), _n(_mark(str(count), "bad" if count and i < 2 else "ok")), e(note))
         for i, (what, count, note) in enumerate(rows)
     ]
-    freed = f"{c.freed} chunks ({size(c.freed_bytes)}) freed so far"
+    freed = f"{c.freed} chunks ({human_size(c.freed_bytes)}) freed so far"
     return (
         "<h2>Backlogs</h2>"
         + _table(("what", "count", ""), cells, "")
@@ -192,10 +191,12 @@ def _classes(rules: list[ClassRule]) -> str:
     )
 
 
-def _usage(used: int, limit: int, text: str) -> str:
-    """A usage cell: ``text`` (``USED / LIMIT``), and a bar of the share taken."""
+def _usage(used: int, limit: int, shown: Callable[[int], str] = str) -> str:
+    """A usage cell: ``USED / LIMIT`` as ``shown`` writes them, and a bar of the share
+    taken."""
     if not limit:
-        return _n(e(f"{text.partition(' / ')[0]} (no limit)"))
+        return _n(e(f"{shown(used)} (no limit)"))
+    text = f"{shown(used)} / {shown(limit)}"
     share = used / limit
     width = min(share, 1.0) * 80
     bar = f'<span class="bar{" over" if share >= 1 else ""}" style="width:{width:.0f}px"></span>'
@@ -206,9 +207,9 @@ def _quota_row(q: QuotaState) -> tuple[str, ...]:
     return (
         e(q.tenant or "-"),
         e(q.path),
-        _usage(q.bytes, q.max_bytes, f"{size(q.bytes)} / {size(q.max_bytes)}"),
-        _usage(q.physical, q.max_physical, f"{size(q.physical)} / {size(q.max_physical)}"),
-        _usage(q.files, q.max_files, f"{q.files} / {q.max_files}"),
+        _usage(q.bytes, q.max_bytes, human_size),
+        _usage(q.physical, q.max_physical, human_size),
+        _usage(q.files, q.max_files),
     )
 
 
@@ -239,7 +240,7 @@ def _agents(agents: list[AgentState]) -> str:
         (
             e(a.address),
             _mark(a.error, "bad") if a.error else _mark("up", "ok"),
-            _n(e(size(a.held))),
+            _n(e(human_size(a.held))),
             _n(e(a.segments)),
         )
         for a in agents
@@ -255,7 +256,7 @@ def _throughput(samples: list[Sample], every: float) -> str:
     last = samples[-1]
     rates = (
         f"now {last.requests:.1f} requests/s ({last.errors:.1f} errors/s), "
-        f"{size(int(last.received))}/s in, {size(int(last.sent))}/s out"
+        f"{human_size(int(last.received))}/s in, {human_size(int(last.sent))}/s out"
     )
     span = HISTORY * every
     return (
@@ -288,20 +289,3 @@ def chart(samples: list[Sample], span: float) -> str:
         f'<text x="{CHART_W - 4}" y="{CHART_H - 4}" font-size="11" text-anchor="end">now</text>'
         "</svg>"
     )
-
-
-def size(count: int) -> str:
-    """Bytes in binary units: ``1.5 KiB``."""
-    value = float(count)
-    for unit in _UNITS:
-        if abs(value) < 1024 or unit == _UNITS[-1]:
-            return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def ago(seconds: float) -> str:
-    """``"3 s ago"``, ``"5 min ago"``, ``"2 h ago"``."""
-    if seconds < 120:
-        return f"{max(seconds, 0):.0f} s ago"
-    return f"{seconds / 60:.0f} min ago" if seconds < 7200 else f"{seconds / 3600:.0f} h ago"

@@ -93,11 +93,6 @@ class Metrics:
         self._received.labels(op).inc(received)
         self._sent.labels(op).inc(sent)
 
-    @property
-    def serving(self) -> bool:
-        """Whether ``/metrics`` is being served."""
-        return self._stop is not None
-
     def serve(self, host: str, port: int, server_port: int | None = None) -> str:
         """Serve ``/metrics`` on ``host:port`` until ``close``; the address bound (``""``
         until it is served).
