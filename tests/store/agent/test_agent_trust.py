@@ -8,6 +8,7 @@ record is forged; tenants' tokens of a real cluster reach their own jobs.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import shutil
@@ -24,6 +25,7 @@ import pytest
 from agent_kit import Agents
 
 from graben.store import AgentClient, PermissionDenied, SegmentKey, connect
+from graben.store.wire import Connection, decode, encode
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
@@ -179,6 +181,22 @@ def tenant(cluster_url: str) -> Iterator[tuple[str, str, str]]:
         operator.revoke_tokens(tenant=name)
 
 
+def _raw(address: str, op: str, token: str) -> object:
+    """``op`` sent by a wire client of our own, none of AgentClient's checks on the way
+    (``agent.held``, every job's segments, is the status page's: the cluster's alone)."""
+
+    async def call() -> object:
+        host, _, port = address.rpartition(":")
+        conn = await Connection.open(host, int(port))
+        try:
+            reply, _ = await conn.call(op, encode(None), token=token)
+            return decode(reply, object)
+        finally:
+            await conn.close()
+
+    return asyncio.run(call())
+
+
 def meta_of(cluster_url: str) -> str:
     return cluster_url.removeprefix("graben://").rstrip("/")
 
@@ -203,6 +221,7 @@ def test_a_tenant_s_token_reaches_its_own_jobs_only(
         (lambda: reader.reserve(SegmentKey(mine, 2, 0, 1), 1024), "no write right"),
         (lambda: reader.drop(mine), "no write right"),
         (writer.status, "needs the cluster's secret"),
+        (lambda: _raw(address, "agent.held", rw), "needs the cluster's secret"),
         (lambda: AgentClient(address, token=forged).steps(mine, 0, 1), "not known"),
     ]:
         with pytest.raises(PermissionDenied, match=says):
